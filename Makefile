@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: Apache-2.0
+# Wraps the CMake presets: `make` builds into build/, `make test` runs every
+# test through CTest, `make demo` runs the demo. Each sets itself up first
+# (installs Debian packages when run as root).
+
+BUILD   ?= build
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+CLANG   := $(shell command -v clang 2>/dev/null)
+CC_ARG  := $(if $(CLANG),-DCMAKE_C_COMPILER=$(CLANG),)
+ROOT    := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+
+.PHONY: all deps build test demo asan tsan dev install clean format
+
+all: build
+
+deps:
+ifeq ($(ROOT),yes)
+	@scripts/install-deps
+endif
+
+$(BUILD)/build.ninja: | deps
+	cmake --preset release $(CC_ARG) >/dev/null
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
+
+demo: build
+	$(BUILD)/bin/kvt demo
+
+dev asan tsan: deps
+	cmake --preset $@ $(CC_ARG) >/dev/null
+	cmake --build --preset $@ -j $(JOBS)
+	ctest --preset $@ -j $(JOBS)
+
+install: build
+	cmake --install $(BUILD)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,243 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_ENGINE_H
+#define KVT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvt/defs.h>
+#include <kvt/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * The engine is kvt's root object: one per process (or per GPU rank). It
+ * owns a TCP listener that serves control and data, worker threads, the
+ * registry of local memory and a cache of opened remote segments. There is
+ * no global state: two engines in one process are independent.
+ *
+ * Thread safety: unless a call says otherwise, every call on an engine and
+ * on the objects it owns may be made from any thread concurrently. No call
+ * may be made on an engine once kvt_engine_destroy() has started.
+ */
+typedef struct kvt_engine *kvt_engine_h;
+
+/* Transports, as a bit set. */
+enum {
+    KVT_TRANSPORT_TCP = 1u << 0,
+    KVT_TRANSPORT_SHM = 1u << 1,
+    KVT_TRANSPORT_ALL = 0xffffffffu,
+};
+
+/* Bits of kvt_engine_params_t.field_mask: a field is read only when set. */
+enum {
+    KVT_ENGINE_PARAM_LOCAL_HOST = 1u << 0,
+    KVT_ENGINE_PARAM_PORT = 1u << 1,
+    KVT_ENGINE_PARAM_NUM_WORKERS = 1u << 2,
+    KVT_ENGINE_PARAM_METADATA_URI = 1u << 3,
+    KVT_ENGINE_PARAM_TRANSPORTS = 1u << 4,
+    KVT_ENGINE_PARAM_CONNS_PER_PEER = 1u << 5,
+    KVT_ENGINE_PARAM_TRANSFER_TIMEOUT = 1u << 6,
+    KVT_ENGINE_PARAM_SLICE_SIZE = 1u << 7,
+    KVT_ENGINE_PARAM_CONNECT_TIMEOUT = 1u << 8,
+    KVT_ENGINE_PARAM_SEGMENT_NAME = 1u << 9,
+};
+
+/*
+ * Engine parameters. Zero-initialise, set the fields you need and their
+ * bits in field_mask; everything else takes its default. Strings are
+ * copied by kvt_engine_create() and may be freed after it returns.
+ */
+typedef struct {
+    uint64_t field_mask;
+    /* Host name or IPv4 address to listen on and to advertise.
+     * Default "127.0.0.1". */
+    const char *local_host;
+    /* TCP port of the listener; 0 picks a free one (the default). */
+    uint16_t port;
+    /* Worker threads for network progress. Default 2. */
+    unsigned num_workers;
+    /* Metadata backend URI. Default "p2p": descriptors are fetched from
+     * the peer's own listener, no server is needed. */
+    const char *metadata_uri;
+    /* Transports this engine may use and offers (KVT_TRANSPORT_*).
+     * Default KVT_TRANSPORT_ALL (those built in). */
+    uint32_t transports;
+    /* TCP data connections per remote peer, 1..16. Default 2. */
+    unsigned conns_per_peer;
+    /* Per-transfer timeout in milliseconds: a descriptor not completed
+     * this long after submission ends in KVT_ERR_TIMEDOUT. Default 30000,
+     * or KVT_TRANSFER_TIMEOUT (seconds) from the environment. */
+    uint64_t transfer_timeout_ms;
+    /* Largest piece one descriptor is cut into before being striped over
+     * the peer's connections. Default 1 MiB. */
+    size_t slice_size;
+    /* Bound on connecting and handshaking with a peer, in milliseconds.
+     * Default 5000 (or the transfer timeout, if shorter). */
+    uint64_t connect_timeout_ms;
+    /* Segment name to advertise. Default "host:port" of the listener. */
+    const char *segment_name;
+} kvt_engine_params_t;
+
+/*
+ * kvt_engine_create() - create an engine, bind its listener and start its
+ * workers.
+ *
+ * @params: may be NULL for all defaults; read only during the call.
+ * @engine_p: set to the new engine on success only.
+ *
+ * Blocks while binding and starting threads (no network waits). Returns
+ * KVT_OK, KVT_ERR_INVALID_PARAM (bad field, unknown metadata URI scheme),
+ * KVT_ERR_NOT_SUPPORTED (backend not built in), KVT_ERR_IO (cannot bind or
+ * listen; the log says why) or KVT_ERR_NO_MEMORY.
+ */
+KVT_API kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
+                                       kvt_engine_h *engine_p);
+
+/*
+ * kvt_engine_destroy() - stop the engine and free everything it owns.
+ *
+ * Transfers still in flight end in KVT_ERR_CANCELED; batches not freed by
+ * the caller are freed here, and their handles become invalid. Closes the
+ * listener and every connection, joins the workers. NULL does nothing.
+ * Must not race with any other call on the same engine.
+ */
+KVT_API void kvt_engine_destroy(kvt_engine_h engine);
+
+/*
+ * kvt_engine_segment_name() - the name peers use to open this engine's
+ * segment ("host:port" unless set in the params).
+ *
+ * The string lives as long as the engine. Thread-safe, does not block.
+ */
+KVT_API const char *kvt_engine_segment_name(kvt_engine_h engine);
+
+/*
+ * kvt_engine_rpc_port() - the TCP port the listener is bound to (the one
+ * actually bound when params asked for 0). Thread-safe, does not block.
+ */
+KVT_API uint16_t kvt_engine_rpc_port(kvt_engine_h engine);
+
+/* ---- Local memory ------------------------------------------------------ */
+
+/* Access rights a region grants to remote peers. */
+enum {
+    KVT_ACCESS_REMOTE_WRITE = 1u << 0,
+    KVT_ACCESS_REMOTE_READ = 1u << 1,
+    KVT_ACCESS_REMOTE_RW = KVT_ACCESS_REMOTE_WRITE | KVT_ACCESS_REMOTE_READ,
+};
+
+/* Memory kinds. Only host memory is supported by the core transports. */
+typedef enum {
+    KVT_MEM_HOST = 0,
+    KVT_MEM_CUDA = 1,
+} kvt_mem_kind_t;
+
+/* One region, for the batched calls. */
+typedef struct {
+    void *addr;
+    size_t length;
+    uint32_t access; /* KVT_ACCESS_* */
+    kvt_mem_kind_t kind;
+} kvt_mem_region_t;
+
+/*
+ * kvt_mem_register() - expose [addr, addr+length) to peers with @access
+ * rights, and allow it as the local side of transfers.
+ *
+ * The memory stays owned by the caller and must stay valid until
+ * kvt_mem_unregister() returns. A range overlapping a registered region is
+ * refused with KVT_ERR_EXISTS; a zero length or NULL address with
+ * KVT_ERR_INVALID_PARAM. Does not block on the network; peers see the new
+ * region when they next fetch this segment's descriptor (p2p mode: on
+ * their next open after a cache miss or refresh). Thread-safe.
+ */
+KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
+                                      size_t length, uint32_t access);
+
+/*
+ * kvt_mem_register_batch() - register @count regions at once. Either all
+ * are registered or none is (the first failure's status is returned).
+ */
+KVT_API kvt_status_t kvt_mem_register_batch(kvt_engine_h engine,
+                                            const kvt_mem_region_t *regions,
+                                            size_t count);
+
+/*
+ * kvt_mem_unregister() - withdraw the region that starts at @addr.
+ *
+ * When it returns, no remote write or read will touch the region any more:
+ * a transfer that is landing in it at that moment is cut off and its
+ * initiator gets KVT_ERR_ACCESS; later ones are refused. May block briefly
+ * while a worker finishes one socket call into the region. Returns
+ * KVT_ERR_NOT_FOUND when no region starts at @addr. Thread-safe.
+ */
+KVT_API kvt_status_t kvt_mem_unregister(kvt_engine_h engine, void *addr);
+
+/*
+ * kvt_mem_unregister_batch() - unregister @count regions by start address.
+ * Every address is tried; the first failure's status is returned.
+ */
+KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
+                                              void *const *addrs, size_t count);
+
+/* ---- Remote segments --------------------------------------------------- */
+
+/* Handle of an opened remote segment; valid until the engine is destroyed.
+ * 0 is never a valid handle. */
+typedef uint64_t kvt_segment_t;
+
+/* A region of a remote segment, as its descriptor advertises it. */
+typedef struct {
+    uint64_t addr;
+    uint64_t length;
+    uint32_t access;
+    uint32_t kind;
+} kvt_remote_region_t;
+
+/*
+ * kvt_segment_open() - open the remote segment @name ("host:port" in p2p
+ * mode) and return its handle.
+ *
+ * The first open of a name connects to the peer, handshakes (protocol
+ * version checked on both sides) and fetches its segment descriptor; later
+ * opens of the same name return the cached handle at once. When a session
+ * fails (connection lost, timeout), its segment is evicted from the cache:
+ * transfers on the old handle fail with KVT_ERR_CONN_LOST and the next open
+ * of the name handshakes afresh.
+ *
+ * Blocks for at most the connect timeout. Returns KVT_OK,
+ * KVT_ERR_INVALID_PARAM (malformed name), KVT_ERR_UNREACHABLE (refused,
+ * no route, name does not resolve), KVT_ERR_TIMEDOUT, KVT_ERR_VERSION,
+ * KVT_ERR_PROTOCOL. Thread-safe.
+ */
+KVT_API kvt_status_t kvt_segment_open(kvt_engine_h engine, const char *name,
+                                      kvt_segment_t *segment_p);
+
+/*
+ * kvt_segment_regions() - copy up to @max regions of the segment's cached
+ * descriptor into @regions and set *count_p to the total number of regions
+ * the descriptor holds. Does not block on the network.
+ *
+ * With @refresh non-zero the descriptor is fetched again from the peer
+ * first (blocking, bounded by the connect timeout).
+ */
+KVT_API kvt_status_t kvt_segment_regions(kvt_engine_h engine,
+                                         kvt_segment_t segment, int refresh,
+                                         kvt_remote_region_t *regions,
+                                         size_t max, size_t *count_p);
+
+/*
+ * kvt_segment_close() - drop the handle's session and evict it from the
+ * cache. Transfers in flight on it end in KVT_ERR_CANCELED. Later use of
+ * the handle returns KVT_ERR_NOT_FOUND.
+ */
+KVT_API kvt_status_t kvt_segment_close(kvt_engine_h engine,
+                                       kvt_segment_t segment);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_TRANSFER_H
+#define KVT_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvt/engine.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Transfers are one-sided: the initiator names local memory and remote
+ * memory of an opened segment, and the bytes move without any call on the
+ * target's side. They are submitted in batches of plain descriptors (in
+ * the manner of io_uring's submission entries) and completed
+ * asynchronously; each descriptor ends in exactly one final state:
+ * KVT_OK, or a negative status saying why it failed (KVT_ERR_ACCESS,
+ * KVT_ERR_CONN_LOST, KVT_ERR_TIMEDOUT, KVT_ERR_CANCELED, ...).
+ */
+
+typedef enum {
+    KVT_OP_READ = 0,   /* remote -> local */
+    KVT_OP_WRITE = 1,  /* local -> remote */
+    KVT_OP_NOTIFY = 2, /* deliver [local_addr, +length) as a notification */
+} kvt_opcode_t;
+
+/*
+ * One transfer. For READ and WRITE, [local_addr, +length) must lie in one
+ * region registered with this engine, and [remote_addr, +length) in one
+ * region the target registered with the matching access right (checked by
+ * the target; a violation fails the descriptor with KVT_ERR_ACCESS and
+ * nothing is written).
+ *
+ * Strided form: with count > 1 the descriptor moves @count pieces of
+ * @length bytes, piece i from local_addr + i*local_stride to remote_addr +
+ * i*remote_stride (strides of 0 mean "packed": the stride is @length).
+ * count 0 and 1 both mean one contiguous piece.
+ *
+ * NOTIFY: the message [local_addr, +length) (at most KVT_NOTIFY_MAX bytes;
+ * it need not be registered and is copied at submission) is delivered to
+ * the target's notification queue after every WRITE submitted before it to
+ * the same segment, from any batch, has landed. remote_addr is ignored.
+ */
+typedef struct {
+    uint32_t opcode; /* kvt_opcode_t */
+    uint32_t count;  /* pieces in the strided form; 0 or 1: contiguous */
+    kvt_segment_t segment;
+    void *local_addr;
+    uint64_t remote_addr;
+    uint64_t length; /* bytes per piece */
+    uint64_t local_stride;
+    uint64_t remote_stride;
+    uint64_t user_data; /* returned untouched by kvt_batch_entry() */
+} kvt_xfer_desc_t;
+
+#define KVT_NOTIFY_MAX 4096
+
+/* A batch: a fixed-capacity array of descriptor slots and their states. */
+typedef struct kvt_batch *kvt_batch_h;
+
+/* Aggregate state of a batch. */
+typedef struct {
+    size_t submitted; /* descriptors submitted so far */
+    size_t completed; /* final, KVT_OK */
+    size_t failed;    /* final, with an error */
+    size_t pending;   /* submitted - completed - failed */
+    kvt_status_t first_error; /* status of the first failure, or KVT_OK */
+} kvt_batch_state_t;
+
+/*
+ * kvt_batch_create() - allocate a batch of @capacity descriptor slots.
+ *
+ * The batch is owned by the caller and freed with kvt_batch_free() (or
+ * with its engine). A batch may be used by one thread at a time; different
+ * batches may be used concurrently. Returns KVT_OK, KVT_ERR_INVALID_PARAM
+ * (capacity 0 or over 1<<20) or KVT_ERR_NO_MEMORY.
+ */
+KVT_API kvt_status_t kvt_batch_create(kvt_engine_h engine, size_t capacity,
+                                      kvt_batch_h *batch_p);
+
+/*
+ * kvt_batch_submit() - submit @count descriptors into the batch's next free
+ * slots (slot numbers continue from earlier submissions).
+ *
+ * @descs is read during the call only. The local memory of WRITE
+ * descriptors must not change, and that of READ descriptors must not be
+ * read, until their slots are final. Never blocks on the network: the
+ * bytes move from worker threads (a small transfer may be written to the
+ * socket from the calling thread when the connection is idle).
+ *
+ * Descriptors that fail validation (bad opcode, local range not
+ * registered, unknown or dead segment) are not sent: their slots go final
+ * at once with the reason, and the call returns KVT_OK as long as slots
+ * were assigned; check per-slot states. Returns KVT_ERR_NO_SPACE (and
+ * submits nothing) when @count exceeds the free slots, KVT_ERR_INVALID_PARAM
+ * for a NULL batch or descriptors.
+ */
+KVT_API kvt_status_t kvt_batch_submit(kvt_batch_h batch,
+                                      const kvt_xfer_desc_t *descs,
+                                      size_t count);
+
+/*
+ * kvt_batch_query() - aggregate state, without blocking. @state_p may be
+ * NULL. Returns KVT_OK when every submitted descriptor completed
+ * successfully, KVT_INPROGRESS while any is pending, or the first failure's
+ * status once all are final.
+ */
+KVT_API kvt_status_t kvt_batch_query(kvt_batch_h batch,
+                                     kvt_batch_state_t *state_p);
+
+/*
+ * kvt_batch_entry() - final state of slot @index: KVT_INPROGRESS while
+ * pending, KVT_OK or the failure. @user_data_p (may be NULL) receives the
+ * descriptor's user_data. KVT_ERR_INVALID_PARAM for a slot never
+ * submitted. Does not block.
+ */
+KVT_API kvt_status_t kvt_batch_entry(kvt_batch_h batch, size_t index,
+                                     uint64_t *user_data_p);
+
+/*
+ * kvt_batch_wait() - sleep until every submitted descriptor is final, or
+ * @timeout_ms passes (negative: no limit; every transfer is itself bounded
+ * by the transfer timeout). Sleeps on a futex; it does not spin.
+ *
+ * Returns what kvt_batch_query() would return at that moment: KVT_OK,
+ * the first failure, or KVT_INPROGRESS if the timeout passed first.
+ */
+KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
+
+/*
+ * kvt_batch_reset() - make all slots free again so the batch can be
+ * reused. KVT_ERR_BUSY while any descriptor is pending.
+ */
+KVT_API kvt_status_t kvt_batch_reset(kvt_batch_h batch);
+
+/*
+ * kvt_batch_free() - free the batch. Refused with KVT_ERR_BUSY (and the
+ * batch left intact) while any descriptor is pending. NULL returns KVT_OK.
+ */
+KVT_API kvt_status_t kvt_batch_free(kvt_batch_h batch);
+
+/* ---- Notifications ----------------------------------------------------- */
+
+/* A received notification. */
+typedef struct {
+    char from[128]; /* sender's segment name, NUL-terminated */
+    uint32_t length;
+    char data[KVT_NOTIFY_MAX];
+} kvt_notify_t;
+
+/*
+ * kvt_notify_send() - send @msg to @segment and wait for the target to
+ * accept it, after every write submitted before it to that segment has
+ * landed. Blocks at most the transfer timeout. Convenience over a one-slot
+ * batch with a KVT_OP_NOTIFY descriptor. Returns the descriptor's final
+ * status, or KVT_ERR_OVERFLOW when @length > KVT_NOTIFY_MAX.
+ */
+KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine,
+                                     kvt_segment_t segment, const void *msg,
+                                     size_t length);
+
+/*
+ * kvt_notify_recv() - take up to @max received notifications, oldest first,
+ * into @out; *count_p is set to how many were taken. With @timeout_ms > 0
+ * and none queued, sleeps up to that long for one. Returns KVT_OK (also
+ * with zero taken after the timeout). The queue holds at most 65536
+ * notifications; beyond that the oldest are dropped and counted in the log.
+ */
+KVT_API kvt_status_t kvt_notify_recv(kvt_engine_h engine, kvt_notify_t *out,
+                                     size_t max, size_t *count_p,
+                                     int64_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

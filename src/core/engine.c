@@ -1,0 +1,496 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "util/log.h"
+#include "util/time.h"
+
+#define DEFAULT_TIMEOUT_MS 30000ull
+#define DEFAULT_CONNECT_TIMEOUT_MS 5000ull
+#define NOTIFY_QUEUE_MAX 65536u
+
+/* FNV-1a, for the host identity. */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Two engines may use same-host transports only when both the boot id and
+ * the pid namespace match. */
+static uint64_t host_identity(void)
+{
+    uint64_t h = 1469598103934665603ull;
+    char buf[128];
+    struct stat st;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+    if (f != NULL) {
+        if (fgets(buf, sizeof(buf), f) != NULL)
+            h = fnv1a(h, buf, strlen(buf));
+        fclose(f);
+    }
+    if (stat("/proc/self/ns/pid", &st) == 0)
+        h = fnv1a(h, &st.st_ino, sizeof(st.st_ino));
+    return h;
+}
+
+static uint64_t env_seconds_ms(const char *name)
+{
+    const char *v = getenv(name);
+    char *end;
+    double s;
+
+    if (v == NULL || *v == '\0')
+        return 0;
+    errno = 0;
+    s = strtod(v, &end);
+    if (errno != 0 || *end != '\0' || s <= 0 || s > 1e7) {
+        KVT_LOG_W("ignoring %s='%s': not a positive number of seconds", name,
+                  v);
+        return 0;
+    }
+    return (uint64_t)(s * 1000.0);
+}
+
+static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
+{
+    uint64_t m = p ? p->field_mask : 0;
+    const char *host = "127.0.0.1";
+    uint64_t timeout_ms = 0;
+
+    e->num_workers = 2;
+    e->conns_per_peer = 2;
+    e->transports = KVT_TRANSPORT_ALL;
+    e->slice_size = 1u << 20;
+    e->connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
+
+    if ((m & KVT_ENGINE_PARAM_LOCAL_HOST) && p->local_host && *p->local_host)
+        host = p->local_host;
+    if (strlen(host) > KVT_WIRE_NAME_MAX - 8)
+        return KVT_ERR_INVALID_PARAM;
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    if (m & KVT_ENGINE_PARAM_PORT)
+        e->port = p->port;
+    if (m & KVT_ENGINE_PARAM_NUM_WORKERS) {
+        if (p->num_workers < 1 || p->num_workers > 64)
+            return KVT_ERR_INVALID_PARAM;
+        e->num_workers = p->num_workers;
+    }
+    if ((m & KVT_ENGINE_PARAM_METADATA_URI) && p->metadata_uri &&
+        *p->metadata_uri && strcmp(p->metadata_uri, "p2p") != 0 &&
+        strcmp(p->metadata_uri, "P2PHANDSHAKE") != 0) {
+        KVT_LOG_E("metadata backend '%s' is not available in this build",
+                  p->metadata_uri);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    if (m & KVT_ENGINE_PARAM_TRANSPORTS) {
+        if ((p->transports & KVT_TRANSPORT_TCP) == 0)
+            return KVT_ERR_NOT_SUPPORTED;
+        e->transports = p->transports;
+    }
+    if (m & KVT_ENGINE_PARAM_CONNS_PER_PEER) {
+        if (p->conns_per_peer < 1 || p->conns_per_peer > 16)
+            return KVT_ERR_INVALID_PARAM;
+        e->conns_per_peer = p->conns_per_peer;
+    }
+    if (m & KVT_ENGINE_PARAM_TRANSFER_TIMEOUT) {
+        if (p->transfer_timeout_ms == 0)
+            return KVT_ERR_INVALID_PARAM;
+        timeout_ms = p->transfer_timeout_ms;
+    }
+    if (timeout_ms == 0)
+        timeout_ms = env_seconds_ms("KVT_TRANSFER_TIMEOUT");
+    if (timeout_ms == 0)
+        timeout_ms = env_seconds_ms("MC_TRANSFER_TIMEOUT");
+    if (timeout_ms == 0)
+        timeout_ms = DEFAULT_TIMEOUT_MS;
+    e->timeout_ns = timeout_ms * 1000000ull;
+    if (m & KVT_ENGINE_PARAM_SLICE_SIZE) {
+        if (p->slice_size < 4096 || p->slice_size > KVT_WIRE_MAX_PAYLOAD)
+            return KVT_ERR_INVALID_PARAM;
+        e->slice_size = p->slice_size;
+    }
+    if (m & KVT_ENGINE_PARAM_CONNECT_TIMEOUT) {
+        if (p->connect_timeout_ms == 0)
+            return KVT_ERR_INVALID_PARAM;
+        e->connect_timeout_ms = p->connect_timeout_ms;
+    }
+    if (e->connect_timeout_ms > timeout_ms)
+        e->connect_timeout_ms = timeout_ms;
+    if ((m & KVT_ENGINE_PARAM_SEGMENT_NAME) && p->segment_name &&
+        *p->segment_name) {
+        if (strlen(p->segment_name) > KVT_WIRE_NAME_MAX)
+            return KVT_ERR_INVALID_PARAM;
+        snprintf(e->seg_name, sizeof(e->seg_name), "%s", p->segment_name);
+    }
+    return KVT_OK;
+}
+
+kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
+                               kvt_engine_h *engine_p)
+{
+    pthread_condattr_t ca;
+    kvt_engine_h e;
+    kvt_status_t st;
+
+    kvt__log_init();
+    if (engine_p == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return KVT_ERR_NO_MEMORY;
+    st = apply_params(e, params);
+    if (st != KVT_OK) {
+        KVT_LOG_E("engine parameters: %s", kvt_status_str(st));
+        goto err_free;
+    }
+    e->host_id = host_identity();
+    st = kvt__memreg_init(&e->reg);
+    if (st != KVT_OK)
+        goto err_free;
+    pthread_mutex_init(&e->sess_lock, NULL);
+    pthread_mutex_init(&e->nq_lock, NULL);
+    pthread_mutex_init(&e->batch_lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->nq_cond, &ca);
+    pthread_condattr_destroy(&ca);
+
+    st = kvt__tcp_create(e, &e->tcp);
+    if (st != KVT_OK)
+        goto err_locks;
+    if (e->seg_name[0] == '\0')
+        snprintf(e->seg_name, sizeof(e->seg_name),
+                 strchr(e->host, ':') ? "[%s]:%u" : "%s:%u", e->host, e->port);
+    KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
+              "transfer timeout %.1f s",
+              e->seg_name, e->num_workers, e->conns_per_peer,
+              (double)e->timeout_ns / 1e9);
+    *engine_p = e;
+    return KVT_OK;
+
+err_locks:
+    pthread_cond_destroy(&e->nq_cond);
+    pthread_mutex_destroy(&e->batch_lock);
+    pthread_mutex_destroy(&e->nq_lock);
+    pthread_mutex_destroy(&e->sess_lock);
+    kvt__memreg_fini(&e->reg);
+err_free:
+    free(e);
+    return st;
+}
+
+void kvt_engine_destroy(kvt_engine_h e)
+{
+    kvt__session_t *s, *sn;
+    struct kvt_batch *b, *bn;
+    kvt__notify_node_t *n, *nn;
+
+    if (e == NULL)
+        return;
+    atomic_store(&e->stopping, 1);
+    /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
+    kvt__tcp_stop(e->tcp);
+    for (s = e->sessions; s != NULL; s = sn) {
+        sn = s->next;
+        s->ops->destroy(s);
+    }
+    kvt__tcp_destroy(e->tcp);
+    for (b = e->batches; b != NULL; b = bn) {
+        bn = b->next;
+        free(b->slots);
+        free(b);
+    }
+    for (n = e->nq_head; n != NULL; n = nn) {
+        nn = n->next;
+        free(n);
+    }
+    pthread_cond_destroy(&e->nq_cond);
+    pthread_mutex_destroy(&e->batch_lock);
+    pthread_mutex_destroy(&e->nq_lock);
+    pthread_mutex_destroy(&e->sess_lock);
+    kvt__memreg_fini(&e->reg);
+    free(e);
+}
+
+const char *kvt_engine_segment_name(kvt_engine_h e)
+{
+    return e ? e->seg_name : "";
+}
+
+uint16_t kvt_engine_rpc_port(kvt_engine_h e)
+{
+    return e ? e->port : 0;
+}
+
+/* ---- Memory --------------------------------------------------------------- */
+
+kvt_status_t kvt_mem_register(kvt_engine_h e, void *addr, size_t length,
+                              uint32_t access)
+{
+    kvt_mem_region_t r = {addr, length, access, KVT_MEM_HOST};
+    if (e == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    return kvt__memreg_add(&e->reg, &r, 1);
+}
+
+kvt_status_t kvt_mem_register_batch(kvt_engine_h e,
+                                    const kvt_mem_region_t *regions,
+                                    size_t count)
+{
+    if (e == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    for (size_t i = 0; i < count; i++)
+        if (regions[i].kind != KVT_MEM_HOST)
+            return KVT_ERR_NOT_SUPPORTED;
+    return kvt__memreg_add(&e->reg, regions, count);
+}
+
+kvt_status_t kvt_mem_unregister(kvt_engine_h e, void *addr)
+{
+    if (e == NULL || addr == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    return kvt__memreg_remove(&e->reg, (uint64_t)(uintptr_t)addr);
+}
+
+kvt_status_t kvt_mem_unregister_batch(kvt_engine_h e, void *const *addrs,
+                                      size_t count)
+{
+    kvt_status_t first = KVT_OK;
+    if (e == NULL || (addrs == NULL && count > 0))
+        return KVT_ERR_INVALID_PARAM;
+    for (size_t i = 0; i < count; i++) {
+        kvt_status_t st = kvt_mem_unregister(e, addrs[i]);
+        if (st != KVT_OK && first == KVT_OK)
+            first = st;
+    }
+    return first;
+}
+
+kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
+                                 size_t *len_p)
+{
+    kvt__segdesc_t d = {0};
+    kvt_status_t st;
+
+    snprintf(d.name, sizeof(d.name), "%s", e->seg_name);
+    snprintf(d.host, sizeof(d.host), "%s", e->host);
+    d.port = e->port;
+    d.transports = e->transports & KVT_TRANSPORT_TCP;
+    d.host_id = e->host_id;
+    d.pid = (uint32_t)getpid();
+    st = kvt__memreg_snapshot(&e->reg, &d.regions, &d.nregions);
+    if (st != KVT_OK)
+        return st;
+    st = kvt__segdesc_encode(&d, buf_p, len_p);
+    kvt__segdesc_clear(&d);
+    return st;
+}
+
+/* ---- Segments ------------------------------------------------------------- */
+
+kvt__session_t *kvt__engine_find_session(kvt_engine_h e, kvt_segment_t id)
+{
+    kvt__session_t *s;
+    pthread_mutex_lock(&e->sess_lock);
+    for (s = e->sessions; s != NULL; s = s->next)
+        if (s->id == id)
+            break;
+    if (s != NULL && s->closed)
+        s = NULL;
+    pthread_mutex_unlock(&e->sess_lock);
+    return s;
+}
+
+static kvt__session_t *find_by_name_locked(kvt_engine_h e, const char *name)
+{
+    for (kvt__session_t *s = e->sessions; s != NULL; s = s->next)
+        if (!s->evicted && !atomic_load(&s->dead) &&
+            strcmp(s->name, name) == 0)
+            return s;
+    return NULL;
+}
+
+void kvt__session_evict(kvt__session_t *s)
+{
+    kvt_engine_h e = s->engine;
+    pthread_mutex_lock(&e->sess_lock);
+    s->evicted = 1;
+    pthread_mutex_unlock(&e->sess_lock);
+}
+
+kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
+                              kvt_segment_t *segment_p)
+{
+    kvt__session_t *s, *other;
+    kvt_status_t st;
+
+    if (e == NULL || name == NULL || segment_p == NULL || *name == '\0' ||
+        strlen(name) > KVT_WIRE_NAME_MAX)
+        return KVT_ERR_INVALID_PARAM;
+    if (atomic_load(&e->stopping))
+        return KVT_ERR_CLOSED;
+    pthread_mutex_lock(&e->sess_lock);
+    s = find_by_name_locked(e, name);
+    if (s != NULL) {
+        *segment_p = s->id;
+        pthread_mutex_unlock(&e->sess_lock);
+        return KVT_OK;
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+
+    /* Handshake without holding the table lock; another thread may open
+     * the same name meanwhile, and the first to finish wins. */
+    st = kvt__tcp_open(e->tcp, name, &s);
+    if (st != KVT_OK)
+        return st;
+    pthread_mutex_lock(&e->sess_lock);
+    other = find_by_name_locked(e, name);
+    s->id = ++e->next_seg_id;
+    s->next = e->sessions;
+    e->sessions = s;
+    if (other != NULL) {
+        s->evicted = 1;
+        *segment_p = other->id;
+    } else {
+        *segment_p = s->id;
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+    if (other != NULL)
+        s->ops->kill(s, KVT_ERR_CANCELED);
+    KVT_LOG_D("opened segment %s", name);
+    return KVT_OK;
+}
+
+kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
+                                 int refresh, kvt_remote_region_t *regions,
+                                 size_t max, size_t *count_p)
+{
+    kvt__session_t *s;
+    kvt__segdesc_t fresh;
+    kvt_status_t st;
+
+    if (e == NULL || count_p == NULL || (regions == NULL && max > 0))
+        return KVT_ERR_INVALID_PARAM;
+    s = kvt__engine_find_session(e, segment);
+    if (s == NULL)
+        return KVT_ERR_NOT_FOUND;
+    if (refresh) {
+        st = kvt__tcp_query(e->tcp, s->name, &fresh);
+        if (st != KVT_OK)
+            return st;
+        pthread_mutex_lock(&s->desc_lock);
+        kvt__segdesc_clear(&s->desc);
+        s->desc = fresh;
+        pthread_mutex_unlock(&s->desc_lock);
+    }
+    pthread_mutex_lock(&s->desc_lock);
+    for (size_t i = 0; i < max && i < s->desc.nregions; i++)
+        regions[i] = s->desc.regions[i];
+    *count_p = s->desc.nregions;
+    pthread_mutex_unlock(&s->desc_lock);
+    return KVT_OK;
+}
+
+kvt_status_t kvt_segment_close(kvt_engine_h e, kvt_segment_t segment)
+{
+    kvt__session_t *s;
+
+    if (e == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&e->sess_lock);
+    for (s = e->sessions; s != NULL; s = s->next)
+        if (s->id == segment && !s->closed)
+            break;
+    if (s != NULL) {
+        s->closed = 1;
+        s->evicted = 1;
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+    if (s == NULL)
+        return KVT_ERR_NOT_FOUND;
+    s->ops->kill(s, KVT_ERR_CANCELED);
+    return KVT_OK;
+}
+
+/* ---- Notifications -------------------------------------------------------- */
+
+void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
+                      size_t len)
+{
+    kvt__notify_node_t *n = malloc(sizeof(*n));
+    if (n == NULL) {
+        KVT_LOG_E("out of memory: dropping a notification from %s", from);
+        return;
+    }
+    n->next = NULL;
+    snprintf(n->n.from, sizeof(n->n.from), "%s", from);
+    n->n.length = (uint32_t)len;
+    memcpy(n->n.data, data, len);
+    pthread_mutex_lock(&e->nq_lock);
+    if (e->nq_len >= NOTIFY_QUEUE_MAX) {
+        kvt__notify_node_t *old = e->nq_head;
+        e->nq_head = old->next;
+        if (e->nq_head == NULL)
+            e->nq_tail = NULL;
+        e->nq_len--;
+        if (e->nq_dropped++ % 1024 == 0)
+            KVT_LOG_W("notification queue full: dropped %llu so far",
+                      (unsigned long long)e->nq_dropped);
+        free(old);
+    }
+    if (e->nq_tail)
+        e->nq_tail->next = n;
+    else
+        e->nq_head = n;
+    e->nq_tail = n;
+    e->nq_len++;
+    pthread_cond_signal(&e->nq_cond);
+    pthread_mutex_unlock(&e->nq_lock);
+}
+
+kvt_status_t kvt_notify_recv(kvt_engine_h e, kvt_notify_t *out, size_t max,
+                             size_t *count_p, int64_t timeout_ms)
+{
+    size_t got = 0;
+
+    if (e == NULL || count_p == NULL || (out == NULL && max > 0))
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&e->nq_lock);
+    if (e->nq_head == NULL && timeout_ms > 0 && max > 0) {
+        struct timespec ts;
+        uint64_t ns;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (e->nq_head == NULL) {
+            if (pthread_cond_timedwait(&e->nq_cond, &e->nq_lock, &ts) ==
+                ETIMEDOUT)
+                break;
+        }
+    }
+    while (got < max && e->nq_head != NULL) {
+        kvt__notify_node_t *n = e->nq_head;
+        e->nq_head = n->next;
+        if (e->nq_head == NULL)
+            e->nq_tail = NULL;
+        e->nq_len--;
+        out[got++] = n->n;
+        free(n);
+    }
+    pthread_mutex_unlock(&e->nq_lock);
+    *count_p = got;
+    return KVT_OK;
+}

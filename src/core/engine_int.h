@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_CORE_ENGINE_INT_H
+#define KVT_CORE_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <kvt/kvt.h>
+
+#include "core/memreg.h"
+#include "core/wire.h"
+
+typedef struct kvt__session kvt__session_t;
+typedef struct kvt__transport_ops kvt__transport_ops_t;
+
+/*
+ * A batch slot. @status stays KVT_INPROGRESS until the slot is final;
+ * @remaining counts the wire pieces still in flight; @err keeps the first
+ * error any piece reported. The thread that takes @remaining to zero
+ * publishes @status and does the batch's accounting.
+ */
+typedef struct {
+    _Atomic int32_t status;
+    _Atomic int32_t err;
+    _Atomic uint32_t remaining;
+    uint64_t user_data;
+} kvt__slot_t;
+
+struct kvt_batch {
+    kvt_engine_h engine;
+    kvt__slot_t *slots;
+    size_t capacity;
+    size_t used; /* touched by the submitting thread only */
+    _Atomic uint32_t pending; /* futex word: slots not final */
+    _Atomic uint32_t failed;
+    _Atomic int32_t first_error;
+    /* Completions running right now; free waits for it to drain so that a
+     * completer never touches a freed batch after the last decrement. */
+    _Atomic uint32_t busy;
+    struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
+};
+
+/* Completes @count pieces of slot @index with @status (KVT_OK or error). */
+void kvt__slot_done(kvt_batch_h batch, uint32_t index, kvt_status_t status);
+
+/* Marks the start and the end of a run of completions on @batch. */
+static inline void kvt__batch_enter(kvt_batch_h b)
+{
+    atomic_fetch_add_explicit(&b->busy, 1, memory_order_acquire);
+}
+static inline void kvt__batch_leave(kvt_batch_h b)
+{
+    atomic_fetch_sub_explicit(&b->busy, 1, memory_order_release);
+}
+
+/*
+ * A transport's view of one opened remote segment. Every transport embeds
+ * this first in its own session structure.
+ */
+struct kvt__session {
+    kvt_engine_h engine;
+    const kvt__transport_ops_t *ops;
+    kvt_segment_t id;
+    char name[KVT_WIRE_NAME_MAX + 1];
+    /* 0 while usable; the status that ended it otherwise. */
+    _Atomic int32_t dead;
+    int evicted; /* under the engine's sess_lock */
+    int closed;  /* likewise */
+    pthread_mutex_t desc_lock;
+    kvt__segdesc_t desc; /* under desc_lock */
+    kvt__session_t *next; /* engine's list, under sess_lock */
+};
+
+/*
+ * The transport interface. Submission gets descriptors already validated
+ * against the local registry, all for @s, and the slot of each; it must
+ * set every slot's @remaining before the first byte can complete, and
+ * complete every slot exactly once per piece.
+ */
+struct kvt__transport_ops {
+    const char *name;
+    kvt_status_t (*submit)(kvt__session_t *s, kvt_batch_h batch,
+                           const kvt_xfer_desc_t *descs, const uint32_t *idx,
+                           size_t n, size_t slot_base);
+    /* Fail everything in flight with @why and refuse new work. */
+    void (*kill)(kvt__session_t *s, kvt_status_t why);
+    /* Free the session; the engine calls it once nothing can reach it. */
+    void (*destroy)(kvt__session_t *s);
+};
+
+typedef struct kvt__notify_node {
+    struct kvt__notify_node *next;
+    kvt_notify_t n;
+} kvt__notify_node_t;
+
+typedef struct kvt__tcp kvt__tcp_t;
+
+struct kvt_engine {
+    char host[KVT_WIRE_NAME_MAX + 1];
+    char seg_name[KVT_WIRE_NAME_MAX + 1];
+    uint16_t port;
+    unsigned num_workers;
+    unsigned conns_per_peer;
+    uint32_t transports;
+    uint64_t timeout_ns;
+    uint64_t connect_timeout_ms;
+    size_t slice_size;
+    uint64_t host_id;
+
+    kvt__memreg_t reg;
+    kvt__tcp_t *tcp;
+
+    pthread_mutex_t sess_lock;
+    kvt__session_t *sessions; /* every session ever opened, live or dead */
+    uint64_t next_seg_id;
+
+    pthread_mutex_t nq_lock;
+    pthread_cond_t nq_cond;
+    kvt__notify_node_t *nq_head, *nq_tail;
+    size_t nq_len;
+    uint64_t nq_dropped;
+
+    pthread_mutex_t batch_lock;
+    struct kvt_batch *batches;
+
+    _Atomic int stopping;
+};
+
+/* Called by a transport when a session failed: evicts it from the name
+ * cache so that the next open handshakes afresh. */
+void kvt__session_evict(kvt__session_t *s);
+
+/* The open session behind @id (live or dead), NULL for an unknown or
+ * closed handle. Sessions are freed only with their engine. */
+kvt__session_t *kvt__engine_find_session(kvt_engine_h e, kvt_segment_t id);
+
+/* Queue a received notification (target side). */
+void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
+                      size_t len);
+
+/* Build this engine's segment descriptor (malloc'd encoding). */
+kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
+                                 size_t *len_p);
+
+/* ---- TCP transport (src/transport/tcp) ---------------------------------- */
+
+kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p);
+/* Stops the workers after failing everything with KVT_ERR_CANCELED. */
+void kvt__tcp_stop(kvt__tcp_t *tcp);
+void kvt__tcp_destroy(kvt__tcp_t *tcp);
+/* Connect, handshake and fetch the descriptor: a new session. Blocks at
+ * most the connect timeout. */
+kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
+                           kvt__session_t **s_p);
+/* Fetch a peer's descriptor over a short-lived control connection. */
+kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
+                            kvt__segdesc_t *desc);
+
+#endif

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_CORE_WIRE_H
+#define KVT_CORE_WIRE_H
+
+/*
+ * The engine's wire protocol (docs/protocol.md is the spec). Every frame is
+ * a 32-byte header, a body of body_len bytes and a payload of payload_len
+ * bytes. All integers are little-endian. The functions here are pure
+ * parsers and encoders, without I/O, so that they can be fuzzed.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvt/engine.h>
+#include <kvt/status.h>
+
+#define KVT_WIRE_MAGIC 0x544b /* "KT" on the wire */
+#define KVT_WIRE_VERSION_MAJOR 1
+#define KVT_WIRE_VERSION_MINOR 0
+#define KVT_WIRE_HDR_LEN 32
+#define KVT_WIRE_MAX_BODY (256u * 1024u)
+#define KVT_WIRE_MAX_PAYLOAD (64ull << 20)
+#define KVT_WIRE_MAX_PIECES 4096u
+#define KVT_WIRE_MAX_SEGS 1024u /* sum of piece counts in one frame */
+#define KVT_WIRE_PIECE_LEN 24
+#define KVT_WIRE_FAIL_LEN 8
+#define KVT_WIRE_TRAILER_LEN 8
+#define KVT_WIRE_NAME_MAX 127
+
+typedef enum {
+    KVT_WIRE_HELLO = 1,
+    KVT_WIRE_HELLO_ACK = 2,
+    KVT_WIRE_ERROR = 3,
+    KVT_WIRE_SEG_QUERY = 4,
+    KVT_WIRE_SEG_DESC = 5,
+    KVT_WIRE_WRITE = 6,
+    KVT_WIRE_WRITE_ACK = 7,
+    KVT_WIRE_READ = 8,
+    KVT_WIRE_READ_RESP = 9,
+    KVT_WIRE_NOTIFY = 10,
+    KVT_WIRE_NOTIFY_ACK = 11,
+    KVT_WIRE_PING = 12,
+    KVT_WIRE_PONG = 13,
+    KVT_WIRE_TYPE_MAX = 13,
+} kvt__wire_type_t;
+
+typedef struct {
+    uint8_t ver_major;
+    uint8_t ver_minor;
+    uint8_t type;
+    uint8_t flags;
+    uint32_t body_len;
+    int32_t status;
+    uint64_t payload_len;
+    uint64_t req_id;
+} kvt__wire_hdr_t;
+
+/* A run of remote memory: @count pieces of @len bytes, @stride apart. */
+typedef struct {
+    uint64_t addr;
+    uint32_t len;
+    uint32_t count;
+    uint64_t stride;
+} kvt__wire_piece_t;
+
+/* A failed piece in an acknowledgement. */
+typedef struct {
+    uint32_t index;
+    int32_t status;
+} kvt__wire_fail_t;
+
+void kvt__wire_hdr_encode(const kvt__wire_hdr_t *hdr,
+                          uint8_t out[KVT_WIRE_HDR_LEN]);
+
+/*
+ * Decode and check a header: magic, version, known type, body and payload
+ * within limits. KVT_ERR_VERSION for another major version (hdr_p is still
+ * filled so the caller can report both versions), KVT_ERR_PROTOCOL for
+ * anything else that is wrong.
+ */
+kvt_status_t kvt__wire_hdr_decode(const uint8_t *buf, size_t len,
+                                  kvt__wire_hdr_t *hdr_p);
+
+void kvt__wire_piece_encode(const kvt__wire_piece_t *p, uint8_t *out);
+
+/*
+ * Decode a piece table of @body_len bytes into @pieces (room for @max).
+ * Checks: a whole number of pieces, at most KVT_WIRE_MAX_PIECES, each with
+ * len > 0, count >= 1, stride >= len when count > 1, no address overflow,
+ * sum of counts <= KVT_WIRE_MAX_SEGS, and total bytes == @payload_len.
+ * *npieces_p and *nsegs_p are set on success.
+ */
+kvt_status_t kvt__wire_pieces_decode(const uint8_t *body, size_t body_len,
+                                     uint64_t payload_len,
+                                     kvt__wire_piece_t *pieces, size_t max,
+                                     uint32_t *npieces_p, uint32_t *nsegs_p);
+
+/*
+ * Decode a failure list (acknowledgements): @body_len / 8 entries, each
+ * index < @npieces and status < 0. Calls @cb for each.
+ */
+kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
+                                    uint32_t npieces,
+                                    void (*cb)(void *arg, uint32_t index,
+                                               kvt_status_t status),
+                                    void *arg);
+
+/* HELLO body: session id, this connection's index and the count, and the
+ * sender's segment name. */
+typedef struct {
+    uint64_t session_id;
+    uint32_t conn_index;
+    uint32_t nconns;
+    char name[KVT_WIRE_NAME_MAX + 1];
+} kvt__wire_hello_t;
+
+size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
+                              size_t cap);
+kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
+                                    kvt__wire_hello_t *h);
+
+/* A segment descriptor: what a peer needs to address an engine. */
+typedef struct {
+    char name[KVT_WIRE_NAME_MAX + 1];
+    char host[KVT_WIRE_NAME_MAX + 1];
+    uint16_t port;
+    uint32_t transports;
+    uint64_t host_id; /* boot id and pid namespace, hashed */
+    uint32_t pid;
+    uint32_t nregions;
+    kvt_remote_region_t *regions; /* owned; free with segdesc_clear */
+} kvt__segdesc_t;
+
+#define KVT_SEGDESC_MAX_REGIONS 65536u
+
+/* Encode into a malloc'd buffer (*buf_p, *len_p). */
+kvt_status_t kvt__segdesc_encode(const kvt__segdesc_t *d, uint8_t **buf_p,
+                                 size_t *len_p);
+/* Decode and check; on success @d owns a malloc'd region array. */
+kvt_status_t kvt__segdesc_decode(const uint8_t *buf, size_t len,
+                                 kvt__segdesc_t *d);
+void kvt__segdesc_clear(kvt__segdesc_t *d);
+
+const char *kvt__wire_type_name(unsigned type);
+
+#endif

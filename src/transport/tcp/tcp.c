@@ -1,0 +1,1943 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The TCP transport: persistent connections per peer, owned by worker
+ * threads that drive them with edge-triggered epoll.
+ *
+ * Roles. A connection is either outbound (this engine initiates: requests
+ * go out, responses come back) or inbound (a peer initiates: requests come
+ * in, responses go out). A peer session is nconns outbound connections;
+ * each is owned by one worker, which alone reads it, fails it and closes
+ * its descriptor.
+ *
+ * Ordering. The target handles the requests of one connection strictly in
+ * order and answers in the same order, so the responses of a connection
+ * match its outstanding FIFO head by head (the request id is checked).
+ * A request is appended to the outstanding FIFO and to the send queue
+ * under tx_lock in one step, so both lists have the same order.
+ *
+ * Locks. Order: session lock -> tx_lock -> out_lock. tx_lock guards the
+ * send queue, socket writes and the dead flag; out_lock guards the
+ * outstanding FIFO. Neither is held across a wait: sockets are
+ * non-blocking.
+ *
+ * Completion lifecycle. Every piece of every request frame is completed
+ * exactly once: by its response, or by the failure of its connection
+ * (connection lost, timeout, session killed, engine stopped), which the
+ * owning worker performs.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+#define TICK_NS (50ull * 1000000ull)
+#define MAX_CONNS 16
+#define RX_IOV 64
+#define SCRATCH_LEN (256u * 1024u)
+#define MIN_FRAME (64u * 1024u)
+
+typedef struct tcp_conn tcp_conn_t;
+typedef struct tcp_worker tcp_worker_t;
+typedef struct tcp_session tcp_session_t;
+
+/* Something to send: a request frame or a response. */
+typedef struct tcp_tx {
+    struct tcp_tx *next;
+    struct iovec *cur;
+    int cnt;
+    uint8_t is_resp;
+} tcp_tx_t;
+
+/* A request frame, initiator side. */
+typedef struct tcp_frame {
+    tcp_tx_t tx;
+    struct tcp_frame *next_out;
+    kvt_batch_h batch;
+    uint8_t type;
+    uint64_t req_id;
+    uint64_t deadline;
+    uint64_t bytes;
+    uint32_t npieces;
+    uint32_t nlsegs;
+    uint32_t *slots;     /* [npieces] */
+    uint32_t *piece_seg; /* [npieces + 1]: first local segment of a piece */
+    struct iovec *lsegs; /* local segments, in payload order */
+    uint64_t snap[MAX_CONNS]; /* NOTIFY: enq_seq of each conn to wait for */
+    uint8_t hdr[KVT_WIRE_HDR_LEN];
+    uint8_t *body;
+    struct iovec iov[]; /* send vector; for READ the local segments follow */
+} tcp_frame_t;
+
+/* A response, target side. */
+typedef struct tcp_resp {
+    tcp_tx_t tx;
+    /* READ_RESP only: the payload comes from registered memory and is
+     * validated again whenever the registry changed. */
+    uint32_t nsegs;
+    uint32_t first_seg; /* index of the first payload entry in iov */
+    uint64_t gen;
+    uint32_t late;
+    int32_t late_status;
+    uint64_t *seg_addr;
+    uint8_t hdr[KVT_WIRE_HDR_LEN];
+    uint8_t trailer[KVT_WIRE_TRAILER_LEN];
+    uint8_t *body;
+    struct iovec iov[];
+} tcp_resp_t;
+
+typedef struct {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t piece;
+    uint32_t valid;
+} rx_seg_t;
+
+enum { RX_HDR, RX_BODY, RX_PAYLOAD, RX_TRAILER };
+
+struct tcp_conn {
+    int fd;
+    uint8_t outbound;
+    uint32_t index;
+    tcp_worker_t *w;
+    tcp_session_t *sess; /* outbound only */
+
+    pthread_mutex_t tx_lock;
+    tcp_tx_t *txq_head, *txq_tail;
+    int dead; /* under tx_lock */
+
+    pthread_mutex_t out_lock;
+    tcp_frame_t *out_head, *out_tail;
+
+    _Atomic uint64_t enq_seq;
+    _Atomic uint64_t done_seq;
+    _Atomic uint64_t inflight;
+    _Atomic int32_t fail_status;
+
+    /* Receive state: touched by the owning worker only. */
+    int rx_state;
+    size_t rx_have;
+    uint8_t rx_hdrbuf[KVT_WIRE_HDR_LEN];
+    kvt__wire_hdr_t rx_hdr;
+    uint8_t *rx_body;
+    size_t rx_body_cap;
+    uint8_t rx_trailer[KVT_WIRE_TRAILER_LEN];
+    rx_seg_t *rx_segs;
+    uint32_t rx_nsegs, rx_seg, rx_check;
+    uint64_t rx_seg_off;
+    uint64_t rx_gen;
+    kvt__wire_piece_t *rx_pieces;
+    int32_t *rx_pstatus;
+    uint32_t rx_npieces;
+    tcp_frame_t *rx_frame;
+
+    int hello_done;
+    char peer[KVT_WIRE_NAME_MAX + 1];
+    tcp_conn_t *wnext; /* worker's list */
+};
+
+struct tcp_worker {
+    kvt__tcp_t *tcp;
+    unsigned id;
+    pthread_t thread;
+    int epfd;
+    int evfd;
+    pthread_mutex_t lock; /* guards the conn list */
+    tcp_conn_t *conns;
+    uint8_t *scratch;
+    uint64_t last_tick;
+};
+
+struct tcp_session {
+    kvt__session_t base;
+    kvt__tcp_t *tcp;
+    unsigned nconns;
+    tcp_conn_t *conns[MAX_CONNS];
+    pthread_mutex_t lock; /* conn fds vs. shutdown; parked notifies */
+    tcp_frame_t *parked_head, *parked_tail;
+    _Atomic uint32_t nparked;
+    _Atomic uint32_t rr;
+};
+
+struct kvt__tcp {
+    kvt_engine_h e;
+    unsigned nworkers;
+    tcp_worker_t *workers;
+    int listen_fd;
+    _Atomic unsigned rr;
+    _Atomic uint64_t next_req;
+    _Atomic int stopping;
+    void *zeros; /* read-only zero pages: payload of refused read pieces */
+};
+
+static const kvt__transport_ops_t tcp_ops;
+
+static void conn_fail(tcp_conn_t *c, kvt_status_t st);
+static void session_kill(kvt__session_t *base, kvt_status_t why);
+static void release_parked(tcp_session_t *s);
+
+/* ---- Sending ------------------------------------------------------------ */
+
+static void tx_free(tcp_tx_t *t)
+{
+    if (t->is_resp)
+        free(t);
+    /* Request frames live on in the outstanding FIFO until answered. */
+}
+
+/*
+ * READ_RESP payload comes from registered memory: with the registry read
+ * lock held, check that nothing was unregistered since validation, and
+ * point any segment that left the registry at zero pages.
+ */
+static void resp_revalidate(kvt__tcp_t *tcp, tcp_resp_t *r)
+{
+    kvt__memreg_t *reg = &tcp->e->reg;
+    uint64_t gen = atomic_load_explicit(&reg->gen, memory_order_acquire);
+    int cur;
+
+    if (gen == r->gen)
+        return;
+    r->gen = gen;
+    cur = (int)(r->tx.cur - r->iov);
+    for (uint32_t i = 0; i < r->nsegs; i++) {
+        int k = (int)r->first_seg + (int)i;
+        struct iovec *v = &r->iov[k];
+        if (k < cur || r->seg_addr[i] == 0)
+            continue;
+        if (!kvt__memreg_contains_locked(reg, r->seg_addr[i], v->iov_len,
+                                         KVT_ACCESS_REMOTE_READ)) {
+            uint64_t sent = (uint64_t)(uintptr_t)v->iov_base - r->seg_addr[i];
+            if (k > cur)
+                sent = 0;
+            v->iov_base = (char *)tcp->zeros + sent;
+            r->seg_addr[i] = 0;
+            r->late++;
+            r->late_status = KVT_ERR_ACCESS;
+        }
+    }
+    {
+        uint8_t *t = r->trailer;
+        uint32_t late = r->late;
+        int32_t lst = r->late_status;
+        memcpy(t, &late, 4);
+        memcpy(t + 4, &lst, 4);
+    }
+}
+
+/*
+ * Write as much of the queue as the socket takes. Called with tx_lock
+ * held. Returns KVT_OK (queue drained or socket full) or KVT_ERR_CONN_LOST.
+ */
+static kvt_status_t flush_locked(tcp_conn_t *c)
+{
+    kvt__tcp_t *tcp = c->w->tcp;
+
+    while (c->txq_head != NULL) {
+        tcp_tx_t *t = c->txq_head;
+        struct msghdr mh = {0};
+        ssize_t n;
+        int locked = 0;
+
+        if (t->is_resp && ((tcp_resp_t *)t)->seg_addr != NULL) {
+            kvt__memreg_rdlock(&tcp->e->reg);
+            locked = 1;
+            resp_revalidate(tcp, (tcp_resp_t *)t);
+        }
+        mh.msg_iov = t->cur;
+        mh.msg_iovlen = (size_t)(t->cnt > IOV_MAX ? IOV_MAX : t->cnt);
+        n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (locked)
+            kvt__memreg_unlock(&tcp->e->reg);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return KVT_OK;
+            KVT_LOG_D("send to %s: %s", c->peer, strerror(errno));
+            /* tx_lock is held and the connection is not dead, so its
+             * descriptor is still open; the owning worker sees the
+             * shutdown and fails the connection. */
+            shutdown(c->fd, SHUT_RDWR);
+            return KVT_ERR_CONN_LOST;
+        }
+        t->cur = kvt__iov_advance(t->cur, &t->cnt, (size_t)n);
+        if (t->cnt == 0) {
+            c->txq_head = t->next;
+            if (c->txq_head == NULL)
+                c->txq_tail = NULL;
+            tx_free(t);
+        }
+    }
+    return KVT_OK;
+}
+
+static void txq_append_locked(tcp_conn_t *c, tcp_tx_t *t)
+{
+    t->next = NULL;
+    if (c->txq_tail)
+        c->txq_tail->next = t;
+    else
+        c->txq_head = t;
+    c->txq_tail = t;
+}
+
+/* Target side: queue a response and send what the socket takes now. */
+static void send_resp(tcp_conn_t *c, tcp_resp_t *r)
+{
+    pthread_mutex_lock(&c->tx_lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->tx_lock);
+        free(r);
+        return;
+    }
+    txq_append_locked(c, &r->tx);
+    flush_locked(c);
+    pthread_mutex_unlock(&c->tx_lock);
+}
+
+static tcp_resp_t *resp_alloc(size_t niov, size_t body_len, size_t nsegs)
+{
+    size_t sz = sizeof(tcp_resp_t) + niov * sizeof(struct iovec) + body_len +
+                nsegs * sizeof(uint64_t);
+    tcp_resp_t *r = calloc(1, sz);
+    if (r == NULL)
+        return NULL;
+    r->tx.is_resp = 1;
+    r->tx.cur = r->iov;
+    r->tx.cnt = (int)niov;
+    r->body = (uint8_t *)(r->iov + niov);
+    if (nsegs)
+        r->seg_addr = (uint64_t *)(r->body + body_len);
+    return r;
+}
+
+static void hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id)
+{
+    memset(h, 0, sizeof(*h));
+    h->ver_major = KVT_WIRE_VERSION_MAJOR;
+    h->ver_minor = KVT_WIRE_VERSION_MINOR;
+    h->type = type;
+    h->req_id = req_id;
+}
+
+/* A response with a body only (acks, descriptors, errors). */
+static void send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
+                        kvt_status_t status, const void *body, size_t len)
+{
+    kvt__wire_hdr_t h;
+    tcp_resp_t *r = resp_alloc(2, len, 0);
+
+    if (r == NULL) {
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    hdr_init(&h, type, req_id);
+    h.status = status;
+    h.body_len = (uint32_t)len;
+    kvt__wire_hdr_encode(&h, r->hdr);
+    if (len)
+        memcpy(r->body, body, len);
+    r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
+    r->iov[1] = (struct iovec){r->body, len};
+    r->tx.cnt = len ? 2 : 1;
+    send_resp(c, r);
+}
+
+/* ---- Target side: handling requests -------------------------------------- */
+
+static int ensure_rx_arrays(tcp_conn_t *c)
+{
+    if (c->rx_segs != NULL)
+        return 0;
+    c->rx_segs = calloc(KVT_WIRE_MAX_SEGS, sizeof(*c->rx_segs));
+    c->rx_pieces = calloc(KVT_WIRE_MAX_PIECES, sizeof(*c->rx_pieces));
+    c->rx_pstatus = calloc(KVT_WIRE_MAX_PIECES, sizeof(*c->rx_pstatus));
+    return (c->rx_segs && c->rx_pieces && c->rx_pstatus) ? 0 : -1;
+}
+
+/* Validate the pieces of a WRITE or READ against the registry and lay out
+ * the segments. Refused pieces get KVT_ERR_ACCESS and invalid segments. */
+static void layout_pieces(tcp_conn_t *c, uint32_t need)
+{
+    kvt__memreg_t *reg = &c->w->tcp->e->reg;
+    uint32_t s = 0;
+
+    kvt__memreg_rdlock(reg);
+    c->rx_gen = atomic_load_explicit(&reg->gen, memory_order_acquire);
+    for (uint32_t i = 0; i < c->rx_npieces; i++) {
+        const kvt__wire_piece_t *p = &c->rx_pieces[i];
+        int ok = 1;
+        for (uint32_t k = 0; k < p->count && ok; k++)
+            ok = kvt__memreg_contains_locked(reg, p->addr + k * p->stride,
+                                             p->len, need);
+        c->rx_pstatus[i] = ok ? KVT_OK : KVT_ERR_ACCESS;
+        for (uint32_t k = 0; k < p->count; k++, s++)
+            c->rx_segs[s] = (rx_seg_t){p->addr + k * p->stride, p->len, i,
+                                       (uint32_t)ok};
+    }
+    kvt__memreg_unlock(reg);
+    c->rx_nsegs = s;
+    c->rx_seg = 0;
+    c->rx_seg_off = 0;
+}
+
+static size_t encode_fails(const tcp_conn_t *c, uint8_t *out,
+                           int32_t *first_p)
+{
+    size_t n = 0;
+    *first_p = KVT_OK;
+    for (uint32_t i = 0; i < c->rx_npieces; i++) {
+        int32_t st = c->rx_pstatus[i];
+        if (st == KVT_OK)
+            continue;
+        if (*first_p == KVT_OK)
+            *first_p = st;
+        memcpy(out + n, &i, 4);
+        memcpy(out + n + 4, &st, 4);
+        n += KVT_WIRE_FAIL_LEN;
+    }
+    return n;
+}
+
+static size_t count_fails(const tcp_conn_t *c)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < c->rx_npieces; i++)
+        n += c->rx_pstatus[i] != KVT_OK;
+    return n;
+}
+
+static void send_write_ack(tcp_conn_t *c)
+{
+    size_t nf = count_fails(c);
+    kvt__wire_hdr_t h;
+    tcp_resp_t *r = resp_alloc(2, nf * KVT_WIRE_FAIL_LEN, 0);
+    int32_t first;
+
+    if (r == NULL) {
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    hdr_init(&h, KVT_WIRE_WRITE_ACK, c->rx_hdr.req_id);
+    h.body_len = (uint32_t)encode_fails(c, r->body, &first);
+    h.status = first;
+    kvt__wire_hdr_encode(&h, r->hdr);
+    r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
+    r->iov[1] = (struct iovec){r->body, h.body_len};
+    r->tx.cnt = h.body_len ? 2 : 1;
+    send_resp(c, r);
+}
+
+static void handle_read(tcp_conn_t *c)
+{
+    kvt__tcp_t *tcp = c->w->tcp;
+    size_t nf, nvalid = 0;
+    uint64_t payload = 0;
+    kvt__wire_hdr_t h;
+    tcp_resp_t *r;
+    int32_t first;
+    uint32_t k = 2, j = 0;
+
+    layout_pieces(c, KVT_ACCESS_REMOTE_READ);
+    for (uint32_t s = 0; s < c->rx_nsegs; s++) {
+        if (c->rx_segs[s].valid) {
+            nvalid++;
+            payload += c->rx_segs[s].len;
+        }
+    }
+    nf = count_fails(c);
+    r = resp_alloc(3 + nvalid, nf * KVT_WIRE_FAIL_LEN, nvalid);
+    if (r == NULL) {
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    hdr_init(&h, KVT_WIRE_READ_RESP, c->rx_hdr.req_id);
+    h.body_len = (uint32_t)encode_fails(c, r->body, &first);
+    h.status = first;
+    h.payload_len = payload;
+    kvt__wire_hdr_encode(&h, r->hdr);
+    r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
+    r->iov[1] = (struct iovec){r->body, h.body_len};
+    r->first_seg = 2;
+    for (uint32_t s = 0; s < c->rx_nsegs; s++) {
+        if (!c->rx_segs[s].valid)
+            continue;
+        r->iov[k++] = (struct iovec){(void *)(uintptr_t)c->rx_segs[s].addr,
+                                     c->rx_segs[s].len};
+        r->seg_addr[j++] = c->rx_segs[s].addr;
+    }
+    r->nsegs = j;
+    r->gen = c->rx_gen;
+    r->iov[k++] = (struct iovec){r->trailer, KVT_WIRE_TRAILER_LEN};
+    r->tx.cnt = (int)k;
+    if (h.body_len == 0) {
+        /* Drop the empty body entry so the vector has no holes. */
+        memmove(&r->iov[1], &r->iov[2], (k - 2) * sizeof(struct iovec));
+        r->first_seg = 1;
+        r->tx.cnt = (int)k - 1;
+    }
+    /* The trailer reports pieces whose region was unregistered while
+     * their bytes were being sent; resp_revalidate() fills it in. */
+    send_resp(c, r);
+    (void)tcp;
+}
+
+static void handle_hello(tcp_conn_t *c)
+{
+    kvt_engine_h e = c->w->tcp->e;
+    kvt__wire_hello_t hello;
+    uint8_t body[2 + KVT_WIRE_NAME_MAX];
+    size_t n = strlen(e->seg_name);
+
+    if (kvt__wire_hello_decode(c->rx_body, c->rx_hdr.body_len, &hello) !=
+        KVT_OK) {
+        KVT_LOG_W("malformed HELLO from a peer; closing");
+        send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id, KVT_ERR_PROTOCOL,
+                    "malformed HELLO", 15);
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    snprintf(c->peer, sizeof(c->peer), "%s", hello.name);
+    c->hello_done = 1;
+    body[0] = (uint8_t)n;
+    body[1] = (uint8_t)(n >> 8);
+    memcpy(body + 2, e->seg_name, n);
+    send_simple(c, KVT_WIRE_HELLO_ACK, c->rx_hdr.req_id, KVT_OK, body, 2 + n);
+}
+
+/* A complete request header and body are in; act on it. Returns 0 to go on
+ * reading, -1 after the connection was shut down. */
+static int inbound_dispatch(tcp_conn_t *c)
+{
+    kvt_engine_h e = c->w->tcp->e;
+    const kvt__wire_hdr_t *h = &c->rx_hdr;
+    uint32_t nsegs;
+
+    if (!c->hello_done && h->type != KVT_WIRE_HELLO) {
+        KVT_LOG_W("peer sent %s before HELLO; closing",
+                  kvt__wire_type_name(h->type));
+        goto err_protocol;
+    }
+    switch (h->type) {
+    case KVT_WIRE_HELLO:
+        handle_hello(c);
+        return 0;
+    case KVT_WIRE_SEG_QUERY: {
+        uint8_t *buf;
+        size_t len;
+        if (kvt__engine_segdesc(e, &buf, &len) != KVT_OK) {
+            send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_ERR_NO_MEMORY,
+                        NULL, 0);
+            return 0;
+        }
+        if (len > KVT_WIRE_MAX_BODY) {
+            free(buf);
+            send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_ERR_OVERFLOW,
+                        NULL, 0);
+            return 0;
+        }
+        send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_OK, buf, len);
+        free(buf);
+        return 0;
+    }
+    case KVT_WIRE_WRITE:
+    case KVT_WIRE_READ:
+        if (ensure_rx_arrays(c) != 0 ||
+            kvt__wire_pieces_decode(c->rx_body, h->body_len, h->payload_len,
+                                    c->rx_pieces, KVT_WIRE_MAX_PIECES,
+                                    &c->rx_npieces, &nsegs) != KVT_OK) {
+            KVT_LOG_W("malformed %s from %s; closing",
+                      kvt__wire_type_name(h->type), c->peer);
+            goto err_protocol;
+        }
+        if (h->type == KVT_WIRE_READ) {
+            handle_read(c);
+            return 0;
+        }
+        layout_pieces(c, KVT_ACCESS_REMOTE_WRITE);
+        c->rx_state = RX_PAYLOAD;
+        return 0;
+    case KVT_WIRE_NOTIFY:
+        if (h->body_len > KVT_NOTIFY_MAX) {
+            send_simple(c, KVT_WIRE_NOTIFY_ACK, h->req_id, KVT_ERR_OVERFLOW,
+                        NULL, 0);
+            return 0;
+        }
+        kvt__notify_push(e, c->peer, c->rx_body, h->body_len);
+        send_simple(c, KVT_WIRE_NOTIFY_ACK, h->req_id, KVT_OK, NULL, 0);
+        return 0;
+    case KVT_WIRE_PING:
+        send_simple(c, KVT_WIRE_PONG, h->req_id, KVT_OK, NULL, 0);
+        return 0;
+    default:
+        KVT_LOG_W("unexpected %s from %s; closing",
+                  kvt__wire_type_name(h->type), c->peer);
+        goto err_protocol;
+    }
+err_protocol:
+    send_simple(c, KVT_WIRE_ERROR, h->req_id, KVT_ERR_PROTOCOL,
+                "protocol error", 14);
+    shutdown(c->fd, SHUT_RDWR);
+    return -1;
+}
+
+/* ---- Initiator side: handling responses ----------------------------------- */
+
+static void frame_free(tcp_frame_t *f)
+{
+    free(f);
+}
+
+/* Complete every piece of @f: @pst[i] when given, else @st. */
+static void frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
+                           const int32_t *pst)
+{
+    kvt_batch_h b = f->batch;
+
+    atomic_fetch_sub_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+    kvt__batch_enter(b);
+    for (uint32_t i = 0; i < f->npieces; i++)
+        kvt__slot_done(b, f->slots[i], pst ? pst[i] : st);
+    kvt__batch_leave(b);
+    frame_free(f);
+}
+
+static void pstatus_fail_cb(void *arg, uint32_t index, kvt_status_t status)
+{
+    ((int32_t *)arg)[index] = status;
+}
+
+static tcp_frame_t *out_pop(tcp_conn_t *c)
+{
+    tcp_frame_t *f;
+    pthread_mutex_lock(&c->out_lock);
+    f = c->out_head;
+    if (f) {
+        c->out_head = f->next_out;
+        if (c->out_head == NULL)
+            c->out_tail = NULL;
+    }
+    pthread_mutex_unlock(&c->out_lock);
+    return f;
+}
+
+static void response_done(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
+                          const int32_t *pst)
+{
+    tcp_frame_t *g = out_pop(c);
+    (void)g; /* == f: checked when the header arrived */
+    frame_complete(c, f, st, pst);
+    atomic_fetch_add_explicit(&c->done_seq, 1, memory_order_release);
+    if (atomic_load_explicit(&c->sess->nparked, memory_order_acquire))
+        release_parked(c->sess);
+}
+
+/* Returns 0 to go on, or a failure status for the connection. */
+static kvt_status_t outbound_dispatch(tcp_conn_t *c)
+{
+    const kvt__wire_hdr_t *h = &c->rx_hdr;
+    tcp_frame_t *f;
+
+    pthread_mutex_lock(&c->out_lock);
+    f = c->out_head;
+    pthread_mutex_unlock(&c->out_lock);
+
+    if (h->type == KVT_WIRE_ERROR) {
+        KVT_LOG_E("peer %s refused us: %s (%.*s)", c->sess->base.name,
+                  kvt_status_str(h->status), (int)h->body_len,
+                  (const char *)c->rx_body);
+        return h->status < 0 ? h->status : KVT_ERR_PROTOCOL;
+    }
+    if (f == NULL || f->req_id != h->req_id ||
+        (h->type == KVT_WIRE_WRITE_ACK && f->type != KVT_WIRE_WRITE) ||
+        (h->type == KVT_WIRE_READ_RESP && f->type != KVT_WIRE_READ) ||
+        (h->type == KVT_WIRE_NOTIFY_ACK && f->type != KVT_WIRE_NOTIFY) ||
+        (h->type != KVT_WIRE_WRITE_ACK && h->type != KVT_WIRE_READ_RESP &&
+         h->type != KVT_WIRE_NOTIFY_ACK)) {
+        KVT_LOG_E("unexpected %s (request %llu) from %s",
+                  kvt__wire_type_name(h->type), (unsigned long long)h->req_id,
+                  c->sess->base.name);
+        return KVT_ERR_PROTOCOL;
+    }
+    if (h->type == KVT_WIRE_NOTIFY_ACK) {
+        response_done(c, f, h->status > 0 ? KVT_ERR_PROTOCOL : h->status,
+                      NULL);
+        return KVT_OK;
+    }
+    if (ensure_rx_arrays(c) != 0)
+        return KVT_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < f->npieces; i++)
+        c->rx_pstatus[i] = KVT_OK;
+    if (kvt__wire_fails_decode(c->rx_body, h->body_len, f->npieces,
+                               pstatus_fail_cb, c->rx_pstatus) != KVT_OK)
+        return KVT_ERR_PROTOCOL;
+    if (h->type == KVT_WIRE_WRITE_ACK) {
+        response_done(c, f, KVT_OK, c->rx_pstatus);
+        return KVT_OK;
+    }
+    /* READ_RESP: the payload holds the accepted pieces, in order. */
+    {
+        uint64_t expect = 0;
+        uint32_t s = 0;
+        for (uint32_t i = 0; i < f->npieces; i++) {
+            if (c->rx_pstatus[i] != KVT_OK)
+                continue;
+            for (uint32_t k = f->piece_seg[i]; k < f->piece_seg[i + 1]; k++) {
+                c->rx_segs[s++] = (rx_seg_t){
+                    (uint64_t)(uintptr_t)f->lsegs[k].iov_base,
+                    f->lsegs[k].iov_len, i, 1};
+                expect += f->lsegs[k].iov_len;
+            }
+        }
+        if (expect != h->payload_len)
+            return KVT_ERR_PROTOCOL;
+        c->rx_nsegs = s;
+        c->rx_seg = 0;
+        c->rx_seg_off = 0;
+        c->rx_frame = f;
+        c->rx_state = RX_PAYLOAD;
+    }
+    return KVT_OK;
+}
+
+static void read_resp_finish(tcp_conn_t *c)
+{
+    tcp_frame_t *f = c->rx_frame;
+    uint32_t late;
+    int32_t lst;
+
+    memcpy(&late, c->rx_trailer, 4);
+    memcpy(&lst, c->rx_trailer + 4, 4);
+    if (late > 0) {
+        /* Some region went away while the target was sending: the frame's
+         * accepted pieces cannot be trusted as a whole. */
+        if (lst >= 0)
+            lst = KVT_ERR_ACCESS;
+        for (uint32_t i = 0; i < f->npieces; i++)
+            if (c->rx_pstatus[i] == KVT_OK)
+                c->rx_pstatus[i] = lst;
+    }
+    c->rx_frame = NULL;
+    response_done(c, f, KVT_OK, c->rx_pstatus);
+}
+
+/* ---- Receiving ------------------------------------------------------------ */
+
+/* Re-check inbound WRITE segments after the registry changed. Called with
+ * the registry read lock held. */
+static void rx_revalidate(tcp_conn_t *c, kvt__memreg_t *reg)
+{
+    uint64_t gen = atomic_load_explicit(&reg->gen, memory_order_acquire);
+    if (gen == c->rx_gen)
+        return;
+    c->rx_gen = gen;
+    for (uint32_t s = c->rx_seg; s < c->rx_nsegs; s++) {
+        rx_seg_t *g = &c->rx_segs[s];
+        if (g->valid && !kvt__memreg_contains_locked(
+                            reg, g->addr, g->len, KVT_ACCESS_REMOTE_WRITE)) {
+            g->valid = 0;
+            c->rx_pstatus[g->piece] = KVT_ERR_ACCESS;
+        }
+    }
+}
+
+/*
+ * Read payload bytes for the current segments: valid runs straight into
+ * their destination with readv, refused ones into scratch. Returns 1 when
+ * the payload is complete, 0 when the socket is drained, -1 on EOF/error.
+ */
+static int rx_payload(tcp_conn_t *c)
+{
+    kvt__memreg_t *reg = &c->w->tcp->e->reg;
+    int check = !c->outbound;
+
+    while (c->rx_seg < c->rx_nsegs) {
+        struct iovec iov[RX_IOV];
+        int n = 0;
+        ssize_t got;
+        uint32_t s;
+
+        if (check) {
+            kvt__memreg_rdlock(reg);
+            rx_revalidate(c, reg);
+        }
+        s = c->rx_seg;
+        if (!c->rx_segs[s].valid) {
+            uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
+            iov[n++] = (struct iovec){c->w->scratch,
+                                      left < SCRATCH_LEN ? left : SCRATCH_LEN};
+        } else {
+            uint64_t off = c->rx_seg_off;
+            for (; s < c->rx_nsegs && n < RX_IOV && c->rx_segs[s].valid; s++) {
+                iov[n++] = (struct iovec){
+                    (char *)(uintptr_t)c->rx_segs[s].addr + off,
+                    c->rx_segs[s].len - off};
+                off = 0;
+            }
+        }
+        got = readv(c->fd, iov, n);
+        if (check)
+            kvt__memreg_unlock(reg);
+        if (got == 0)
+            return -1;
+        if (got < 0)
+            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+        /* Advance the segment cursor by @got bytes. */
+        while (got > 0) {
+            uint64_t left = c->rx_segs[c->rx_seg].len - c->rx_seg_off;
+            if ((uint64_t)got < left) {
+                c->rx_seg_off += (uint64_t)got;
+                got = 0;
+            } else {
+                got -= (ssize_t)left;
+                c->rx_seg++;
+                c->rx_seg_off = 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Read into a fixed buffer until @want bytes are there. 1 done, 0 drained,
+ * -1 EOF/error. */
+static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
+{
+    while (c->rx_have < want) {
+        ssize_t n = recv(c->fd, buf + c->rx_have, want - c->rx_have, 0);
+        if (n == 0)
+            return -1;
+        if (n < 0)
+            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+        c->rx_have += (size_t)n;
+    }
+    return 1;
+}
+
+static void conn_rx(tcp_conn_t *c)
+{
+    kvt_status_t fail = KVT_ERR_CONN_LOST;
+    int r = 0;
+
+    for (;;) {
+        switch (c->rx_state) {
+        case RX_HDR: {
+            kvt_status_t st;
+            r = rx_fill(c, c->rx_hdrbuf, KVT_WIRE_HDR_LEN);
+            if (r <= 0)
+                goto out;
+            c->rx_have = 0;
+            st = kvt__wire_hdr_decode(c->rx_hdrbuf, KVT_WIRE_HDR_LEN,
+                                      &c->rx_hdr);
+            if (st == KVT_ERR_VERSION) {
+                char msg[96];
+                int n = snprintf(msg, sizeof(msg),
+                                 "kvt protocol %d.%d required, peer sent %u.%u",
+                                 KVT_WIRE_VERSION_MAJOR,
+                                 KVT_WIRE_VERSION_MINOR, c->rx_hdr.ver_major,
+                                 c->rx_hdr.ver_minor);
+                KVT_LOG_E("refusing peer %s: %s", c->peer, msg);
+                if (!c->outbound)
+                    send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id,
+                                KVT_ERR_VERSION, msg, (size_t)n);
+                fail = KVT_ERR_VERSION;
+                goto fail;
+            }
+            if (st != KVT_OK) {
+                KVT_LOG_W("malformed frame header from %s; closing",
+                          c->peer[0] ? c->peer : "a peer");
+                fail = KVT_ERR_PROTOCOL;
+                goto fail;
+            }
+            if (c->rx_hdr.body_len > c->rx_body_cap) {
+                uint8_t *nb = realloc(c->rx_body, c->rx_hdr.body_len);
+                if (nb == NULL) {
+                    fail = KVT_ERR_NO_MEMORY;
+                    goto fail;
+                }
+                c->rx_body = nb;
+                c->rx_body_cap = c->rx_hdr.body_len;
+            }
+            c->rx_state = RX_BODY;
+        }
+            /* fall through */
+        case RX_BODY:
+            r = rx_fill(c, c->rx_body, c->rx_hdr.body_len);
+            if (r <= 0)
+                goto out;
+            c->rx_have = 0;
+            c->rx_state = RX_HDR;
+            if (c->outbound) {
+                kvt_status_t st;
+                if (c->rx_hdr.type != KVT_WIRE_READ_RESP &&
+                    c->rx_hdr.payload_len != 0) {
+                    fail = KVT_ERR_PROTOCOL;
+                    goto fail;
+                }
+                st = outbound_dispatch(c);
+                if (st != KVT_OK) {
+                    fail = st;
+                    goto fail;
+                }
+            } else {
+                if (c->rx_hdr.type != KVT_WIRE_WRITE &&
+                    c->rx_hdr.type != KVT_WIRE_READ &&
+                    c->rx_hdr.payload_len != 0) {
+                    fail = KVT_ERR_PROTOCOL;
+                    goto fail;
+                }
+                if (inbound_dispatch(c) != 0) {
+                    fail = KVT_ERR_PROTOCOL;
+                    goto fail;
+                }
+            }
+            break;
+        case RX_PAYLOAD:
+            r = rx_payload(c);
+            if (r <= 0)
+                goto out;
+            if (c->outbound) {
+                c->rx_state = RX_TRAILER;
+                c->rx_have = 0;
+            } else {
+                c->rx_state = RX_HDR;
+                send_write_ack(c);
+            }
+            break;
+        case RX_TRAILER:
+            r = rx_fill(c, c->rx_trailer, KVT_WIRE_TRAILER_LEN);
+            if (r <= 0)
+                goto out;
+            c->rx_have = 0;
+            c->rx_state = RX_HDR;
+            read_resp_finish(c);
+            break;
+        }
+    }
+out:
+    if (r == 0)
+        return;
+fail: {
+    int32_t why = atomic_load(&c->fail_status);
+    conn_fail(c, why != 0 ? why : fail);
+}
+}
+
+/* ---- Connection lifecycle ------------------------------------------------ */
+
+static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
+{
+    tcp_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->fd = fd;
+    c->outbound = (uint8_t)outbound;
+    c->w = w;
+    pthread_mutex_init(&c->tx_lock, NULL);
+    pthread_mutex_init(&c->out_lock, NULL);
+    return c;
+}
+
+static void conn_free(tcp_conn_t *c)
+{
+    pthread_mutex_destroy(&c->tx_lock);
+    pthread_mutex_destroy(&c->out_lock);
+    free(c->rx_body);
+    free(c->rx_segs);
+    free(c->rx_pieces);
+    free(c->rx_pstatus);
+    free(c);
+}
+
+static int worker_attach(tcp_worker_t *w, tcp_conn_t *c)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET |
+                                       EPOLLRDHUP,
+                             .data.ptr = c};
+    pthread_mutex_lock(&w->lock);
+    c->wnext = w->conns;
+    w->conns = c;
+    pthread_mutex_unlock(&w->lock);
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+        KVT_LOG_E("epoll_ctl: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void worker_detach(tcp_worker_t *w, tcp_conn_t *c)
+{
+    tcp_conn_t **pp;
+    pthread_mutex_lock(&w->lock);
+    for (pp = &w->conns; *pp != NULL; pp = &(*pp)->wnext) {
+        if (*pp == c) {
+            *pp = c->wnext;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+/*
+ * Fail a connection: only its owning worker calls this (or the engine
+ * after the workers stopped). Every frame queued or in flight on it is
+ * completed with @st; the descriptor is closed. Outbound connections stay
+ * allocated, dead, until their session is destroyed; inbound ones are
+ * freed.
+ */
+static void conn_fail(tcp_conn_t *c, kvt_status_t st)
+{
+    tcp_frame_t *list;
+    tcp_tx_t *t, *tn;
+    int fd;
+
+    pthread_mutex_lock(&c->tx_lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->tx_lock);
+        return;
+    }
+    c->dead = 1;
+    t = c->txq_head;
+    c->txq_head = c->txq_tail = NULL;
+    pthread_mutex_unlock(&c->tx_lock);
+    for (; t != NULL; t = tn) {
+        tn = t->next;
+        tx_free(t);
+    }
+    pthread_mutex_lock(&c->out_lock);
+    list = c->out_head;
+    c->out_head = c->out_tail = NULL;
+    pthread_mutex_unlock(&c->out_lock);
+
+    worker_detach(c->w, c);
+    if (c->outbound) {
+        tcp_session_t *s = c->sess;
+        if (st != KVT_ERR_CANCELED)
+            KVT_LOG_W("connection %u to %s failed: %s", c->index,
+                      s->base.name, kvt_status_str(st));
+        session_kill(&s->base, st);
+        pthread_mutex_lock(&s->lock);
+        fd = c->fd;
+        c->fd = -1;
+        pthread_mutex_unlock(&s->lock);
+        close(fd);
+        while (list != NULL) {
+            tcp_frame_t *n = list->next_out;
+            frame_complete(c, list, st, NULL);
+            list = n;
+        }
+        free(c->rx_segs);
+        free(c->rx_pieces);
+        free(c->rx_pstatus);
+        free(c->rx_body);
+        c->rx_segs = NULL;
+        c->rx_pieces = NULL;
+        c->rx_pstatus = NULL;
+        c->rx_body = NULL;
+        c->rx_body_cap = 0;
+    } else {
+        KVT_LOG_D("inbound connection from %s closed: %s", c->peer,
+                  kvt_status_str(st));
+        close(c->fd);
+        conn_free(c);
+    }
+}
+
+/* ---- Workers --------------------------------------------------------------- */
+
+static void accept_all(kvt__tcp_t *tcp)
+{
+    for (;;) {
+        int fd = accept4(tcp->listen_fd, NULL, NULL,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        tcp_worker_t *w;
+        tcp_conn_t *c;
+
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                KVT_LOG_W("accept: %s", strerror(errno));
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return;
+        }
+        kvt__sock_tune(fd, tcp->e->timeout_ns / 1000000);
+        w = &tcp->workers[atomic_fetch_add(&tcp->rr, 1) % tcp->nworkers];
+        c = conn_new(w, fd, 0);
+        if (c == NULL || worker_attach(w, c) != 0) {
+            if (c) {
+                worker_detach(w, c);
+                conn_free(c);
+            }
+            close(fd);
+        }
+    }
+}
+
+static void check_timeouts(tcp_worker_t *w, uint64_t now)
+{
+    tcp_conn_t *expired[64];
+    size_t n = 0;
+
+    pthread_mutex_lock(&w->lock);
+    for (tcp_conn_t *c = w->conns; c != NULL && n < 64; c = c->wnext) {
+        if (!c->outbound)
+            continue;
+        pthread_mutex_lock(&c->out_lock);
+        if (c->out_head != NULL && now > c->out_head->deadline)
+            expired[n++] = c;
+        pthread_mutex_unlock(&c->out_lock);
+    }
+    pthread_mutex_unlock(&w->lock);
+    for (size_t i = 0; i < n; i++) {
+        KVT_LOG_W("transfer to %s timed out after %.1f s",
+                  expired[i]->sess->base.name,
+                  (double)w->tcp->e->timeout_ns / 1e9);
+        conn_fail(expired[i], KVT_ERR_TIMEDOUT);
+    }
+}
+
+static void conn_tx_event(tcp_conn_t *c)
+{
+    pthread_mutex_lock(&c->tx_lock);
+    if (!c->dead)
+        flush_locked(c);
+    pthread_mutex_unlock(&c->tx_lock);
+}
+
+static void *worker_main(void *arg)
+{
+    tcp_worker_t *w = arg;
+    kvt__tcp_t *tcp = w->tcp;
+    struct epoll_event evs[64];
+
+    while (!atomic_load_explicit(&tcp->stopping, memory_order_acquire)) {
+        int n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
+        uint64_t now;
+
+        if (n > 0) {
+            /* Pairs with the unlock in worker_attach(): whatever the
+             * attaching thread wrote to a connection is visible here (and
+             * to ThreadSanitizer, which does not model epoll). */
+            pthread_mutex_lock(&w->lock);
+            pthread_mutex_unlock(&w->lock);
+        }
+
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)tcp) {
+                accept_all(tcp);
+            } else if (p == (void *)w) {
+                uint64_t v;
+                if (read(w->evfd, &v, sizeof(v)) < 0)
+                    (void)0;
+            } else {
+                tcp_conn_t *c = p;
+                if (evs[i].events & EPOLLOUT)
+                    conn_tx_event(c);
+                if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP |
+                                     EPOLLRDHUP))
+                    conn_rx(c);
+            }
+        }
+        now = kvt__now_ns();
+        if (now - w->last_tick >= TICK_NS) {
+            w->last_tick = now;
+            check_timeouts(w, now);
+        }
+    }
+    /* Stopping: fail everything this worker owns. */
+    for (;;) {
+        tcp_conn_t *c;
+        pthread_mutex_lock(&w->lock);
+        c = w->conns;
+        pthread_mutex_unlock(&w->lock);
+        if (c == NULL)
+            break;
+        conn_fail(c, KVT_ERR_CANCELED);
+    }
+    return NULL;
+}
+
+/* ---- Sessions ------------------------------------------------------------- */
+
+static void session_kill(kvt__session_t *base, kvt_status_t why)
+{
+    tcp_session_t *s = (tcp_session_t *)base;
+    tcp_frame_t *parked;
+    int32_t zero = 0;
+
+    if (!atomic_compare_exchange_strong(&base->dead, &zero, why))
+        return;
+    kvt__session_evict(base);
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < s->nconns; i++) {
+        tcp_conn_t *c = s->conns[i];
+        int32_t z = 0;
+        if (c == NULL)
+            continue;
+        atomic_compare_exchange_strong(&c->fail_status, &z, why);
+        if (c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+    }
+    parked = s->parked_head;
+    s->parked_head = s->parked_tail = NULL;
+    atomic_store(&s->nparked, 0);
+    pthread_mutex_unlock(&s->lock);
+    while (parked != NULL) {
+        tcp_frame_t *n = parked->next_out;
+        frame_complete(s->conns[0], parked, why, NULL);
+        parked = n;
+    }
+}
+
+static void session_destroy(kvt__session_t *base)
+{
+    tcp_session_t *s = (tcp_session_t *)base;
+    for (unsigned i = 0; i < s->nconns; i++) {
+        if (s->conns[i] == NULL)
+            continue;
+        if (s->conns[i]->fd >= 0) {
+            /* Never attached to a worker, or workers already stopped. */
+            conn_fail(s->conns[i], KVT_ERR_CANCELED);
+        }
+        conn_free(s->conns[i]);
+    }
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&base->desc_lock);
+    kvt__segdesc_clear(&base->desc);
+    free(s);
+}
+
+/* Put @f on connection @c: FIFO and send queue in one step, then send what
+ * the socket takes from this thread. */
+static void conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
+{
+    int dead;
+
+    atomic_fetch_add_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+    pthread_mutex_lock(&c->tx_lock);
+    dead = c->dead;
+    if (!dead) {
+        pthread_mutex_lock(&c->out_lock);
+        f->next_out = NULL;
+        if (c->out_tail)
+            c->out_tail->next_out = f;
+        else
+            c->out_head = f;
+        c->out_tail = f;
+        pthread_mutex_unlock(&c->out_lock);
+        atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
+        txq_append_locked(c, &f->tx);
+        if (c->txq_head == &f->tx)
+            flush_locked(c);
+    }
+    pthread_mutex_unlock(&c->tx_lock);
+    if (dead) {
+        int32_t why = atomic_load(&c->sess->base.dead);
+        frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
+    }
+}
+
+static int notify_ready(tcp_session_t *s, const tcp_frame_t *f)
+{
+    for (unsigned i = 0; i < s->nconns; i++)
+        if (atomic_load_explicit(&s->conns[i]->done_seq,
+                                 memory_order_acquire) < f->snap[i])
+            return 0;
+    return 1;
+}
+
+/* Send the parked notifications whose preceding writes have all landed. */
+static void release_parked(tcp_session_t *s)
+{
+    tcp_frame_t *ready = NULL, **tail = &ready;
+
+    pthread_mutex_lock(&s->lock);
+    while (s->parked_head != NULL && notify_ready(s, s->parked_head)) {
+        tcp_frame_t *f = s->parked_head;
+        s->parked_head = f->next_out;
+        if (s->parked_head == NULL)
+            s->parked_tail = NULL;
+        atomic_fetch_sub(&s->nparked, 1);
+        f->next_out = NULL;
+        *tail = f;
+        tail = &f->next_out;
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (ready != NULL) {
+        tcp_frame_t *n = ready->next_out;
+        conn_enqueue(s->conns[0], ready);
+        ready = n;
+    }
+}
+
+static tcp_conn_t *pick_conn(tcp_session_t *s)
+{
+    tcp_conn_t *best = NULL;
+    uint64_t best_load = UINT64_MAX;
+    unsigned start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
+
+    for (unsigned k = 0; k < s->nconns; k++) {
+        tcp_conn_t *c = s->conns[(start + k) % s->nconns];
+        uint64_t load = atomic_load_explicit(&c->inflight,
+                                             memory_order_relaxed);
+        if (load < best_load) {
+            best = c;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+/* ---- Submission: cutting descriptors into frames ---------------------------- */
+
+typedef struct {
+    uint32_t slot;
+    uint32_t count;
+    uint64_t len;
+    uint64_t raddr, rstride;
+    uint64_t laddr, lstride;
+} pspec_t;
+
+/* Pieces of a strided descriptor that one wire piece carries. */
+static inline uint64_t strided_k(uint64_t len, uint64_t slice)
+{
+    uint64_t k = slice / len;
+    return k > KVT_WIRE_MAX_SEGS ? KVT_WIRE_MAX_SEGS : k;
+}
+
+static inline uint32_t spec_lsegs(const pspec_t *p)
+{
+    return (p->count == 1 || p->lstride == p->len) ? 1 : p->count;
+}
+
+static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
+                                uint8_t type, const pspec_t *ps, size_t np)
+{
+    kvt__tcp_t *tcp = s->tcp;
+    uint32_t nlsegs = 0;
+    size_t table = np * KVT_WIRE_PIECE_LEN, niov, sz;
+    uint64_t payload = 0;
+    kvt__wire_hdr_t h;
+    tcp_frame_t *f;
+    uint8_t *p;
+    uint32_t k = 0;
+
+    for (size_t i = 0; i < np; i++) {
+        nlsegs += spec_lsegs(&ps[i]);
+        payload += ps[i].len * ps[i].count;
+    }
+    niov = 2 + nlsegs;
+    sz = sizeof(*f) + niov * sizeof(struct iovec) + np * 4 + (np + 1) * 4 +
+         table;
+    f = malloc(sz);
+    if (f == NULL)
+        return NULL;
+    memset(f, 0, sizeof(*f));
+    f->batch = batch;
+    f->type = type;
+    f->npieces = (uint32_t)np;
+    f->nlsegs = nlsegs;
+    f->bytes = payload;
+    f->req_id = atomic_fetch_add_explicit(&tcp->next_req, 1,
+                                          memory_order_relaxed);
+    f->deadline = kvt__now_ns() + tcp->e->timeout_ns;
+    p = (uint8_t *)(f->iov + niov);
+    f->slots = (uint32_t *)p;
+    f->piece_seg = f->slots + np;
+    f->body = (uint8_t *)(f->piece_seg + np + 1);
+    f->lsegs = f->iov + 2;
+    for (size_t i = 0; i < np; i++) {
+        const pspec_t *q = &ps[i];
+        kvt__wire_piece_t wp = {q->raddr, (uint32_t)q->len, q->count,
+                                q->count > 1 ? q->rstride : q->len};
+        kvt__wire_piece_encode(&wp, f->body + i * KVT_WIRE_PIECE_LEN);
+        f->slots[i] = q->slot;
+        f->piece_seg[i] = k;
+        if (spec_lsegs(q) == 1) {
+            f->lsegs[k++] = (struct iovec){(void *)(uintptr_t)q->laddr,
+                                           q->len * q->count};
+        } else {
+            for (uint32_t j = 0; j < q->count; j++)
+                f->lsegs[k++] = (struct iovec){
+                    (void *)(uintptr_t)(q->laddr + j * q->lstride), q->len};
+        }
+    }
+    f->piece_seg[np] = k;
+    hdr_init(&h, type, f->req_id);
+    h.body_len = (uint32_t)table;
+    h.payload_len = payload;
+    kvt__wire_hdr_encode(&h, f->hdr);
+    f->iov[0] = (struct iovec){f->hdr, KVT_WIRE_HDR_LEN};
+    f->iov[1] = (struct iovec){f->body, table};
+    f->tx.cur = f->iov;
+    f->tx.cnt = type == KVT_WIRE_WRITE ? (int)niov : 2;
+    if (type == KVT_WIRE_READ) {
+        /* The send vector must not alias the receive segments, which the
+         * sender's cursor would trim. */
+        f->lsegs = f->iov + 2;
+    }
+    return f;
+}
+
+/*
+ * Cut the READ or WRITE descriptors @idx[0..n) into wire pieces and the
+ * pieces into frames, then enqueue the frames on the least loaded
+ * connections. Each slot's remaining count is set before any frame is
+ * enqueued.
+ */
+static void submit_op(tcp_session_t *s, kvt_batch_h batch, uint8_t type,
+                      const kvt_xfer_desc_t *descs, const uint32_t *idx,
+                      size_t n, size_t slot_base)
+{
+    kvt_engine_h e = s->base.engine;
+    uint64_t slice = e->slice_size, total = 0, target;
+    size_t cap = 0, np = 0, start;
+    pspec_t *ps = NULL;
+    tcp_frame_t *frames = NULL, **ftail = &frames;
+
+    if (n == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        const kvt_xfer_desc_t *d = &descs[idx[i]];
+        uint32_t c = d->count > 1 ? d->count : 1;
+        total += d->length * c;
+        if (c == 1 || d->length > slice || d->length > UINT32_MAX)
+            cap += c * ((d->length + slice - 1) / slice);
+        else
+            cap += (c + strided_k(d->length, slice) - 1) /
+                   strided_k(d->length, slice);
+    }
+    ps = malloc(cap * sizeof(*ps));
+    if (ps == NULL)
+        goto err_fail_all;
+    for (size_t i = 0; i < n; i++) {
+        const kvt_xfer_desc_t *d = &descs[idx[i]];
+        uint32_t slot = (uint32_t)(slot_base + idx[i]);
+        uint32_t c = d->count > 1 ? d->count : 1;
+        uint64_t L = d->length;
+        uint64_t ls = (c > 1 && d->local_stride) ? d->local_stride : L;
+        uint64_t rs = (c > 1 && d->remote_stride) ? d->remote_stride : L;
+        uint64_t la = (uint64_t)(uintptr_t)d->local_addr;
+        size_t first = np;
+
+        if (c == 1 || L > slice || L > UINT32_MAX) {
+            for (uint32_t j = 0; j < c; j++)
+                for (uint64_t off = 0; off < L; off += slice)
+                    ps[np++] = (pspec_t){slot, 1,
+                                         L - off < slice ? L - off : slice,
+                                         d->remote_addr + j * rs + off, 0,
+                                         la + j * ls + off, 0};
+        } else {
+            uint64_t k = strided_k(L, slice);
+            for (uint64_t j = 0; j < c; j += k) {
+                uint32_t cnt = (uint32_t)(c - j < k ? c - j : k);
+                ps[np++] = (pspec_t){slot, cnt, L, d->remote_addr + j * rs,
+                                     rs, la + j * ls, ls};
+            }
+        }
+        atomic_store_explicit(&batch->slots[slot].remaining,
+                              (uint32_t)(np - first), memory_order_relaxed);
+    }
+
+    /* Frame size: spread a submission over the connections, between
+     * MIN_FRAME and one slice. */
+    target = (total + s->nconns - 1) / s->nconns;
+    if (target < MIN_FRAME)
+        target = MIN_FRAME;
+    if (target > slice)
+        target = slice;
+    start = 0;
+    while (start < np) {
+        uint64_t bytes = 0;
+        uint32_t rsegs = 0, lsegs = 0;
+        size_t end = start;
+        tcp_frame_t *f;
+
+        while (end < np) {
+            const pspec_t *q = &ps[end];
+            uint64_t b = q->len * q->count;
+            if (end > start &&
+                (bytes + b > target || end - start >= KVT_WIRE_MAX_PIECES ||
+                 rsegs + q->count > KVT_WIRE_MAX_SEGS ||
+                 lsegs + spec_lsegs(q) > KVT_WIRE_MAX_SEGS))
+                break;
+            bytes += b;
+            rsegs += q->count;
+            lsegs += spec_lsegs(q);
+            end++;
+        }
+        f = frame_build(s, batch, type, ps + start, end - start);
+        if (f == NULL) {
+            kvt__batch_enter(batch);
+            for (size_t i = start; i < np; i++)
+                kvt__slot_done(batch, ps[i].slot, KVT_ERR_NO_MEMORY);
+            kvt__batch_leave(batch);
+            break;
+        }
+        *ftail = f;
+        ftail = (tcp_frame_t **)&f->tx.next;
+        start = end;
+    }
+    free(ps);
+    while (frames != NULL) {
+        tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
+        conn_enqueue(pick_conn(s), f);
+        frames = next;
+    }
+    return;
+
+err_fail_all:
+    kvt__batch_enter(batch);
+    for (size_t i = 0; i < n; i++) {
+        atomic_store(&batch->slots[slot_base + idx[i]].remaining, 1);
+        kvt__slot_done(batch, (uint32_t)(slot_base + idx[i]),
+                       KVT_ERR_NO_MEMORY);
+    }
+    kvt__batch_leave(batch);
+}
+
+static void submit_notify(tcp_session_t *s, kvt_batch_h batch,
+                          const kvt_xfer_desc_t *d, uint32_t slot)
+{
+    size_t len = d->length;
+    tcp_frame_t *f = calloc(1, sizeof(*f) + 2 * sizeof(struct iovec) + 4 +
+                                   8 + len);
+    kvt__wire_hdr_t h;
+    int parked = 0;
+
+    atomic_store_explicit(&batch->slots[slot].remaining, 1,
+                          memory_order_relaxed);
+    if (f == NULL) {
+        kvt__batch_enter(batch);
+        kvt__slot_done(batch, slot, KVT_ERR_NO_MEMORY);
+        kvt__batch_leave(batch);
+        return;
+    }
+    f->batch = batch;
+    f->type = KVT_WIRE_NOTIFY;
+    f->npieces = 1;
+    f->slots = (uint32_t *)(f->iov + 2);
+    f->slots[0] = slot;
+    f->body = (uint8_t *)(f->slots + 3);
+    memcpy(f->body, d->local_addr, len);
+    f->req_id = atomic_fetch_add(&s->tcp->next_req, 1);
+    f->deadline = kvt__now_ns() + s->base.engine->timeout_ns;
+    hdr_init(&h, KVT_WIRE_NOTIFY, f->req_id);
+    h.body_len = (uint32_t)len;
+    kvt__wire_hdr_encode(&h, f->hdr);
+    f->iov[0] = (struct iovec){f->hdr, KVT_WIRE_HDR_LEN};
+    f->iov[1] = (struct iovec){f->body, len};
+    f->tx.cur = f->iov;
+    f->tx.cnt = len ? 2 : 1;
+
+    /* Ordering: wait for every frame enqueued so far on every connection
+     * of this session to be answered. */
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < s->nconns; i++)
+        f->snap[i] = atomic_load(&s->conns[i]->enq_seq);
+    if (s->parked_head != NULL || !notify_ready(s, f)) {
+        f->next_out = NULL;
+        if (s->parked_tail)
+            s->parked_tail->next_out = f;
+        else
+            s->parked_head = f;
+        s->parked_tail = f;
+        atomic_fetch_add(&s->nparked, 1);
+        parked = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!parked) {
+        conn_enqueue(s->conns[0], f);
+    } else {
+        /* An answer may have come in between the snapshot and parking. */
+        release_parked(s);
+        if (atomic_load(&s->base.dead))
+            session_kill(&s->base, atomic_load(&s->base.dead));
+    }
+}
+
+static kvt_status_t tcp_submit(kvt__session_t *base, kvt_batch_h batch,
+                               const kvt_xfer_desc_t *descs,
+                               const uint32_t *idx, size_t n,
+                               size_t slot_base)
+{
+    tcp_session_t *s = (tcp_session_t *)base;
+    uint32_t *w = malloc(2 * n * sizeof(uint32_t)), *r;
+    size_t i = 0;
+
+    if (w == NULL)
+        return KVT_ERR_NO_MEMORY;
+    r = w + n;
+    /* Writes and reads are cut into frames separately; a NOTIFY ends the
+     * run before it so that it follows every write submitted earlier. */
+    while (i < n) {
+        size_t nw = 0, nr = 0;
+        for (; i < n && descs[idx[i]].opcode != KVT_OP_NOTIFY; i++) {
+            if (descs[idx[i]].opcode == KVT_OP_WRITE)
+                w[nw++] = idx[i];
+            else
+                r[nr++] = idx[i];
+        }
+        submit_op(s, batch, KVT_WIRE_WRITE, descs, w, nw, slot_base);
+        submit_op(s, batch, KVT_WIRE_READ, descs, r, nr, slot_base);
+        if (i < n) {
+            submit_notify(s, batch, &descs[idx[i]],
+                          (uint32_t)(slot_base + idx[i]));
+            i++;
+        }
+    }
+    free(w);
+    return KVT_OK;
+}
+
+static const kvt__transport_ops_t tcp_ops = {
+    .name = "tcp",
+    .submit = tcp_submit,
+    .kill = session_kill,
+    .destroy = session_destroy,
+};
+
+/* ---- Opening a session: blocking handshake --------------------------------- */
+
+/* Send one request and read its response on a blocking control socket. On
+ * success *body_p holds a malloc'd body (or NULL when empty). */
+static kvt_status_t ctl_call(int fd, uint8_t type, const void *body,
+                             size_t len, uint8_t expect, uint64_t deadline,
+                             const char *peer, uint8_t **body_p,
+                             size_t *len_p)
+{
+    uint8_t hb[KVT_WIRE_HDR_LEN], *rb = NULL;
+    kvt__wire_hdr_t h;
+    kvt_status_t st;
+
+    hdr_init(&h, type, 0);
+    h.body_len = (uint32_t)len;
+    kvt__wire_hdr_encode(&h, hb);
+    st = kvt__sock_send_all(fd, hb, sizeof(hb), deadline);
+    if (st == KVT_OK && len)
+        st = kvt__sock_send_all(fd, body, len, deadline);
+    if (st == KVT_OK)
+        st = kvt__sock_recv_all(fd, hb, sizeof(hb), deadline);
+    if (st != KVT_OK)
+        goto err;
+    st = kvt__wire_hdr_decode(hb, sizeof(hb), &h);
+    if (st == KVT_ERR_VERSION) {
+        KVT_LOG_E("peer %s speaks kvt protocol %u.%u, this engine %d.%d",
+                  peer, h.ver_major, h.ver_minor, KVT_WIRE_VERSION_MAJOR,
+                  KVT_WIRE_VERSION_MINOR);
+        return st;
+    }
+    if (st != KVT_OK)
+        goto err;
+    if (h.body_len) {
+        rb = malloc(h.body_len + 1);
+        if (rb == NULL)
+            return KVT_ERR_NO_MEMORY;
+        st = kvt__sock_recv_all(fd, rb, h.body_len, deadline);
+        if (st != KVT_OK)
+            goto err_free;
+        rb[h.body_len] = '\0';
+    }
+    if (h.type == KVT_WIRE_ERROR) {
+        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
+        KVT_LOG_E("peer %s refused the connection: %s%s%s", peer,
+                  kvt_status_str(st), rb ? ": " : "",
+                  rb ? (const char *)rb : "");
+        goto err_free;
+    }
+    if (h.type != expect || h.payload_len != 0) {
+        st = KVT_ERR_PROTOCOL;
+        goto err_free;
+    }
+    if (h.status != KVT_OK) {
+        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
+        goto err_free;
+    }
+    *body_p = rb;
+    *len_p = h.body_len;
+    return KVT_OK;
+
+err_free:
+    free(rb);
+err:
+    if (st == KVT_ERR_CONN_LOST)
+        KVT_LOG_W("peer %s closed the connection during the handshake",
+                  peer);
+    return st;
+}
+
+static kvt_status_t dial(kvt__tcp_t *tcp, const char *name, uint64_t session,
+                         uint32_t index, uint32_t nconns, uint64_t deadline,
+                         int *fd_p)
+{
+    kvt_engine_h e = tcp->e;
+    char host[KVT_WIRE_NAME_MAX + 1];
+    uint8_t hb[16 + 2 + KVT_WIRE_NAME_MAX], *body = NULL;
+    kvt__wire_hello_t hello = {session, index, nconns, {0}};
+    uint64_t now = kvt__now_ns();
+    size_t blen, hl;
+    uint16_t port;
+    kvt_status_t st;
+    int fd;
+
+    st = kvt__sock_split_hostport(name, host, sizeof(host), &port);
+    if (st != KVT_OK) {
+        KVT_LOG_E("segment name '%s' is not host:port", name);
+        return st;
+    }
+    if (now >= deadline)
+        return KVT_ERR_TIMEDOUT;
+    st = kvt__sock_connect(host, port, (deadline - now) / 1000000 + 1, &fd);
+    if (st != KVT_OK) {
+        KVT_LOG_W("cannot connect to %s: %s", name, kvt_status_str(st));
+        return st;
+    }
+    kvt__sock_tune(fd, e->timeout_ns / 1000000);
+    snprintf(hello.name, sizeof(hello.name), "%s", e->seg_name);
+    hl = kvt__wire_hello_encode(&hello, hb, sizeof(hb));
+    st = ctl_call(fd, KVT_WIRE_HELLO, hb, hl, KVT_WIRE_HELLO_ACK, deadline,
+                  name, &body, &blen);
+    free(body);
+    if (st != KVT_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_p = fd;
+    return KVT_OK;
+}
+
+static kvt_status_t query_desc(int fd, const char *name, uint64_t deadline,
+                               kvt__segdesc_t *desc)
+{
+    uint8_t *body = NULL;
+    size_t blen = 0;
+    kvt_status_t st;
+
+    st = ctl_call(fd, KVT_WIRE_SEG_QUERY, NULL, 0, KVT_WIRE_SEG_DESC,
+                  deadline, name, &body, &blen);
+    if (st != KVT_OK)
+        return st;
+    st = kvt__segdesc_decode(body, blen, desc);
+    free(body);
+    if (st != KVT_OK)
+        KVT_LOG_E("malformed segment descriptor from %s", name);
+    return st;
+}
+
+kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
+                            kvt__segdesc_t *desc)
+{
+    uint64_t deadline = kvt__now_ns() + tcp->e->connect_timeout_ms * 1000000;
+    kvt_status_t st;
+    int fd;
+
+    st = dial(tcp, name, 0, 0, 1, deadline, &fd);
+    if (st != KVT_OK)
+        return st;
+    st = query_desc(fd, name, deadline, desc);
+    close(fd);
+    return st;
+}
+
+kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
+                           kvt__session_t **s_p)
+{
+    kvt_engine_h e = tcp->e;
+    uint64_t deadline = kvt__now_ns() + e->connect_timeout_ms * 1000000;
+    uint64_t sid = ((uint64_t)getpid() << 32) ^ kvt__now_ns();
+    tcp_session_t *s;
+    kvt_status_t st;
+    unsigned i;
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVT_ERR_NO_MEMORY;
+    s->base.engine = e;
+    s->base.ops = &tcp_ops;
+    snprintf(s->base.name, sizeof(s->base.name), "%s", name);
+    pthread_mutex_init(&s->base.desc_lock, NULL);
+    pthread_mutex_init(&s->lock, NULL);
+    s->tcp = tcp;
+    s->nconns = e->conns_per_peer;
+
+    for (i = 0; i < s->nconns; i++) {
+        int fd;
+        st = dial(tcp, name, sid, i, s->nconns, deadline, &fd);
+        if (st != KVT_OK)
+            goto err_close;
+        if (i == 0) {
+            st = query_desc(fd, name, deadline, &s->base.desc);
+            if (st != KVT_OK) {
+                close(fd);
+                goto err_close;
+            }
+        }
+        s->conns[i] = conn_new(NULL, fd, 1);
+        if (s->conns[i] == NULL) {
+            close(fd);
+            st = KVT_ERR_NO_MEMORY;
+            goto err_close;
+        }
+        s->conns[i]->sess = s;
+        s->conns[i]->index = i;
+        snprintf(s->conns[i]->peer, sizeof(s->conns[i]->peer), "%s", name);
+    }
+    /* Hand the connections to the workers. */
+    {
+        unsigned base = atomic_fetch_add(&tcp->rr, 1);
+        for (i = 0; i < s->nconns; i++) {
+            tcp_conn_t *c = s->conns[i];
+            c->w = &tcp->workers[(base + i) % tcp->nworkers];
+            kvt__sock_set_nonblock(c->fd, 1);
+        }
+        for (i = 0; i < s->nconns; i++) {
+            if (worker_attach(s->conns[i]->w, s->conns[i]) != 0) {
+                st = KVT_ERR_IO;
+                session_kill(&s->base, st);
+                break;
+            }
+        }
+    }
+    *s_p = &s->base;
+    return atomic_load(&s->base.dead) ? KVT_ERR_IO : KVT_OK;
+
+err_close:
+    for (unsigned j = 0; j < i; j++) {
+        close(s->conns[j]->fd);
+        conn_free(s->conns[j]);
+    }
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->base.desc_lock);
+    kvt__segdesc_clear(&s->base.desc);
+    free(s);
+    return st;
+}
+
+/* ---- Transport lifecycle -------------------------------------------------- */
+
+kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
+{
+    struct epoll_event ev;
+    kvt__tcp_t *tcp;
+    kvt_status_t st;
+    unsigned i;
+
+    tcp = calloc(1, sizeof(*tcp));
+    if (tcp == NULL)
+        return KVT_ERR_NO_MEMORY;
+    tcp->e = e;
+    tcp->nworkers = e->num_workers;
+    atomic_store(&tcp->next_req, 1);
+    tcp->zeros = mmap(NULL, KVT_WIRE_MAX_PAYLOAD, PROT_READ,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (tcp->zeros == MAP_FAILED) {
+        st = KVT_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    st = kvt__sock_listen(e->host, e->port, &tcp->listen_fd, &e->port);
+    if (st != KVT_OK)
+        goto err_unmap;
+    tcp->workers = calloc(tcp->nworkers, sizeof(*tcp->workers));
+    if (tcp->workers == NULL) {
+        st = KVT_ERR_NO_MEMORY;
+        goto err_listen;
+    }
+    for (i = 0; i < tcp->nworkers; i++) {
+        tcp_worker_t *w = &tcp->workers[i];
+        w->tcp = tcp;
+        w->id = i;
+        pthread_mutex_init(&w->lock, NULL);
+        w->epfd = epoll_create1(EPOLL_CLOEXEC);
+        w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        w->scratch = malloc(SCRATCH_LEN);
+        if (w->epfd < 0 || w->evfd < 0 || w->scratch == NULL) {
+            st = KVT_ERR_IO;
+            goto err_workers;
+        }
+        ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = w};
+        epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev);
+    }
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = tcp};
+    if (epoll_ctl(tcp->workers[0].epfd, EPOLL_CTL_ADD, tcp->listen_fd, &ev)) {
+        st = KVT_ERR_IO;
+        goto err_workers;
+    }
+    for (i = 0; i < tcp->nworkers; i++) {
+        if (pthread_create(&tcp->workers[i].thread, NULL, worker_main,
+                           &tcp->workers[i]) != 0) {
+            atomic_store(&tcp->stopping, 1);
+            for (unsigned j = 0; j < i; j++) {
+                uint64_t one = 1;
+                if (write(tcp->workers[j].evfd, &one, sizeof(one)) < 0)
+                    (void)0;
+                pthread_join(tcp->workers[j].thread, NULL);
+            }
+            i = tcp->nworkers;
+            st = KVT_ERR_IO;
+            goto err_workers;
+        }
+    }
+    *tcp_p = tcp;
+    return KVT_OK;
+
+err_workers:
+    for (unsigned j = 0; j < tcp->nworkers; j++) {
+        tcp_worker_t *w = &tcp->workers[j];
+        if (w->tcp == NULL)
+            continue;
+        if (w->epfd >= 0)
+            close(w->epfd);
+        if (w->evfd >= 0)
+            close(w->evfd);
+        free(w->scratch);
+        pthread_mutex_destroy(&w->lock);
+    }
+    free(tcp->workers);
+err_listen:
+    close(tcp->listen_fd);
+err_unmap:
+    munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
+err_free:
+    free(tcp);
+    return st;
+}
+
+void kvt__tcp_stop(kvt__tcp_t *tcp)
+{
+    if (tcp == NULL || atomic_exchange(&tcp->stopping, 1))
+        return;
+    for (unsigned i = 0; i < tcp->nworkers; i++) {
+        uint64_t one = 1;
+        if (write(tcp->workers[i].evfd, &one, sizeof(one)) < 0)
+            (void)0;
+    }
+    for (unsigned i = 0; i < tcp->nworkers; i++)
+        pthread_join(tcp->workers[i].thread, NULL);
+}
+
+void kvt__tcp_destroy(kvt__tcp_t *tcp)
+{
+    if (tcp == NULL)
+        return;
+    for (unsigned i = 0; i < tcp->nworkers; i++) {
+        tcp_worker_t *w = &tcp->workers[i];
+        close(w->epfd);
+        close(w->evfd);
+        free(w->scratch);
+        pthread_mutex_destroy(&w->lock);
+    }
+    free(tcp->workers);
+    close(tcp->listen_fd);
+    munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
+    free(tcp);
+}

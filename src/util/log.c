@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "util/log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+int kvt__log_level_cur = KVT_LOG_WARN;
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG",
+                                          "TRACE"};
+
+static void log_read_env(void)
+{
+    const char *env = getenv("KVT_LOG");
+    if (env == NULL)
+        return;
+    for (int i = 0; i <= KVT_LOG_TRACE; i++) {
+        if (strcasecmp(env, level_names[i]) == 0) {
+            kvt__log_level_cur = i;
+            return;
+        }
+    }
+    if (strcasecmp(env, "off") == 0 || strcasecmp(env, "none") == 0)
+        kvt__log_level_cur = -1;
+}
+
+void kvt__log_init(void)
+{
+    pthread_once(&log_once, log_read_env);
+}
+
+void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
+                   const char *fmt, ...)
+{
+    char msg[1024];
+    struct timespec ts;
+    const char *base = strrchr(file, '/');
+    va_list ap;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    /* One fprintf per line keeps lines from different threads whole. */
+    fprintf(stderr, "[%ld.%06ld] kvt %-5s %d %s:%d %s\n", (long)ts.tv_sec,
+            ts.tv_nsec / 1000, level_names[level], (int)getpid(),
+            base ? base + 1 : file, line, msg);
+}

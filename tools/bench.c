@@ -1,0 +1,393 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt bench: the target serves a registered buffer; the initiator writes or
+ * reads blocks of it in batches for a duration and reports throughput and
+ * per-batch latency.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvt/kvt.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *mode, *local, *segment, *protocol, *op;
+    uint64_t port, buffer_size, block, batch, threads, workers, conns;
+    double duration;
+    int json;
+} bench_opts_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(void)
+{
+    printf("usage:\n"
+           "  kvt bench --mode=target [--local=HOST] [--port=N] "
+           "[--buffer-size=BYTES] [--protocol=tcp|shm|auto]\n"
+           "  kvt bench --mode=initiator --segment=HOST:PORT [--op=write|read]"
+           " [--block-size=BYTES]\n"
+           "            [--batch-size=N] [--threads=N] [--duration=SECONDS] "
+           "[--protocol=...] [--json]\n"
+           "options for both: [--workers=N] [--conns=N]\n"
+           "Sizes take K/M/G suffixes (powers of 1024).\n");
+}
+
+static int parse(int argc, char **argv, bench_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->local = "127.0.0.1";
+    o->protocol = "auto";
+    o->op = "write";
+    o->buffer_size = 1ull << 30;
+    o->block = 64 << 10;
+    o->batch = 128;
+    o->threads = 1;
+    o->duration = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (cli_flag(argv[i], "help")) {
+            usage();
+            exit(0);
+        } else if (cli_flag(argv[i], "json")) {
+            o->json = 1;
+        } else if ((v = cli_opt(argc, argv, &i, "mode"))) {
+            o->mode = v;
+        } else if ((v = cli_opt(argc, argv, &i, "local"))) {
+            o->local = v;
+        } else if ((v = cli_opt(argc, argv, &i, "segment"))) {
+            o->segment = v;
+        } else if ((v = cli_opt(argc, argv, &i, "protocol"))) {
+            o->protocol = v;
+        } else if ((v = cli_opt(argc, argv, &i, "op"))) {
+            o->op = v;
+        } else if ((v = cli_opt(argc, argv, &i, "duration"))) {
+            o->duration = atof(v);
+        } else if ((v = cli_opt(argc, argv, &i, "port"))) {
+            if (cli_parse_size(v, &o->port) || o->port > 65535)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "buffer-size"))) {
+            if (cli_parse_size(v, &o->buffer_size))
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "block-size"))) {
+            if (cli_parse_size(v, &o->block) || o->block == 0)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "batch-size"))) {
+            if (cli_parse_size(v, &o->batch) || o->batch == 0)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "threads"))) {
+            if (cli_parse_size(v, &o->threads) || o->threads == 0 ||
+                o->threads > 256)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "workers"))) {
+            if (cli_parse_size(v, &o->workers) || o->workers == 0)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "conns"))) {
+            if (cli_parse_size(v, &o->conns) || o->conns == 0)
+                goto bad;
+        } else {
+            fprintf(stderr, "kvt bench: unknown option '%s'\n", argv[i]);
+            return -1;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "kvt bench: bad value in '%s'\n", argv[i]);
+        return -1;
+    }
+    if (o->mode == NULL || (strcmp(o->mode, "target") != 0 &&
+                            strcmp(o->mode, "initiator") != 0)) {
+        fprintf(stderr, "kvt bench: --mode=target or --mode=initiator\n");
+        return -1;
+    }
+    if (strcmp(o->protocol, "tcp") != 0 && strcmp(o->protocol, "auto") != 0) {
+        fprintf(stderr, "kvt bench: protocol '%s' is not available\n",
+                o->protocol);
+        return -1;
+    }
+    if (strcmp(o->op, "write") != 0 && strcmp(o->op, "read") != 0) {
+        fprintf(stderr, "kvt bench: --op=write or --op=read\n");
+        return -1;
+    }
+    return 0;
+}
+
+static kvt_status_t make_engine(const bench_opts_t *o, kvt_engine_h *e)
+{
+    kvt_engine_params_t p = {0};
+    p.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST | KVT_ENGINE_PARAM_PORT |
+                   KVT_ENGINE_PARAM_TRANSPORTS;
+    p.local_host = o->local;
+    p.port = (uint16_t)o->port;
+    p.transports = KVT_TRANSPORT_TCP;
+    if (o->workers) {
+        p.field_mask |= KVT_ENGINE_PARAM_NUM_WORKERS;
+        p.num_workers = (unsigned)o->workers;
+    }
+    if (o->conns) {
+        p.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
+        p.conns_per_peer = (unsigned)o->conns;
+    }
+    return kvt_engine_create(&p, e);
+}
+
+static void *alloc_buffer(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    /* Touch every page now so that faults are not measured later. */
+    for (size_t i = 0; i < len; i += 4096)
+        ((volatile char *)p)[i] = (char)(i >> 12);
+    return p;
+}
+
+static int run_target(const bench_opts_t *o)
+{
+    kvt_engine_h e;
+    kvt_status_t st;
+    sigset_t set;
+    void *buf;
+    int sig;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* workers inherit the mask */
+    st = make_engine(o, &e);
+    if (st != KVT_OK) {
+        fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
+        return 1;
+    }
+    buf = alloc_buffer(o->buffer_size);
+    if (buf == NULL) {
+        fprintf(stderr, "kvt bench: cannot allocate %llu bytes\n",
+                (unsigned long long)o->buffer_size);
+        kvt_engine_destroy(e);
+        return 1;
+    }
+    st = kvt_mem_register(e, buf, o->buffer_size, KVT_ACCESS_REMOTE_RW);
+    if (st != KVT_OK) {
+        fprintf(stderr, "kvt bench: register: %s\n", kvt_status_str(st));
+        kvt_engine_destroy(e);
+        return 1;
+    }
+    printf("segment: %s\n", kvt_engine_segment_name(e));
+    printf("buffer: %p %llu bytes, protocol tcp\n", buf,
+           (unsigned long long)o->buffer_size);
+    fflush(stdout);
+    sigwait(&set, &sig);
+    kvt_mem_unregister(e, buf);
+    kvt_engine_destroy(e);
+    munmap(buf, o->buffer_size);
+    return 0;
+}
+
+typedef struct {
+    const bench_opts_t *o;
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    unsigned id;
+    char *local;
+    uint64_t remote, remote_len;
+    double t_end;
+    /* results */
+    uint64_t bytes, ops, errors, nlat;
+    double *lat;
+    size_t lat_cap;
+    int fatal;
+} worker_t;
+
+static void *initiator_thread(void *arg)
+{
+    worker_t *w = arg;
+    const bench_opts_t *o = w->o;
+    uint64_t span = o->block * o->batch;
+    uint64_t windows = w->remote_len / span, iter = 0;
+    kvt_xfer_desc_t *d = calloc(o->batch, sizeof(*d));
+    kvt_batch_h b;
+
+    if (d == NULL || kvt_batch_create(w->e, o->batch, &b) != KVT_OK) {
+        free(d);
+        w->fatal = 1;
+        return NULL;
+    }
+    while (now_s() < w->t_end) {
+        uint64_t win = (iter * o->threads + w->id) % windows;
+        double t0;
+        kvt_status_t st;
+
+        for (uint64_t i = 0; i < o->batch; i++) {
+            d[i].opcode = strcmp(o->op, "read") == 0 ? KVT_OP_READ
+                                                     : KVT_OP_WRITE;
+            d[i].segment = w->seg;
+            d[i].local_addr = w->local + i * o->block;
+            d[i].remote_addr = w->remote + win * span + i * o->block;
+            d[i].length = o->block;
+        }
+        t0 = now_s();
+        st = kvt_batch_submit(b, d, o->batch);
+        if (st == KVT_OK)
+            st = kvt_batch_wait(b, -1);
+        if (w->nlat == w->lat_cap) {
+            size_t cap = w->lat_cap ? w->lat_cap * 2 : 4096;
+            double *n = realloc(w->lat, cap * sizeof(double));
+            if (n == NULL)
+                break;
+            w->lat = n;
+            w->lat_cap = cap;
+        }
+        w->lat[w->nlat++] = (now_s() - t0) * 1e6;
+        if (st == KVT_OK) {
+            w->bytes += span;
+            w->ops += o->batch;
+        } else {
+            kvt_batch_state_t s;
+            kvt_batch_query(b, &s);
+            w->errors += s.failed;
+            w->ops += s.completed;
+            w->bytes += s.completed * o->block;
+            if (w->errors == s.failed)
+                fprintf(stderr, "kvt bench: transfer failed: %s\n",
+                        kvt_status_str(st));
+            if (st == KVT_ERR_CONN_LOST || st == KVT_ERR_TIMEDOUT ||
+                st == KVT_ERR_NOT_FOUND) {
+                w->fatal = 1;
+                break;
+            }
+        }
+        kvt_batch_reset(b);
+        iter++;
+    }
+    kvt_batch_free(b);
+    free(d);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int run_initiator(const bench_opts_t *o)
+{
+    kvt_remote_region_t region;
+    uint64_t span = o->block * o->batch, bytes = 0, ops = 0, errors = 0;
+    size_t nregions = 0, nlat = 0, k = 0;
+    worker_t *ws = calloc(o->threads, sizeof(*ws));
+    pthread_t *th = calloc(o->threads, sizeof(*th));
+    double *lat, t0, secs, p50 = 0, p99 = 0, gbps;
+    kvt_segment_t seg;
+    kvt_engine_h e;
+    kvt_status_t st;
+    char *local;
+    int fatal = 0;
+
+    if (o->segment == NULL) {
+        fprintf(stderr, "kvt bench: --segment=HOST:PORT is required\n");
+        return 2;
+    }
+    st = make_engine(o, &e);
+    if (st != KVT_OK) {
+        fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
+        return 1;
+    }
+    st = kvt_segment_open(e, o->segment, &seg);
+    if (st == KVT_OK)
+        st = kvt_segment_regions(e, seg, 0, &region, 1, &nregions);
+    if (st != KVT_OK || nregions == 0) {
+        fprintf(stderr, "kvt bench: segment %s: %s\n", o->segment,
+                st != KVT_OK ? kvt_status_str(st) : "no registered memory");
+        kvt_engine_destroy(e);
+        return 1;
+    }
+    if (region.length < span) {
+        fprintf(stderr, "kvt bench: the target's buffer (%llu bytes) is "
+                        "smaller than one batch (%llu bytes)\n",
+                (unsigned long long)region.length, (unsigned long long)span);
+        kvt_engine_destroy(e);
+        return 1;
+    }
+    local = alloc_buffer(span * o->threads);
+    if (local == NULL ||
+        kvt_mem_register(e, local, span * o->threads, KVT_ACCESS_REMOTE_RW) !=
+            KVT_OK) {
+        fprintf(stderr, "kvt bench: cannot set up the local buffer\n");
+        kvt_engine_destroy(e);
+        return 1;
+    }
+    t0 = now_s();
+    for (unsigned i = 0; i < o->threads; i++) {
+        ws[i] = (worker_t){.o = o, .e = e, .seg = seg, .id = i,
+                           .local = local + i * span, .remote = region.addr,
+                           .remote_len = region.length,
+                           .t_end = t0 + o->duration};
+        pthread_create(&th[i], NULL, initiator_thread, &ws[i]);
+    }
+    for (unsigned i = 0; i < o->threads; i++) {
+        pthread_join(th[i], NULL);
+        bytes += ws[i].bytes;
+        ops += ws[i].ops;
+        errors += ws[i].errors;
+        nlat += ws[i].nlat;
+        fatal |= ws[i].fatal;
+    }
+    secs = now_s() - t0;
+    lat = malloc((nlat ? nlat : 1) * sizeof(double));
+    for (unsigned i = 0; i < o->threads; i++) {
+        if (lat && ws[i].nlat)
+            memcpy(lat + k, ws[i].lat, ws[i].nlat * sizeof(double));
+        k += ws[i].nlat;
+        free(ws[i].lat);
+    }
+    if (lat && nlat) {
+        qsort(lat, nlat, sizeof(double), cmp_double);
+        p50 = lat[nlat / 2];
+        p99 = lat[(size_t)((double)(nlat - 1) * 0.99)];
+    }
+    gbps = (double)bytes / secs / 1e9;
+    printf("kvt bench: %s %s, block %llu B, batch %llu, threads %llu, "
+           "protocol tcp\n",
+           o->op, o->segment, (unsigned long long)o->block,
+           (unsigned long long)o->batch, (unsigned long long)o->threads);
+    printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
+           "p50 %.1f us p99 %.1f us, errors %llu\n",
+           gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
+           secs, p50, p99, (unsigned long long)errors);
+    if (o->json)
+        printf("{\"op\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%llu,"
+               "\"batch_size\":%llu,\"threads\":%llu,\"seconds\":%.3f,"
+               "\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
+               "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu}\n",
+               o->op, (unsigned long long)o->block,
+               (unsigned long long)o->batch, (unsigned long long)o->threads,
+               secs, (unsigned long long)bytes, (unsigned long long)ops, gbps,
+               p50, p99, (unsigned long long)errors);
+    free(lat);
+    free(ws);
+    free(th);
+    kvt_engine_destroy(e);
+    munmap(local, span * o->threads);
+    return (errors || fatal) ? 1 : 0;
+}
+
+int kvt_cmd_bench(int argc, char **argv)
+{
+    bench_opts_t o;
+    if (parse(argc, argv, &o) != 0)
+        return 2;
+    return strcmp(o.mode, "target") == 0 ? run_target(&o)
+                                          : run_initiator(&o);
+}

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <stdio.h>
+
+#include <kvt/kvt.h>
+
+#include "cli.h"
+#include "core/wire.h"
+
+int kvt_cmd_info(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("kvt %d.%d.%d\n", KVT_VERSION_MAJOR, KVT_VERSION_MINOR,
+           KVT_VERSION_PATCH);
+    printf("wire protocol: %d.%d\n", KVT_WIRE_VERSION_MAJOR,
+           KVT_WIRE_VERSION_MINOR);
+    printf("transports: tcp\n");
+    printf("metadata backends: p2p\n");
+    return 0;
+}
