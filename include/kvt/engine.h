@@ -183,6 +183,26 @@ KVT_API kvt_status_t kvt_mem_unregister(kvt_engine_h engine, void *addr);
 KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
                                               void *const *addrs, size_t count);
 
+/*
+ * kvt_mem_alloc() - allocate @length bytes of host memory through kvt and
+ * register it with @access, in one step.
+ *
+ * The memory is backed by a memfd (huge pages when the system has them
+ * free), page-aligned and zero-filled, so that same-host peers can map it
+ * directly. *addr_p is set on success only. Free it with kvt_mem_free();
+ * kvt_engine_destroy() frees what is left. Returns KVT_OK,
+ * KVT_ERR_INVALID_PARAM (length 0), KVT_ERR_NO_MEMORY. Thread-safe.
+ */
+KVT_API kvt_status_t kvt_mem_alloc(kvt_engine_h engine, size_t length,
+                                   uint32_t access, void **addr_p);
+
+/*
+ * kvt_mem_free() - unregister and free memory from kvt_mem_alloc(). The
+ * same guarantee as kvt_mem_unregister() holds before the memory is
+ * unmapped. KVT_ERR_NOT_FOUND when @addr is not such an allocation.
+ */
+KVT_API kvt_status_t kvt_mem_free(kvt_engine_h engine, void *addr);
+
 /* ---- Remote segments --------------------------------------------------- */
 
 /* Handle of an opened remote segment; valid until the engine is destroyed.

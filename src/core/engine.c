@@ -162,6 +162,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     pthread_mutex_init(&e->sess_lock, NULL);
     pthread_mutex_init(&e->nq_lock, NULL);
     pthread_mutex_init(&e->batch_lock, NULL);
+    pthread_mutex_init(&e->alloc_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->nq_cond, &ca);
@@ -182,6 +183,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
 
 err_locks:
     pthread_cond_destroy(&e->nq_cond);
+    pthread_mutex_destroy(&e->alloc_lock);
     pthread_mutex_destroy(&e->batch_lock);
     pthread_mutex_destroy(&e->nq_lock);
     pthread_mutex_destroy(&e->sess_lock);
@@ -212,6 +214,8 @@ void kvt_engine_destroy(kvt_engine_h e)
         free(b->slots);
         free(b);
     }
+    kvt__alloc_free_all(e);
+    pthread_mutex_destroy(&e->alloc_lock);
     for (n = e->nq_head; n != NULL; n = nn) {
         nn = n->next;
         free(n);

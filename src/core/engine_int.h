@@ -96,6 +96,14 @@ typedef struct kvt__notify_node {
 
 typedef struct kvt__tcp kvt__tcp_t;
 
+/* A kvt_mem_alloc() allocation. */
+typedef struct kvt__alloc {
+    struct kvt__alloc *next;
+    void *addr;
+    size_t length; /* mapped length, rounded up to the page size used */
+    int fd;        /* memfd, shared with same-host peers */
+} kvt__alloc_t;
+
 struct kvt_engine {
     char host[KVT_WIRE_NAME_MAX + 1];
     char seg_name[KVT_WIRE_NAME_MAX + 1];
@@ -124,6 +132,9 @@ struct kvt_engine {
     pthread_mutex_t batch_lock;
     struct kvt_batch *batches;
 
+    pthread_mutex_t alloc_lock;
+    kvt__alloc_t *allocs;
+
     _Atomic int stopping;
 };
 
@@ -138,6 +149,9 @@ kvt__session_t *kvt__engine_find_session(kvt_engine_h e, kvt_segment_t id);
 /* Queue a received notification (target side). */
 void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
                       size_t len);
+
+/* Free every kvt_mem_alloc() allocation (engine teardown). */
+void kvt__alloc_free_all(kvt_engine_h e);
 
 /* Build this engine's segment descriptor (malloc'd encoding). */
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Memory allocated through kvt: memfd-backed shared mappings, so that a
+ * same-host peer can map the very pages (the fd travels over a Unix
+ * socket) instead of copying through the kernel.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "util/log.h"
+
+#define HUGE_2M (2ull << 20)
+
+static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
+{
+    size_t len;
+    int fd;
+
+    /* Huge pages first, for large allocations when the pool has them. */
+    if (length >= HUGE_2M) {
+        len = (length + HUGE_2M - 1) & ~(HUGE_2M - 1);
+        fd = memfd_create("kvt", MFD_CLOEXEC | MFD_HUGETLB);
+        if (fd >= 0) {
+            if (ftruncate(fd, (off_t)len) == 0) {
+                void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_POPULATE, fd, 0);
+                if (p != MAP_FAILED) {
+                    a->addr = p;
+                    a->length = len;
+                    a->fd = fd;
+                    return KVT_OK;
+                }
+            }
+            close(fd);
+        }
+    }
+    len = (length + 4095) & ~(size_t)4095;
+    fd = memfd_create("kvt", MFD_CLOEXEC);
+    if (fd < 0) {
+        KVT_LOG_E("memfd_create: %s", strerror(errno));
+        return KVT_ERR_NO_MEMORY;
+    }
+    if (ftruncate(fd, (off_t)len) != 0) {
+        KVT_LOG_E("cannot size a %zu-byte memfd: %s", len, strerror(errno));
+        close(fd);
+        return KVT_ERR_NO_MEMORY;
+    }
+    a->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (a->addr == MAP_FAILED) {
+        KVT_LOG_E("cannot map a %zu-byte memfd: %s", len, strerror(errno));
+        close(fd);
+        return KVT_ERR_NO_MEMORY;
+    }
+    madvise(a->addr, len, MADV_HUGEPAGE);
+    a->length = len;
+    a->fd = fd;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_mem_alloc(kvt_engine_h e, size_t length, uint32_t access,
+                           void **addr_p)
+{
+    kvt__alloc_t *a;
+    kvt_status_t st;
+
+    if (e == NULL || addr_p == NULL || length == 0)
+        return KVT_ERR_INVALID_PARAM;
+    a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return KVT_ERR_NO_MEMORY;
+    st = map_memfd(length, a);
+    if (st != KVT_OK)
+        goto err_free;
+    st = kvt_mem_register(e, a->addr, a->length, access);
+    if (st != KVT_OK)
+        goto err_unmap;
+    pthread_mutex_lock(&e->alloc_lock);
+    a->next = e->allocs;
+    e->allocs = a;
+    pthread_mutex_unlock(&e->alloc_lock);
+    *addr_p = a->addr;
+    return KVT_OK;
+
+err_unmap:
+    munmap(a->addr, a->length);
+    close(a->fd);
+err_free:
+    free(a);
+    return st;
+}
+
+kvt_status_t kvt_mem_free(kvt_engine_h e, void *addr)
+{
+    kvt__alloc_t **pp, *a = NULL;
+
+    if (e == NULL || addr == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&e->alloc_lock);
+    for (pp = &e->allocs; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->addr == addr) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->alloc_lock);
+    if (a == NULL)
+        return KVT_ERR_NOT_FOUND;
+    kvt_mem_unregister(e, a->addr);
+    munmap(a->addr, a->length);
+    close(a->fd);
+    free(a);
+    return KVT_OK;
+}
+
+void kvt__alloc_free_all(kvt_engine_h e)
+{
+    kvt__alloc_t *a = e->allocs, *n;
+    for (; a != NULL; a = n) {
+        n = a->next;
+        munmap(a->addr, a->length);
+        close(a->fd);
+        free(a);
+    }
+    e->allocs = NULL;
+}
