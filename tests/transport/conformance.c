@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transport conformance suite: the same cases for every transport,
+ * against a target engine in another process. Run as
+ *   conformance --transport=tcp|shm [case ...]
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kvt_test.h"
+#include "peer.h"
+
+static uint32_t g_transports = KVT_TRANSPORT_TCP;
+static int g_managed;
+
+typedef struct {
+    peer_t peer;
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    uint8_t *local;
+    size_t local_len;
+} fixture_t;
+
+static void *map(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    return p;
+}
+
+static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
+{
+    peer_opts_t o = {g_transports, 0, g_managed};
+    memset(f, 0, sizeof(*f));
+    CHECK(peer_start(&f->peer, &o) == 0);
+    f->e = engine_new(g_transports, timeout_ms);
+    CHECK(f->e != NULL);
+    CHECK_OK(kvt_segment_open(f->e, f->peer.segment, &f->seg));
+    f->local_len = local_len;
+    f->local = map(local_len);
+    CHECK_OK(kvt_mem_register(f->e, f->local, local_len,
+                              KVT_ACCESS_REMOTE_RW));
+}
+
+static void teardown(fixture_t *f)
+{
+    kvt_engine_destroy(f->e);
+    munmap(f->local, f->local_len);
+    peer_stop(&f->peer);
+}
+
+static kvt_xfer_desc_t desc(fixture_t *f, uint32_t op, void *local,
+                            uint64_t remote, uint64_t len)
+{
+    kvt_xfer_desc_t d = {0};
+    d.opcode = op;
+    d.segment = f->seg;
+    d.local_addr = local;
+    d.remote_addr = remote;
+    d.length = len;
+    return d;
+}
+
+/* Submit @n descriptors in one batch, wait, return the batch status. */
+static kvt_status_t run(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
+{
+    kvt_batch_h b;
+    kvt_status_t st;
+    CHECK_OK(kvt_batch_create(e, n, &b));
+    CHECK_OK(kvt_batch_submit(b, d, n));
+    st = kvt_batch_wait(b, 60000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK_OK(kvt_batch_free(b));
+    return st;
+}
+
+static uint64_t peer_check(fixture_t *f, uint64_t addr, uint64_t len,
+                           uint64_t seed)
+{
+    const char *r = peer_cmd(&f->peer, "check %llu %llu %llu",
+                             (unsigned long long)addr,
+                             (unsigned long long)len, (unsigned long long)seed);
+    CHECK(r != NULL);
+    return strtoull(r, NULL, 10);
+}
+
+KVT_TEST(write_single)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d;
+    setup(&f, 1 << 20, 0);
+    pattern_fill(f.local, 1 << 20, 7, 4096);
+    d = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + 4096, 1 << 20);
+    CHECK_OK(run(f.e, &d, 1));
+    CHECK(peer_check(&f, f.peer.main_addr + 4096, 1 << 20, 7) == 0);
+    teardown(&f);
+}
+
+KVT_TEST(read_single)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d;
+    setup(&f, 1 << 20, 0);
+    CHECK(peer_cmd(&f.peer, "fill %llu %llu 9",
+                   (unsigned long long)f.peer.main_addr, 1ull << 20) != NULL);
+    d = desc(&f, KVT_OP_READ, f.local, f.peer.main_addr, 1 << 20);
+    CHECK_OK(run(f.e, &d, 1));
+    CHECK(pattern_check(f.local, 1 << 20, 9, 0) == 0);
+    teardown(&f);
+}
+
+/* Many descriptors of mixed sizes in one batch, written then read back. */
+KVT_TEST(batched_write_read)
+{
+    enum { N = 300 };
+    fixture_t f;
+    kvt_xfer_desc_t d[N];
+    uint64_t off = 0;
+    setup(&f, 32 << 20, 0);
+    pattern_fill(f.local, 16 << 20, 11, 0);
+    for (int i = 0; i < N; i++) {
+        uint64_t len = (uint64_t)((i * 7919) % 65536) + 1;
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + off, f.peer.main_addr + off,
+                    len);
+        d[i].user_data = (uint64_t)i;
+        off += len;
+    }
+    CHECK(off < (16 << 20));
+    CHECK_OK(run(f.e, d, N));
+    CHECK(peer_check(&f, f.peer.main_addr, off, 11) == 0);
+    for (int i = 0; i < N; i++) {
+        d[i].opcode = KVT_OP_READ;
+        d[i].local_addr = (uint8_t *)d[i].local_addr + (16 << 20);
+    }
+    CHECK_OK(run(f.e, d, N));
+    CHECK(memcmp(f.local, f.local + (16 << 20), off) == 0);
+    teardown(&f);
+}
+
+/* Small blocks at random places on both sides, against a local image of
+ * what the target must hold; the whole region is read back and compared. */
+KVT_TEST(scattered_small)
+{
+    enum { N = 4000, SLOT = 16384 };
+    fixture_t f;
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    uint8_t *image = map(PEER_MAIN_LEN), *back;
+    uint32_t *perm = calloc(PEER_MAIN_LEN / SLOT, sizeof(uint32_t));
+    uint64_t nslots = PEER_MAIN_LEN / SLOT, x = 12345;
+    setup(&f, 2 * PEER_MAIN_LEN, 0);
+    back = f.local + PEER_MAIN_LEN;
+    CHECK(peer_cmd(&f.peer, "fill %llu %llu 3",
+                   (unsigned long long)f.peer.main_addr,
+                   (unsigned long long)PEER_MAIN_LEN) != NULL);
+    pattern_fill(image, PEER_MAIN_LEN, 3, 0);
+    pattern_fill(f.local, PEER_MAIN_LEN, 5, 0);
+    for (uint64_t i = 0; i < nslots; i++)
+        perm[i] = (uint32_t)i;
+    for (uint64_t i = nslots - 1; i > 0; i--) {
+        uint64_t j;
+        uint32_t t;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        j = (x >> 33) % (i + 1);
+        t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int i = 0; i < N; i++) {
+        uint64_t len, ro, lo;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        len = (x >> 40) % 8192 + 1;
+        ro = (uint64_t)perm[i] * SLOT + (x >> 20) % (SLOT - len);
+        lo = (uint64_t)perm[(i + 7) % N] * SLOT + (x >> 8) % (SLOT - len);
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + lo, f.peer.main_addr + ro,
+                    len);
+        memcpy(image + ro, f.local + lo, len);
+    }
+    CHECK_OK(run(f.e, d, N));
+    for (int i = 0; i < 64; i++)
+        d[i] = desc(&f, KVT_OP_READ, back + (uint64_t)i * (PEER_MAIN_LEN / 64),
+                    f.peer.main_addr + (uint64_t)i * (PEER_MAIN_LEN / 64),
+                    PEER_MAIN_LEN / 64);
+    CHECK_OK(run(f.e, d, 64));
+    CHECK(memcmp(back, image, PEER_MAIN_LEN) == 0);
+    free(d);
+    free(perm);
+    munmap(image, PEER_MAIN_LEN);
+    teardown(&f);
+}
+
+/* Strided descriptors: many small pieces gathered and scattered. */
+KVT_TEST(strided)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d;
+    uint8_t *back;
+    setup(&f, 8 << 20, 0);
+    back = f.local + (4 << 20);
+    pattern_fill(f.local, 4 << 20, 21, 0);
+    memset(back, 0, 4 << 20);
+    /* 3000 pieces of 200 bytes: local stride 1000, remote stride 600. */
+    d = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + 100, 200);
+    d.count = 3000;
+    d.local_stride = 1000;
+    d.remote_stride = 600;
+    CHECK_OK(run(f.e, &d, 1));
+    /* Read back packed (local stride 0 = 200) and compare piece by piece. */
+    d.opcode = KVT_OP_READ;
+    d.local_addr = back;
+    d.local_stride = 0;
+    CHECK_OK(run(f.e, &d, 1));
+    for (int i = 0; i < 3000; i++)
+        CHECK(memcmp(back + i * 200, f.local + i * 1000, 200) == 0);
+    teardown(&f);
+}
+
+/* 1 GiB written in 16 rounds of 64 MiB, each verified byte for byte by the
+ * target, then 256 MiB read back and verified locally. */
+KVT_TEST(one_gib)
+{
+    enum { BLK = 1 << 20, N = PEER_MAIN_LEN / BLK };
+    fixture_t f;
+    kvt_xfer_desc_t d[N];
+    setup(&f, PEER_MAIN_LEN, 0);
+    for (int r = 0; r < 16; r++) {
+        pattern_fill(f.local, PEER_MAIN_LEN, 100 + (uint64_t)r, 0);
+        for (int i = 0; i < N; i++)
+            d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                        f.peer.main_addr + (uint64_t)i * BLK, BLK);
+        CHECK_OK(run(f.e, d, N));
+        CHECK(peer_check(&f, f.peer.main_addr, PEER_MAIN_LEN,
+                         100 + (uint64_t)r) == 0);
+    }
+    for (int r = 0; r < 4; r++) {
+        memset(f.local, 0, PEER_MAIN_LEN);
+        for (int i = 0; i < N; i++)
+            d[i] = desc(&f, KVT_OP_READ, f.local + (uint64_t)i * BLK,
+                        f.peer.main_addr + (uint64_t)i * BLK, BLK);
+        CHECK_OK(run(f.e, d, N));
+        CHECK(pattern_check(f.local, PEER_MAIN_LEN, 115, 0) == 0);
+    }
+    teardown(&f);
+}
+
+/* A notification submitted right behind writes (same batch, and a later
+ * batch without waiting) reaches the target only after they landed. */
+KVT_TEST(notify_order)
+{
+    enum { BLK = 1 << 20, N = 48 };
+    fixture_t f;
+    kvt_xfer_desc_t d[N + 1];
+    kvt_batch_h b, b2;
+    const char *r;
+    setup(&f, N * BLK, 0);
+    for (int round = 0; round < 2; round++) {
+        uint64_t seed = 40 + (uint64_t)round;
+        pattern_fill(f.local, N * BLK, seed, 0);
+        for (int i = 0; i < N; i++)
+            d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                        f.peer.main_addr + (uint64_t)i * BLK, BLK);
+        d[N] = desc(&f, KVT_OP_NOTIFY, (void *)"done", 0, 4);
+        CHECK_OK(kvt_batch_create(f.e, N + 1, &b));
+        if (round == 0) {
+            CHECK_OK(kvt_batch_submit(b, d, N + 1));
+        } else {
+            CHECK_OK(kvt_batch_submit(b, d, N));
+            CHECK_OK(kvt_batch_create(f.e, 1, &b2));
+            CHECK_OK(kvt_batch_submit(b2, &d[N], 1));
+        }
+        r = peer_cmd(&f.peer, "notify 20000 %llu %llu %llu",
+                     (unsigned long long)f.peer.main_addr,
+                     (unsigned long long)N * BLK, (unsigned long long)seed);
+        CHECK(r != NULL);
+        if (strcmp(r, "done 0") != 0) {
+            fprintf(stderr, "target said '%s'\n", r);
+            CHECK(0);
+        }
+        CHECK_OK(kvt_batch_wait(b, 20000));
+        CHECK_OK(kvt_batch_free(b));
+        if (round == 1) {
+            CHECK_OK(kvt_batch_wait(b2, 20000));
+            CHECK_OK(kvt_batch_free(b2));
+        }
+    }
+    CHECK_OK(kvt_notify_send(f.e, f.seg, "hello", 5));
+    r = peer_cmd(&f.peer, "notify 5000 0 0 0");
+    CHECK(r != NULL && strcmp(r, "hello 0") == 0);
+    CHECK_ST(kvt_notify_send(f.e, f.seg, f.local, KVT_NOTIFY_MAX + 1),
+             KVT_ERR_OVERFLOW);
+    teardown(&f);
+}
+
+/* Ranges outside what the target registered are refused, nothing is
+ * written, and good descriptors in the same batch still complete. */
+KVT_TEST(bounds_refused)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d[6];
+    kvt_batch_h b;
+    const char *r;
+    setup(&f, 1 << 20, 0);
+    memset(f.local, 0x5A, 1 << 20);
+    d[0] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + PEER_MAIN_LEN -
+                                               100, 200); /* crosses end */
+    d[1] = desc(&f, KVT_OP_WRITE, f.local, f.peer.guard_addr, 64); /* none */
+    d[2] = desc(&f, KVT_OP_WRITE, f.local, f.peer.ro_addr, 64); /* RO */
+    d[3] = desc(&f, KVT_OP_READ, f.local, f.peer.wo_addr, 64);  /* WO */
+    d[4] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 4096); /* ok */
+    d[5] = desc(&f, KVT_OP_READ, f.local + 8192, f.peer.ro_addr, 64); /* ok */
+    CHECK_OK(kvt_batch_create(f.e, 6, &b));
+    CHECK_OK(kvt_batch_submit(b, d, 6));
+    CHECK_ST(kvt_batch_wait(b, 30000), KVT_ERR_ACCESS);
+    for (int i = 0; i < 4; i++)
+        CHECK_ST(kvt_batch_entry(b, (size_t)i, NULL), KVT_ERR_ACCESS);
+    CHECK_OK(kvt_batch_entry(b, 4, NULL));
+    CHECK_OK(kvt_batch_entry(b, 5, NULL));
+    {
+        kvt_batch_state_t s;
+        CHECK_ST(kvt_batch_query(b, &s), KVT_ERR_ACCESS);
+        CHECK(s.completed == 2 && s.failed == 4 && s.pending == 0);
+    }
+    CHECK_OK(kvt_batch_free(b));
+    r = peer_cmd(&f.peer, "byte %llu",
+                 (unsigned long long)(f.peer.guard_addr));
+    CHECK(r && strcmp(r, "171") == 0); /* 0xAB untouched */
+    r = peer_cmd(&f.peer, "byte %llu",
+                 (unsigned long long)(f.peer.main_addr + PEER_MAIN_LEN - 1));
+    CHECK(r && strcmp(r, "90") != 0);
+    r = peer_cmd(&f.peer, "byte %llu", (unsigned long long)f.peer.ro_addr);
+    CHECK(r && strcmp(r, "90") != 0);
+    r = peer_cmd(&f.peer, "byte %llu", (unsigned long long)f.peer.main_addr);
+    CHECK(r && strcmp(r, "90") == 0);
+    teardown(&f);
+}
+
+KVT_TEST(unregister_refused)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d;
+    const char *r;
+    setup(&f, 1 << 20, 0);
+    memset(f.local, 0x77, 1 << 20);
+    d = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + 512, 1 << 20);
+    r = peer_cmd(&f.peer, "unreg %llu", (unsigned long long)f.peer.main_addr);
+    CHECK(r && atoi(r) == KVT_OK);
+    CHECK_ST(run(f.e, &d, 1), KVT_ERR_ACCESS);
+    r = peer_cmd(&f.peer, "byte %llu",
+                 (unsigned long long)(f.peer.main_addr + 512));
+    CHECK(r && strcmp(r, "119") != 0);
+    d.opcode = KVT_OP_READ;
+    CHECK_ST(run(f.e, &d, 1), KVT_ERR_ACCESS);
+    if (!g_managed) {
+        r = peer_cmd(&f.peer, "reg %llu %llu",
+                     (unsigned long long)f.peer.main_addr,
+                     (unsigned long long)PEER_MAIN_LEN);
+        CHECK(r && atoi(r) == KVT_OK);
+        d.opcode = KVT_OP_WRITE;
+        CHECK_OK(run(f.e, &d, 1));
+        r = peer_cmd(&f.peer, "byte %llu",
+                     (unsigned long long)(f.peer.main_addr + 512));
+        CHECK(r && strcmp(r, "119") == 0);
+    }
+    teardown(&f);
+}
+
+/* Local-side validation fails the slot at once, without the network. */
+KVT_TEST(local_validation)
+{
+    fixture_t f;
+    kvt_xfer_desc_t d[4];
+    static uint8_t unreg[4096];
+    kvt_batch_h b;
+    setup(&f, 1 << 20, 0);
+    d[0] = desc(&f, KVT_OP_WRITE, unreg, f.peer.main_addr, sizeof(unreg));
+    d[1] = desc(&f, KVT_OP_WRITE, f.local + (1 << 20) - 10, f.peer.main_addr,
+                20); /* crosses the end of the local region */
+    d[2] = desc(&f, 9, f.local, f.peer.main_addr, 10);
+    d[3] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 10);
+    d[3].segment = 999999;
+    CHECK_OK(kvt_batch_create(f.e, 4, &b));
+    CHECK_OK(kvt_batch_submit(b, d, 4));
+    CHECK_ST(kvt_batch_query(b, NULL), KVT_ERR_NOT_REGISTERED);
+    CHECK_ST(kvt_batch_entry(b, 0, NULL), KVT_ERR_NOT_REGISTERED);
+    CHECK_ST(kvt_batch_entry(b, 1, NULL), KVT_ERR_NOT_REGISTERED);
+    CHECK_ST(kvt_batch_entry(b, 2, NULL), KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt_batch_entry(b, 3, NULL), KVT_ERR_NOT_FOUND);
+    CHECK_ST(kvt_batch_submit(b, d, 1), KVT_ERR_NO_SPACE);
+    CHECK_OK(kvt_batch_reset(b));
+    CHECK_OK(kvt_batch_free(b));
+    teardown(&f);
+}
+
+/* A batch cannot be freed while in flight; capacity is enforced. */
+KVT_TEST(batch_lifecycle)
+{
+    enum { N = 64, BLK = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t d[N];
+    kvt_batch_h b;
+    uint64_t ud;
+    setup(&f, N * BLK, 0);
+    for (int i = 0; i < N; i++) {
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                    f.peer.main_addr + (uint64_t)i * BLK, BLK);
+        d[i].user_data = 1000 + (uint64_t)i;
+    }
+    CHECK_OK(kvt_batch_create(f.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N / 2));
+    CHECK_OK(kvt_batch_submit(b, d + N / 2, N / 2));
+    if (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
+        CHECK_ST(kvt_batch_free(b), KVT_ERR_BUSY);
+    CHECK_ST(kvt_batch_submit(b, d, 1), KVT_ERR_NO_SPACE);
+    CHECK_OK(kvt_batch_wait(b, 30000));
+    CHECK_OK(kvt_batch_entry(b, 40, &ud));
+    CHECK(ud == 1040);
+    CHECK_ST(kvt_batch_entry(b, N, NULL), KVT_ERR_INVALID_PARAM);
+    CHECK_OK(kvt_batch_reset(b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    CHECK_OK(kvt_batch_wait(b, 30000));
+    CHECK_OK(kvt_batch_free(b));
+    CHECK_OK(kvt_batch_free(NULL));
+    teardown(&f);
+}
+
+static int64_t ms_since(double t0)
+{
+    return (int64_t)((kvt_test_now() - t0) * 1000);
+}
+
+/* The target dies mid-batch: everything ends in an error at once, and the
+ * dead session refuses new work without hanging. */
+KVT_TEST(peer_killed)
+{
+    enum { N = 512, BLK = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_state_t s;
+    kvt_batch_h b;
+    kvt_status_t st;
+    double t0;
+    setup(&f, 64 * BLK, 0);
+    for (int i = 0; i < N; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * BLK,
+                    f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
+    CHECK_OK(kvt_batch_create(f.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    usleep(20000);
+    t0 = kvt_test_now();
+    peer_kill(&f.peer, SIGKILL);
+    st = kvt_batch_wait(b, 10000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK(ms_since(t0) < 3000);
+    kvt_batch_query(b, &s);
+    CHECK(s.pending == 0 && s.completed + s.failed == N);
+    if (s.failed == 0)
+        SKIP("the batch finished before the peer died");
+    CHECK(st == KVT_ERR_CONN_LOST);
+    for (size_t i = 0; i < N; i++) {
+        kvt_status_t e = kvt_batch_entry(b, i, NULL);
+        CHECK(e == KVT_OK || e == KVT_ERR_CONN_LOST);
+    }
+    CHECK_OK(kvt_batch_reset(b));
+    t0 = kvt_test_now();
+    CHECK_OK(kvt_batch_submit(b, d, 1));
+    CHECK_ST(kvt_batch_wait(b, 5000), KVT_ERR_CONN_LOST);
+    CHECK(ms_since(t0) < 1000);
+    {
+        kvt_segment_t seg2;
+        CHECK_ST(kvt_segment_open(f.e, f.peer.segment, &seg2),
+                 KVT_ERR_UNREACHABLE);
+    }
+    CHECK_OK(kvt_batch_free(b));
+    free(d);
+    kvt_engine_destroy(f.e);
+    munmap(f.local, f.local_len);
+}
+
+/* The target stops answering (SIGSTOP): the transfer timeout fails the
+ * batch; once it runs again a fresh open works. */
+KVT_TEST(peer_stopped)
+{
+    enum { BLK = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t d[16];
+    kvt_segment_t seg2;
+    kvt_status_t st;
+    double t0;
+    int64_t took;
+    setup(&f, 16 * BLK, 1000);
+    for (int i = 0; i < 16; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                    f.peer.main_addr + (uint64_t)i * BLK, BLK);
+    peer_kill(&f.peer, SIGSTOP);
+    t0 = kvt_test_now();
+    st = run(f.e, d, 16);
+    took = ms_since(t0);
+    CHECK_ST(st, KVT_ERR_TIMEDOUT);
+    CHECK(took >= 900 && took < 3000 * kvt_test_slowdown());
+    peer_kill(&f.peer, SIGCONT);
+    CHECK_OK(kvt_segment_open(f.e, f.peer.segment, &seg2));
+    CHECK(seg2 != f.seg);
+    d[0].segment = seg2;
+    CHECK_OK(run(f.e, d, 1));
+    teardown(&f);
+}
+
+KVT_TEST(unreachable)
+{
+    kvt_engine_h e = engine_new(g_transports, 0);
+    kvt_engine_h e2 = engine_new(g_transports, 0);
+    kvt_segment_t seg;
+    char name[64];
+    double t0;
+    CHECK(e != NULL && e2 != NULL);
+    /* A port that was just in use and now has no listener. */
+    snprintf(name, sizeof(name), "%s", kvt_engine_segment_name(e2));
+    kvt_engine_destroy(e2);
+    t0 = kvt_test_now();
+    CHECK_ST(kvt_segment_open(e, name, &seg), KVT_ERR_UNREACHABLE);
+    CHECK(ms_since(t0) < 1000);
+    CHECK_ST(kvt_segment_open(e, "no-port", &seg), KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt_segment_open(e, "127.0.0.1:99999", &seg),
+             KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt_segment_open(e, "host.invalid:1234", &seg),
+             KVT_ERR_UNREACHABLE);
+    kvt_engine_destroy(e);
+}
+
+/* One peer dying does not disturb transfers to another. */
+KVT_TEST(other_peer_unaffected)
+{
+    enum { N = 256, BLK = 1 << 20 };
+    fixture_t f;
+    peer_t p2;
+    peer_opts_t o = {g_transports, 0, g_managed};
+    kvt_segment_t seg2;
+    kvt_xfer_desc_t *d1 = calloc(N, sizeof(*d1)), *d2 = calloc(N, sizeof(*d2));
+    kvt_batch_h b1, b2;
+    setup(&f, 64 * BLK, 0);
+    CHECK(peer_start(&p2, &o) == 0);
+    CHECK_OK(kvt_segment_open(f.e, p2.segment, &seg2));
+    pattern_fill(f.local, 64 * BLK, 61, 0);
+    for (int i = 0; i < N; i++) {
+        d1[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * BLK,
+                     f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
+        d2[i] = d1[i];
+        d2[i].segment = seg2;
+        d2[i].remote_addr = p2.main_addr + (uint64_t)(i % 64) * BLK;
+    }
+    CHECK_OK(kvt_batch_create(f.e, N, &b1));
+    CHECK_OK(kvt_batch_create(f.e, N, &b2));
+    CHECK_OK(kvt_batch_submit(b1, d1, N));
+    CHECK_OK(kvt_batch_submit(b2, d2, N));
+    usleep(10000);
+    peer_kill(&f.peer, SIGKILL);
+    CHECK(kvt_batch_wait(b1, 10000) != KVT_INPROGRESS);
+    CHECK_OK(kvt_batch_wait(b2, 30000));
+    {
+        const char *r = peer_cmd(&p2, "check %llu %llu 61",
+                                 (unsigned long long)p2.main_addr,
+                                 64ull * BLK);
+        CHECK(r && strcmp(r, "0") == 0);
+    }
+    CHECK_OK(kvt_batch_free(b1));
+    CHECK_OK(kvt_batch_free(b2));
+    kvt_engine_destroy(f.e);
+    munmap(f.local, f.local_len);
+    peer_stop(&p2);
+    free(d1);
+    free(d2);
+}
+
+/* Engine destroyed with transfers in flight: they end CANCELED, the call
+ * returns, nothing leaks (ASan checks). */
+KVT_TEST(destroy_in_flight)
+{
+    enum { N = 256, BLK = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_h b;
+    setup(&f, 64 * BLK, 0);
+    for (int i = 0; i < N; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * BLK,
+                    f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
+    CHECK_OK(kvt_batch_create(f.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    kvt_engine_destroy(f.e); /* frees the batch too */
+    munmap(f.local, f.local_len);
+    peer_stop(&f.peer);
+    free(d);
+}
+
+/* Several threads share one engine and one segment. */
+typedef struct {
+    fixture_t *f;
+    int id;
+    int ok;
+} thr_arg_t;
+
+static void *thr_main(void *arg)
+{
+    thr_arg_t *a = arg;
+    enum { N = 32, BLK = 64 << 10 };
+    kvt_xfer_desc_t d[N];
+    uint8_t *base = a->f->local + (uint64_t)a->id * N * BLK;
+    kvt_batch_h b;
+    a->ok = 1;
+    if (kvt_batch_create(a->f->e, N, &b) != KVT_OK) {
+        a->ok = 0;
+        return NULL;
+    }
+    for (int r = 0; r < 20 && a->ok; r++) {
+        for (int i = 0; i < N; i++)
+            d[i] = desc(a->f, r % 2 ? KVT_OP_READ : KVT_OP_WRITE,
+                        base + (uint64_t)i * BLK,
+                        a->f->peer.main_addr + (uint64_t)a->id * N * BLK +
+                            (uint64_t)i * BLK,
+                        BLK);
+        if (kvt_batch_submit(b, d, N) != KVT_OK ||
+            kvt_batch_wait(b, 30000) != KVT_OK || kvt_batch_reset(b) != KVT_OK)
+            a->ok = 0;
+    }
+    kvt_batch_free(b);
+    return NULL;
+}
+
+KVT_TEST(threads)
+{
+    enum { T = 4 };
+    fixture_t f;
+    pthread_t th[T];
+    thr_arg_t args[T];
+    setup(&f, T * 32 * (64 << 10), 0);
+    pattern_fill(f.local, T * 32 * (64 << 10), 77, 0);
+    for (int i = 0; i < T; i++) {
+        args[i] = (thr_arg_t){&f, i, 0};
+        pthread_create(&th[i], NULL, thr_main, &args[i]);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].ok);
+    }
+    CHECK(pattern_check(f.local, T * 32 * (64 << 10), 77, 0) == 0);
+    CHECK(peer_check(&f, f.peer.main_addr, T * 32 * (64 << 10), 77) == 0);
+    teardown(&f);
+}
+
+static const kvt_test_case_t cases[] = {
+    KVT_CASE(write_single, 30),
+    KVT_CASE(read_single, 30),
+    KVT_CASE(batched_write_read, 30),
+    KVT_CASE(scattered_small, 60),
+    KVT_CASE(strided, 30),
+    KVT_CASE(one_gib, 120),
+    KVT_CASE(notify_order, 60),
+    KVT_CASE(bounds_refused, 30),
+    KVT_CASE(unregister_refused, 30),
+    KVT_CASE(local_validation, 30),
+    KVT_CASE(batch_lifecycle, 30),
+    KVT_CASE(peer_killed, 30),
+    KVT_CASE(peer_stopped, 30),
+    KVT_CASE(unreachable, 30),
+    KVT_CASE(other_peer_unaffected, 60),
+    KVT_CASE(destroy_in_flight, 30),
+    KVT_CASE(threads, 60),
+};
+
+int main(int argc, char **argv)
+{
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], "--transport=", 12) == 0) {
+            const char *t = argv[i] + 12;
+            if (strcmp(t, "tcp") == 0) {
+                g_transports = KVT_TRANSPORT_TCP;
+            } else if (strcmp(t, "shm") == 0 || strcmp(t, "shm-managed") == 0) {
+                g_transports = KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM;
+                g_managed = strcmp(t, "shm-managed") == 0;
+            } else {
+                fprintf(stderr, "unknown transport %s\n", t);
+                return 2;
+            }
+            continue;
+        }
+        argv[++n] = argv[i];
+    }
+    signal(SIGPIPE, SIG_IGN);
+    return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), n + 1, argv);
+}

@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "peer.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvt_test.h"
+
+void pattern_fill(void *buf, uint64_t len, uint64_t seed, uint64_t off)
+{
+    uint8_t *p = buf;
+    for (uint64_t i = 0; i < len; i++)
+        p[i] = pattern_byte(seed, off + i);
+}
+
+uint64_t pattern_check(const void *buf, uint64_t len, uint64_t seed,
+                       uint64_t off)
+{
+    const uint8_t *p = buf;
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < len; i++)
+        bad += p[i] != pattern_byte(seed, off + i);
+    return bad;
+}
+
+kvt_engine_h engine_new(uint32_t transports, uint64_t timeout_ms)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h e = NULL;
+
+    p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS;
+    p.transports = transports;
+    if (timeout_ms) {
+        p.field_mask |= KVT_ENGINE_PARAM_TRANSFER_TIMEOUT;
+        p.transfer_timeout_ms = timeout_ms;
+    }
+    if (kvt_engine_create(&p, &e) != KVT_OK)
+        return NULL;
+    return e;
+}
+
+static void reply(FILE *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+    fputc('\n', out);
+    fflush(out);
+}
+
+/* The child: serve commands until "exit" or EOF. */
+static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
+{
+    FILE *in = fdopen(in_fd, "r"), *out = fdopen(out_fd, "w");
+    size_t total = PEER_MAIN_LEN + 3 * PEER_SMALL_LEN;
+    kvt_engine_h e = engine_new(o->transports, o->timeout_ms);
+    uint8_t *base, *main_, *guard, *ro, *wo;
+    char line[256];
+
+    if (e == NULL || in == NULL || out == NULL)
+        _exit(3);
+    if (o->managed) {
+        void *m;
+        if (kvt_mem_alloc(e, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW, &m) !=
+            KVT_OK)
+            _exit(3);
+        main_ = m;
+        base = mmap(NULL, total - PEER_MAIN_LEN, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        guard = base;
+    } else {
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        main_ = base;
+        guard = base + PEER_MAIN_LEN;
+        if (kvt_mem_register(e, main_, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW) !=
+            KVT_OK)
+            _exit(3);
+    }
+    if (base == MAP_FAILED)
+        _exit(3);
+    ro = guard + PEER_SMALL_LEN;
+    wo = ro + PEER_SMALL_LEN;
+    memset(guard, 0xAB, PEER_SMALL_LEN);
+    if (kvt_mem_register(e, ro, PEER_SMALL_LEN, KVT_ACCESS_REMOTE_READ) ||
+        kvt_mem_register(e, wo, PEER_SMALL_LEN, KVT_ACCESS_REMOTE_WRITE))
+        _exit(3);
+    reply(out, "%s %llu %llu %llu %llu", kvt_engine_segment_name(e),
+          (unsigned long long)(uintptr_t)main_,
+          (unsigned long long)(uintptr_t)ro, (unsigned long long)(uintptr_t)wo,
+          (unsigned long long)(uintptr_t)guard);
+
+    while (fgets(line, sizeof(line), in) != NULL) {
+        unsigned long long a, b, c;
+        long long ms;
+        if (sscanf(line, "check %llu %llu %llu", &a, &b, &c) == 3) {
+            /* a: address, b: length, c: seed (pattern offset = a - main) */
+            reply(out, "%llu",
+                  (unsigned long long)pattern_check(
+                      (void *)(uintptr_t)a, b, c,
+                      a - (uint64_t)(uintptr_t)main_));
+        } else if (sscanf(line, "fill %llu %llu %llu", &a, &b, &c) == 3) {
+            pattern_fill((void *)(uintptr_t)a, b, c,
+                         a - (uint64_t)(uintptr_t)main_);
+            reply(out, "ok");
+        } else if (sscanf(line, "byte %llu", &a) == 1) {
+            reply(out, "%u", *(uint8_t *)(uintptr_t)a);
+        } else if (sscanf(line, "unreg %llu", &a) == 1) {
+            reply(out, "%d", kvt_mem_unregister(e, (void *)(uintptr_t)a));
+        } else if (sscanf(line, "reg %llu %llu", &a, &b) == 2) {
+            reply(out, "%d", kvt_mem_register(e, (void *)(uintptr_t)a, b,
+                                              KVT_ACCESS_REMOTE_RW));
+        } else if (sscanf(line, "notify %lld %llu %llu %llu", &ms, &a, &b,
+                          &c) == 4) {
+            /* Wait for one notification; then verify [a, a+b) against
+             * seed c, proving the writes before it had landed. */
+            kvt_notify_t *n = malloc(sizeof(*n));
+            size_t got = 0;
+            kvt_notify_recv(e, n, 1, &got, ms);
+            if (got == 0)
+                reply(out, "none");
+            else
+                reply(out, "%.*s %llu", (int)n->length, n->data,
+                      (unsigned long long)(b ? pattern_check(
+                                                   (void *)(uintptr_t)a, b, c,
+                                                   a - (uint64_t)(uintptr_t)main_)
+                                             : 0));
+            free(n);
+        } else if (strncmp(line, "exit", 4) == 0) {
+            break;
+        } else {
+            reply(out, "?");
+        }
+    }
+    kvt_engine_destroy(e);
+    _exit(0);
+}
+
+int peer_start(peer_t *p, const peer_opts_t *o)
+{
+    int to[2], from[2];
+    char line[512];
+    ssize_t n;
+    size_t have = 0;
+
+    memset(p, 0, sizeof(*p));
+    if (pipe(to) || pipe(from))
+        return -1;
+    p->pid = fork();
+    if (p->pid == 0) {
+        close(to[1]);
+        close(from[0]);
+        peer_main(to[0], from[1], o);
+    }
+    close(to[0]);
+    close(from[1]);
+    p->to_fd = to[1];
+    p->from_fd = from[0];
+    while (have < sizeof(line) - 1) {
+        n = read(p->from_fd, line + have, 1);
+        if (n <= 0)
+            return -1;
+        if (line[have] == '\n')
+            break;
+        have++;
+    }
+    line[have] = '\0';
+    {
+        unsigned long long a, b, c, d;
+        if (sscanf(line, "%127s %llu %llu %llu %llu", p->segment, &a, &b, &c,
+                   &d) != 5)
+            return -1;
+        p->main_addr = a;
+        p->ro_addr = b;
+        p->wo_addr = c;
+        p->guard_addr = d;
+    }
+    return 0;
+}
+
+const char *peer_cmd(peer_t *p, const char *fmt, ...)
+{
+    static char line[512];
+    char cmd[256];
+    size_t have = 0;
+    va_list ap;
+    int len;
+
+    va_start(ap, fmt);
+    len = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+    va_end(ap);
+    cmd[len++] = '\n';
+    if (write(p->to_fd, cmd, (size_t)len) != len)
+        return NULL;
+    while (have < sizeof(line) - 1) {
+        ssize_t n = read(p->from_fd, line + have, 1);
+        if (n <= 0)
+            return NULL;
+        if (line[have] == '\n')
+            break;
+        have++;
+    }
+    line[have] = '\0';
+    return line;
+}
+
+void peer_stop(peer_t *p)
+{
+    if (p->pid <= 0)
+        return;
+    if (write(p->to_fd, "exit\n", 5) != 5)
+        kill(p->pid, SIGKILL);
+    close(p->to_fd);
+    close(p->from_fd);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+}
+
+void peer_kill(peer_t *p, int sig)
+{
+    kill(p->pid, sig);
+    if (sig == SIGKILL) {
+        waitpid(p->pid, NULL, 0);
+        close(p->to_fd);
+        close(p->from_fd);
+        p->pid = 0;
+    }
+}
