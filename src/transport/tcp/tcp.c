@@ -523,11 +523,6 @@ static int inbound_dispatch(tcp_conn_t *c)
     const kvt__wire_hdr_t *h = &c->rx_hdr;
     uint32_t nsegs;
 
-    if (!c->hello_done && h->type != KVT_WIRE_HELLO) {
-        KVT_LOG_W("peer sent %s before HELLO; closing",
-                  kvt__wire_type_name(h->type));
-        goto err_protocol;
-    }
     switch (h->type) {
     case KVT_WIRE_HELLO:
         handle_hello(c);
@@ -855,6 +850,16 @@ static void conn_rx(tcp_conn_t *c)
             if (st != KVT_OK) {
                 KVT_LOG_W("malformed frame header from %s; closing",
                           c->peer[0] ? c->peer : "a peer");
+                fail = KVT_ERR_PROTOCOL;
+                goto fail;
+            }
+            if (!c->outbound && !c->hello_done &&
+                c->rx_hdr.type != KVT_WIRE_HELLO) {
+                /* Refuse at the header: no reason to wait for a body. */
+                KVT_LOG_W("peer sent %s before HELLO; closing",
+                          kvt__wire_type_name(c->rx_hdr.type));
+                send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id,
+                            KVT_ERR_PROTOCOL, "HELLO expected", 14);
                 fail = KVT_ERR_PROTOCOL;
                 goto fail;
             }

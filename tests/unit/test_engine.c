@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Engine API and protocol edge cases, with engines in one process and raw
+ * sockets playing a misbehaving peer. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/wire.h"
+#include "kvt_test.h"
+#include "util/sock.h"
+
+static kvt_engine_h mk(void)
+{
+    kvt_engine_h e = NULL;
+    CHECK_OK(kvt_engine_create(NULL, &e));
+    return e;
+}
+
+KVT_TEST(params)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h e = NULL;
+
+    CHECK_ST(kvt_engine_create(NULL, NULL), KVT_ERR_INVALID_PARAM);
+    p.field_mask = KVT_ENGINE_PARAM_NUM_WORKERS;
+    p.num_workers = 0;
+    CHECK_ST(kvt_engine_create(&p, &e), KVT_ERR_INVALID_PARAM);
+    CHECK(e == NULL);
+    p.field_mask = KVT_ENGINE_PARAM_CONNS_PER_PEER;
+    p.conns_per_peer = 17;
+    CHECK_ST(kvt_engine_create(&p, &e), KVT_ERR_INVALID_PARAM);
+    p.field_mask = KVT_ENGINE_PARAM_METADATA_URI;
+    p.metadata_uri = "zookeeper://x";
+    CHECK(kvt_engine_create(&p, &e) != KVT_OK);
+    p.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
+    p.local_host = "203.0.113.7"; /* not ours: bind fails */
+    CHECK_ST(kvt_engine_create(&p, &e), KVT_ERR_IO);
+    /* Fields whose bit is not set are ignored. */
+    p.field_mask = KVT_ENGINE_PARAM_SEGMENT_NAME;
+    p.segment_name = "prefill-0";
+    p.num_workers = 0;
+    CHECK_OK(kvt_engine_create(&p, &e));
+    CHECK(strcmp(kvt_engine_segment_name(e), "prefill-0") == 0);
+    CHECK(kvt_engine_rpc_port(e) != 0);
+    kvt_engine_destroy(e);
+    kvt_engine_destroy(NULL);
+}
+
+KVT_TEST(fixed_port_in_use)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h a = mk(), b = NULL;
+    p.field_mask = KVT_ENGINE_PARAM_PORT;
+    p.port = kvt_engine_rpc_port(a);
+    CHECK_ST(kvt_engine_create(&p, &b), KVT_ERR_IO);
+    kvt_engine_destroy(a);
+}
+
+KVT_TEST(memory_api)
+{
+    kvt_engine_h e = mk();
+    static char buf[1 << 16];
+    kvt_mem_region_t r[2] = {{buf, 4096, 3, KVT_MEM_HOST},
+                             {buf + 8192, 4096, 1, KVT_MEM_HOST}};
+    void *addrs[2] = {buf, buf + 8192};
+    void *m;
+
+    CHECK_OK(kvt_mem_register_batch(e, r, 2));
+    CHECK_ST(kvt_mem_register(e, buf + 100, 10, 3), KVT_ERR_EXISTS);
+    CHECK_OK(kvt_mem_unregister_batch(e, addrs, 2));
+    CHECK_ST(kvt_mem_unregister(e, buf), KVT_ERR_NOT_FOUND);
+    r[1].kind = KVT_MEM_CUDA;
+    CHECK_ST(kvt_mem_register_batch(e, r, 2), KVT_ERR_NOT_SUPPORTED);
+    CHECK_OK(kvt_mem_alloc(e, 3 << 20, KVT_ACCESS_REMOTE_RW, &m));
+    CHECK(((uintptr_t)m & 4095) == 0);
+    memset(m, 1, 3 << 20);
+    CHECK_ST(kvt_mem_register(e, m, 10, 3), KVT_ERR_EXISTS);
+    CHECK_OK(kvt_mem_free(e, m));
+    CHECK_ST(kvt_mem_free(e, m), KVT_ERR_NOT_FOUND);
+    CHECK_ST(kvt_mem_alloc(e, 0, 3, &m), KVT_ERR_INVALID_PARAM);
+    CHECK_OK(kvt_mem_alloc(e, 100, 3, &m)); /* left for destroy to free */
+    kvt_engine_destroy(e);
+}
+
+/* Two engines in one process: writes, reads, refresh of the descriptor,
+ * close of a segment, notifications with a sender name. */
+KVT_TEST(loopback_pair)
+{
+    kvt_engine_h a = mk(), b = mk();
+    kvt_segment_t seg, seg2;
+    kvt_remote_region_t regs[4];
+    size_t n;
+    char *src = malloc(1 << 20), *dst = malloc(1 << 20);
+    kvt_xfer_desc_t d = {0};
+    kvt_batch_h bt;
+    kvt_notify_t note;
+
+    memset(src, 0x3c, 1 << 20);
+    memset(dst, 0, 1 << 20);
+    CHECK_OK(kvt_mem_register(a, src, 1 << 20, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(b), &seg));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(b), &seg2));
+    CHECK(seg == seg2); /* cached */
+    CHECK_OK(kvt_segment_regions(a, seg, 0, regs, 4, &n));
+    CHECK(n == 0);
+    CHECK_OK(kvt_mem_register(b, dst, 1 << 20, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_regions(a, seg, 1, regs, 4, &n));
+    CHECK(n == 1 && regs[0].addr == (uint64_t)(uintptr_t)dst &&
+          regs[0].length == 1 << 20);
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = src;
+    d.remote_addr = (uint64_t)(uintptr_t)dst;
+    d.length = 1 << 20;
+    CHECK_OK(kvt_batch_create(a, 4, &bt));
+    CHECK_OK(kvt_batch_submit(bt, &d, 1));
+    CHECK_OK(kvt_batch_wait(bt, 10000));
+    CHECK(memcmp(src, dst, 1 << 20) == 0);
+    CHECK_OK(kvt_notify_send(a, seg, "ping", 4));
+    CHECK_OK(kvt_notify_recv(b, &note, 1, &n, 5000));
+    CHECK(n == 1 && note.length == 4 && memcmp(note.data, "ping", 4) == 0);
+    CHECK(strcmp(note.from, kvt_engine_segment_name(a)) == 0);
+    CHECK_OK(kvt_notify_recv(b, &note, 1, &n, 0));
+    CHECK(n == 0);
+    {
+        double t0 = kvt_test_now();
+        CHECK_OK(kvt_notify_recv(b, &note, 1, &n, 100));
+        CHECK(n == 0 && kvt_test_now() - t0 >= 0.09);
+    }
+    /* Closing the handle: later use is refused, a new open works. */
+    CHECK_OK(kvt_segment_close(a, seg));
+    CHECK_ST(kvt_segment_close(a, seg), KVT_ERR_NOT_FOUND);
+    CHECK_OK(kvt_batch_reset(bt));
+    CHECK_OK(kvt_batch_submit(bt, &d, 1));
+    CHECK_ST(kvt_batch_wait(bt, 1000), KVT_ERR_NOT_FOUND);
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(b), &seg2));
+    CHECK(seg2 != seg);
+    CHECK_OK(kvt_batch_reset(bt));
+    d.segment = seg2;
+    CHECK_OK(kvt_batch_submit(bt, &d, 1));
+    CHECK_OK(kvt_batch_wait(bt, 10000));
+    CHECK_OK(kvt_batch_free(bt));
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(b);
+    free(src);
+    free(dst);
+}
+
+/* ---- Misbehaving peers over raw sockets ---------------------------------- */
+
+static int dial_engine(kvt_engine_h e)
+{
+    int fd;
+    CHECK_OK(kvt__sock_connect("127.0.0.1", kvt_engine_rpc_port(e), 2000, &fd));
+    return fd;
+}
+
+static void send_hdr(int fd, uint8_t major, uint8_t type, uint32_t body,
+                     uint64_t payload)
+{
+    kvt__wire_hdr_t h = {major, 0, type, 0, body, 0, payload, 1};
+    uint8_t buf[KVT_WIRE_HDR_LEN];
+    kvt__wire_hdr_encode(&h, buf);
+    if (major != KVT_WIRE_VERSION_MAJOR)
+        buf[2] = major;
+    CHECK(send(fd, buf, sizeof(buf), MSG_NOSIGNAL) == sizeof(buf));
+}
+
+/* Read frames until EOF (within 3 s); returns the type and status of the
+ * first one, or -1 when none came before the close. */
+static int read_until_eof(int fd, int32_t *status_p)
+{
+    uint8_t buf[4096];
+    size_t have = 0;
+    double t0 = kvt_test_now();
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+        CHECK(kvt_test_now() - t0 < 3.0);
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        n = recv(fd, buf + have, sizeof(buf) - have, 0);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+    }
+    if (have < KVT_WIRE_HDR_LEN)
+        return -1;
+    memcpy(status_p, buf + 12, 4);
+    return buf[4];
+}
+
+static void hello(int fd)
+{
+    kvt__wire_hello_t h = {1, 0, 1, "rawpeer:1"};
+    uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
+    size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
+    kvt__wire_hdr_t rh;
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
+    CHECK(send(fd, body, n, 0) == (ssize_t)n);
+    CHECK_OK(kvt__sock_recv_all(fd, hb, sizeof(hb),
+                                (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
+    CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &rh));
+    CHECK(rh.type == KVT_WIRE_HELLO_ACK);
+    {
+        uint8_t *rb = malloc(rh.body_len);
+        CHECK(recv(fd, rb, rh.body_len, MSG_WAITALL) == (ssize_t)rh.body_len);
+        free(rb);
+    }
+}
+
+/* After each abuse the engine still serves a well-behaved peer. */
+static void still_serves(kvt_engine_h target)
+{
+    kvt_engine_h a = mk();
+    kvt_segment_t seg;
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(target), &seg));
+    CHECK_OK(kvt_notify_send(a, seg, "x", 1));
+    kvt_engine_destroy(a);
+}
+
+KVT_TEST(version_refused_by_target)
+{
+    kvt_engine_h e = mk();
+    int fd = dial_engine(e);
+    int32_t st = 0;
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR + 1, KVT_WIRE_HELLO, 0, 0);
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR);
+    CHECK(st == KVT_ERR_VERSION);
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* A fake target that answers every HELLO with a newer major version. */
+static void *fake_target(void *arg)
+{
+    int ls = *(int *)arg, fd;
+    uint8_t buf[512];
+    fd = accept(ls, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    if (recv(fd, buf, sizeof(buf), 0) > 0)
+        send_hdr(fd, KVT_WIRE_VERSION_MAJOR + 1, KVT_WIRE_HELLO_ACK, 0, 0);
+    usleep(200000);
+    close(fd);
+    return NULL;
+}
+
+KVT_TEST(version_refused_by_initiator)
+{
+    kvt_engine_h e = mk();
+    uint16_t port;
+    int ls;
+    pthread_t th;
+    char name[64];
+    kvt_segment_t seg;
+    CHECK_OK(kvt__sock_listen("127.0.0.1", 0, &ls, &port));
+    CHECK_OK(kvt__sock_set_nonblock(ls, 0));
+    pthread_create(&th, NULL, fake_target, &ls);
+    snprintf(name, sizeof(name), "127.0.0.1:%u", port);
+    CHECK_ST(kvt_segment_open(e, name, &seg), KVT_ERR_VERSION);
+    pthread_join(th, NULL);
+    close(ls);
+    kvt_engine_destroy(e);
+}
+
+KVT_TEST(malformed_frames)
+{
+    kvt_engine_h e = mk();
+    int32_t st;
+    int fd;
+
+    /* Garbage instead of a header. */
+    fd = dial_engine(e);
+    CHECK(send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n1234", 32, 0) == 32);
+    CHECK(read_until_eof(fd, &st) == -1);
+    close(fd);
+    /* A transfer before HELLO. */
+    fd = dial_engine(e);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE, 24, 8);
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR && st == KVT_ERR_PROTOCOL);
+    close(fd);
+    /* A piece table whose total does not match the payload. */
+    fd = dial_engine(e);
+    hello(fd);
+    {
+        kvt__wire_piece_t p = {0x1000, 100, 1, 0};
+        uint8_t t[KVT_WIRE_PIECE_LEN];
+        kvt__wire_piece_encode(&p, t);
+        send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE, sizeof(t), 99);
+        CHECK(send(fd, t, sizeof(t), 0) == sizeof(t));
+    }
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR && st == KVT_ERR_PROTOCOL);
+    close(fd);
+    /* An oversized body length. */
+    fd = dial_engine(e);
+    hello(fd);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE,
+             KVT_WIRE_MAX_BODY + 1, 0);
+    CHECK(read_until_eof(fd, &st) == -1);
+    close(fd);
+    /* A response type sent as a request. */
+    fd = dial_engine(e);
+    hello(fd);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE_ACK, 0, 0);
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR);
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* A write to memory the target never registered, straight on the wire: the
+ * payload is swallowed, the ack says KVT_ERR_ACCESS, the stream stays in
+ * sync, and nothing is written. */
+KVT_TEST(raw_write_refused)
+{
+    kvt_engine_h e = mk();
+    static uint8_t victim[4096];
+    uint8_t hb[KVT_WIRE_HDR_LEN], t[KVT_WIRE_PIECE_LEN], payload[4096];
+    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)victim, 4096, 1, 0};
+    kvt__wire_hdr_t h;
+    int fd = dial_engine(e);
+    uint8_t ack[8];
+
+    memset(payload, 0xEE, sizeof(payload));
+    hello(fd);
+    for (int round = 0; round < 2; round++) {
+        kvt__wire_piece_encode(&p, t);
+        send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE, sizeof(t), 4096);
+        CHECK(send(fd, t, sizeof(t), 0) == sizeof(t));
+        CHECK(send(fd, payload, sizeof(payload), 0) == sizeof(payload));
+        CHECK(recv(fd, hb, sizeof(hb), MSG_WAITALL) == sizeof(hb));
+        CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &h));
+        CHECK(h.type == KVT_WIRE_WRITE_ACK && h.status == KVT_ERR_ACCESS &&
+              h.body_len == 8);
+        CHECK(recv(fd, ack, 8, MSG_WAITALL) == 8);
+    }
+    for (size_t i = 0; i < sizeof(victim); i++)
+        CHECK(victim[i] == 0);
+    close(fd);
+    kvt_engine_destroy(e);
+}
+
+KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
+              KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
+              KVT_CASE(version_refused_by_target, 20),
+              KVT_CASE(version_refused_by_initiator, 20),
+              KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20))

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/memreg.h"
+#include "kvt_test.h"
+#include "util/sock.h"
+
+static kvt_mem_region_t R(uint64_t a, uint64_t len, uint32_t acc)
+{
+    kvt_mem_region_t r = {(void *)(uintptr_t)a, len, acc, KVT_MEM_HOST};
+    return r;
+}
+
+KVT_TEST(add_lookup_remove)
+{
+    kvt__memreg_t reg;
+    kvt_mem_region_t r[3] = {R(0x3000, 0x1000, KVT_ACCESS_REMOTE_RW),
+                             R(0x1000, 0x1000, KVT_ACCESS_REMOTE_READ),
+                             R(0x8000, 0x100, KVT_ACCESS_REMOTE_WRITE)};
+    kvt_remote_region_t *snap;
+    uint32_t n;
+    CHECK_OK(kvt__memreg_init(&reg));
+    CHECK_OK(kvt__memreg_add(&reg, r, 3));
+    CHECK(kvt__memreg_contains(&reg, 0x3000, 0x1000, KVT_ACCESS_REMOTE_RW));
+    CHECK(kvt__memreg_contains(&reg, 0x3800, 0x10, KVT_ACCESS_REMOTE_WRITE));
+    CHECK(!kvt__memreg_contains(&reg, 0x3800, 0x801, 0)); /* crosses end */
+    CHECK(!kvt__memreg_contains(&reg, 0x2fff, 2, 0));     /* crosses start */
+    CHECK(!kvt__memreg_contains(&reg, 0x2000, 0x1000, 0)); /* gap */
+    CHECK(kvt__memreg_contains(&reg, 0x1000, 1, KVT_ACCESS_REMOTE_READ));
+    CHECK(!kvt__memreg_contains(&reg, 0x1000, 1, KVT_ACCESS_REMOTE_WRITE));
+    CHECK(!kvt__memreg_contains(&reg, 0x8000, 1, KVT_ACCESS_REMOTE_READ));
+    CHECK(!kvt__memreg_contains(&reg, 0x1000, 0, 0));
+    CHECK(!kvt__memreg_contains(&reg, UINT64_MAX, 2, 0));
+    CHECK_OK(kvt__memreg_snapshot(&reg, &snap, &n));
+    CHECK(n == 3 && snap[0].addr == 0x1000 && snap[1].addr == 0x3000 &&
+          snap[2].addr == 0x8000);
+    free(snap);
+    CHECK(atomic_load(&reg.gen) == 0);
+    CHECK_ST(kvt__memreg_remove(&reg, 0x3001), KVT_ERR_NOT_FOUND);
+    CHECK_OK(kvt__memreg_remove(&reg, 0x3000));
+    CHECK(atomic_load(&reg.gen) == 1);
+    CHECK(!kvt__memreg_contains(&reg, 0x3000, 1, 0));
+    CHECK_ST(kvt__memreg_remove(&reg, 0x3000), KVT_ERR_NOT_FOUND);
+    kvt__memreg_fini(&reg);
+}
+
+KVT_TEST(overlaps_refused)
+{
+    kvt__memreg_t reg;
+    kvt_mem_region_t a = R(0x10000, 0x1000, 1);
+    kvt_mem_region_t bad[] = {R(0x10000, 0x1000, 1), R(0xff00, 0x200, 1),
+                              R(0x10fff, 1, 1), R(0xf000, 0x3000, 1)};
+    kvt_mem_region_t pair[2] = {R(0x20000, 0x100, 1), R(0x200f0, 0x100, 1)};
+    CHECK_OK(kvt__memreg_init(&reg));
+    CHECK_OK(kvt__memreg_add(&reg, &a, 1));
+    for (size_t i = 0; i < 4; i++)
+        CHECK_ST(kvt__memreg_add(&reg, &bad[i], 1), KVT_ERR_EXISTS);
+    /* Overlap inside one batch: nothing of it is registered. */
+    CHECK_ST(kvt__memreg_add(&reg, pair, 2), KVT_ERR_EXISTS);
+    CHECK(!kvt__memreg_contains(&reg, 0x20000, 1, 0));
+    /* Adjacent is fine. */
+    a = R(0x11000, 0x1000, 1);
+    CHECK_OK(kvt__memreg_add(&reg, &a, 1));
+    a = R(0, 10, 1);
+    CHECK_ST(kvt__memreg_add(&reg, &a, 1), KVT_ERR_INVALID_PARAM);
+    a = R(0x50000, 0, 1);
+    CHECK_ST(kvt__memreg_add(&reg, &a, 1), KVT_ERR_INVALID_PARAM);
+    a = R(0x50000, 10, 0x80);
+    CHECK_ST(kvt__memreg_add(&reg, &a, 1), KVT_ERR_INVALID_PARAM);
+    kvt__memreg_fini(&reg);
+}
+
+KVT_TEST(many_regions)
+{
+    kvt__memreg_t reg;
+    CHECK_OK(kvt__memreg_init(&reg));
+    /* Insert in a scrambled order; the array must stay sorted. */
+    for (uint64_t i = 0; i < 5000; i++) {
+        uint64_t k = (i * 7919) % 5000;
+        kvt_mem_region_t r = R(0x100000 + k * 0x2000, 0x1000, 3);
+        CHECK_OK(kvt__memreg_add(&reg, &r, 1));
+    }
+    for (uint64_t k = 0; k < 5000; k++) {
+        CHECK(kvt__memreg_contains(&reg, 0x100000 + k * 0x2000 + 5, 0x100, 3));
+        CHECK(!kvt__memreg_contains(&reg, 0x100000 + k * 0x2000 + 0x1000, 1,
+                                    0));
+    }
+    kvt__memreg_fini(&reg);
+}
+
+KVT_TEST(hostport)
+{
+    char host[64];
+    uint16_t port;
+    CHECK_OK(kvt__sock_split_hostport("127.0.0.1:80", host, sizeof(host),
+                                      &port));
+    CHECK(strcmp(host, "127.0.0.1") == 0 && port == 80);
+    CHECK_OK(kvt__sock_split_hostport("[::1]:9000", host, sizeof(host), &port));
+    CHECK(strcmp(host, "::1") == 0 && port == 9000);
+    CHECK_OK(kvt__sock_split_hostport("node-3.local:65535", host, sizeof(host),
+                                      &port));
+    const char *bad[] = {"", "host", "host:", ":80", "host:0", "host:65536",
+                         "host:12x", "[::1]80", "[::1:80"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK_ST(kvt__sock_split_hostport(bad[i], host, sizeof(host), &port),
+                 KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt__sock_split_hostport("averyveryverylonghostname:1", host, 8,
+                                      &port),
+             KVT_ERR_INVALID_PARAM);
+}
+
+KVT_TEST_MAIN(KVT_CASE(add_lookup_remove, 10), KVT_CASE(overlaps_refused, 10),
+              KVT_CASE(many_regions, 30), KVT_CASE(hostport, 10))
