@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvt: KV-cache transfer for disaggregated LLM serving.
+
+``kvt.TransferEngine`` has the methods of Mooncake's
+``mooncake.engine.TransferEngine`` (same names, argument order, defaults
+and return codes), implemented by kvt's C engine; the ``mooncake`` package
+shipped next to this one re-exports it, so code written for Mooncake runs
+on kvt unchanged. See docs/python.md for the call-by-call mapping.
+"""
+
+from kvt._kvt import (
+    NOTIFY_MAX,
+    Read,
+    TransferEngine,
+    TransferNotify,
+    TransferOpcode,
+    VERSION_MAJOR,
+    VERSION_MINOR,
+    VERSION_PATCH,
+    Write,
+    status_str,
+)
+
+__version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
+
+__all__ = [
+    "NOTIFY_MAX",
+    "Read",
+    "TransferEngine",
+    "TransferNotify",
+    "TransferOpcode",
+    "Write",
+    "status_str",
+]

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVTPY_H
+#define KVTPY_H
+
+/*
+ * Internal declarations of the kvt._kvt extension module. The module is
+ * built against the CPython limited API of 3.11 (an abi3 .so), so it only
+ * uses functions of the stable ABI: no PyList_GET_ITEM, no private
+ * structure fields.
+ *
+ * Locking rule for the whole module: a pthread mutex of this module is
+ * never held while acquiring the GIL, and no Python object is touched
+ * while one is held. Code holding the GIL may take such a mutex briefly
+ * (its holders never wait for the GIL, so this cannot deadlock).
+ */
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kvt/kvt.h>
+
+/* ---- module.c: shared objects and helpers ------------------------------- */
+
+/* Set once by the module's init function; strong references. */
+extern PyObject *kvtpy_logger;      /* logging.getLogger("kvt") */
+extern PyTypeObject *kvtpy_notify_type; /* kvt.TransferNotify */
+
+/* Log through Python's logging module at @level ("debug", "info",
+ * "warning", "error"). Needs the GIL; keeps any pending exception. */
+void kvtpy_log(const char *level, const char *fmt, ...);
+
+/*
+ * Collect the arguments of a METH_FASTCALL | METH_KEYWORDS method into
+ * @out[0..nparams) by parameter name. The first @nreq parameters are
+ * required; optional ones not given are left NULL. Returns 0, or -1 with
+ * a TypeError set. Borrowed references.
+ */
+int kvtpy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames, const char *const *params, int nreq,
+               int nparams, PyObject **out);
+
+/* An unsigned 64-bit value from an int or any object with __index__
+ * (numpy integers). Returns 0, or -1 with TypeError/OverflowError set that
+ * names @what. */
+int kvtpy_u64(PyObject *o, const char *what, uint64_t *v);
+
+/* A NUL-terminated UTF-8 view of a str or bytes object, valid while @o
+ * lives. Returns NULL with an exception set. */
+const char *kvtpy_cstr(PyObject *o, const char *what);
+
+/* ---- notify.c: TransferNotify and the notification payload -------------- */
+
+PyTypeObject *kvtpy_notify_type_create(PyObject *module);
+
+/*
+ * Encode a TransferNotify-like object (any object with .name and .msg,
+ * each str or bytes) into @buf (KVT_NOTIFY_MAX bytes). Sets *len_p.
+ * Returns 0, or -1 with an exception set (wrong types, too long).
+ */
+int kvtpy_notify_encode(PyObject *notify, char *buf, size_t *len_p);
+
+/* Build a TransferNotify from a received notification. New reference, or
+ * NULL with an exception set. */
+PyObject *kvtpy_notify_decode(const kvt_notify_t *n);
+
+/* ---- batch_ids.c: the table behind Mooncake-style batch ids ------------- */
+
+/*
+ * Mooncake hands out batch ids as plain integers. kvt maps each id to a
+ * kvt_batch_h through this table: id = generation << 32 | (index + 1), so
+ * 0 is never an id, and an id that was freed (its slot's generation has
+ * moved on) is recognised as unknown instead of aliasing a newer batch.
+ *
+ * An entry may be referenced by callers waiting on it with the table lock
+ * released (refs). Releasing the id makes it unknown at once; the batch is
+ * freed, and the slot reused, when the last reference is dropped. Batches
+ * are only released once none of their descriptors is pending, so
+ * kvt_batch_free() never refuses here.
+ */
+typedef struct {
+    kvt_batch_h batch;
+    uint32_t gen;
+    uint32_t refs;
+    int live;
+} kvtpy_id_entry_t;
+
+typedef struct {
+    pthread_mutex_t lock;
+    kvtpy_id_entry_t *entries;
+    uint32_t *free_slots;
+    size_t nfree;
+    size_t count;
+    size_t cap;
+} kvtpy_ids_t;
+
+void kvtpy_ids_init(kvtpy_ids_t *t);
+/* Frees the table itself; the batches belong to the engine, which frees
+ * them on destruction. */
+void kvtpy_ids_fini(kvtpy_ids_t *t);
+/* A new id for @b, or 0 when out of memory. */
+uint64_t kvtpy_ids_add(kvtpy_ids_t *t, kvt_batch_h b);
+
+/*
+ * Non-blocking check of one id, with Mooncake's freeing rule applied:
+ * completed and failed ids are released, pending and timed-out ones stay.
+ * Returns the batch's kvt_batch_query() status, or KVT_ERR_NOT_FOUND for
+ * an unknown id.
+ */
+kvt_status_t kvtpy_ids_check(kvtpy_ids_t *t, uint64_t id);
+
+/* Take a reference on each of @n ids: @batches[i] is set to its batch, or
+ * NULL for an unknown id (whose @slots[i] is then unused). */
+void kvtpy_ids_acquire(kvtpy_ids_t *t, const uint64_t *ids, size_t n,
+                       kvt_batch_h *batches, uint32_t *slots);
+/* Release the ids acquired above and drop the references. Every batch
+ * must be final. */
+void kvtpy_ids_finish(kvtpy_ids_t *t, const kvt_batch_h *batches,
+                      const uint32_t *slots, size_t n);
+
+/* ---- engine.c ------------------------------------------------------------ */
+
+PyTypeObject *kvtpy_engine_type_create(PyObject *module);
+
+#endif

@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt._kvt: the module object, the TransferOpcode enum and the helpers the
+ * type implementations share (argument parsing, integer and string
+ * conversion, logging through Python's logging module).
+ */
+#include "kvtpy.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+PyObject *kvtpy_logger;
+PyTypeObject *kvtpy_notify_type;
+
+void kvtpy_log(const char *level, const char *fmt, ...)
+{
+    PyObject *type, *value, *tb, *msg, *r;
+    char buf[1024];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (kvtpy_logger == NULL)
+        return;
+    /* Logging must not eat an exception the caller is about to raise. */
+    PyErr_Fetch(&type, &value, &tb);
+    msg = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
+    if (msg != NULL) {
+        r = PyObject_CallMethod(kvtpy_logger, level, "O", msg);
+        Py_XDECREF(r);
+        Py_DECREF(msg);
+    }
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+
+int kvtpy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames, const char *const *params, int nreq,
+               int nparams, PyObject **out)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+
+    if (nargs > nparams) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes at most %d arguments (%zd given)", fname,
+                     nparams, nargs);
+        return -1;
+    }
+    for (int i = 0; i < nparams; i++)
+        out[i] = i < nargs ? args[i] : NULL;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GetItem(kwnames, k);
+        int found = 0;
+        for (int i = 0; i < nparams; i++) {
+            if (PyUnicode_CompareWithASCIIString(key, params[i]) != 0)
+                continue;
+            if (out[i] != NULL) {
+                PyErr_Format(PyExc_TypeError,
+                             "%s() got multiple values for argument '%s'",
+                             fname, params[i]);
+                return -1;
+            }
+            out[i] = args[nargs + k];
+            found = 1;
+            break;
+        }
+        if (!found) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() got an unexpected keyword argument '%U'",
+                         fname, key);
+            return -1;
+        }
+    }
+    for (int i = 0; i < nreq; i++) {
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() missing required argument '%s' (pos %d)",
+                         fname, params[i], i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int kvtpy_u64(PyObject *o, const char *what, uint64_t *v)
+{
+    PyObject *idx;
+    unsigned long long x;
+
+    if (PyLong_Check(o)) {
+        Py_INCREF(o);
+        idx = o;
+    } else {
+        idx = PyNumber_Index(o);
+        if (idx == NULL) {
+            PyObject *tn;
+            PyErr_Clear();
+            tn = PyType_GetName(Py_TYPE(o));
+            PyErr_Format(PyExc_TypeError, "%s must be an integer, not %S",
+                         what, tn ? tn : Py_None);
+            Py_XDECREF(tn);
+            return -1;
+        }
+    }
+    x = PyLong_AsUnsignedLongLong(idx);
+    Py_DECREF(idx);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_OverflowError,
+                     "%s must be an integer in [0, 2**64)", what);
+        return -1;
+    }
+    *v = (uint64_t)x;
+    return 0;
+}
+
+const char *kvtpy_cstr(PyObject *o, const char *what)
+{
+    const char *s;
+    Py_ssize_t n;
+
+    if (PyUnicode_Check(o)) {
+        s = PyUnicode_AsUTF8AndSize(o, &n);
+        if (s == NULL)
+            return NULL;
+    } else if (PyBytes_Check(o)) {
+        s = PyBytes_AsString(o);
+        n = PyBytes_Size(o);
+        if (s == NULL)
+            return NULL;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s must be str or bytes", what);
+        return NULL;
+    }
+    if ((size_t)n != strlen(s)) {
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
+        return NULL;
+    }
+    return s;
+}
+
+/*
+ * TransferOpcode as an IntEnum: Mooncake's pybind11 enum is arithmetic
+ * (usable as an int) with members Read = 0 and Write = 1, which are also
+ * kvt's KVT_OP_READ and KVT_OP_WRITE. Mooncake's documentation spells them
+ * READ and WRITE, so both spellings exist (the upper-case ones are
+ * aliases).
+ */
+static PyObject *make_opcode_enum(void)
+{
+    PyObject *mod, *intenum, *members, *kwargs = NULL, *args = NULL;
+    PyObject *r = NULL;
+
+    mod = PyImport_ImportModule("enum");
+    if (mod == NULL)
+        return NULL;
+    intenum = PyObject_GetAttrString(mod, "IntEnum");
+    Py_DECREF(mod);
+    if (intenum == NULL)
+        return NULL;
+    members = Py_BuildValue("[(si)(si)(si)(si)]", "Read", KVT_OP_READ,
+                            "Write", KVT_OP_WRITE, "READ", KVT_OP_READ,
+                            "WRITE", KVT_OP_WRITE);
+    if (members == NULL)
+        goto out;
+    args = Py_BuildValue("(sO)", "TransferOpcode", members);
+    kwargs = Py_BuildValue("{ss}", "module", "kvt");
+    if (args != NULL && kwargs != NULL)
+        r = PyObject_Call(intenum, args, kwargs);
+out:
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(members);
+    Py_DECREF(intenum);
+    return r;
+}
+
+static PyObject *status_str(PyObject *mod, PyObject *arg)
+{
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(kvt_status_str((kvt_status_t)v));
+}
+
+static PyMethodDef module_methods[] = {
+    {"status_str", status_str, METH_O,
+     "status_str(code) -> str: the message of a kvt status code (as "
+     "returned by register_memory and friends)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvt._kvt",
+    .m_doc = "kvt's CPython binding: TransferEngine with the API of "
+             "mooncake.engine.TransferEngine.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__kvt(void);
+
+PyMODINIT_FUNC PyInit__kvt(void)
+{
+    PyObject *m, *logging, *opcode = NULL;
+    PyTypeObject *engine_type = NULL;
+
+    m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    logging = PyImport_ImportModule("logging");
+    if (logging == NULL)
+        goto err;
+    Py_XDECREF(kvtpy_logger);
+    kvtpy_logger = PyObject_CallMethod(logging, "getLogger", "s", "kvt");
+    Py_DECREF(logging);
+    if (kvtpy_logger == NULL)
+        goto err;
+
+    kvtpy_notify_type = kvtpy_notify_type_create(m);
+    if (kvtpy_notify_type == NULL)
+        goto err;
+    if (PyModule_AddObjectRef(m, "TransferNotify",
+                              (PyObject *)kvtpy_notify_type) < 0)
+        goto err;
+    engine_type = kvtpy_engine_type_create(m);
+    if (engine_type == NULL)
+        goto err;
+    if (PyModule_AddObjectRef(m, "TransferEngine", (PyObject *)engine_type) <
+        0)
+        goto err;
+
+    opcode = make_opcode_enum();
+    if (opcode == NULL)
+        goto err;
+    /* Mooncake exposes the enum on the module, on the class, and (through
+     * pybind11's export_values) its members on the module. */
+    if (PyModule_AddObjectRef(m, "TransferOpcode", opcode) < 0 ||
+        PyObject_SetAttrString((PyObject *)engine_type, "TransferOpcode",
+                               opcode) < 0)
+        goto err;
+    for (int i = 0; i < 2; i++) {
+        const char *name = i == 0 ? "Read" : "Write";
+        PyObject *v = PyObject_GetAttrString(opcode, name);
+        if (v == NULL || PyModule_AddObject(m, name, v) < 0) {
+            Py_XDECREF(v);
+            goto err;
+        }
+    }
+    if (PyModule_AddIntConstant(m, "NOTIFY_MAX", KVT_NOTIFY_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "VERSION_MAJOR", KVT_VERSION_MAJOR) < 0 ||
+        PyModule_AddIntConstant(m, "VERSION_MINOR", KVT_VERSION_MINOR) < 0 ||
+        PyModule_AddIntConstant(m, "VERSION_PATCH", KVT_VERSION_PATCH) < 0)
+        goto err;
+    Py_DECREF(opcode);
+    Py_DECREF((PyObject *)engine_type);
+    return m;
+
+err:
+    Py_XDECREF(opcode);
+    Py_XDECREF((PyObject *)engine_type);
+    Py_DECREF(m);
+    return NULL;
+}
