@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The module itself: imports, Mooncake names, initialisation, local memory
+and argument checking. No peer needed."""
+
+import ctypes
+import logging
+import mmap
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import kvt
+import mooncake.engine
+from conftest import MiB, address_of, new_engine
+
+
+def interpreters():
+    """Every CPython >= 3.11 on this machine we can find: Debian's, the
+    first python3 on PATH (pyenv here), and the one running the tests."""
+    seen, found = set(), []
+    for cand in ("/usr/bin/python3", shutil.which("python3"),
+                 sys.executable):
+        if not cand or not os.path.exists(cand):
+            continue
+        real = os.path.realpath(cand)
+        # pyenv shims are scripts; resolve them to the interpreter.
+        out = subprocess.run(
+            [cand, "-c", "import sys; print(sys.executable);"
+                         "print(sys.version_info >= (3, 11))"],
+            capture_output=True, text=True)
+        if out.returncode != 0:
+            continue
+        exe, ok = out.stdout.split()
+        if ok != "True" or os.path.realpath(exe) in seen:
+            continue
+        seen.add(os.path.realpath(exe))
+        seen.add(real)
+        found.append(cand)
+    return found
+
+
+def test_abi3_module_file():
+    so = pathlib.Path(kvt._kvt.__file__)
+    assert so.name == "_kvt.abi3.so"
+
+
+@pytest.mark.parametrize("python", interpreters())
+def test_imports_in_every_interpreter(python):
+    code = ("import kvt, mooncake.engine as me\n"
+            "from mooncake.engine import TransferEngine\n"
+            "assert TransferEngine is kvt.TransferEngine\n"
+            "e = TransferEngine()\n"
+            "assert e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0\n"
+            "assert e.get_rpc_port() > 0\n"
+            "print('ok')\n")
+    out = subprocess.run([python, "-c", code], capture_output=True,
+                         text=True, env=os.environ.copy(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_mooncake_names():
+    me = mooncake.engine
+    assert me.TransferEngine is kvt.TransferEngine
+    assert me.TransferNotify is kvt.TransferNotify
+    assert me.TransferOpcode is kvt.TransferOpcode
+    # pybind11's arithmetic enum: Read = 0, Write = 1, members exported
+    # to the module and the enum reachable from the class.
+    assert int(me.TransferOpcode.Read) == 0
+    assert int(me.TransferOpcode.Write) == 1
+    assert me.TransferOpcode.READ is me.TransferOpcode.Read
+    assert me.TransferOpcode.WRITE is me.TransferOpcode.Write
+    assert me.Read is me.TransferOpcode.Read
+    assert me.Write is me.TransferOpcode.Write
+    assert me.TransferEngine.TransferOpcode is me.TransferOpcode
+    assert me.SUPPORT_CUDA is False
+    n = me.TransferNotify("req", "done")
+    assert (n.name, n.msg) == ("req", "done")
+    n.msg = "changed"
+    assert n.msg == "changed"
+    assert (me.TransferNotify().name, me.TransferNotify().msg) == ("", "")
+    assert kvt.status_str(-8).startswith("remote peer refused")
+    for name in ("initialize", "initialize_ext", "get_rpc_port",
+                 "register_memory", "unregister_memory",
+                 "batch_register_memory", "batch_unregister_memory",
+                 "allocate_managed_buffer", "free_managed_buffer",
+                 "write_bytes_to_buffer", "read_bytes_from_buffer",
+                 "get_first_buffer_address", "transfer_sync_write",
+                 "transfer_sync_read", "transfer_sync",
+                 "batch_transfer_sync_write", "batch_transfer_sync_read",
+                 "batch_transfer_sync", "batch_transfer_async_write",
+                 "batch_transfer_async_read", "batch_transfer_async",
+                 "transfer_submit_write", "transfer_check_status",
+                 "get_batch_transfer_status", "get_notifies", "send_probe"):
+        assert callable(getattr(me.TransferEngine, name)), name
+
+
+def test_initialize_p2p_and_rpc_port():
+    e = kvt.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    port = e.get_rpc_port()
+    assert 0 < port < 65536
+    # A second initialize is refused; the engine keeps working.
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1
+    assert e.get_rpc_port() == port
+
+
+def test_initialize_variants(caplog):
+    # Mooncake passes device names and protocols kvt does not use; p2p
+    # ignores the port of local_hostname unless legacy binding is asked.
+    e = kvt.TransferEngine()
+    assert e.initialize("127.0.0.1:1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+    assert e.get_rpc_port() != 1
+    e = kvt.TransferEngine()
+    assert e.initialize_ext("127.0.0.1", "P2PHANDSHAKE", "tcp", "",
+                            "p2p") == 0
+    e = kvt.TransferEngine()
+    assert e.initialize_ext("127.0.0.1", "ignored:2379", None, None,
+                            "P2PHANDSHAKE") == 0
+
+
+@pytest.mark.parametrize("call", [
+    ("initialize", ("127.0.0.1", "127.0.0.1:2379", "tcp", "")),
+    ("initialize", ("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "")),
+    ("initialize", ("127.0.0.1", "http://127.0.0.1:8080/metadata", "tcp",
+                    "")),
+    ("initialize_ext", ("127.0.0.1", "127.0.0.1:6379", "tcp", "", "redis")),
+])
+def test_initialize_metadata_servers_refused(call, caplog):
+    e = kvt.TransferEngine()
+    with caplog.at_level(logging.ERROR, logger="kvt"):
+        assert getattr(e, call[0])(*call[1]) == -1
+    assert "metadata" in caplog.text
+    assert "P2PHANDSHAKE" in caplog.text
+    with pytest.raises(RuntimeError, match="not initialized"):
+        e.get_rpc_port()
+
+
+def test_uninitialized_engine_raises():
+    e = kvt.TransferEngine()
+    with pytest.raises(RuntimeError, match="initialize"):
+        e.transfer_sync_write("127.0.0.1:1", 1, 1, 1)
+    with pytest.raises(RuntimeError):
+        e.register_memory(1, 1)
+    with pytest.raises(TypeError):
+        kvt.TransferEngine("127.0.0.1")
+
+
+def test_register_and_unregister(engine):
+    bufs = [mmap.mmap(-1, 1 * MiB) for _ in range(4)]
+    a = [address_of(b) for b in bufs]
+    assert engine.register_memory(a[0], MiB) == 0
+    # Overlap and double registration are refused (negative status).
+    assert engine.register_memory(a[0], MiB) < 0
+    assert engine.register_memory(a[0] + 4096, 4096, "cpu:0") < 0
+    assert engine.unregister_memory(a[0]) == 0
+    assert engine.unregister_memory(a[0]) < 0
+    assert engine.register_memory(a[0], MiB, location="cpu:0") == 0
+    assert engine.unregister_memory(a[0]) == 0
+    # Zero length, and GPU locations, which this build cannot serve.
+    assert engine.register_memory(a[0], 0) < 0
+    assert engine.register_memory(a[0], MiB, "cuda:0") < 0
+    # Batches are all or nothing.
+    assert engine.batch_register_memory(a[1:], [MiB] * 3) == 0
+    assert engine.batch_register_memory([a[0], a[1]], [MiB, MiB]) < 0
+    assert engine.register_memory(a[0], MiB) == 0  # a[0] was left free
+    assert engine.batch_unregister_memory(a[:4]) == 0
+    assert engine.batch_unregister_memory([a[0]]) < 0
+    assert engine.batch_register_memory([a[0]], [MiB, MiB]) < 0
+    assert engine.batch_register_memory([], []) == 0
+    assert engine.batch_unregister_memory([]) == 0
+    # numpy-style integers work through __index__.
+
+    class Index:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    assert engine.register_memory(Index(a[2]), Index(MiB)) == 0
+    assert engine.unregister_memory(Index(a[2])) == 0
+
+
+def test_managed_buffer_and_bytes(engine):
+    addr = engine.allocate_managed_buffer(3 * MiB)
+    assert addr != 0 and addr % 4096 == 0
+    assert engine.read_bytes_from_buffer(addr, 4096) == bytes(4096)
+    payload = os.urandom(100000)
+    assert engine.write_bytes_to_buffer(addr, payload, len(payload)) == 0
+    assert engine.read_bytes_from_buffer(addr, len(payload)) == payload
+    assert engine.write_bytes_to_buffer(addr + 7, bytearray(b"xyz"), 2) == 0
+    assert engine.write_bytes_to_buffer(addr + 9, memoryview(b"Q"), 1) == 0
+    assert engine.write_bytes_to_buffer(addr + 10, "é", 2) == 0
+    assert engine.read_bytes_from_buffer(addr + 7, 5) == b"xyQ\xc3\xa9"
+    assert engine.read_bytes_from_buffer(addr, 0) == b""
+    # The managed buffer is registered: registering it again overlaps.
+    assert engine.register_memory(addr, 4096) < 0
+    with pytest.raises(ValueError, match="exceeds"):
+        engine.write_bytes_to_buffer(addr, b"ab", 3)
+    with pytest.raises(ValueError):
+        engine.read_bytes_from_buffer(0, 1)
+    assert engine.free_managed_buffer(addr, 3 * MiB) == 0
+    assert engine.free_managed_buffer(addr, 3 * MiB) < 0
+    assert engine.allocate_managed_buffer(0) == 0
+
+
+def test_argument_errors(engine):
+    with pytest.raises(TypeError):
+        engine.transfer_sync_write("127.0.0.1:1", "not an int", 0, 1)
+    with pytest.raises(OverflowError):
+        engine.transfer_sync_write("127.0.0.1:1", -1, 0, 1)
+    with pytest.raises(TypeError):
+        engine.transfer_sync_write(12, 1, 0, 1)
+    with pytest.raises(TypeError, match="missing"):
+        engine.transfer_sync_write("127.0.0.1:1", 1, 0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        engine.transfer_sync_write("127.0.0.1:1", 1, 0, 1, bogus=1)
+    with pytest.raises(ValueError, match="opcode"):
+        engine.transfer_sync("127.0.0.1:1", 1, 0, 1, 7)
+    with pytest.raises(TypeError):
+        engine.batch_transfer_sync_write("127.0.0.1:1", 5, [0], [1])
+    with pytest.raises(TypeError):
+        engine.get_batch_transfer_status(3)
+    with pytest.raises(ValueError, match="too long"):
+        engine.send_notify("127.0.0.1:1",
+                           kvt.TransferNotify("n", "x" * 5000))
+    with pytest.raises(ValueError, match="NUL"):
+        engine.send_probe("127.0.0.1\0:1")
+
+
+def test_unknown_batch_ids(engine, caplog):
+    with caplog.at_level(logging.WARNING, logger="kvt"):
+        assert engine.transfer_check_status(0) == -1
+        assert engine.transfer_check_status(12345 << 32 | 7) == -1
+        assert engine.get_batch_transfer_status([0]) == -1
+    assert "unknown batch id" in caplog.text
+    assert engine.get_batch_transfer_status([]) == 0
+
+
+def test_engine_objects_are_independent():
+    engines = [new_engine() for _ in range(3)]
+    ports = {e.get_rpc_port() for e in engines}
+    assert len(ports) == 3
+    del engines
+    # Destroying engines with live memory and batches is clean.
+    e = new_engine()
+    buf = (ctypes.c_char * 4096)()
+    assert e.register_memory(ctypes.addressof(buf), 4096) == 0
+    del e
