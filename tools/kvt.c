@@ -14,6 +14,7 @@ static const struct {
 } cmds[] = {
     {"bench", kvt_cmd_bench, "measure transfers (target and initiator)"},
     {"info", kvt_cmd_info, "print version and build options"},
+    {"metad", kvt_cmd_metad, "metadata and PD bootstrap HTTP server"},
 };
 
 static void usage(FILE *f)

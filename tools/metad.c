@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt metad: the metadata and PD bootstrap server in the foreground, until
+ * SIGINT or SIGTERM. docs/metadata.md describes the routes.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kvt/kvt.h>
+
+#include "cli.h"
+#include "meta/meta.h"
+#include "meta/metad.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvt metad [--port N] [--host H] [--threads N]\n"
+            "                 [--max-body SIZE] [--max-bytes SIZE]\n"
+            "\n"
+            "Serve Mooncake's /metadata?key= routes, SGLang's /route "
+            "bootstrap routes,\n"
+            "/health and /metrics over HTTP until SIGINT or SIGTERM.\n"
+            "\n"
+            "  --port N         TCP port (default 8080; 0 picks one)\n"
+            "  --host H         address to listen on (default 0.0.0.0)\n"
+            "  --threads N      server threads (default 2)\n"
+            "  --max-body SIZE  largest request body (default 16M)\n"
+            "  --max-bytes SIZE keys and values kept at most (default 1G)\n");
+}
+
+/* Parse a port: 0..65535, digits only. 0 on success. */
+static int parse_port(const char *s, uint16_t *port_p)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+
+    if (*s == '\0' || *end != '\0' || v > 65535)
+        return -1;
+    *port_p = (uint16_t)v;
+    return 0;
+}
+
+int kvt_cmd_metad(int argc, char **argv)
+{
+    kvt__metad_params_t p = {0};
+    const char *host = "0.0.0.0", *v;
+    uint16_t port = 8080;
+    uint64_t size;
+    kvt__metad_t *md;
+    sigset_t sigs;
+    int sig = 0;
+
+    for (int i = 1; i < argc; i++) {
+        if (cli_flag(argv[i], "help") || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if ((v = cli_opt(argc, argv, &i, "port")) != NULL) {
+            if (parse_port(v, &port) != 0)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "host")) != NULL) {
+            host = v;
+        } else if ((v = cli_opt(argc, argv, &i, "threads")) != NULL) {
+            if (cli_parse_size(v, &size) != 0 || size < 1 || size > 64)
+                goto bad;
+            p.threads = (unsigned)size;
+            p.field_mask |= KVT__METAD_PARAM_THREADS;
+        } else if ((v = cli_opt(argc, argv, &i, "max-body")) != NULL) {
+            if (cli_parse_size(v, &size) != 0 || size > KVT_META_VALUE_MAX)
+                goto bad;
+            p.max_body = (size_t)size;
+            p.field_mask |= KVT__METAD_PARAM_MAX_BODY;
+        } else if ((v = cli_opt(argc, argv, &i, "max-bytes")) != NULL) {
+            if (cli_parse_size(v, &size) != 0)
+                goto bad;
+            p.max_bytes = (size_t)size;
+            p.field_mask |= KVT__METAD_PARAM_MAX_BYTES;
+        } else {
+            fprintf(stderr, "kvt metad: unknown option '%s'\n\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+        continue;
+bad:
+        fprintf(stderr, "kvt metad: bad value for '%s'\n", argv[i]);
+        return 2;
+    }
+
+    /* Block the signals before the server threads start, so that they
+     * inherit the mask and only sigwait() below sees them. */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    if (kvt__metad_start(host, port, &p, &md) != KVT_OK) {
+        fprintf(stderr, "kvt metad: cannot start on %s:%u (see the log "
+                        "above)\n", host, port);
+        return 1;
+    }
+    printf("metad: listening on http://%s:%u\n", host, kvt__metad_port(md));
+    fflush(stdout);
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    kvt__metad_stop(md);
+    printf("metad: stopped (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    return 0;
+}
