@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The redis backend against a redis-server that each case starts on a
+ * free loopback port (no persistence) and stops. Skips when redis-server
+ * is not installed or hiredis was not built in.
+ */
+#include "meta_suite.h"
+
+static pid_t server;
+static uint16_t port;
+static char uri[64];
+
+static void start(void)
+{
+    char portarg[16];
+    char *argv[] = {"redis-server", "--port",     portarg, "--bind",
+                    "127.0.0.1",    "--save",     "",      "--appendonly",
+                    "no",           "--loglevel", "warning", NULL};
+
+#ifndef KVT_WITH_REDIS
+    SKIP("built without hiredis");
+#endif
+    if (!mt_have("redis-server"))
+        SKIP("redis-server is not installed");
+    for (int attempt = 0; attempt < 3; attempt++) {
+        port = mt_free_port();
+        snprintf(portarg, sizeof(portarg), "%u", port);
+        server = mt_spawn(argv, NULL);
+        if (mt_wait_port(port, server, 10000) == 0)
+            break;
+        mt_stop(server, 100);
+        server = 0;
+    }
+    CHECK(server > 0);
+    snprintf(uri, sizeof(uri), "redis://127.0.0.1:%u", port);
+}
+
+static void stop(void)
+{
+    mt_stop(server, 2000);
+}
+
+static void redis_vanish(kvt__meta_t *other, const char *key)
+{
+    CHECK_OK(kvt__meta_del(other, key));
+}
+
+KVT_TEST(roundtrip)
+{
+    start();
+    ms_roundtrip(uri);
+    stop();
+}
+
+KVT_TEST(database)
+{
+    char u[80];
+    kvt__meta_t *a, *b;
+
+    start();
+    snprintf(u, sizeof(u), "redis://127.0.0.1:%u/3", port);
+    a = ms_open(u, 10);
+    b = ms_open(uri, 10);
+    CHECK_OK(kvt__meta_put(a, "kvt/test/db", "3", 1));
+    ms_expect(a, "kvt/test/db", "3", 1);
+    ms_expect_missing(b, "kvt/test/db");
+    kvt__meta_destroy(a);
+    kvt__meta_destroy(b);
+    stop();
+}
+
+KVT_TEST(segdesc)
+{
+    start();
+    ms_segdesc(uri);
+    stop();
+}
+
+KVT_TEST(refresh)
+{
+    start();
+    ms_refresh(uri, redis_vanish);
+    stop();
+}
+
+KVT_TEST(liveness)
+{
+    start();
+    ms_liveness(uri, 2, 500);
+    stop();
+}
+
+KVT_TEST(threads)
+{
+    start();
+    ms_threads(uri);
+    stop();
+}
+
+/* The server restarts under a kept connection: the next call reconnects. */
+KVT_TEST(reconnect)
+{
+    kvt__meta_t *m;
+    char portarg[16];
+    char *argv[] = {"redis-server", "--port", portarg, "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", NULL};
+
+    start();
+    m = ms_open(uri, 10);
+    CHECK_OK(kvt__meta_put(m, "kvt/test/r", "1", 1));
+    stop();
+    CHECK(kvt__meta_put(m, "kvt/test/r", "2", 1) != KVT_OK);
+    snprintf(portarg, sizeof(portarg), "%u", port);
+    server = mt_spawn(argv, NULL);
+    CHECK(mt_wait_port(port, server, 10000) == 0);
+    CHECK_OK(kvt__meta_put(m, "kvt/test/r", "3", 1));
+    ms_expect(m, "kvt/test/r", "3", 1);
+    kvt__meta_destroy(m);
+    stop();
+}
+
+KVT_TEST(unreachable)
+{
+    char u[64];
+#ifndef KVT_WITH_REDIS
+    SKIP("built without hiredis");
+#endif
+    snprintf(u, sizeof(u), "redis://127.0.0.1:%u", mt_free_port());
+    ms_unreachable(u);
+}
+
+KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(database, 60),
+              KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
+              KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
+              KVT_CASE(reconnect, 60), KVT_CASE(unreachable, 30))
