@@ -129,14 +129,19 @@ static void owned_free(kvt__meta_owned_t *o)
 
 void kvt__meta_destroy(kvt__meta_t *m)
 {
+    kvt_status_t down = KVT_OK;
+
     if (m == NULL)
         return;
     heartbeat_stop(m);
     pthread_mutex_lock(&m->lock);
     for (size_t i = 0; i < m->nowned; i++) {
-        kvt_status_t st = KVT_OK;
-        if (m->ops->del != NULL)
+        kvt_status_t st = down ? down : KVT_OK;
+        if (m->ops->del != NULL && !down)
             st = m->ops->del(m, m->owned[i].key);
+        /* One wait for a dead server, not one per key. */
+        if (kvt__meta_is_down(st))
+            down = st;
         if (st != KVT_OK && st != KVT_ERR_NOT_FOUND)
             KVT_LOG_W("could not withdraw metadata key '%s' (%s): it "
                       "expires within %u s",
@@ -369,7 +374,9 @@ kvt_status_t kvt__meta_publish(kvt__meta_t *m, const char *key,
         m->owned = no;
     }
     st = m->ops->put(m, key, fresh.val, len, 1);
-    if (st != KVT_OK)
+    /* The server being down or failing is what the refresh is for: the
+     * key stays owned and the next refresh tries again. */
+    if (st != KVT_OK && !kvt__meta_is_down(st) && st != KVT_ERR_IO)
         goto err_unlock;
     if (i >= 0) {
         owned_free(&m->owned[i]);
@@ -378,7 +385,7 @@ kvt_status_t kvt__meta_publish(kvt__meta_t *m, const char *key,
         m->owned[m->nowned++] = fresh;
     }
     pthread_mutex_unlock(&m->lock);
-    return KVT_OK;
+    return st;
 
 err_unlock:
     pthread_mutex_unlock(&m->lock);

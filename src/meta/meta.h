@@ -123,8 +123,9 @@ kvt_status_t kvt__meta_create(const char *uri,
 
 /*
  * Stop the heartbeat thread if any, delete every key this handle still
- * publishes (best effort, each bounded by the timeout), close connections
- * and free the handle. NULL does nothing. Must not race with other calls on
+ * publishes (best effort, each bounded by the timeout; after the first
+ * sign that the server is down the rest are left to expire), close
+ * connections and free the handle. NULL does nothing. Must not race with other calls on
  * the handle.
  */
 void kvt__meta_destroy(kvt__meta_t *m);
@@ -175,8 +176,10 @@ void kvt__meta_list_free(char **keys, size_t n);
  * later refreshes keep it alive and re-create it if it vanished (after a
  * server restart, a lease lost in a partition). Publishing an owned key
  * again replaces its value. At most 1024 keys per handle
- * (KVT_ERR_NO_SPACE beyond). Same errors as kvt__meta_put(); on error the
- * key is not owned.
+ * (KVT_ERR_NO_SPACE beyond). Same errors as kvt__meta_put(). When the
+ * server cannot be reached, answers late or fails (KVT_ERR_UNREACHABLE,
+ * KVT_ERR_TIMEDOUT, KVT_ERR_IO) the key is owned all the same, so that
+ * the next refresh stores it; on any other error it is not owned.
  */
 kvt_status_t kvt__meta_publish(kvt__meta_t *m, const char *key,
                                const void *value, size_t len);

@@ -80,6 +80,30 @@ KVT_TEST(unreachable)
     ms_unreachable(u);
 }
 
+/* Published before the server is up: the refresh stores it later. */
+KVT_TEST(late_server)
+{
+    uint16_t port = mt_free_port();
+    kvt__meta_t *m, *other;
+
+#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||             \
+    !defined(KVT_WITH_JSON)
+    SKIP("built without libcurl, libmicrohttpd or json-c");
+#endif
+    snprintf(uri, sizeof(uri), "http://127.0.0.1:%u", port);
+    m = ms_open(uri, 10);
+    CHECK_ST(kvt__meta_publish(m, "kvt/test/late", "v", 1),
+             KVT_ERR_UNREACHABLE);
+    CHECK_OK(kvt__metad_start("127.0.0.1", port, NULL, &server));
+    CHECK_OK(kvt__meta_refresh(m));
+    other = ms_open(uri, 10);
+    ms_expect(other, "kvt/test/late", "v", 1);
+    kvt__meta_destroy(m);
+    ms_expect_missing(other, "kvt/test/late");
+    kvt__meta_destroy(other);
+    kvt__metad_stop(server);
+}
+
 /* A server that ignores ?ttl= (a plain Mooncake server) still works. */
 KVT_TEST(server_without_ttl)
 {
@@ -158,5 +182,6 @@ KVT_TEST(p2p_not_applicable)
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(explicit_path, 60),
               KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
               KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
-              KVT_CASE(unreachable, 30), KVT_CASE(server_without_ttl, 30),
+              KVT_CASE(unreachable, 30), KVT_CASE(late_server, 30),
+              KVT_CASE(server_without_ttl, 30),
               KVT_CASE(p2p_not_applicable, 10))

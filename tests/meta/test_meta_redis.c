@@ -119,6 +119,36 @@ KVT_TEST(reconnect)
     stop();
 }
 
+/* Published before the server is up: the refresh stores it later. */
+KVT_TEST(late_server)
+{
+    kvt__meta_t *m, *other;
+    char portarg[16];
+    char *argv[] = {"redis-server", "--port", portarg, "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", NULL};
+
+#ifndef KVT_WITH_REDIS
+    SKIP("built without hiredis");
+#endif
+    if (!mt_have("redis-server"))
+        SKIP("redis-server is not installed");
+    port = mt_free_port();
+    snprintf(uri, sizeof(uri), "redis://127.0.0.1:%u", port);
+    m = ms_open(uri, 10);
+    CHECK_ST(kvt__meta_publish(m, "kvt/test/late", "v", 1),
+             KVT_ERR_UNREACHABLE);
+    snprintf(portarg, sizeof(portarg), "%u", port);
+    server = mt_spawn(argv, NULL);
+    CHECK(mt_wait_port(port, server, 10000) == 0);
+    CHECK_OK(kvt__meta_refresh(m));
+    other = ms_open(uri, 10);
+    ms_expect(other, "kvt/test/late", "v", 1);
+    kvt__meta_destroy(m);
+    ms_expect_missing(other, "kvt/test/late");
+    kvt__meta_destroy(other);
+    stop();
+}
+
 KVT_TEST(unreachable)
 {
     char u[64];
@@ -132,4 +162,5 @@ KVT_TEST(unreachable)
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(database, 60),
               KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
               KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
-              KVT_CASE(reconnect, 60), KVT_CASE(unreachable, 30))
+              KVT_CASE(reconnect, 60), KVT_CASE(late_server, 60),
+              KVT_CASE(unreachable, 30))
