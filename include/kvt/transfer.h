@@ -168,6 +168,11 @@ KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine,
  * and none queued, sleeps up to that long for one. Returns KVT_OK (also
  * with zero taken after the timeout). The queue holds at most 65536
  * notifications; beyond that the oldest are dropped and counted in the log.
+ *
+ * Memory ordering: the calling thread is ordered after every remote write
+ * that had landed in this engine's memory before the call, so the bytes
+ * of the writes a notification vouches for are visible to it. A call with
+ * @max 0 is such a barrier alone.
  */
 KVT_API kvt_status_t kvt_notify_recv(kvt_engine_h engine, kvt_notify_t *out,
                                      size_t max, size_t *count_p,

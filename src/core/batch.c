@@ -241,6 +241,9 @@ kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
         return KVT_ERR_INVALID_PARAM;
     if (timeout_ms >= 0)
         deadline = kvt__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    if (b->hint != NULL && !b->hint_multi && b->hint_ops->wait != NULL &&
+        atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
+        b->hint_ops->wait(b->hint, b, timeout_ms >= 0 ? deadline : 0);
     for (;;) {
         uint32_t p = atomic_load_explicit(&b->pending, memory_order_acquire);
         int64_t left = -1;
@@ -273,6 +276,9 @@ kvt_status_t kvt_batch_reset(kvt_batch_h b)
         return KVT_ERR_BUSY;
     drain_completers(b);
     b->used = 0;
+    b->hint = NULL;
+    b->hint_ops = NULL;
+    b->hint_multi = 0;
     atomic_store(&b->failed, 0);
     atomic_store(&b->first_error, 0);
     return KVT_OK;

@@ -174,6 +174,10 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     if (e->seg_name[0] == '\0')
         snprintf(e->seg_name, sizeof(e->seg_name),
                  strchr(e->host, ':') ? "[%s]:%u" : "%s:%u", e->host, e->port);
+    /* The name is final before any worker can answer a peer. */
+    st = kvt__tcp_start(e->tcp);
+    if (st != KVT_OK)
+        goto err_tcp;
     KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
               "transfer timeout %.1f s",
               e->seg_name, e->num_workers, e->conns_per_peer,
@@ -181,6 +185,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     *engine_p = e;
     return KVT_OK;
 
+err_tcp:
+    kvt__tcp_destroy(e->tcp);
 err_locks:
     pthread_cond_destroy(&e->nq_cond);
     pthread_mutex_destroy(&e->alloc_lock);
@@ -471,6 +477,8 @@ kvt_status_t kvt_notify_recv(kvt_engine_h e, kvt_notify_t *out, size_t max,
 
     if (e == NULL || count_p == NULL || (out == NULL && max > 0))
         return KVT_ERR_INVALID_PARAM;
+    /* Pairs with the release after each landed write. */
+    (void)atomic_load_explicit(&e->landed, memory_order_acquire);
     pthread_mutex_lock(&e->nq_lock);
     if (e->nq_head == NULL && timeout_ms > 0 && max > 0) {
         struct timespec ts;

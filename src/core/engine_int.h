@@ -38,11 +38,29 @@ struct kvt_batch {
     /* Completions running right now; free waits for it to drain so that a
      * completer never touches a freed batch after the last decrement. */
     _Atomic uint32_t busy;
+    /* Where this batch's frames went, if all to one place: the
+     * transport's wait() can then make progress from the waiting thread.
+     * Touched by the submitting thread only. */
+    const kvt__transport_ops_t *hint_ops;
+    void *hint;
+    int hint_multi;
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
 
 /* Completes @count pieces of slot @index with @status (KVT_OK or error). */
 void kvt__slot_done(kvt_batch_h batch, uint32_t index, kvt_status_t status);
+
+/* Records where a submission went (see struct kvt_batch); NULL ops: the
+ * batch must not be waited on through a transport. */
+static inline void kvt__batch_hint(kvt_batch_h b,
+                                   const kvt__transport_ops_t *ops,
+                                   void *hint)
+{
+    if (ops == NULL || (b->hint != NULL && b->hint != hint))
+        b->hint_multi = 1;
+    b->hint_ops = ops;
+    b->hint = hint;
+}
 
 /* Marks the start and the end of a run of completions on @batch. */
 static inline void kvt__batch_enter(kvt_batch_h b)
@@ -83,6 +101,10 @@ struct kvt__transport_ops {
     kvt_status_t (*submit)(kvt__session_t *s, kvt_batch_h batch,
                            const kvt_xfer_desc_t *descs, const uint32_t *idx,
                            size_t n, size_t slot_base);
+    /* Optional: make progress from a thread waiting on @batch, whose
+     * frames all went to @hint, until nothing is pending or @deadline_ns
+     * (0: none). KVT_ERR_AGAIN: sleep on the batch instead. */
+    kvt_status_t (*wait)(void *hint, kvt_batch_h batch, uint64_t deadline_ns);
     /* Fail everything in flight with @why and refuse new work. */
     void (*kill)(kvt__session_t *s, kvt_status_t why);
     /* Free the session; the engine calls it once nothing can reach it. */
@@ -135,6 +157,11 @@ struct kvt_engine {
     pthread_mutex_t alloc_lock;
     kvt__alloc_t *allocs;
 
+    /* Bumped (release) after every inbound write has landed; read
+     * (acquire) by kvt_notify_recv(), so a thread that learns of a
+     * transfer through a notification sees its bytes. */
+    _Atomic uint64_t landed;
+
     _Atomic int stopping;
 };
 
@@ -159,7 +186,10 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
 
 /* ---- TCP transport (src/transport/tcp) ---------------------------------- */
 
+/* Binds the listener (e->port is set to the bound port); no thread runs
+ * until kvt__tcp_start(). */
 kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p);
+kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp);
 /* Stops the workers after failing everything with KVT_ERR_CANCELED. */
 void kvt__tcp_stop(kvt__tcp_t *tcp);
 void kvt__tcp_destroy(kvt__tcp_t *tcp);

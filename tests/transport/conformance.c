@@ -542,8 +542,9 @@ KVT_TEST(other_peer_unaffected)
     kvt_segment_t seg2;
     kvt_xfer_desc_t *d1 = calloc(N, sizeof(*d1)), *d2 = calloc(N, sizeof(*d2));
     kvt_batch_h b1, b2;
-    setup(&f, 64 * BLK, 0);
+    /* Fork both peers before this process has threads. */
     CHECK(peer_start(&p2, &o) == 0);
+    setup(&f, 64 * BLK, 0);
     CHECK_OK(kvt_segment_open(f.e, p2.segment, &seg2));
     pattern_fill(f.local, 64 * BLK, 61, 0);
     for (int i = 0; i < N; i++) {

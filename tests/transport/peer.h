@@ -38,7 +38,7 @@ static inline uint8_t pattern_byte(uint64_t seed, uint64_t i)
 {
     uint64_t x = (i >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
     x ^= x >> 31;
-    return (uint8_t)(x >> (8 * (i & 7)));
+    return (uint8_t)(x >> (8 * (i & 7))); /* byte i%8 of a little-endian word */
 }
 
 void pattern_fill(void *buf, uint64_t len, uint64_t seed, uint64_t off);

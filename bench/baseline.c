@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The machine's own ceilings, measured beside kvt in the same run so that
+ * ratios hold on a noisy machine.
+ *   baseline tcp-stream SECONDS BLOCK  one sender, one receiver process,
+ *                                      loopback, large socket buffers,
+ *                                      BLOCK-sized send() calls: GB/s
+ *   baseline tcp-pingpong COUNT        64-byte round trips: median us
+ *   baseline memcpy MIB BLOCK          single-thread memcpy between two
+ *                                      512 MiB buffers: GB/s
+ *   baseline cma MIB BLOCK             process_vm_writev into another
+ *                                      process: GB/s
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define AREA (256ul << 20)
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static size_t size_arg(const char *s)
+{
+    char *e;
+    double v = strtod(s, &e);
+    switch (*e) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1048576; break;
+    case 'G': case 'g': v *= 1073741824.0; break;
+    default: break;
+    }
+    return (size_t)v;
+}
+
+static char *touched(size_t n)
+{
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(2);
+    }
+    for (size_t i = 0; i < n; i += 4096)
+        p[i] = (char)i;
+    return p;
+}
+
+static int pair(int *a, int *b, int big)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1, buf = 8 << 20;
+    if (bind(ls, (void *)&sa, sizeof(sa)) || listen(ls, 1) ||
+        getsockname(ls, (void *)&sa, &sl))
+        return -1;
+    *a = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(*a, (void *)&sa, sizeof(sa)))
+        return -1;
+    *b = accept(ls, NULL, NULL);
+    close(ls);
+    for (int i = 0; i < 2; i++) {
+        int fd = i ? *b : *a;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (big) {
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+        }
+    }
+    return 0;
+}
+
+static int cmp(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "tcp-stream") == 0) {
+        double secs = atof(argv[2]), t0, t;
+        size_t blk = size_arg(argv[3]), sent = 0, off = 0;
+        int a, b;
+        char *src;
+        if (pair(&a, &b, 1))
+            return 2;
+        if (fork() == 0) {
+            char *sink = touched(AREA);
+            size_t pos = 0;
+            ssize_t n;
+            close(a);
+            while ((n = recv(b, sink + pos, 1 << 20, 0)) > 0)
+                pos = (pos + (size_t)n) % (AREA - (1 << 20));
+            _exit(0);
+        }
+        close(b);
+        src = touched(AREA);
+        t0 = now();
+        while ((t = now()) - t0 < secs) {
+            for (size_t done = 0; done < blk;) {
+                ssize_t n = send(a, src + off + done, blk - done, 0);
+                if (n <= 0)
+                    return 2;
+                done += (size_t)n;
+            }
+            sent += blk;
+            off = (off + blk) % (AREA - blk);
+        }
+        close(a);
+        wait(NULL);
+        printf("%.3f\n", (double)sent / (t - t0) / 1e9);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "tcp-pingpong") == 0) {
+        int n = atoi(argv[2]), a, b;
+        double *lat = malloc((size_t)n * sizeof(double));
+        char m[64] = {0};
+        if (pair(&a, &b, 0))
+            return 2;
+        if (fork() == 0) {
+            close(a);
+            while (recv(b, m, 64, MSG_WAITALL) == 64)
+                send(b, m, 64, 0);
+            _exit(0);
+        }
+        close(b);
+        for (int i = 0; i < n; i++) {
+            double t = now();
+            send(a, m, 64, 0);
+            recv(a, m, 64, MSG_WAITALL);
+            lat[i] = (now() - t) * 1e6;
+        }
+        close(a);
+        wait(NULL);
+        qsort(lat, (size_t)n, sizeof(double), cmp);
+        printf("%.2f\n", lat[n / 2]);
+        return 0;
+    }
+    if (argc == 4 && (strcmp(argv[1], "memcpy") == 0 ||
+                      strcmp(argv[1], "cma") == 0)) {
+        size_t total = size_arg(argv[2]) << 20, blk = size_arg(argv[3]);
+        size_t len = 512ul << 20, off = 0, done = 0;
+        char *src = touched(len);
+        double t0;
+        if (strcmp(argv[1], "memcpy") == 0) {
+            char *dst = touched(len);
+            t0 = now();
+            for (; done < total; done += blk, off = (off + blk) % (len - blk))
+                memcpy(dst + off, src + off, blk);
+            printf("%.3f\n", (double)total / (now() - t0) / 1e9);
+            return 0;
+        }
+        int fd[2];
+        pid_t pid;
+        void *dst;
+        if (pipe(fd))
+            return 2;
+        pid = fork();
+        if (pid == 0) {
+            void *p = touched(len);
+            if (write(fd[1], &p, sizeof(p)) != sizeof(p))
+                _exit(1);
+            pause();
+            _exit(0);
+        }
+        if (read(fd[0], &dst, sizeof(dst)) != sizeof(dst))
+            return 2;
+        t0 = now();
+        for (; done < total; done += blk, off = (off + blk) % (len - blk)) {
+            struct iovec l = {src + off, blk}, r = {(char *)dst + off, blk};
+            if (process_vm_writev(pid, &l, 1, &r, 1, 0) != (ssize_t)blk) {
+                perror("process_vm_writev");
+                kill(pid, SIGKILL);
+                return 2;
+            }
+        }
+        t0 = now() - t0;
+        kill(pid, SIGKILL);
+        wait(NULL);
+        printf("%.3f\n", (double)total / t0 / 1e9);
+        return 0;
+    }
+    fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
+    return 2;
+}
