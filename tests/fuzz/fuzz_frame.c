@@ -53,8 +53,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     case KVT_WIRE_WRITE_ACK:
     case KVT_WIRE_READ_RESP:
-        kvt__wire_fails_decode(body, blen, (uint32_t)(h.req_id % 5000), fail_cb,
-                               st);
+        /* A piece count the failure list is checked against; the array
+         * holds the largest one a frame can have. */
+        kvt__wire_fails_decode(body, blen,
+                               (uint32_t)(h.req_id % (KVT_WIRE_MAX_PIECES + 1)),
+                               fail_cb, st);
         break;
     case KVT_WIRE_HELLO:
         if (kvt__wire_hello_decode(body, blen, &hello) == KVT_OK &&
