@@ -362,9 +362,10 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
 
     /* Handshake without holding the table lock; another thread may open
      * the same name meanwhile, and the first to finish wins. */
-    st = kvt__tcp_open(e->tcp, name, &s);
+    st = kvt__tcp_open(e->tcp, name, name, &s);
     if (st != KVT_OK)
         return st;
+    kvt__transport_select(e, s, &s);
     pthread_mutex_lock(&e->sess_lock);
     other = find_by_name_locked(e, name);
     s->id = ++e->next_seg_id;
@@ -397,7 +398,7 @@ kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
     if (s == NULL)
         return KVT_ERR_NOT_FOUND;
     if (refresh) {
-        st = kvt__tcp_query(e->tcp, s->name, &fresh);
+        st = kvt__tcp_query(e->tcp, s->name, s->addr, &fresh);
         if (st != KVT_OK)
             return st;
         pthread_mutex_lock(&s->desc_lock);

@@ -81,6 +81,7 @@ struct kvt__session {
     const kvt__transport_ops_t *ops;
     kvt_segment_t id;
     char name[KVT_WIRE_NAME_MAX + 1];
+    char addr[KVT_WIRE_NAME_MAX + 1]; /* host:port of its listener */
     /* 0 while usable; the status that ended it otherwise. */
     _Atomic int32_t dead;
     int evicted; /* under the engine's sess_lock */
@@ -193,12 +194,25 @@ kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp);
 /* Stops the workers after failing everything with KVT_ERR_CANCELED. */
 void kvt__tcp_stop(kvt__tcp_t *tcp);
 void kvt__tcp_destroy(kvt__tcp_t *tcp);
-/* Connect, handshake and fetch the descriptor: a new session. Blocks at
- * most the connect timeout. */
+/* Connect to @addr (host:port), handshake and fetch the descriptor: a
+ * new session named @name. Blocks at most the connect timeout. */
 kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
-                           kvt__session_t **s_p);
+                           const char *addr, kvt__session_t **s_p);
 /* Fetch a peer's descriptor over a short-lived control connection. */
 kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
-                            kvt__segdesc_t *desc);
+                            const char *addr, kvt__segdesc_t *desc);
+
+/* ---- Transport selection (src/transport/select.c) ----------------------- */
+
+/*
+ * Given a freshly opened TCP session @tcp to a peer (its descriptor
+ * fetched), choose the transport the engine will use for it and return
+ * the session to register in *s_p: @tcp itself, or a session of another
+ * transport that takes @tcp over (and destroys it with itself). Never
+ * fails the open: a transport that cannot be set up falls back to TCP
+ * and says so once in the log.
+ */
+void kvt__transport_select(kvt_engine_h e, kvt__session_t *tcp,
+                           kvt__session_t **s_p);
 
 #endif

@@ -1830,9 +1830,11 @@ err:
     return st;
 }
 
-static kvt_status_t dial(kvt__tcp_t *tcp, const char *name, uint64_t session,
-                         uint32_t index, uint32_t nconns, uint64_t deadline,
-                         int *fd_p)
+/* Connect to @addr ("host:port") and handshake; @name is the peer's
+ * segment name, for messages. */
+static kvt_status_t dial(kvt__tcp_t *tcp, const char *name, const char *addr,
+                         uint64_t session, uint32_t index, uint32_t nconns,
+                         uint64_t deadline, int *fd_p)
 {
     kvt_engine_h e = tcp->e;
     char host[KVT_WIRE_NAME_MAX + 1];
@@ -1844,16 +1846,18 @@ static kvt_status_t dial(kvt__tcp_t *tcp, const char *name, uint64_t session,
     kvt_status_t st;
     int fd;
 
-    st = kvt__sock_split_hostport(name, host, sizeof(host), &port);
+    st = kvt__sock_split_hostport(addr, host, sizeof(host), &port);
     if (st != KVT_OK) {
-        KVT_LOG_E("segment name '%s' is not host:port", name);
+        KVT_LOG_E("address '%s' of segment '%s' is not host:port", addr,
+                  name);
         return st;
     }
     if (now >= deadline)
         return KVT_ERR_TIMEDOUT;
     st = kvt__sock_connect(host, port, (deadline - now) / 1000000 + 1, &fd);
     if (st != KVT_OK) {
-        KVT_LOG_W("cannot connect to %s: %s", name, kvt_status_str(st));
+        KVT_LOG_W("cannot connect to %s (%s): %s", name, addr,
+                  kvt_status_str(st));
         return st;
     }
     kvt__sock_tune(fd, e->timeout_ns / 1000000);
@@ -1889,13 +1893,13 @@ static kvt_status_t query_desc(int fd, const char *name, uint64_t deadline,
 }
 
 kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
-                            kvt__segdesc_t *desc)
+                            const char *addr, kvt__segdesc_t *desc)
 {
     uint64_t deadline = kvt__now_ns() + tcp->e->connect_timeout_ms * 1000000;
     kvt_status_t st;
     int fd;
 
-    st = dial(tcp, name, 0, 0, 1, deadline, &fd);
+    st = dial(tcp, name, addr, 0, 0, 1, deadline, &fd);
     if (st != KVT_OK)
         return st;
     st = query_desc(fd, name, deadline, desc);
@@ -1904,7 +1908,7 @@ kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
 }
 
 kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
-                           kvt__session_t **s_p)
+                           const char *addr, kvt__session_t **s_p)
 {
     kvt_engine_h e = tcp->e;
     uint64_t deadline = kvt__now_ns() + e->connect_timeout_ms * 1000000;
@@ -1919,6 +1923,7 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
     s->base.engine = e;
     s->base.ops = &tcp_ops;
     snprintf(s->base.name, sizeof(s->base.name), "%s", name);
+    snprintf(s->base.addr, sizeof(s->base.addr), "%s", addr);
     pthread_mutex_init(&s->base.desc_lock, NULL);
     pthread_mutex_init(&s->lock, NULL);
     s->tcp = tcp;
@@ -1926,7 +1931,7 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
 
     for (i = 0; i < s->nconns; i++) {
         int fd;
-        st = dial(tcp, name, sid, i, s->nconns, deadline, &fd);
+        st = dial(tcp, name, addr, sid, i, s->nconns, deadline, &fd);
         if (st != KVT_OK)
             goto err_close;
         if (i == 0) {
