@@ -166,9 +166,11 @@ static inline int mt_http(uint16_t port, const char *method,
         n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n",
                       len);
     n += snprintf(head + n, cap - (size_t)n, "\r\n");
-    if (mt_send_all(fd, head, (size_t)n) == 0 &&
-        (body == NULL || mt_send_all(fd, body, len) == 0))
-        code = mt_read_resp(fd, r);
+    /* A server may answer and close before taking all we send (413, 414,
+     * 431): the answer is read all the same. */
+    if (mt_send_all(fd, head, (size_t)n) == 0 && body != NULL)
+        mt_send_all(fd, body, len);
+    code = mt_read_resp(fd, r);
     close(fd);
 out:
     free(head);
