@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
+#include "meta/meta.h"
 #include "util/log.h"
 #include "util/time.h"
 
@@ -87,12 +88,26 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
             return KVT_ERR_INVALID_PARAM;
         e->num_workers = p->num_workers;
     }
-    if ((m & KVT_ENGINE_PARAM_METADATA_URI) && p->metadata_uri &&
-        *p->metadata_uri && strcmp(p->metadata_uri, "p2p") != 0 &&
-        strcmp(p->metadata_uri, "P2PHANDSHAKE") != 0) {
-        KVT_LOG_E("metadata backend '%s' is not available in this build",
-                  p->metadata_uri);
-        return KVT_ERR_NOT_SUPPORTED;
+    if ((m & KVT_ENGINE_PARAM_METADATA_URI) && p->metadata_uri) {
+        kvt__meta_params_t mp = {0};
+        uint64_t ttl_ms = env_seconds_ms("KVT_METADATA_TTL");
+        kvt__meta_t *meta;
+        kvt_status_t st;
+
+        if (ttl_ms > 0) {
+            mp.field_mask = KVT__META_PARAM_TTL;
+            mp.ttl_s = (uint32_t)((ttl_ms + 999) / 1000);
+        }
+        st = kvt__meta_create(p->metadata_uri, &mp, &meta);
+        if (st != KVT_OK) {
+            KVT_LOG_E("metadata backend '%s': %s", p->metadata_uri,
+                      kvt_status_str(st));
+            return st;
+        }
+        if (kvt__meta_kind(meta) == KVT__META_P2P)
+            kvt__meta_destroy(meta);
+        else
+            e->meta = meta;
     }
     if (m & KVT_ENGINE_PARAM_TRANSPORTS) {
         if ((p->transports & KVT_TRANSPORT_TCP) == 0)
@@ -137,6 +152,88 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
     return KVT_OK;
 }
 
+/* ---- Publishing to a metadata backend ---------------------------------- */
+
+static kvt_status_t publish_now(kvt_engine_h e)
+{
+    kvt__segdesc_t d;
+    kvt_status_t st = kvt__engine_segdesc_fill(e, &d);
+    if (st != KVT_OK)
+        return st;
+    st = kvt__meta_publish_segdesc(e->meta, &d);
+    kvt__segdesc_clear(&d);
+    return st;
+}
+
+/*
+ * The publisher stores the descriptor again after every change of the
+ * registered regions, off the caller's thread (registration never waits
+ * for the network). Bursts of changes coalesce into one publish.
+ */
+static void *publisher_main(void *arg)
+{
+    kvt_engine_h e = arg;
+
+    pthread_mutex_lock(&e->pub_lock);
+    while (!e->pub_stop) {
+        kvt_status_t st;
+        if (!e->pub_dirty) {
+            pthread_cond_wait(&e->pub_cond, &e->pub_lock);
+            continue;
+        }
+        e->pub_dirty = 0;
+        pthread_mutex_unlock(&e->pub_lock);
+        st = publish_now(e);
+        if (st != KVT_OK)
+            KVT_LOG_W("publishing segment %s: %s (the heartbeat retries)",
+                      e->seg_name, kvt_status_str(st));
+        pthread_mutex_lock(&e->pub_lock);
+    }
+    pthread_mutex_unlock(&e->pub_lock);
+    return NULL;
+}
+
+/* First publish in the caller's thread, so that peers can look this
+ * engine up as soon as kvt_engine_create() returns (when the server is
+ * up; otherwise the heartbeat stores it once the server answers). */
+static void publish_start(kvt_engine_h e)
+{
+    kvt_status_t st = publish_now(e);
+    if (st != KVT_OK)
+        KVT_LOG_E("cannot publish segment %s to the metadata backend: %s; "
+                  "retrying in the background",
+                  e->seg_name, kvt_status_str(st));
+    st = kvt__meta_heartbeat_start(e->meta);
+    if (st != KVT_OK)
+        KVT_LOG_E("metadata heartbeat: %s", kvt_status_str(st));
+    if (pthread_create(&e->pub_thread, NULL, publisher_main, e) == 0)
+        e->pub_started = 1;
+    else
+        KVT_LOG_E("cannot start the metadata publisher thread");
+}
+
+static void publish_stop(kvt_engine_h e)
+{
+    if (!e->pub_started)
+        return;
+    pthread_mutex_lock(&e->pub_lock);
+    e->pub_stop = 1;
+    pthread_cond_signal(&e->pub_cond);
+    pthread_mutex_unlock(&e->pub_lock);
+    pthread_join(e->pub_thread, NULL);
+    e->pub_started = 0;
+}
+
+static void regions_changed(kvt_engine_h e)
+{
+    if (e->meta == NULL)
+        return;
+    pthread_mutex_lock(&e->pub_lock);
+    e->pub_dirty = 1;
+    pthread_cond_signal(&e->pub_cond);
+    pthread_mutex_unlock(&e->pub_lock);
+}
+
 kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
                                kvt_engine_h *engine_p)
 {
@@ -153,19 +250,21 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     st = apply_params(e, params);
     if (st != KVT_OK) {
         KVT_LOG_E("engine parameters: %s", kvt_status_str(st));
-        goto err_free;
+        goto err_meta;
     }
     e->host_id = host_identity();
     st = kvt__memreg_init(&e->reg);
     if (st != KVT_OK)
-        goto err_free;
+        goto err_meta;
     pthread_mutex_init(&e->sess_lock, NULL);
     pthread_mutex_init(&e->nq_lock, NULL);
     pthread_mutex_init(&e->batch_lock, NULL);
     pthread_mutex_init(&e->alloc_lock, NULL);
+    pthread_mutex_init(&e->pub_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->nq_cond, &ca);
+    pthread_cond_init(&e->pub_cond, &ca);
     pthread_condattr_destroy(&ca);
 
     st = kvt__tcp_create(e, &e->tcp);
@@ -178,6 +277,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     st = kvt__tcp_start(e->tcp);
     if (st != KVT_OK)
         goto err_tcp;
+    if (e->meta != NULL)
+        publish_start(e);
     KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
               "transfer timeout %.1f s",
               e->seg_name, e->num_workers, e->conns_per_peer,
@@ -188,13 +289,16 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
 err_tcp:
     kvt__tcp_destroy(e->tcp);
 err_locks:
+    pthread_cond_destroy(&e->pub_cond);
+    pthread_mutex_destroy(&e->pub_lock);
     pthread_cond_destroy(&e->nq_cond);
     pthread_mutex_destroy(&e->alloc_lock);
     pthread_mutex_destroy(&e->batch_lock);
     pthread_mutex_destroy(&e->nq_lock);
     pthread_mutex_destroy(&e->sess_lock);
     kvt__memreg_fini(&e->reg);
-err_free:
+err_meta:
+    kvt__meta_destroy(e->meta);
     free(e);
     return st;
 }
@@ -208,6 +312,11 @@ void kvt_engine_destroy(kvt_engine_h e)
     if (e == NULL)
         return;
     atomic_store(&e->stopping, 1);
+    /* Withdraw from the metadata backend first, so that peers stop
+     * finding this engine. */
+    publish_stop(e);
+    kvt__meta_destroy(e->meta);
+    e->meta = NULL;
     /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
     kvt__tcp_stop(e->tcp);
     for (s = e->sessions; s != NULL; s = sn) {
@@ -226,6 +335,8 @@ void kvt_engine_destroy(kvt_engine_h e)
         nn = n->next;
         free(n);
     }
+    pthread_cond_destroy(&e->pub_cond);
+    pthread_mutex_destroy(&e->pub_lock);
     pthread_cond_destroy(&e->nq_cond);
     pthread_mutex_destroy(&e->batch_lock);
     pthread_mutex_destroy(&e->nq_lock);
@@ -252,26 +363,36 @@ kvt_status_t kvt_mem_register(kvt_engine_h e, void *addr, size_t length,
     kvt_mem_region_t r = {addr, length, access, KVT_MEM_HOST};
     if (e == NULL)
         return KVT_ERR_INVALID_PARAM;
-    return kvt__memreg_add(&e->reg, &r, 1);
+    return kvt_mem_register_batch(e, &r, 1);
 }
 
 kvt_status_t kvt_mem_register_batch(kvt_engine_h e,
                                     const kvt_mem_region_t *regions,
                                     size_t count)
 {
+    kvt_status_t st;
+
     if (e == NULL)
         return KVT_ERR_INVALID_PARAM;
     for (size_t i = 0; i < count; i++)
         if (regions[i].kind != KVT_MEM_HOST)
             return KVT_ERR_NOT_SUPPORTED;
-    return kvt__memreg_add(&e->reg, regions, count);
+    st = kvt__memreg_add(&e->reg, regions, count);
+    if (st == KVT_OK)
+        regions_changed(e);
+    return st;
 }
 
 kvt_status_t kvt_mem_unregister(kvt_engine_h e, void *addr)
 {
+    kvt_status_t st;
+
     if (e == NULL || addr == NULL)
         return KVT_ERR_INVALID_PARAM;
-    return kvt__memreg_remove(&e->reg, (uint64_t)(uintptr_t)addr);
+    st = kvt__memreg_remove(&e->reg, (uint64_t)(uintptr_t)addr);
+    if (st == KVT_OK)
+        regions_changed(e);
+    return st;
 }
 
 kvt_status_t kvt_mem_unregister_batch(kvt_engine_h e, void *const *addrs,
@@ -288,19 +409,25 @@ kvt_status_t kvt_mem_unregister_batch(kvt_engine_h e, void *const *addrs,
     return first;
 }
 
+kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->name, sizeof(d->name), "%s", e->seg_name);
+    snprintf(d->host, sizeof(d->host), "%s", e->host);
+    d->port = e->port;
+    d->transports = e->transports & KVT_TRANSPORT_TCP;
+    d->host_id = e->host_id;
+    d->pid = (uint32_t)getpid();
+    return kvt__memreg_snapshot(&e->reg, &d->regions, &d->nregions);
+}
+
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
                                  size_t *len_p)
 {
-    kvt__segdesc_t d = {0};
+    kvt__segdesc_t d;
     kvt_status_t st;
 
-    snprintf(d.name, sizeof(d.name), "%s", e->seg_name);
-    snprintf(d.host, sizeof(d.host), "%s", e->host);
-    d.port = e->port;
-    d.transports = e->transports & KVT_TRANSPORT_TCP;
-    d.host_id = e->host_id;
-    d.pid = (uint32_t)getpid();
-    st = kvt__memreg_snapshot(&e->reg, &d.regions, &d.nregions);
+    st = kvt__engine_segdesc_fill(e, &d);
     if (st != KVT_OK)
         return st;
     st = kvt__segdesc_encode(&d, buf_p, len_p);
@@ -343,6 +470,7 @@ void kvt__session_evict(kvt__session_t *s)
 kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
                               kvt_segment_t *segment_p)
 {
+    char addr[KVT_WIRE_NAME_MAX + 8];
     kvt__session_t *s, *other;
     kvt_status_t st;
 
@@ -360,9 +488,26 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
     }
     pthread_mutex_unlock(&e->sess_lock);
 
+    /* Where to dial: the name itself in p2p mode, else the address the
+     * peer published. */
+    if (e->meta != NULL) {
+        kvt__segdesc_t d;
+        st = kvt__meta_lookup_segdesc(e->meta, name, &d);
+        if (st != KVT_OK) {
+            KVT_LOG_W("segment %s: metadata lookup failed: %s", name,
+                      kvt_status_str(st));
+            return st == KVT_ERR_NOT_FOUND ? KVT_ERR_UNREACHABLE : st;
+        }
+        snprintf(addr, sizeof(addr), strchr(d.host, ':') ? "[%s]:%u" : "%s:%u",
+                 d.host, d.port);
+        kvt__segdesc_clear(&d);
+    } else {
+        snprintf(addr, sizeof(addr), "%s", name);
+    }
+
     /* Handshake without holding the table lock; another thread may open
      * the same name meanwhile, and the first to finish wins. */
-    st = kvt__tcp_open(e->tcp, name, name, &s);
+    st = kvt__tcp_open(e->tcp, name, addr, &s);
     if (st != KVT_OK)
         return st;
     kvt__transport_select(e, s, &s);

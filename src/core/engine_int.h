@@ -118,6 +118,7 @@ typedef struct kvt__notify_node {
 } kvt__notify_node_t;
 
 typedef struct kvt__tcp kvt__tcp_t;
+typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 
 /* A kvt_mem_alloc() allocation. */
 typedef struct kvt__alloc {
@@ -141,6 +142,16 @@ struct kvt_engine {
 
     kvt__memreg_t reg;
     kvt__tcp_t *tcp;
+
+    /* Metadata backend; NULL in p2p mode. A publisher thread stores this
+     * engine's descriptor again whenever its regions change (pub_dirty);
+     * the backend's heartbeat keeps it alive. */
+    kvt__meta_t *meta;
+    pthread_t pub_thread;
+    int pub_started;
+    pthread_mutex_t pub_lock;
+    pthread_cond_t pub_cond;
+    int pub_dirty, pub_stop;
 
     pthread_mutex_t sess_lock;
     kvt__session_t *sessions; /* every session ever opened, live or dead */
@@ -181,6 +192,9 @@ void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
 /* Free every kvt_mem_alloc() allocation (engine teardown). */
 void kvt__alloc_free_all(kvt_engine_h e);
 
+/* Fill @d with this engine's segment descriptor (it then owns a malloc'd
+ * region array: kvt__segdesc_clear()). */
+kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d);
 /* Build this engine's segment descriptor (malloc'd encoding). */
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
                                  size_t *len_p);
