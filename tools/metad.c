@@ -83,7 +83,7 @@ int kvt_cmd_metad(int argc, char **argv)
             return 2;
         }
         continue;
-bad:
+    bad:
         fprintf(stderr, "kvt metad: bad value for '%s'\n", argv[i]);
         return 2;
     }
@@ -95,8 +95,10 @@ bad:
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     if (kvt__metad_start(host, port, &p, &md) != KVT_OK) {
-        fprintf(stderr, "kvt metad: cannot start on %s:%u (see the log "
-                        "above)\n", host, port);
+        fprintf(stderr,
+                "kvt metad: cannot start on %s:%u (see the log "
+                "above)\n",
+                host, port);
         return 1;
     }
     printf("metad: listening on http://%s:%u\n", host, kvt__metad_port(md));

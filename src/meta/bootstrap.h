@@ -25,8 +25,8 @@
 typedef struct {
     char role[KVT_BOOT_ROLE_MAX + 1]; /* "Prefill", "Decode", ... */
     uint32_t tp_size;                 /* ranks in all: tp_size or world_size */
-    uint32_t dp_size;                 /* data-parallel groups, divides tp_size */
-    uint32_t engine_rank;             /* 0..tp_size-1 */
+    uint32_t dp_size;     /* data-parallel groups, divides tp_size */
+    uint32_t engine_rank; /* 0..tp_size-1 */
     char rank_ip[KVT_META_HOST_MAX + 1];
     uint16_t rank_port;
 } kvt__boot_rank_t;

@@ -62,8 +62,7 @@ static long decode(const char *s, const char *e, char *out, size_t cap)
         int c = (unsigned char)*s;
         if (c == '%') {
             int hi, lo;
-            if (e - s < 3 || (hi = hexval(s[1])) < 0 ||
-                (lo = hexval(s[2])) < 0)
+            if (e - s < 3 || (hi = hexval(s[1])) < 0 || (lo = hexval(s[2])) < 0)
                 return -400;
             c = hi * 16 + lo;
             s += 3;

@@ -64,8 +64,7 @@ static const kvt__meta_ops_t *backend_ops(kvt__meta_kind_t kind,
 
 /* ---- Create and destroy -------------------------------------------------- */
 
-kvt_status_t kvt__meta_create(const char *uri,
-                              const kvt__meta_params_t *params,
+kvt_status_t kvt__meta_create(const char *uri, const kvt__meta_params_t *params,
                               kvt__meta_t **m_p)
 {
     kvt__meta_t *m;
@@ -297,8 +296,8 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-kvt_status_t kvt__meta_list(kvt__meta_t *m, const char *prefix,
-                            char ***keys_p, size_t *n_p)
+kvt_status_t kvt__meta_list(kvt__meta_t *m, const char *prefix, char ***keys_p,
+                            size_t *n_p)
 {
     kvt__meta_keys_t kl = {NULL, 0, 0};
     kvt_status_t st = check_call(m, NULL, 0, m && m->ops->list);
@@ -445,9 +444,8 @@ static void *heartbeat_main(void *arg)
 
         ts.tv_sec += (time_t)(interval_ms / 1000u + ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
-        while (!m->hb_stop &&
-               pthread_cond_timedwait(&m->hb_cond, &m->hb_lock, &ts) !=
-                   ETIMEDOUT)
+        while (!m->hb_stop && pthread_cond_timedwait(&m->hb_cond, &m->hb_lock,
+                                                     &ts) != ETIMEDOUT)
             ;
         if (m->hb_stop)
             break;
@@ -458,8 +456,7 @@ static void *heartbeat_main(void *arg)
             if (st != KVT_OK)
                 KVT_LOG_W("metadata heartbeat to %s failed: %s; retrying "
                           "every %llu ms",
-                          kvt__meta_kind_name(m->uri.kind),
-                          kvt_status_str(st),
+                          kvt__meta_kind_name(m->uri.kind), kvt_status_str(st),
                           (unsigned long long)interval_ms);
             else
                 KVT_LOG_I("metadata heartbeat to %s works again",
@@ -542,8 +539,7 @@ kvt_status_t kvt__meta_segment_key(const char *name, char *buf, size_t cap)
     return KVT_OK;
 }
 
-kvt_status_t kvt__meta_publish_segdesc(kvt__meta_t *m,
-                                       const kvt__segdesc_t *d)
+kvt_status_t kvt__meta_publish_segdesc(kvt__meta_t *m, const kvt__segdesc_t *d)
 {
     char key[KVT_META_KEY_MAX + 1];
     char *json;

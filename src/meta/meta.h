@@ -117,16 +117,15 @@ typedef struct {
  * parameter), KVT_ERR_NOT_SUPPORTED (backend not built in; logged),
  * KVT_ERR_NO_MEMORY.
  */
-kvt_status_t kvt__meta_create(const char *uri,
-                              const kvt__meta_params_t *params,
+kvt_status_t kvt__meta_create(const char *uri, const kvt__meta_params_t *params,
                               kvt__meta_t **m_p);
 
 /*
  * Stop the heartbeat thread if any, delete every key this handle still
  * publishes (best effort, each bounded by the timeout; after the first
  * sign that the server is down the rest are left to expire), close
- * connections and free the handle. NULL does nothing. Must not race with other calls on
- * the handle.
+ * connections and free the handle. NULL does nothing. Must not race with other
+ * calls on the handle.
  */
 void kvt__meta_destroy(kvt__meta_t *m);
 
@@ -167,8 +166,8 @@ kvt_status_t kvt__meta_del(kvt__meta_t *m, const char *key);
  * KVT_ERR_NOT_SUPPORTED for p2p and for HTTP servers that lack kvt's
  * /metadata/keys route (plain Mooncake servers).
  */
-kvt_status_t kvt__meta_list(kvt__meta_t *m, const char *prefix,
-                            char ***keys_p, size_t *n_p);
+kvt_status_t kvt__meta_list(kvt__meta_t *m, const char *prefix, char ***keys_p,
+                            size_t *n_p);
 void kvt__meta_list_free(char **keys, size_t n);
 
 /*
@@ -216,8 +215,7 @@ kvt_status_t kvt__meta_segment_key(const char *name, char *buf, size_t cap);
  * descriptor changes. Errors of kvt__segdesc_to_json() and
  * kvt__meta_publish().
  */
-kvt_status_t kvt__meta_publish_segdesc(kvt__meta_t *m,
-                                       const kvt__segdesc_t *d);
+kvt_status_t kvt__meta_publish_segdesc(kvt__meta_t *m, const kvt__segdesc_t *d);
 
 /*
  * Fetch and decode the descriptor of segment @name into @d (which then

@@ -99,9 +99,9 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
 
 kvt_status_t kvt__curl_request(kvt__curl_t *c, const char *what,
                                const char *method, const char *url,
-                               const char *ctype, const void *body,
-                               size_t len, uint64_t timeout_ms,
-                               size_t max_resp, kvt__curl_resp_t *r)
+                               const char *ctype, const void *body, size_t len,
+                               uint64_t timeout_ms, size_t max_resp,
+                               kvt__curl_resp_t *r)
 {
     CURL *e = c->easy;
     struct curl_slist *hdrs = NULL, *h;

@@ -41,9 +41,9 @@ void kvt__curl_resp_free(kvt__curl_resp_t *r);
  */
 kvt_status_t kvt__curl_request(kvt__curl_t *c, const char *what,
                                const char *method, const char *url,
-                               const char *ctype, const void *body,
-                               size_t len, uint64_t timeout_ms,
-                               size_t max_resp, kvt__curl_resp_t *r);
+                               const char *ctype, const void *body, size_t len,
+                               uint64_t timeout_ms, size_t max_resp,
+                               kvt__curl_resp_t *r);
 
 /* Percent-encode @s for a query string; free with curl_free(). NULL when
  * out of memory. */

@@ -117,10 +117,11 @@ static kvt_status_t call(kvt__meta_t *m, const char *path, json_object *req,
     kvt__curl_resp_t r;
     kvt_status_t st = KVT_ERR_NO_MEMORY;
 
-    body = req ? json_object_to_json_string_length(
-                     req, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
-                     &len)
-               : NULL;
+    body =
+        req ? json_object_to_json_string_length(
+                  req, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
+                  &len)
+            : NULL;
     if (body == NULL)
         goto err_req;
     for (unsigned i = 0; i < m->uri.nendpoints; i++) {
@@ -153,8 +154,7 @@ err_req:
 }
 
 /* Log an error answer of the gateway; returns the status for it. */
-static kvt_status_t answer_error(const char *what, long code,
-                                 json_object *resp)
+static kvt_status_t answer_error(const char *what, long code, json_object *resp)
 {
     json_object *v;
     const char *msg = "";
@@ -178,6 +178,8 @@ static int lease_missing(json_object *resp)
     return msg != NULL && strstr(msg, "lease not found") != NULL;
 }
 
+/* A new lease with the handle's TTL; etcd may round the TTL up to its
+ * minimum. */
 static kvt_status_t grant(kvt__meta_t *m)
 {
     etcd_be_t *b = m->be;
@@ -248,6 +250,8 @@ static kvt_status_t regrant(kvt__meta_t *m)
     return st;
 }
 
+/* Put, with the handle's lease when @expiring (granted on first use); a
+ * lease found gone is replaced and every owned key put again first. */
 static kvt_status_t etcd_put(kvt__meta_t *m, const char *key, const void *val,
                              size_t len, int expiring)
 {
@@ -271,6 +275,7 @@ static kvt_status_t etcd_put(kvt__meta_t *m, const char *key, const void *val,
     return st;
 }
 
+/* Range over one key; the value comes back base64 in kvs[0].value. */
 static kvt_status_t etcd_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
                              size_t *len_p)
 {
@@ -331,6 +336,7 @@ err:
     return st;
 }
 
+/* Deleterange of one key; "deleted" says whether it existed. */
 static kvt_status_t etcd_del(kvt__meta_t *m, const char *key)
 {
     json_object *req = json_object_new_object(), *resp = NULL;
@@ -352,6 +358,8 @@ static kvt_status_t etcd_del(kvt__meta_t *m, const char *key)
     return st;
 }
 
+/* A keys-only range over [prefix, prefix end), limited to one more key
+ * than the list may hold so that overflow is seen. */
 static kvt_status_t etcd_list(kvt__meta_t *m, const char *prefix,
                               kvt__meta_keys_t *out)
 {
@@ -391,15 +399,14 @@ static kvt_status_t etcd_list(kvt__meta_t *m, const char *prefix,
     }
     if (!json_object_object_get_ex(resp, "kvs", &kvs))
         goto err_resp; /* no keys */
-    for (size_t i = 0; st == KVT_OK && i < json_object_array_length(kvs);
-         i++) {
+    for (size_t i = 0; st == KVT_OK && i < json_object_array_length(kvs); i++) {
         json_object *k;
         const char *enc;
         uint8_t *dec;
         long n;
 
-        if (!json_object_object_get_ex(json_object_array_get_idx(kvs, i),
-                                       "key", &k) ||
+        if (!json_object_object_get_ex(json_object_array_get_idx(kvs, i), "key",
+                                       &k) ||
             !json_object_is_type(k, json_type_string)) {
             st = KVT_ERR_PROTOCOL;
             break;
@@ -425,6 +432,8 @@ err:
     return st;
 }
 
+/* One keep-alive of the handle's lease; a new lease and puts of every
+ * owned key when etcd no longer knows it. */
 static kvt_status_t etcd_refresh(kvt__meta_t *m)
 {
     etcd_be_t *b = m->be;
@@ -464,6 +473,8 @@ err:
     return st;
 }
 
+/* Revoke the lease (best effort: its keys were deleted already, and it
+ * expires anyway), then free the handle's state. */
 static void etcd_close(kvt__meta_t *m)
 {
     etcd_be_t *b = m->be;

@@ -95,6 +95,8 @@ static kvt_status_t bad_code(const char *method, const char *key,
     return KVT_ERR_IO;
 }
 
+/* PUT ?key=K (&ttl=S when @expiring); warns once when the server does
+ * not acknowledge the TTL. */
 static kvt_status_t http_put(kvt__meta_t *m, const char *key, const void *val,
                              size_t len, int expiring)
 {
@@ -129,6 +131,7 @@ err:
     return st;
 }
 
+/* GET ?key=K: 200 is the value, 404 not found, anything else an error. */
 static kvt_status_t http_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
                              size_t *len_p)
 {
@@ -139,8 +142,8 @@ static kvt_status_t http_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
 
     if (url == NULL)
         goto err;
-    st = kvt__curl_request(&b->curl, "http metadata", "GET", url, NULL, NULL,
-                           0, m->timeout_ms, KVT_META_VALUE_MAX, &r);
+    st = kvt__curl_request(&b->curl, "http metadata", "GET", url, NULL, NULL, 0,
+                           m->timeout_ms, KVT_META_VALUE_MAX, &r);
     if (st != KVT_OK)
         goto err_url;
     if (r.code == 404) {
@@ -172,8 +175,8 @@ static kvt_status_t http_del(kvt__meta_t *m, const char *key)
 
     if (url == NULL)
         goto err;
-    st = kvt__curl_request(&b->curl, "http metadata", "DELETE", url, NULL,
-                           NULL, 0, m->timeout_ms, 4096, &r);
+    st = kvt__curl_request(&b->curl, "http metadata", "DELETE", url, NULL, NULL,
+                           0, m->timeout_ms, 4096, &r);
     if (st != KVT_OK)
         goto err_url;
     if (r.code == 404)
@@ -217,6 +220,8 @@ err_a:
 }
 #endif
 
+/* GET PATH/keys?prefix=P, kvt metad's listing; other servers answer 404
+ * or 405, which is KVT_ERR_NOT_SUPPORTED. */
 static kvt_status_t http_list(kvt__meta_t *m, const char *prefix,
                               kvt__meta_keys_t *out)
 {
@@ -228,8 +233,8 @@ static kvt_status_t http_list(kvt__meta_t *m, const char *prefix,
 
     if (url == NULL)
         goto err;
-    st = kvt__curl_request(&b->curl, "http metadata", "GET", url, NULL, NULL,
-                           0, m->timeout_ms, KVT_META_VALUE_MAX, &r);
+    st = kvt__curl_request(&b->curl, "http metadata", "GET", url, NULL, NULL, 0,
+                           m->timeout_ms, KVT_META_VALUE_MAX, &r);
     if (st != KVT_OK)
         goto err_url;
     if (r.code == 404 || r.code == 405) {

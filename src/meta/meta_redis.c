@@ -28,7 +28,8 @@ typedef struct {
 
 static struct timeval to_tv(uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000u), (suseconds_t)(ms % 1000u) * 1000};
+    struct timeval tv = {(time_t)(ms / 1000u),
+                         (suseconds_t)(ms % 1000u) * 1000};
     return tv;
 }
 
@@ -42,9 +43,8 @@ static kvt_status_t ctx_status(kvt__meta_t *m, redisContext *c, int err,
     if (err == ETIMEDOUT || err == EAGAIN || err == EWOULDBLOCK ||
         err == EINPROGRESS)
         st = KVT_ERR_TIMEDOUT;
-    else if (err == ECONNREFUSED || err == EHOSTUNREACH ||
-             err == ENETUNREACH || c == NULL || c->err == REDIS_ERR_OTHER ||
-             c->err == REDIS_ERR_EOF)
+    else if (err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH ||
+             c == NULL || c->err == REDIS_ERR_OTHER || c->err == REDIS_ERR_EOF)
         st = KVT_ERR_UNREACHABLE;
     KVT_LOG_W("redis metadata %s:%u: %s: %s", m->uri.ep[0].host,
               m->uri.ep[0].port, doing,
@@ -60,8 +60,8 @@ static void drop(redis_be_t *b)
 }
 
 /* Run one command that must answer "+OK"; used for AUTH and SELECT. */
-static kvt_status_t expect_ok(kvt__meta_t *m, redisContext *c,
-                              const char *what, redisReply *rep, int err)
+static kvt_status_t expect_ok(kvt__meta_t *m, redisContext *c, const char *what,
+                              redisReply *rep, int err)
 {
     kvt_status_t st = KVT_OK;
 
@@ -102,8 +102,7 @@ static kvt_status_t ensure(kvt__meta_t *m, redis_be_t *b)
     redisEnableKeepAlive(c);
     if (m->uri.password[0] != '\0') {
         if (m->uri.user[0] != '\0')
-            rep = redisCommand(c, "AUTH %s %s", m->uri.user,
-                               m->uri.password);
+            rep = redisCommand(c, "AUTH %s %s", m->uri.user, m->uri.password);
         else
             rep = redisCommand(c, "AUTH %s", m->uri.password);
         st = expect_ok(m, c, "AUTH", rep, errno);
@@ -151,8 +150,8 @@ static kvt_status_t command(kvt__meta_t *m, const char *what,
         err = errno;
         if (rep != NULL)
             break;
-        if (reused && (b->ctx->err == REDIS_ERR_EOF ||
-                       b->ctx->err == REDIS_ERR_IO) &&
+        if (reused &&
+            (b->ctx->err == REDIS_ERR_EOF || b->ctx->err == REDIS_ERR_IO) &&
             err != EAGAIN && err != EWOULDBLOCK) {
             drop(b);
             continue;
@@ -191,6 +190,7 @@ static void redis_close(kvt__meta_t *m)
     m->be = NULL;
 }
 
+/* SET, with EX ttl when @expiring. */
 static kvt_status_t redis_put(kvt__meta_t *m, const char *key, const void *val,
                               size_t len, int expiring)
 {
@@ -207,6 +207,7 @@ static kvt_status_t redis_put(kvt__meta_t *m, const char *key, const void *val,
     return st;
 }
 
+/* GET: a string is the value, nil is KVT_ERR_NOT_FOUND. */
 static kvt_status_t redis_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
                               size_t *len_p)
 {
@@ -221,14 +222,13 @@ static kvt_status_t redis_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
         goto err_rep;
     }
     if (rep->type != REDIS_REPLY_STRING) {
-        KVT_LOG_W("redis metadata: GET '%s' answered type %d", key,
-                  rep->type);
+        KVT_LOG_W("redis metadata: GET '%s' answered type %d", key, rep->type);
         st = KVT_ERR_PROTOCOL;
         goto err_rep;
     }
     if (rep->len > KVT_META_VALUE_MAX) {
-        KVT_LOG_W("redis metadata: value of '%s' is %zu bytes (limit %u)",
-                  key, rep->len, KVT_META_VALUE_MAX);
+        KVT_LOG_W("redis metadata: value of '%s' is %zu bytes (limit %u)", key,
+                  rep->len, KVT_META_VALUE_MAX);
         st = KVT_ERR_OVERFLOW;
         goto err_rep;
     }
@@ -289,7 +289,7 @@ static kvt_status_t redis_list(kvt__meta_t *m, const char *prefix,
             break;
         }
         st = command(m, "SCAN", &rep, "SCAN %s MATCH %b COUNT 1000", cursor,
-                      pattern, n);
+                     pattern, n);
         if (st != KVT_OK)
             break;
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||

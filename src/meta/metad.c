@@ -207,13 +207,15 @@ static void copy_value(void *arg, const uint8_t *val, size_t len)
                                               MHD_RESPMEM_MUST_COPY);
 }
 
+/* GET /metadata: the stored bytes unchanged, copied while the shard's
+ * read lock is held so that a concurrent PUT cannot tear them. */
 static enum MHD_Result metadata_get(kvt__metad_t *md, struct MHD_Connection *c,
                                     req_t *rq, const kvt__http_req_t *hr)
 {
     struct get_ctx g = {NULL};
 
-    if (kvt__kvstore_get(md->store, hr->key, hr->key_len, now_ms(),
-                         copy_value, &g) != KVT_OK)
+    if (kvt__kvstore_get(md->store, hr->key, hr->key_len, now_ms(), copy_value,
+                         &g) != KVT_OK)
         return answer(md, c, rq, 404, "metadata not found");
     if (g.resp != NULL &&
         MHD_add_response_header(g.resp, MHD_HTTP_HEADER_CONTENT_TYPE,
@@ -224,6 +226,11 @@ static enum MHD_Result metadata_get(kvt__metad_t *md, struct MHD_Connection *c,
     return send_resp(md, c, rq, 200, g.resp);
 }
 
+/*
+ * PUT /metadata: store the body under the key, with the deadline of
+ * ?ttl= when given, and acknowledge the TTL with X-Kvt-Ttl so that kvt
+ * clients know it is enforced. 507 when the byte limit would be passed.
+ */
 static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
                                     req_t *rq, const kvt__http_req_t *hr)
 {
@@ -235,8 +242,7 @@ static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
     if (hr->has_ttl && hr->ttl_s > 0)
         expires = now + (uint64_t)hr->ttl_s * 1000u;
     st = kvt__kvstore_put(md->store, hr->key, hr->key_len,
-                          rq->body ? rq->body : "", rq->body_len, expires,
-                          now);
+                          rq->body ? rq->body : "", rq->body_len, expires, now);
     if (st == KVT_ERR_NO_SPACE)
         return answer(md, c, rq, 507, "metadata store full");
     if (st != KVT_OK)
@@ -252,6 +258,16 @@ static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
     return send_resp(md, c, rq, 200, r);
 }
 
+/* DELETE /metadata: 200 when a live entry was removed, 404 otherwise. */
+static enum MHD_Result metadata_del(kvt__metad_t *md, struct MHD_Connection *c,
+                                    req_t *rq, const kvt__http_req_t *hr)
+{
+    if (kvt__kvstore_del(md->store, hr->key, hr->key_len, now_ms()) != KVT_OK)
+        return answer(md, c, rq, 404, "metadata not found");
+    return answer(md, c, rq, 200, "metadata deleted");
+}
+
+/* GET /metadata/keys: the live keys under ?prefix=, as a JSON array. */
 static enum MHD_Result metadata_keys(kvt__metad_t *md, struct MHD_Connection *c,
                                      req_t *rq, const kvt__http_req_t *hr)
 {
@@ -296,6 +312,10 @@ static enum MHD_Result metadata_keys(kvt__metad_t *md, struct MHD_Connection *c,
 
 /* ---- /route, /topology --------------------------------------------------- */
 
+/*
+ * PUT /route: validate the registration (400 with the reason), keep
+ * prefill ranks (409 on conflicting sizes), acknowledge the others.
+ */
 static enum MHD_Result route_put(kvt__metad_t *md, struct MHD_Connection *c,
                                  req_t *rq, const kvt__http_req_t *hr)
 {
@@ -322,6 +342,8 @@ static enum MHD_Result route_put(kvt__metad_t *md, struct MHD_Connection *c,
                   code == 200 ? "OK" : code_text(code));
 }
 
+/* GET /route: one rank, or the sizes for engine_rank=-1 and
+ * target_dp_group=-1, as SGLang's decode side asks. */
 static enum MHD_Result route_get(kvt__metad_t *md, struct MHD_Connection *c,
                                  req_t *rq, const kvt__http_req_t *hr)
 {
@@ -347,11 +369,12 @@ static enum MHD_Result route_del(kvt__metad_t *md, struct MHD_Connection *c,
 
     if (!hr->has_engine_rank || !hr->has_dp_group)
         return answer(md, c, rq, 400, "Missing inputs for bootstrap server.");
-    code = kvt__boot_table_del(md->boot, hr->engine_rank, hr->dp_group,
-                               now_ms());
+    code =
+        kvt__boot_table_del(md->boot, hr->engine_rank, hr->dp_group, now_ms());
     return answer(md, c, rq, (unsigned)code,
-                  code == 200 ? "OK" : code == 404 ? "Bootstrap info not Found"
-                                                   : code_text(code));
+                  code == 200   ? "OK"
+                  : code == 404 ? "Bootstrap info not Found"
+                                : code_text(code));
 }
 
 static enum MHD_Result topology(kvt__metad_t *md, struct MHD_Connection *c,
@@ -404,6 +427,11 @@ static void sb_printf(sbuf_t *sb, const char *fmt, ...)
     }
 }
 
+/*
+ * GET /metrics in Prometheus text format (version 0.0.4). Counters are
+ * read with relaxed loads: each value is exact, the set is a snapshot
+ * taken over a few microseconds.
+ */
 static enum MHD_Result metrics(kvt__metad_t *md, struct MHD_Connection *c,
                                req_t *rq)
 {
@@ -461,8 +489,8 @@ static enum MHD_Result metrics(kvt__metad_t *md, struct MHD_Connection *c,
         for (int ro = 0; ro < KVT__ROUTE_COUNT; ro++)
             for (int me = 0; me < KVT__METHOD_COUNT; me++)
                 for (unsigned co = 0; co < NCODES; co++) {
-                    uint64_t v = atomic_load_explicit(
-                        &md->requests[ro][me][co], memory_order_relaxed);
+                    uint64_t v = atomic_load_explicit(&md->requests[ro][me][co],
+                                                      memory_order_relaxed);
                     if (codes[co] >= 400 && codes[co] < 500)
                         client += v;
                     else if (codes[co] >= 500 || codes[co] == 0)
@@ -543,10 +571,10 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
 {
     kvt__http_req_t hr;
     int code = kvt__http_parse_target(rq->target, rq->target_len, &hr);
-    int read_like = rq->method == KVT__METHOD_GET ||
-                    rq->method == KVT__METHOD_HEAD;
-    int writes = rq->method == KVT__METHOD_PUT ||
-                 rq->method == KVT__METHOD_DELETE;
+    int read_like =
+        rq->method == KVT__METHOD_GET || rq->method == KVT__METHOD_HEAD;
+    int writes =
+        rq->method == KVT__METHOD_PUT || rq->method == KVT__METHOD_DELETE;
 
     rq->route = hr.route;
     if (code != 0)
@@ -565,10 +593,7 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
         if (rq->method == KVT__METHOD_PUT)
             return metadata_put(md, c, rq, &hr);
         if (rq->method == KVT__METHOD_DELETE)
-            return kvt__kvstore_del(md->store, hr.key, hr.key_len,
-                                    now_ms()) == KVT_OK
-                       ? answer(md, c, rq, 200, "metadata deleted")
-                       : answer(md, c, rq, 404, "metadata not found");
+            return metadata_del(md, c, rq, &hr);
         return metadata_get(md, c, rq, &hr);
     case KVT__ROUTE_KEYS:
         return metadata_keys(md, c, rq, &hr);
@@ -590,8 +615,8 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
 }
 
 /* Append an upload chunk, or count it as discarded past the limit. */
-static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq,
-                                  const char *data, size_t n)
+static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq, const char *data,
+                                  size_t n)
 {
     if (!rq->oversize && rq->body_len + n > md->max_body) {
         rq->oversize = 1;
@@ -622,6 +647,11 @@ static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq,
     return MHD_YES;
 }
 
+/*
+ * MHD's access handler, called at least twice per request: once when the
+ * headers are in (first_call), once per body chunk, and once when the
+ * request is complete (final_call), which answers.
+ */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
@@ -647,6 +677,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     return final_call(md, c, rq);
 }
 
+/* MHD's URI callback: the raw target, before MHD decodes anything, into
+ * a new request context (NULL when out of memory: MHD then closes). */
 static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c)
 {
     size_t n = strlen(uri);
@@ -671,6 +703,8 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c)
     return rq;
 }
 
+/* MHD's completion callback: counts requests that got no answer and frees
+ * the context. Called for every request that had one. */
 static void completed(void *cls, struct MHD_Connection *c, void **req_cls,
                       enum MHD_RequestTerminationCode toe)
 {
@@ -700,6 +734,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- Sweeper ------------------------------------------------------------- */
 
+/* Every SWEEP_INTERVAL_MS, free expired entries of both stores, so that
+ * memory and the gauges follow the TTLs; lookups never need it. */
 static void *sweeper_main(void *arg)
 {
     kvt__metad_t *md = arg;
@@ -783,9 +819,10 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
         goto err;
     }
     md->threads = (m & KVT__METAD_PARAM_THREADS) ? params->threads : 2;
-    md->max_body = (m & KVT__METAD_PARAM_MAX_BODY) ? params->max_body
-                                                    : KVT_META_VALUE_MAX;
-    if (md->threads < 1 || md->threads > 64 || md->max_body > KVT_META_VALUE_MAX) {
+    md->max_body =
+        (m & KVT__METAD_PARAM_MAX_BODY) ? params->max_body : KVT_META_VALUE_MAX;
+    if (md->threads < 1 || md->threads > 64 ||
+        md->max_body > KVT_META_VALUE_MAX) {
         KVT_LOG_E("metad: threads must be 1..64 and max_body at most %u",
                   KVT_META_VALUE_MAX);
         goto err_md;

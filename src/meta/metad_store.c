@@ -181,8 +181,8 @@ static int reserve(kvt__kvstore_t *s, size_t add, size_t sub)
 }
 
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
-                              const void *val, size_t vlen,
-                              uint64_t expires_ms, uint64_t now_ms)
+                              const void *val, size_t vlen, uint64_t expires_ms,
+                              uint64_t now_ms)
 {
     uint64_t h = hash_key(key, klen);
     shard_t *sh = shard_of(s, h);

@@ -35,8 +35,8 @@ void kvt__kvstore_destroy(kvt__kvstore_t *s);
  * limit would be passed; nothing changes), KVT_ERR_NO_MEMORY.
  */
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
-                              const void *val, size_t vlen,
-                              uint64_t expires_ms, uint64_t now_ms);
+                              const void *val, size_t vlen, uint64_t expires_ms,
+                              uint64_t now_ms);
 
 /* Call @cb with the live value of @key. KVT_OK or KVT_ERR_NOT_FOUND. */
 kvt_status_t kvt__kvstore_get(kvt__kvstore_t *s, const char *key, size_t klen,

@@ -29,11 +29,10 @@ uint64_t kvt__segdesc_compat_hash(void)
     char buf[128];
     uint64_t h = 1469598103934665603ull;
     const uint16_t probe = 1;
-    int n = snprintf(buf, sizeof(buf),
-                     "kvt wire=%d segdesc-json=%d endian=%s ptr=%zu",
-                     KVT_WIRE_VERSION_MAJOR, KVT_SEGDESC_JSON_VERSION,
-                     *(const uint8_t *)&probe ? "little" : "big",
-                     sizeof(void *));
+    int n = snprintf(
+        buf, sizeof(buf), "kvt wire=%d segdesc-json=%d endian=%s ptr=%zu",
+        KVT_WIRE_VERSION_MAJOR, KVT_SEGDESC_JSON_VERSION,
+        *(const uint8_t *)&probe ? "little" : "big", sizeof(void *));
 
     for (int i = 0; i < n; i++) {
         h ^= (unsigned char)buf[i];
@@ -122,8 +121,8 @@ kvt_status_t kvt__segdesc_to_json(const kvt__segdesc_t *d, char **json_p,
         goto err;
     }
     if (d->nregions > KVT_SEGDESC_MAX_REGIONS) {
-        KVT_LOG_E("segment descriptor with %u regions (limit %u)",
-                  d->nregions, KVT_SEGDESC_MAX_REGIONS);
+        KVT_LOG_E("segment descriptor with %u regions (limit %u)", d->nregions,
+                  KVT_SEGDESC_MAX_REGIONS);
         st = KVT_ERR_OVERFLOW;
         goto err;
     }
@@ -151,8 +150,8 @@ kvt_status_t kvt__segdesc_to_json(const kvt__segdesc_t *d, char **json_p,
     add(root, "host_id", hex64(d->host_id), &oom);
     add(root, "pid", json_object_new_int64(d->pid), &oom);
     tps = json_object_new_array();
-    for (size_t i = 0; tps != NULL && i < sizeof(transport_names) /
-                                              sizeof(transport_names[0]);
+    for (size_t i = 0; tps != NULL &&
+                       i < sizeof(transport_names) / sizeof(transport_names[0]);
          i++) {
         json_object *t;
         if ((d->transports & transport_names[i].bit) == 0)
@@ -327,8 +326,8 @@ static const char *parse_root(json_object *root, kvt__segdesc_t *d,
     strcpy(d->host, s);
     if (!json_object_object_get_ex(root, "ports", &v) ||
         !json_object_is_type(v, json_type_object) ||
-        !json_object_object_get_ex(v, "rpc", &v) ||
-        kvt__json_u64(v, &u) != 0 || u == 0 || u > 65535)
+        !json_object_object_get_ex(v, "rpc", &v) || kvt__json_u64(v, &u) != 0 ||
+        u == 0 || u > 65535)
         return "ports.rpc is not a port number";
     d->port = (uint16_t)u;
     if (parse_hex64(kvt__json_str(root, "host_id", 16), &d->host_id) != 0)

@@ -37,8 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (code == 0) {
         if ((unsigned)req.route >= KVT__ROUTE_COUNT)
             abort();
-        if (req.has_key && (req.key_len > KVT_META_KEY_MAX ||
-                            strlen(req.key) != req.key_len))
+        if (req.has_key &&
+            (req.key_len > KVT_META_KEY_MAX || strlen(req.key) != req.key_len))
             abort();
         if (req.has_prefix && (req.prefix_len > KVT_META_KEY_MAX ||
                                strlen(req.prefix) != req.prefix_len))
@@ -70,9 +70,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         n = (long)kvt__b64_encode(data, size, enc);
         free(dec);
         dec = malloc(size + 3);
-        if (dec != NULL && (kvt__b64_decode(enc, (size_t)n, dec) !=
-                                (long)size ||
-                            memcmp(dec, data, size) != 0))
+        if (dec != NULL &&
+            (kvt__b64_decode(enc, (size_t)n, dec) != (long)size ||
+             memcmp(dec, data, size) != 0))
             abort();
     }
     free(dec);

@@ -33,8 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (strcmp(a.name, b.name) != 0 || strcmp(a.host, b.host) != 0 ||
         a.port != b.port || a.transports != b.transports ||
-        a.host_id != b.host_id || a.pid != b.pid ||
-        a.nregions != b.nregions ||
+        a.host_id != b.host_id || a.pid != b.pid || a.nregions != b.nregions ||
         (a.nregions > 0 &&
          memcmp(a.regions, b.regions, a.nregions * sizeof(*a.regions)) != 0))
         abort();

@@ -170,9 +170,8 @@ static inline void ms_segdesc(const char *uri)
  * Refresh re-creates a published key that vanished; @vanish makes it
  * vanish the way this backend loses keys (delete, lost lease).
  */
-static inline void ms_refresh(const char *uri,
-                              void (*vanish)(kvt__meta_t *other,
-                                             const char *key))
+static inline void
+ms_refresh(const char *uri, void (*vanish)(kvt__meta_t *other, const char *key))
 {
     kvt__meta_t *m = ms_open(uri, 10), *other = ms_open(uri, 10);
 

@@ -125,8 +125,7 @@ static inline int mt_read_resp(int fd, mt_resp_t *r)
             CHECK(r->body != NULL);
         }
         n = recv(fd, r->body + r->len,
-                 (want - r->len < cap - r->len) ? want - r->len
-                                                : cap - r->len,
+                 (want - r->len < cap - r->len) ? want - r->len : cap - r->len,
                  0);
         if (n < 0)
             return -1;
@@ -143,12 +142,12 @@ static inline int mt_read_resp(int fd, mt_resp_t *r)
  * header lines, each ending in \r\n, or NULL. @body NULL: no body and no
  * Content-Length. Returns the status code, -1 on I/O error.
  */
-static inline int mt_http(uint16_t port, const char *method,
-                          const char *target, const char *extra,
-                          const void *body, size_t len, mt_resp_t *r)
+static inline int mt_http(uint16_t port, const char *method, const char *target,
+                          const char *extra, const void *body, size_t len,
+                          mt_resp_t *r)
 {
-    size_t cap = strlen(method) + strlen(target) +
-                 (extra ? strlen(extra) : 0) + 256;
+    size_t cap =
+        strlen(method) + strlen(target) + (extra ? strlen(extra) : 0) + 256;
     char *head = malloc(cap);
     int fd, n, code = -1;
 
@@ -163,8 +162,8 @@ static inline int mt_http(uint16_t port, const char *method,
                  "Connection: close\r\n%s",
                  method, target, extra ? extra : "");
     if (body != NULL)
-        n += snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n",
-                      len);
+        n +=
+            snprintf(head + n, cap - (size_t)n, "Content-Length: %zu\r\n", len);
     n += snprintf(head + n, cap - (size_t)n, "\r\n");
     /* A server may answer and close before taking all we send (413, 414,
      * 431): the answer is read all the same. */
@@ -178,8 +177,8 @@ out:
 }
 
 /* The same, and discard the answer: the status code only. */
-static inline int mt_code(uint16_t port, const char *method,
-                          const char *target, const void *body, size_t len)
+static inline int mt_code(uint16_t port, const char *method, const char *target,
+                          const void *body, size_t len)
 {
     mt_resp_t r;
     int code = mt_http(port, method, target, NULL, body, len, &r);

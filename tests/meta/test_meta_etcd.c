@@ -14,16 +14,15 @@ static char datadir[64];
 static void start(void)
 {
     char client[64], peer[64], cluster[80];
-    char *argv[] = {"etcd",
-                    "--name", "default",
-                    "--data-dir", datadir,
-                    "--listen-client-urls", client,
-                    "--advertise-client-urls", client,
-                    "--listen-peer-urls", peer,
-                    "--initial-advertise-peer-urls", peer,
-                    "--initial-cluster", cluster,
-                    "--log-level", "error",
-                    NULL};
+    char *argv[] = {"etcd",    "--name",
+                    "default", "--data-dir",
+                    datadir,   "--listen-client-urls",
+                    client,    "--advertise-client-urls",
+                    client,    "--listen-peer-urls",
+                    peer,      "--initial-advertise-peer-urls",
+                    peer,      "--initial-cluster",
+                    cluster,   "--log-level",
+                    "error",   NULL};
 
 #if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_JSON)
     SKIP("built without libcurl or json-c");
@@ -72,8 +71,7 @@ static void etcd_vanish(kvt__meta_t *other, const char *key)
 
     (void)other;
     (void)key;
-    CHECK(mt_http(port, "POST", "/v3/lease/leases", NULL, "{}", 2, &r) ==
-          200);
+    CHECK(mt_http(port, "POST", "/v3/lease/leases", NULL, "{}", 2, &r) == 200);
     for (p = r.body; (p = strstr(p, "\"ID\":\"")) != NULL;) {
         char body[96];
         long long id = strtoll(p + 6, NULL, 10);
@@ -129,8 +127,8 @@ KVT_TEST(failover)
     kvt__meta_t *m;
 
     start();
-    snprintf(u, sizeof(u), "etcd://127.0.0.1:%u,127.0.0.1:%u",
-             mt_free_port(), port);
+    snprintf(u, sizeof(u), "etcd://127.0.0.1:%u,127.0.0.1:%u", mt_free_port(),
+             port);
     m = ms_open(u, 10);
     CHECK_OK(kvt__meta_put(m, "kvt/test/f", "1", 1));
     ms_expect(m, "kvt/test/f", "1", 1);

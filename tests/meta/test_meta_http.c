@@ -8,13 +8,12 @@ static char uri[64];
 
 static void start(void)
 {
-#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||             \
+#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||               \
     !defined(KVT_WITH_JSON)
     SKIP("built without libcurl, libmicrohttpd or json-c");
 #endif
     CHECK_OK(kvt__metad_start("127.0.0.1", 0, NULL, &server));
-    snprintf(uri, sizeof(uri), "http://127.0.0.1:%u",
-             kvt__metad_port(server));
+    snprintf(uri, sizeof(uri), "http://127.0.0.1:%u", kvt__metad_port(server));
 }
 
 static void http_vanish(kvt__meta_t *other, const char *key)
@@ -59,7 +58,7 @@ KVT_TEST(liveness)
     uint16_t port = mt_free_port();
     pid_t pid;
 
-#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||             \
+#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||               \
     !defined(KVT_WITH_JSON)
     SKIP("built without libcurl, libmicrohttpd or json-c");
 #endif
@@ -104,7 +103,7 @@ KVT_TEST(late_server)
     uint16_t port = mt_free_port();
     kvt__meta_t *m, *other;
 
-#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||             \
+#if !defined(KVT_WITH_CURL) || !defined(KVT_WITH_HTTP_SERVER) ||               \
     !defined(KVT_WITH_JSON)
     SKIP("built without libcurl, libmicrohttpd or json-c");
 #endif

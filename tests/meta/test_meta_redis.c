@@ -13,8 +13,8 @@ static char uri[64];
 static void start(void)
 {
     char portarg[16];
-    char *argv[] = {"redis-server", "--port",     portarg, "--bind",
-                    "127.0.0.1",    "--save",     "",      "--appendonly",
+    char *argv[] = {"redis-server", "--port",     portarg,   "--bind",
+                    "127.0.0.1",    "--save",     "",        "--appendonly",
                     "no",           "--loglevel", "warning", NULL};
 
 #ifndef KVT_WITH_REDIS
@@ -102,8 +102,9 @@ KVT_TEST(reconnect)
 {
     kvt__meta_t *m;
     char portarg[16];
-    char *argv[] = {"redis-server", "--port", portarg, "--bind", "127.0.0.1",
-                    "--save", "", "--appendonly", "no", NULL};
+    char *argv[] = {"redis-server", "--port", portarg, "--bind",
+                    "127.0.0.1",    "--save", "",      "--appendonly",
+                    "no",           NULL};
 
     start();
     m = ms_open(uri, 10);
@@ -124,8 +125,9 @@ KVT_TEST(late_server)
 {
     kvt__meta_t *m, *other;
     char portarg[16];
-    char *argv[] = {"redis-server", "--port", portarg, "--bind", "127.0.0.1",
-                    "--save", "", "--appendonly", "no", NULL};
+    char *argv[] = {"redis-server", "--port", portarg, "--bind",
+                    "127.0.0.1",    "--save", "",      "--appendonly",
+                    "no",           NULL};
 
 #ifndef KVT_WITH_REDIS
     SKIP("built without hiredis");

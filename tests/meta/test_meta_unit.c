@@ -50,13 +50,26 @@ KVT_TEST(uri)
     CHECK_OK(kvt__meta_uri_parse("ETCD://a:1/", &u));
 
     static const char *const bad[] = {
-        "ftp://x",         "http://",         "http://:80",
-        "http://h:0",      "http://h:65536",  "http://h:8x",
-        "http://h h",      "http://h/a b",    "http://h/a?x",
-        "http://[zz]:1",   "http://[::1",     "redis://h/x",
-        "redis://h/70000", "redis://pw@h",    "etcd://",
-        "etcd://a,",       "etcd://a,,b",     "etcd://1,2,3,4,5,6,7,8,9",
-        "p2p2",            "http://h:-1",
+        "ftp://x",
+        "http://",
+        "http://:80",
+        "http://h:0",
+        "http://h:65536",
+        "http://h:8x",
+        "http://h h",
+        "http://h/a b",
+        "http://h/a?x",
+        "http://[zz]:1",
+        "http://[::1",
+        "redis://h/x",
+        "redis://h/70000",
+        "redis://pw@h",
+        "etcd://",
+        "etcd://a,",
+        "etcd://a,,b",
+        "etcd://1,2,3,4,5,6,7,8,9",
+        "p2p2",
+        "http://h:-1",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         if (kvt__meta_uri_parse(bad[i], &u) != KVT_ERR_INVALID_PARAM) {
@@ -143,8 +156,8 @@ KVT_TEST(http_target)
 
 KVT_TEST(base64)
 {
-    static const char *const enc[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==",
-                                      "Zm9vYmE=", "Zm9vYmFy"};
+    static const char *const enc[] = {"",         "Zg==",     "Zm8=",    "Zm9v",
+                                      "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
     char out[64];
     uint8_t dec[64], all[256];
 
@@ -234,8 +247,7 @@ KVT_TEST(store)
         size_t big = 1 << 20;
         char *v = calloc(1, big);
         CHECK(v != NULL);
-        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0),
-                 KVT_ERR_NO_SPACE);
+        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0), KVT_ERR_NO_SPACE);
         CHECK_ST(kvt__kvstore_put(s, "a", 1, v, big, 0, 0), KVT_ERR_NO_SPACE);
         CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
         CHECK(g.len == 0);
@@ -359,15 +371,14 @@ static void sample(kvt__segdesc_t *d, kvt_remote_region_t *regs)
     d->pid = 77;
     regs[0] = (kvt_remote_region_t){0x1000, 0x2000, KVT_ACCESS_REMOTE_READ,
                                     KVT_MEM_HOST};
-    regs[1] = (kvt_remote_region_t){UINT64_MAX - 15, 15,
-                                    KVT_ACCESS_REMOTE_RW, KVT_MEM_CUDA};
+    regs[1] = (kvt_remote_region_t){UINT64_MAX - 15, 15, KVT_ACCESS_REMOTE_RW,
+                                    KVT_MEM_CUDA};
     d->regions = regs;
     d->nregions = 2;
 }
 
 /* Replace the first occurrence of @from in @json by @to; decode that. */
-static kvt_status_t mutated(const char *json, const char *from,
-                            const char *to)
+static kvt_status_t mutated(const char *json, const char *from, const char *to)
 {
     char buf[4096];
     const char *p = strstr(json, from);

@@ -216,8 +216,7 @@ KVT_TEST(refusals_change_nothing)
         char *hdr = malloc(64 * 1024);
         CHECK(hdr != NULL);
         snprintf(hdr, 64 * 1024, "X-Big: %.*s\r\n", 40 * 1024, big);
-        CHECK(mt_http(port, "PUT", "/metadata?key=k", hdr, "v1", 2, &r) ==
-              431);
+        CHECK(mt_http(port, "PUT", "/metadata?key=k", hdr, "v1", 2, &r) == 431);
         mt_resp_free(&r);
         free(hdr);
     }
@@ -258,13 +257,13 @@ KVT_TEST(refusals_change_nothing)
         static const char sizes[] =
             "{\"role\":\"Prefill\",\"tp_size\":4,\"dp_size\":1,"
             "\"rank_ip\":\"h\",\"rank_port\":7,\"engine_rank\":1}";
-        CHECK(mt_code(port, "PUT", "/route", port_range,
-                      strlen(port_range)) == 400);
+        CHECK(mt_code(port, "PUT", "/route", port_range, strlen(port_range)) ==
+              400);
         CHECK(mt_code(port, "PUT", "/route", sizes, strlen(sizes)) == 409);
     }
     CHECK(mt_code(port, "GET", "/route?engine_rank=0", NULL, 0) == 400);
-    CHECK(mt_code(port, "GET", "/route?engine_rank=x&target_dp_group=0",
-                  NULL, 0) == 400);
+    CHECK(mt_code(port, "GET", "/route?engine_rank=x&target_dp_group=0", NULL,
+                  0) == 400);
     CHECK(mt_code(port, "DELETE", "/route?engine_rank=5&target_dp_group=0",
                   NULL, 0) == 404);
     /* Garbage that is not HTTP at all. */
@@ -325,8 +324,8 @@ KVT_TEST(bootstrap_routes)
     char want[128], target[96];
 
     start();
-    CHECK(mt_code(port, "GET", "/route?engine_rank=-1&target_dp_group=-1",
-                  NULL, 0) == 404);
+    CHECK(mt_code(port, "GET", "/route?engine_rank=-1&target_dp_group=-1", NULL,
+                  0) == 404);
     for (int rank = 0; rank < 4; rank++)
         put_rank(rank, 4, 2, "");
     /* Decode ranks may register too; they are acknowledged, not kept. */
@@ -347,8 +346,8 @@ KVT_TEST(bootstrap_routes)
                  rank / 2);
         expect_body(target, want, (size_t)n);
     }
-    CHECK(mt_code(port, "GET", "/route?engine_rank=2&target_dp_group=0",
-                  NULL, 0) == 404);
+    CHECK(mt_code(port, "GET", "/route?engine_rank=2&target_dp_group=0", NULL,
+                  0) == 404);
     CHECK(mt_http(port, "GET", "/topology", NULL, NULL, 0, &r) == 200);
     CHECK(strncmp(r.body,
                   "{\"prefill_tp_size\":4,\"prefill_dp_size\":2,\"ranks\":"
@@ -361,8 +360,8 @@ KVT_TEST(bootstrap_routes)
     put_rank(3, 4, 2, "");
     CHECK(mt_code(port, "DELETE", "/route?engine_rank=1&target_dp_group=1",
                   NULL, 0) == 200);
-    CHECK(mt_code(port, "GET", "/route?engine_rank=1&target_dp_group=1",
-                  NULL, 0) == 404);
+    CHECK(mt_code(port, "GET", "/route?engine_rank=1&target_dp_group=1", NULL,
+                  0) == 404);
     for (int rank = 0; rank < 3; rank++) {
         snprintf(target, sizeof(target),
                  "/route?engine_rank=%d&target_dp_group=%d", rank % 2,
@@ -374,8 +373,8 @@ KVT_TEST(bootstrap_routes)
     expect_body("/route?engine_rank=-1&target_dp_group=-1",
                 "{\"prefill_tp_size\":1,\"prefill_dp_size\":1}", 41);
     usleep(1100000);
-    CHECK(mt_code(port, "GET", "/route?engine_rank=0&target_dp_group=0",
-                  NULL, 0) == 404);
+    CHECK(mt_code(port, "GET", "/route?engine_rank=0&target_dp_group=0", NULL,
+                  0) == 404);
     kvt__metad_stop(server);
 }
 
@@ -421,8 +420,8 @@ static void *hammer(void *arg)
         mt_resp_free(&r);
         CHECK(mt_code(port, "PUT", "/metadata?key=shared", val, (size_t)n) ==
               200);
-        CHECK(mt_http(port, "GET", "/metadata?key=shared", NULL, NULL, 0,
-                      &r) == 200);
+        CHECK(mt_http(port, "GET", "/metadata?key=shared", NULL, NULL, 0, &r) ==
+              200);
         CHECK(strchr(r.body, ':') != NULL);
         mt_resp_free(&r);
         if (i % 10 == 0)
@@ -450,8 +449,7 @@ KVT_TEST(start_errors)
 
     start();
     CHECK_ST(kvt__metad_start("127.0.0.1", port, NULL, &other), KVT_ERR_IO);
-    CHECK(kvt__metad_start("no.such.host.invalid", 0, NULL, &other) !=
-          KVT_OK);
+    CHECK(kvt__metad_start("no.such.host.invalid", 0, NULL, &other) != KVT_OK);
     p.field_mask = KVT__METAD_PARAM_THREADS;
     p.threads = 0;
     CHECK_ST(kvt__metad_start("127.0.0.1", 0, &p, &other),
@@ -471,8 +469,8 @@ KVT_TEST(command)
 {
     const char *bin = getenv("KVT_BIN");
     char portarg[16];
-    char *argv[] = {(char *)bin, "metad", "--host", "127.0.0.1", "--port",
-                    portarg, NULL};
+    char *argv[] = {(char *)bin, "metad", "--host", "127.0.0.1",
+                    "--port",    portarg, NULL};
     int sigs[2] = {SIGTERM, SIGINT};
 
 #if !defined(KVT_WITH_HTTP_SERVER) || !defined(KVT_WITH_JSON)
