@@ -62,6 +62,30 @@ static const kvt__meta_ops_t *backend_ops(kvt__meta_kind_t kind,
     return NULL;
 }
 
+const char *kvt__meta_backends_built(void)
+{
+    return "p2p"
+#ifdef KVT_WITH_CURL
+           ", http"
+#endif
+#ifdef KVT_WITH_REDIS
+           ", redis"
+#endif
+#if defined(KVT_WITH_CURL) && defined(KVT_WITH_JSON)
+           ", etcd"
+#endif
+        ;
+}
+
+int kvt__meta_server_built(void)
+{
+#if defined(KVT_WITH_HTTP_SERVER) && defined(KVT_WITH_JSON)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* ---- Create and destroy -------------------------------------------------- */
 
 kvt_status_t kvt__meta_create(const char *uri, const kvt__meta_params_t *params,

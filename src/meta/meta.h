@@ -85,6 +85,11 @@ kvt_status_t kvt__meta_uri_parse(const char *uri, kvt__meta_uri_t *u);
 
 const char *kvt__meta_kind_name(kvt__meta_kind_t kind);
 
+/* The backends built in, e.g. "p2p, http, redis, etcd", and whether
+ * `kvt metad` is (for `kvt info`). Static strings. */
+const char *kvt__meta_backends_built(void);
+int kvt__meta_server_built(void);
+
 /* ---- Client ------------------------------------------------------------ */
 
 typedef struct kvt__meta kvt__meta_t;

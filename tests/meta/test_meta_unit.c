@@ -360,6 +360,7 @@ KVT_TEST(bootstrap)
 #endif
 }
 
+#ifdef KVT_WITH_JSON
 static void sample(kvt__segdesc_t *d, kvt_remote_region_t *regs)
 {
     memset(d, 0, sizeof(*d));
@@ -393,6 +394,8 @@ static kvt_status_t mutated(const char *json, const char *from, const char *to)
     kvt__segdesc_clear(&d);
     return st;
 }
+
+#endif
 
 KVT_TEST(segdesc_json)
 {
@@ -499,7 +502,20 @@ KVT_TEST(segment_key)
              KVT_ERR_OVERFLOW);
 }
 
-KVT_TEST_MAIN(KVT_CASE(uri, 10), KVT_CASE(http_target, 10),
+KVT_TEST(built)
+{
+    const char *b = kvt__meta_backends_built();
+
+    CHECK(strncmp(b, "p2p", 3) == 0);
+#ifdef KVT_WITH_REDIS
+    CHECK(strstr(b, "redis") != NULL);
+#endif
+#if defined(KVT_WITH_HTTP_SERVER) && defined(KVT_WITH_JSON)
+    CHECK(kvt__meta_server_built());
+#endif
+}
+
+KVT_TEST_MAIN(KVT_CASE(built, 10), KVT_CASE(uri, 10), KVT_CASE(http_target, 10),
               KVT_CASE(base64, 10), KVT_CASE(store, 30),
               KVT_CASE(bootstrap, 10), KVT_CASE(segdesc_json, 10),
               KVT_CASE(segment_key, 10))
