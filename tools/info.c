@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "core/wire.h"
+#include "meta/meta.h"
 
 int kvt_cmd_info(int argc, char **argv)
 {
@@ -15,6 +16,8 @@ int kvt_cmd_info(int argc, char **argv)
     printf("wire protocol: %d.%d\n", KVT_WIRE_VERSION_MAJOR,
            KVT_WIRE_VERSION_MINOR);
     printf("transports: tcp\n");
-    printf("metadata backends: p2p\n");
+    printf("metadata backends: %s\n", kvt__meta_backends_built());
+    printf("metadata server (kvt metad): %s\n",
+           kvt__meta_server_built() ? "yes" : "no");
     return 0;
 }
