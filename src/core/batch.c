@@ -40,7 +40,9 @@ void kvt__slot_done(kvt_batch_h b, uint32_t index, kvt_status_t status)
         atomic_fetch_add_explicit(&b->failed, 1, memory_order_relaxed);
         atomic_compare_exchange_strong(&b->first_error, &zero, final);
     }
-    if (atomic_fetch_sub_explicit(&b->pending, 1, memory_order_acq_rel) == 1)
+    /* Sequentially consistent with the waiter's "sleepers++, re-read
+     * pending": either it sees pending at 0, or this sees it asleep. */
+    if (atomic_fetch_sub(&b->pending, 1) == 1 && atomic_load(&b->sleepers))
         kvt__futex_wake_all(&b->pending);
 }
 
@@ -255,7 +257,10 @@ kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
                 break;
             left = (int64_t)(deadline - now);
         }
-        kvt__futex_wait(&b->pending, p, left);
+        atomic_fetch_add(&b->sleepers, 1);
+        if (atomic_load(&b->pending) == p)
+            kvt__futex_wait(&b->pending, p, left);
+        atomic_fetch_sub(&b->sleepers, 1);
     }
     return kvt_batch_query(b, NULL);
 }

@@ -38,6 +38,8 @@ struct kvt_batch {
     /* Completions running right now; free waits for it to drain so that a
      * completer never touches a freed batch after the last decrement. */
     _Atomic uint32_t busy;
+    /* Threads asleep on @pending: completers call futex_wake only then. */
+    _Atomic uint32_t sleepers;
     /* Where this batch's frames went, if all to one place: the
      * transport's wait() can then make progress from the waiting thread.
      * Touched by the submitting thread only. */
@@ -118,6 +120,7 @@ typedef struct kvt__notify_node {
 } kvt__notify_node_t;
 
 typedef struct kvt__tcp kvt__tcp_t;
+typedef struct kvt__shm kvt__shm_t;
 typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 
 /* A kvt_mem_alloc() allocation. */
@@ -126,6 +129,7 @@ typedef struct kvt__alloc {
     void *addr;
     size_t length; /* mapped length, rounded up to the page size used */
     int fd;        /* memfd, shared with same-host peers */
+    uint32_t id;   /* names it to same-host peers; never 0, not reused */
 } kvt__alloc_t;
 
 struct kvt_engine {
@@ -142,6 +146,7 @@ struct kvt_engine {
 
     kvt__memreg_t reg;
     kvt__tcp_t *tcp;
+    kvt__shm_t *shm; /* NULL: no same-host transport */
 
     /* Metadata backend; NULL in p2p mode. A publisher thread stores this
      * engine's descriptor again whenever its regions change (pub_dirty);
@@ -168,6 +173,7 @@ struct kvt_engine {
 
     pthread_mutex_t alloc_lock;
     kvt__alloc_t *allocs;
+    uint32_t alloc_last_id; /* under alloc_lock */
 
     /* Bumped (release) after every inbound write has landed; read
      * (acquire) by kvt_notify_recv(), so a thread that learns of a
@@ -216,6 +222,33 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
 kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
                             const char *addr, kvt__segdesc_t *desc);
 
+/* ---- Same-host transport (src/transport/shm) ---------------------------- */
+
+/*
+ * Start serving same-host peers: an abstract Unix socket named after the
+ * engine's host id, pid and port, and a service thread. Called once the
+ * listener's port is known; a failure is logged and leaves *shm_p NULL
+ * (peers then use TCP). The initiator side needs the same object.
+ */
+kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p);
+/* Engine teardown, before the TCP workers stop: sever every channel,
+ * stop the threads, cancel what is queued. NULL does nothing. */
+void kvt__shm_stop(kvt__shm_t *shm);
+/* After every session is destroyed. NULL does nothing. */
+void kvt__shm_destroy(kvt__shm_t *shm);
+/*
+ * The registry changed (called after every successful register and
+ * unregister, without the registry lock). Returns once every same-host
+ * peer sees the new registry: no copy validated against the old one is
+ * still running, so an unregistered range is not touched after this
+ * returns. NULL does nothing.
+ */
+void kvt__shm_registry_changed(kvt__shm_t *shm);
+/* Open a same-host session that takes @tcp over (see select.c); on
+ * failure *why_p says why, for the log. */
+kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
+                           kvt__session_t **s_p, const char **why_p);
+
 /* ---- Transport selection (src/transport/select.c) ----------------------- */
 
 /*
@@ -228,5 +261,12 @@ kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
  */
 void kvt__transport_select(kvt_engine_h e, kvt__session_t *tcp,
                            kvt__session_t **s_p);
+
+/* The transports this engine offers in its segment descriptor. */
+uint32_t kvt__transports_offered(kvt_engine_h e);
+
+/* The name of the transport carrying @segment ("tcp", "shm"), or NULL for
+ * an unknown handle. */
+const char *kvt__segment_transport(kvt_engine_h e, kvt_segment_t segment);
 
 #endif

@@ -142,6 +142,16 @@ struct tcp_conn {
     int waiters;
     int rx_dead;
 
+    /* What the worker's epoll watches (see conn_events()): input unless a
+     * waiter reads the connection, output only while the send queue
+     * waits for room. Edge-triggered output events would otherwise wake
+     * the worker each time the peer acknowledges bytes. */
+    pthread_mutex_t ev_lock;
+    uint32_t ev_mask;   /* registered, under ev_lock */
+    int ev_closed;      /* descriptor leaving the epoll set, under ev_lock */
+    _Atomic int want_out;
+    _Atomic int no_input;
+
     _Atomic uint64_t enq_seq;
     _Atomic uint64_t done_seq;
     _Atomic uint64_t inflight;
@@ -331,6 +341,41 @@ static kvt_status_t flush_locked(tcp_conn_t *c, int head_only)
     return KVT_OK;
 }
 
+/*
+ * Bring the worker's epoll registration of @c in line with want_out and
+ * no_input. Whoever changes either flag calls this afterwards; the mask is
+ * computed under ev_lock from the flags' latest values, so the last call
+ * wins with the right answer. Adding EPOLLOUT when the socket already has
+ * room reports it at once (EPOLL_CTL_MOD polls the socket), so no edge is
+ * lost.
+ */
+static void conn_events(tcp_conn_t *c)
+{
+    uint32_t mask = EPOLLET;
+
+    if (!atomic_load_explicit(&c->no_input, memory_order_acquire))
+        mask |= EPOLLIN | EPOLLRDHUP;
+    if (atomic_load_explicit(&c->want_out, memory_order_acquire))
+        mask |= EPOLLOUT;
+    pthread_mutex_lock(&c->ev_lock);
+    if (!c->ev_closed && mask != c->ev_mask) {
+        struct epoll_event ev = {.events = mask, .data.ptr = c};
+        if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
+            c->ev_mask = mask;
+    }
+    pthread_mutex_unlock(&c->ev_lock);
+}
+
+/* After a flush with tx_lock held: whether output must be watched now.
+ * Returns 1 when the flag changed (the caller then calls conn_events()
+ * after dropping tx_lock). */
+static int want_out_update(tcp_conn_t *c)
+{
+    int want = c->txq_head != NULL;
+    return atomic_exchange_explicit(&c->want_out, want,
+                                    memory_order_acq_rel) != want;
+}
+
 static void txq_append_locked(tcp_conn_t *c, tcp_tx_t *t)
 {
     t->next = NULL;
@@ -344,6 +389,8 @@ static void txq_append_locked(tcp_conn_t *c, tcp_tx_t *t)
 /* Target side: queue a response and send what the socket takes now. */
 static void send_resp(tcp_conn_t *c, tcp_resp_t *r)
 {
+    int changed;
+
     pthread_mutex_lock(&c->tx_lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->tx_lock);
@@ -352,7 +399,10 @@ static void send_resp(tcp_conn_t *c, tcp_resp_t *r)
     }
     txq_append_locked(c, &r->tx);
     flush_locked(c, 0);
+    changed = want_out_update(c);
     pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        conn_events(c);
 }
 
 static tcp_resp_t *resp_alloc(size_t niov, size_t body_len, size_t nsegs)
@@ -863,12 +913,21 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
     return 1;
 }
 
-static void conn_rx(tcp_conn_t *c)
+/*
+ * Read and handle what @c has, until the socket is drained (the worker,
+ * edge-triggered) or, when @stop is given, as soon as that batch has
+ * nothing pending between two frames (a waiter, which polls: whatever it
+ * leaves is reported to the worker when input is watched again).
+ */
+static void conn_rx(tcp_conn_t *c, kvt_batch_h stop)
 {
     kvt_status_t fail = KVT_ERR_CONN_LOST;
     int r = 0;
 
     for (;;) {
+        if (stop != NULL && c->rx_state == RX_HDR &&
+            atomic_load_explicit(&stop->pending, memory_order_acquire) == 0)
+            return;
         switch (c->rx_state) {
         case RX_HDR: {
             kvt_status_t st;
@@ -997,6 +1056,7 @@ static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
     pthread_mutex_init(&c->tx_lock, NULL);
     pthread_mutex_init(&c->out_lock, NULL);
     pthread_mutex_init(&c->rx_lock, NULL);
+    pthread_mutex_init(&c->ev_lock, NULL);
     return c;
 }
 
@@ -1005,6 +1065,7 @@ static void conn_free(tcp_conn_t *c)
     pthread_mutex_destroy(&c->tx_lock);
     pthread_mutex_destroy(&c->out_lock);
     pthread_mutex_destroy(&c->rx_lock);
+    pthread_mutex_destroy(&c->ev_lock);
     free(c->rx_body);
     free(c->rx_segs);
     free(c->rx_pieces);
@@ -1012,20 +1073,12 @@ static void conn_free(tcp_conn_t *c)
     free(c);
 }
 
-#define CONN_EVENTS (EPOLLIN | EPOLLOUT | EPOLLET | EPOLLRDHUP)
-
-/* Whether the worker's epoll reports input of @c (output always). */
-static void watch_input(tcp_conn_t *c, int on)
-{
-    struct epoll_event ev = {.events = on ? CONN_EVENTS
-                                          : (EPOLLOUT | EPOLLET),
-                             .data.ptr = c};
-    epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &ev);
-}
+#define CONN_EVENTS (EPOLLIN | EPOLLET | EPOLLRDHUP)
 
 static int worker_attach(tcp_worker_t *w, tcp_conn_t *c)
 {
     struct epoll_event ev = {.events = CONN_EVENTS, .data.ptr = c};
+    c->ev_mask = CONN_EVENTS;
     pthread_mutex_lock(&w->lock);
     c->wnext = w->conns;
     w->conns = c;
@@ -1040,8 +1093,11 @@ static int worker_attach(tcp_worker_t *w, tcp_conn_t *c)
 static void worker_detach(tcp_worker_t *w, tcp_conn_t *c)
 {
     tcp_conn_t **pp;
-    if (c->fd >= 0)
+    pthread_mutex_lock(&c->ev_lock);
+    if (!c->ev_closed && c->fd >= 0)
         epoll_ctl(w->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    c->ev_closed = 1;
+    pthread_mutex_unlock(&c->ev_lock);
     pthread_mutex_lock(&w->lock);
     for (pp = &w->conns; *pp != NULL; pp = &(*pp)->wnext) {
         if (*pp == c) {
@@ -1178,10 +1234,16 @@ static void check_timeouts(tcp_worker_t *w, uint64_t now)
 
 static void conn_tx_event(tcp_conn_t *c)
 {
+    int changed = 0;
+
     pthread_mutex_lock(&c->tx_lock);
-    if (!c->dead)
+    if (!c->dead) {
         flush_locked(c, 0);
+        changed = want_out_update(c);
+    }
     pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        conn_events(c);
 }
 
 static void *worker_main(void *arg)
@@ -1218,12 +1280,12 @@ static void *worker_main(void *arg)
                       (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
                     continue;
                 if (!c->outbound) {
-                    conn_rx(c);
+                    conn_rx(c, NULL);
                     continue;
                 }
                 pthread_mutex_lock(&c->rx_lock);
                 if (c->waiters == 0 && !c->rx_dead)
-                    conn_rx(c);
+                    conn_rx(c, NULL);
                 pthread_mutex_unlock(&c->rx_lock);
             }
         }
@@ -1307,7 +1369,7 @@ static void session_destroy(kvt__session_t *base)
  * the socket takes from this thread. */
 static void conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
 {
-    int dead;
+    int dead, changed = 0;
 
     atomic_fetch_add_explicit(&c->inflight, f->bytes, memory_order_relaxed);
     pthread_mutex_lock(&c->tx_lock);
@@ -1328,8 +1390,11 @@ static void conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
          * does not take now, and every later frame, is the worker's. */
         if (c->txq_head == &f->tx)
             flush_locked(c, 1);
+        changed = want_out_update(c);
     }
     pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        conn_events(c);
     if (dead) {
         int32_t why = atomic_load(&c->sess->base.dead);
         frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
@@ -1712,9 +1777,12 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
         return KVT_ERR_AGAIN;
     }
     fd = c->fd; /* stays open while a waiter is attached */
-    if (c->waiters++ == 0)
-        watch_input(c, 0); /* spare the worker a useless wake-up */
-    conn_rx(c);
+    if (c->waiters++ == 0) {
+        /* Spare the worker a wake-up; input that came before this is
+         * still readable, and poll() below sees it. */
+        atomic_store(&c->no_input, 1);
+        conn_events(c);
+    }
     pthread_mutex_unlock(&c->rx_lock);
 
     while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
@@ -1730,7 +1798,7 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
             break;
         pthread_mutex_lock(&c->rx_lock);
         if (!c->rx_dead)
-            conn_rx(c);
+            conn_rx(c, b);
         pthread_mutex_unlock(&c->rx_lock);
     }
 
@@ -1743,10 +1811,10 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
             pthread_mutex_unlock(&s->lock);
             close(fd);
         } else {
-            /* Input that arrived meanwhile is drained here; re-arming
-             * reports anything later to the worker. */
-            conn_rx(c);
-            watch_input(c, 1);
+            /* Watching input again reports to the worker whatever is
+             * left unread (EPOLL_CTL_MOD polls the socket). */
+            atomic_store(&c->no_input, 0);
+            conn_events(c);
         }
     }
     pthread_mutex_unlock(&c->rx_lock);
