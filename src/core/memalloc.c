@@ -2,9 +2,13 @@
 /*
  * Memory allocated through kvt: memfd-backed shared mappings, so that a
  * same-host peer can map the very pages (the fd travels over a Unix
- * socket) instead of copying through the kernel.
+ * socket) instead of copying through the kernel. The memfd is sealed
+ * against shrinking and growing, so that no peer holding it can truncate
+ * the pages under this process (which would turn its accesses into
+ * SIGBUS).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -14,6 +18,7 @@
 #include "util/log.h"
 
 #define HUGE_2M (2ull << 20)
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
 {
@@ -23,9 +28,11 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
     /* Huge pages first, for large allocations when the pool has them. */
     if (length >= HUGE_2M) {
         len = (length + HUGE_2M - 1) & ~(HUGE_2M - 1);
-        fd = memfd_create("kvt", MFD_CLOEXEC | MFD_HUGETLB);
+        fd = memfd_create("kvt", MFD_CLOEXEC | MFD_HUGETLB |
+                                     MFD_ALLOW_SEALING);
         if (fd >= 0) {
-            if (ftruncate(fd, (off_t)len) == 0) {
+            if (ftruncate(fd, (off_t)len) == 0 &&
+                fcntl(fd, F_ADD_SEALS, SEALS) == 0) {
                 void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
                                MAP_SHARED | MAP_POPULATE, fd, 0);
                 if (p != MAP_FAILED) {
@@ -39,12 +46,13 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
         }
     }
     len = (length + 4095) & ~(size_t)4095;
-    fd = memfd_create("kvt", MFD_CLOEXEC);
+    fd = memfd_create("kvt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         KVT_LOG_E("memfd_create: %s", strerror(errno));
         return KVT_ERR_NO_MEMORY;
     }
-    if (ftruncate(fd, (off_t)len) != 0) {
+    if (ftruncate(fd, (off_t)len) != 0 ||
+        fcntl(fd, F_ADD_SEALS, SEALS) != 0) {
         KVT_LOG_E("cannot size a %zu-byte memfd: %s", len, strerror(errno));
         close(fd);
         return KVT_ERR_NO_MEMORY;
@@ -61,10 +69,18 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
     return KVT_OK;
 }
 
+/*
+ * The allocation is listed (with a fresh id) before it is registered, so
+ * that the registry change a registration announces to same-host peers
+ * already knows the region can be mapped; a failed registration unlists
+ * it again. A peer that mapped it meanwhile holds pages that were never
+ * registered, which it cannot write: every copy is checked against the
+ * registry.
+ */
 kvt_status_t kvt_mem_alloc(kvt_engine_h e, size_t length, uint32_t access,
                            void **addr_p)
 {
-    kvt__alloc_t *a;
+    kvt__alloc_t *a, **pp;
     kvt_status_t st;
 
     if (e == NULL || addr_p == NULL || length == 0)
@@ -75,17 +91,28 @@ kvt_status_t kvt_mem_alloc(kvt_engine_h e, size_t length, uint32_t access,
     st = map_memfd(length, a);
     if (st != KVT_OK)
         goto err_free;
-    st = kvt_mem_register(e, a->addr, a->length, access);
-    if (st != KVT_OK)
-        goto err_unmap;
     pthread_mutex_lock(&e->alloc_lock);
+    if (++e->alloc_last_id == 0)
+        ++e->alloc_last_id;
+    a->id = e->alloc_last_id;
     a->next = e->allocs;
     e->allocs = a;
     pthread_mutex_unlock(&e->alloc_lock);
+    st = kvt_mem_register(e, a->addr, a->length, access);
+    if (st != KVT_OK)
+        goto err_unlist;
     *addr_p = a->addr;
     return KVT_OK;
 
-err_unmap:
+err_unlist:
+    pthread_mutex_lock(&e->alloc_lock);
+    for (pp = &e->allocs; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->alloc_lock);
     munmap(a->addr, a->length);
     close(a->fd);
 err_free:

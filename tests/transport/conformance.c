@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/engine_int.h"
 #include "kvt_test.h"
 #include "peer.h"
 
@@ -34,6 +35,35 @@ static void *map(size_t len)
     return p;
 }
 
+/*
+ * The suite must run on the transport it names: with shm allowed, a
+ * same-host peer that offers shm must be served by it. A target that does
+ * not offer shm at all (an engine built without it) skips the case.
+ */
+static void check_transport(kvt_engine_h e, kvt_segment_t seg)
+{
+    const char *t = kvt__segment_transport(e, seg);
+    kvt_remote_region_t r;
+    size_t n;
+
+    CHECK(t != NULL);
+    if (!(g_transports & KVT_TRANSPORT_SHM) || strcmp(t, "shm") == 0)
+        return;
+    CHECK_OK(kvt_segment_regions(e, seg, 0, &r, 0, &n));
+    {
+        kvt__session_t *s = kvt__engine_find_session(e, seg);
+        int offered;
+        CHECK(s != NULL);
+        pthread_mutex_lock(&s->desc_lock);
+        offered = (s->desc.transports & KVT_TRANSPORT_SHM) != 0;
+        pthread_mutex_unlock(&s->desc_lock);
+        if (!offered)
+            SKIP("the target engine does not offer shm");
+    }
+    fprintf(stderr, "the target offers shm, but the session uses %s\n", t);
+    CHECK(0);
+}
+
 static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
 {
     peer_opts_t o = {g_transports, 0, g_managed};
@@ -42,6 +72,7 @@ static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
     f->e = engine_new(g_transports, timeout_ms);
     CHECK(f->e != NULL);
     CHECK_OK(kvt_segment_open(f->e, f->peer.segment, &f->seg));
+    check_transport(f->e, f->seg);
     f->local_len = local_len;
     f->local = map(local_len);
     CHECK_OK(kvt_mem_register(f->e, f->local, local_len,

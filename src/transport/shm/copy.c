@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Copies into a peer's mapped memory, and the shared futex operations on
+ * channel words.
+ *
+ * A write into a same-host peer's mapping is not read again by this
+ * process, so large ones bypass the cache with non-temporal stores: the
+ * destination lines are neither read for ownership nor left to evict this
+ * thread's working set, which roughly doubles the bandwidth of a plain
+ * memcpy into a shared mapping on the machines kvt runs on. Small copies
+ * and reads use memcpy.
+ */
+#include <limits.h>
+#include <linux/futex.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "transport/shm/shm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Below this, a non-temporal copy is not worth its setup and fence. */
+#define NT_MIN (64u * 1024u)
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void
+copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n)
+{
+    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= 128; n -= 128, d += 128, s += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+        _mm256_stream_si256((__m256i *)(d + 64), c);
+        _mm256_stream_si256((__m256i *)(d + 96), e);
+    }
+    memcpy(d, s, n);
+}
+
+static void copy_nt_sse2(uint8_t *d, const uint8_t *s, size_t n)
+{
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, n);
+}
+#endif
+
+void kvt__shm_copy(void *dst, const void *src, size_t len, int nt)
+{
+#if defined(__x86_64__)
+    if (nt && len >= NT_MIN) {
+        if (__builtin_cpu_supports("avx2"))
+            copy_nt_avx2(dst, src, len);
+        else
+            copy_nt_sse2(dst, src, len);
+        /* Non-temporal stores are weakly ordered: fence them before the
+         * release that reports the copy done. */
+        _mm_sfence();
+        return;
+    }
+#else
+    (void)nt;
+#endif
+    memcpy(dst, src, len);
+}
+
+void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
+                         int64_t timeout_ns)
+{
+    struct timespec ts, *tsp = NULL;
+
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000;
+        ts.tv_nsec = timeout_ns % 1000000000;
+        tsp = &ts;
+    }
+    /* Not FUTEX_PRIVATE: the word is in memory shared with a peer. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, tsp, NULL, 0);
+}
+
+void kvt__shm_futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}

@@ -1,0 +1,1338 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The same-host transport, initiator side: a session to a target on this
+ * host, which takes over the TCP session it was selected from (kept for
+ * liveness, descriptor refreshes and teardown).
+ *
+ * Jobs. A submission is cut into jobs, runs of segments of one opcode of
+ * at most JOB_MAX bytes and JOB_SEGS segments, sized so that a large
+ * submission spreads over every executor; a NOTIFY is a job of its own.
+ * Jobs queue on their session in submission order.
+ *
+ * Executors. Whoever takes a job runs it: a pool worker, or the thread
+ * waiting on the batch (the ops' wait), so a synchronous transfer costs
+ * no wake-up. Several threads run jobs of one session at once; that is
+ * how a large submission is split across threads. Running a job: take the
+ * channel's lease (target.c explains it), check every segment against the
+ * target's snapshot, copy it with memcpy through a mapping of the
+ * target's allocation when there is one and with process_vm_writev/readv
+ * (up to 1024 vectors a call, contiguous pieces merged) otherwise, release
+ * the lease, then take an acknowledgement ticket and wait for the target
+ * to answer it: a copy into a target that died or stopped is not a
+ * transfer, and fails (or times out) instead of counting as delivered.
+ *
+ * Ordering. A NOTIFY job is taken only at the head of its session's queue
+ * with no other job of the session running, so the target delivers it
+ * after every write submitted before it has landed. Only one NOTIFY runs
+ * at a time per session, so the notification ring has one producer.
+ *
+ * Completion lifecycle. Before any job is queued, each slot's remaining
+ * count is set to the number of jobs holding its segments; each job
+ * completes each of its slots exactly once, with the first failure among
+ * that slot's segments, whether it ran, timed out or was cancelled by
+ * kill(). A job is either queued, or held by the one executor that took
+ * it (counted in @inflight): kill() fails the queued ones, executors
+ * finish theirs. The session's channel, socket and mappings are released
+ * once it is dead and nothing is in flight.
+ *
+ * Locks. Order: pool_lock -> session lock. map_lock (writer-preferring)
+ * is held for reading across the copies of a job and for writing while
+ * mappings change; sock_lock serialises requests on the socket and is
+ * held only across one bounded request. No lock is held while waiting for
+ * the lease, and the lease is never held while waiting for the target.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "transport/shm/shm.h"
+#include "util/log.h"
+#include "util/time.h"
+
+#define JOB_MIN (256u * 1024u)
+#define JOB_MAX (8u * 1024u * 1024u)
+#define JOB_SEGS 1024u
+#define CMA_IOV 1024 /* UIO_MAXIOV */
+#define TICK_NS (50ull * 1000000ull)
+#define SLICE_NS (10 * 1000000)
+#define NOMAP_MAX 16
+/* Allocations up to this size are mapped with their page tables filled. */
+#define POPULATE_MAX (4ull << 30)
+
+typedef struct {
+    uint64_t laddr;
+    uint64_t raddr;
+    uint64_t len;
+    uint64_t vlo, vhi; /* must lie wholly in one region */
+    uint32_t slot;
+    int32_t st;
+} seg_t;
+
+/* One allocation per submission: this header, the jobs, the segments and
+ * the notification messages; freed when its last job completes. */
+typedef struct job_block {
+    alignas(16) _Atomic uint32_t refs;
+} job_block_t;
+
+typedef struct job {
+    struct job *next;
+    job_block_t *blk;
+    kvt_batch_h batch;
+    uint32_t op;
+    uint32_t nsegs;
+    uint64_t deadline;
+    seg_t *segs;
+    uint32_t nlen; /* NOTIFY: the message */
+    uint8_t *msg;
+} job_t;
+
+typedef struct {
+    uint32_t id;
+    uint64_t base, len; /* in the target */
+    uint8_t *local;
+} map_t;
+
+struct shm_session {
+    kvt__session_t base;
+    kvt__shm_t *shm;
+    kvt__session_t *tcp;
+    shm_session_t *next_all; /* under pool_lock */
+    pid_t pid;
+    int sock;
+    int pidfd;
+    kvt__shm_chan_t *ch;
+    size_t ch_len;
+
+    pthread_mutex_t lock; /* the queue, inflight, released */
+    job_t *head, *tail;
+    unsigned inflight;
+    int released;
+
+    pthread_rwlock_t map_lock;
+    map_t *maps;
+    size_t nmaps, mcap;
+    _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
+    uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
+    unsigned nnomap;
+
+    pthread_mutex_t sock_lock;
+    uint64_t req_seq;
+};
+
+static const kvt__transport_ops_t shm_ops;
+
+static void session_kill(kvt__session_t *base, kvt_status_t why);
+static kvt_status_t ack_wait(shm_session_t *s, uint64_t deadline);
+
+#ifdef KVT_TSAN
+/*
+ * process_vm_writev/readv move bytes on behalf of another process; issue
+ * them directly, as tcp.c does its payload calls, so that ThreadSanitizer
+ * does not model them. Every other access stays checked.
+ */
+#define cma_writev(p, l, nl, r, nr)                                            \
+    syscall(SYS_process_vm_writev, (p), (l), (nl), (r), (nr), 0)
+#define cma_readv(p, l, nl, r, nr)                                             \
+    syscall(SYS_process_vm_readv, (p), (l), (nl), (r), (nr), 0)
+#else
+#define cma_writev(p, l, nl, r, nr)                                            \
+    process_vm_writev((p), (l), (nl), (r), (nr), 0)
+#define cma_readv(p, l, nl, r, nr)                                             \
+    process_vm_readv((p), (l), (nl), (r), (nr), 0)
+#endif
+
+/* ---- Liveness and the lease ---------------------------------------------- */
+
+/* KVT_OK while the target is alive and the session usable. Executors
+ * only (the channel is mapped while a job is in flight). */
+static kvt_status_t peer_status(shm_session_t *s)
+{
+    struct pollfd p[2];
+    int32_t d = atomic_load(&s->base.dead);
+    int n = 0;
+
+    if (d != 0)
+        return d;
+    if (atomic_load(&s->ch->closed) != 0)
+        return KVT_ERR_CONN_LOST;
+    d = atomic_load(&s->tcp->dead);
+    if (d != 0)
+        return d;
+    p[n++] = (struct pollfd){.fd = s->sock, .events = POLLRDHUP};
+    if (s->pidfd >= 0)
+        p[n++] = (struct pollfd){.fd = s->pidfd, .events = POLLIN};
+    if (poll(p, (nfds_t)n, 0) > 0 &&
+        ((p[0].revents & (POLLHUP | POLLRDHUP | POLLERR)) ||
+         (n > 1 && p[1].revents)))
+        return KVT_ERR_CONN_LOST;
+    return KVT_OK;
+}
+
+static void lease_release(shm_session_t *s)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    /* The last copy out under a closing lease wakes the target. */
+    if (atomic_fetch_sub(&ch->active, 1) == 1 &&
+        (atomic_load(&ch->lease) & 1) == 0)
+        kvt__shm_futex_wake(&ch->active);
+}
+
+/*
+ * Take the lease: raise the active count, then check the lease is open
+ * (sequentially consistent on both words, paired with the target's
+ * close-then-drain) and the target alive. Waits for a closed lease to
+ * reopen, in slices, until @deadline.
+ */
+static kvt_status_t lease_acquire(shm_session_t *s, uint64_t deadline)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    for (;;) {
+        kvt_status_t st = peer_status(s);
+        uint64_t now;
+        uint32_t l;
+
+        if (st != KVT_OK)
+            return st;
+        atomic_fetch_add(&ch->active, 1);
+        l = atomic_load(&ch->lease);
+        now = kvt__now_ns();
+        if (l & 1)
+            return KVT_OK;
+        lease_release(s);
+        if (now >= deadline)
+            return KVT_ERR_TIMEDOUT;
+        atomic_fetch_add(&ch->lease_waiters, 1);
+        kvt__shm_futex_wait(
+            &ch->lease, l,
+            deadline - now < SLICE_NS ? (int64_t)(deadline - now) : SLICE_NS);
+        atomic_fetch_sub(&ch->lease_waiters, 1);
+    }
+}
+
+/* ---- Mappings of the target's allocations -------------------------------- */
+
+/* With map_lock held. */
+static map_t *map_find(shm_session_t *s, uint32_t id)
+{
+    for (size_t i = 0; i < s->nmaps; i++)
+        if (s->maps[i].id == id)
+            return &s->maps[i];
+    return NULL;
+}
+
+/* Release the mappings of allocations that left the snapshot. Called
+ * under the lease, so the snapshot is stable and no copy of this session
+ * uses a mapping it does not name. */
+static void maps_reconcile(shm_session_t *s)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t n =
+        ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+
+    pthread_rwlock_wrlock(&s->map_lock);
+    if (atomic_load(&s->map_seq) != ch->snap_seq) {
+        size_t k = 0;
+        for (size_t i = 0; i < s->nmaps; i++) {
+            int named = 0;
+            for (uint32_t r = 0; r < n && !named; r++)
+                named = ch->regions[r].map_id == s->maps[i].id;
+            if (named) {
+                s->maps[k++] = s->maps[i];
+            } else {
+                KVT_LOG_D("shm: releasing the mapping of allocation %u of %s",
+                          s->maps[i].id, s->base.name);
+                munmap(s->maps[i].local, s->maps[i].len);
+            }
+        }
+        s->nmaps = k;
+        s->nnomap = 0;
+        atomic_store(&s->map_seq, ch->snap_seq);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+}
+
+/* Receive one message, and the descriptor riding along (or -1). */
+static ssize_t recv_msg(int fd, kvt__shm_msg_t *m, int *fd_p)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {m, sizeof(*m)};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = u.buf,
+                        .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm;
+    ssize_t n;
+
+    *fd_p = -1;
+    n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    for (cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm != NULL;
+         cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int)) && *fd_p < 0)
+            memcpy(fd_p, CMSG_DATA(cm), sizeof(int));
+    }
+    if (n >= 0 && (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+        n = -1;
+    if (n != (ssize_t)sizeof(*m) && *fd_p >= 0) {
+        close(*fd_p);
+        *fd_p = -1;
+    }
+    return n;
+}
+
+/* The memfd is one the owner cannot shrink under us (which would make our
+ * accesses fault) and holds @len bytes. */
+static int memfd_sound(int fd, uint64_t len)
+{
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+
+    return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
+           (uint64_t)st.st_size >= len;
+}
+
+static void msg_init(kvt__shm_msg_t *m, uint16_t type)
+{
+    memset(m, 0, sizeof(*m));
+    m->magic = KVT_SHM_MAGIC;
+    m->version = KVT_SHM_VERSION;
+    m->type = type;
+}
+
+/*
+ * Ask the target for allocation @id's memfd and map it, outside the lease
+ * (the target answers from its service thread). A refusal is remembered
+ * until the snapshot changes. Bounded by the socket's receive timeout.
+ */
+static void map_request(shm_session_t *s, uint32_t id)
+{
+    kvt__shm_msg_t m;
+    int fd = -1, known;
+    uint8_t *p;
+
+    pthread_mutex_lock(&s->sock_lock);
+    pthread_rwlock_rdlock(&s->map_lock);
+    known = map_find(s, id) != NULL;
+    for (unsigned i = 0; i < s->nnomap && !known; i++)
+        known = s->nomap[i] == id;
+    pthread_rwlock_unlock(&s->map_lock);
+    if (known)
+        goto out;
+    msg_init(&m, KVT_SHM_MAP);
+    m.id = id;
+    m.seq = ++s->req_seq;
+    if (send(s->sock, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+        goto out;
+    for (;;) { /* skip answers to requests that timed out earlier */
+        kvt__shm_msg_t a;
+        if (recv_msg(s->sock, &a, &fd) != (ssize_t)sizeof(a) ||
+            a.magic != KVT_SHM_MAGIC || a.type != KVT_SHM_MAP_ACK)
+            goto out;
+        if (a.seq == m.seq) {
+            m = a;
+            break;
+        }
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+    }
+    p = MAP_FAILED;
+    if (m.status == KVT_OK && fd >= 0 && m.id == id && m.length > 0 &&
+        m.addr <= UINT64_MAX - m.length && memfd_sound(fd, m.length))
+        p = mmap(NULL, m.length, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | (m.length <= POPULATE_MAX ? MAP_POPULATE : 0), fd,
+                 0);
+    pthread_rwlock_wrlock(&s->map_lock);
+    if (p != MAP_FAILED) {
+        if (s->nmaps == s->mcap) {
+            size_t cap = s->mcap ? 2 * s->mcap : 8;
+            map_t *n = realloc(s->maps, cap * sizeof(*n));
+            if (n == NULL) {
+                munmap(p, m.length);
+                p = MAP_FAILED;
+            } else {
+                s->maps = n;
+                s->mcap = cap;
+            }
+        }
+    }
+    if (p != MAP_FAILED) {
+        s->maps[s->nmaps++] = (map_t){id, m.addr, m.length, p};
+        KVT_LOG_D("shm: mapped allocation %u of %s (%llu bytes)", id,
+                  s->base.name, (unsigned long long)m.length);
+    } else if (s->nnomap < NOMAP_MAX) {
+        s->nomap[s->nnomap++] = id;
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+out:
+    if (fd >= 0)
+        close(fd);
+    pthread_mutex_unlock(&s->sock_lock);
+}
+
+/* ---- Running jobs -------------------------------------------------------- */
+
+/* The snapshot region holding [lo, hi) with @access, or NULL. */
+static const kvt__shm_region_t *region_find(const kvt__shm_chan_t *ch,
+                                            uint32_t n, uint64_t lo,
+                                            uint64_t hi, uint32_t access)
+{
+    uint32_t a = 0, b = n;
+
+    while (a < b) { /* first region ending above lo */
+        uint32_t mid = a + (b - a) / 2;
+        if (ch->regions[mid].end <= lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    if (a >= n || ch->regions[a].start > lo || hi > ch->regions[a].end ||
+        (ch->regions[a].access & access) != access)
+        return NULL;
+    return &ch->regions[a];
+}
+
+/* Fail the segments of [from, to) that are still OK. */
+static void segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
+{
+    for (uint32_t i = from; i < to; i++)
+        if (j->segs[i].st == KVT_OK)
+            j->segs[i].st = st;
+}
+
+/*
+ * Copy the segments of @j marked for cross-memory attach (@cma[i]) with
+ * as few calls as the vector limit allows. A short count stops at a
+ * fault: the segment holding the fault fails and the next call resumes
+ * after it. Returns a status for the whole session on ESRCH/EPERM.
+ */
+static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *cma)
+{
+    struct iovec liov[CMA_IOV], riov[CMA_IOV];
+    uint32_t i = 0;
+
+    while (i < j->nsegs) {
+        uint32_t first, k;
+        int nl = 0, nr = 0;
+        uint64_t want = 0;
+        ssize_t got;
+
+        while (i < j->nsegs && !(cma[i] && j->segs[i].st == KVT_OK))
+            i++;
+        if (i >= j->nsegs)
+            break;
+        first = i;
+        for (; i < j->nsegs; i++) {
+            const seg_t *g = &j->segs[i];
+            int lm, rm;
+            if (!cma[i] || g->st != KVT_OK)
+                break;
+            lm = nl > 0 && (uint64_t)(uintptr_t)liov[nl - 1].iov_base +
+                                   liov[nl - 1].iov_len ==
+                               g->laddr;
+            rm = nr > 0 && (uint64_t)(uintptr_t)riov[nr - 1].iov_base +
+                                   riov[nr - 1].iov_len ==
+                               g->raddr;
+            if ((!lm && nl == CMA_IOV) || (!rm && nr == CMA_IOV))
+                break;
+            if (lm)
+                liov[nl - 1].iov_len += g->len;
+            else
+                liov[nl++] =
+                    (struct iovec){(void *)(uintptr_t)g->laddr, g->len};
+            if (rm)
+                riov[nr - 1].iov_len += g->len;
+            else
+                riov[nr++] =
+                    (struct iovec){(void *)(uintptr_t)g->raddr, g->len};
+            want += g->len;
+        }
+        if (j->op == KVT_OP_WRITE)
+            got = cma_writev(s->pid, liov, (unsigned long)nl, riov,
+                             (unsigned long)nr);
+        else
+            got = cma_readv(s->pid, liov, (unsigned long)nl, riov,
+                            (unsigned long)nr);
+        if (got == (ssize_t)want)
+            continue;
+        if (got < 0 && (errno == ESRCH || errno == EPERM)) {
+            kvt_status_t st = errno == ESRCH ? KVT_ERR_CONN_LOST : KVT_ERR_IO;
+            if (errno == EPERM)
+                KVT_LOG_E("shm: %s no longer lets this process attach "
+                          "(process_vm: permission denied)",
+                          s->base.name);
+            segs_fail(j, first, j->nsegs, st);
+            return st;
+        }
+        /* Resume after the segment where the copy stopped. */
+        if (got < 0)
+            got = 0;
+        for (k = first; k < i && (uint64_t)got >= j->segs[k].len; k++)
+            got -= (ssize_t)j->segs[k].len;
+        if (k < i) {
+            j->segs[k].st = KVT_ERR_ACCESS;
+            i = k + 1;
+        }
+    }
+    return KVT_OK;
+}
+
+/*
+ * Run a READ or WRITE job under the lease. Segments outside the target's
+ * registry (or its access rights) fail with KVT_ERR_ACCESS and are not
+ * touched; the others go through a mapping or cross-memory attach.
+ */
+static void rw_run(shm_session_t *s, job_t *j)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
+                                            : KVT_ACCESS_REMOTE_READ;
+    uint32_t n, want_map = 0, ncma = 0;
+    uint8_t cma[JOB_SEGS];
+    kvt_status_t st;
+
+    st = lease_acquire(s, j->deadline);
+    if (st != KVT_OK) {
+        segs_fail(j, 0, j->nsegs, st);
+        session_kill(&s->base, st);
+        return;
+    }
+    if (ch->snap_seq != atomic_load(&s->map_seq))
+        maps_reconcile(s);
+    n = ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+    pthread_rwlock_rdlock(&s->map_lock);
+    for (uint32_t i = 0; i < j->nsegs;) {
+        seg_t *g = &j->segs[i];
+        const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
+        const map_t *m = NULL;
+        uint64_t len;
+        uint32_t k;
+        uint8_t *local;
+
+        cma[i] = 0;
+        if (r == NULL) {
+            g->st = KVT_ERR_ACCESS;
+            i++;
+            continue;
+        }
+        if (r->map_id != 0) {
+            m = map_find(s, r->map_id);
+            if (m == NULL && want_map == 0)
+                want_map = r->map_id;
+        }
+        if (m == NULL || g->raddr < m->base ||
+            g->raddr + g->len > m->base + m->len) {
+            cma[i++] = 1;
+            ncma++;
+            continue;
+        }
+        /* Merge the following segments contiguous on both sides. */
+        local = m->local + (g->raddr - m->base);
+        len = g->len;
+        for (k = i + 1; k < j->nsegs; k++) {
+            const seg_t *h = &j->segs[k];
+            if (h->laddr != g->laddr + len || h->raddr != g->raddr + len ||
+                h->raddr + h->len > m->base + m->len ||
+                region_find(ch, n, h->vlo, h->vhi, access) != r)
+                break;
+            cma[k] = 0;
+            len += h->len;
+        }
+        if (j->op == KVT_OP_WRITE)
+            kvt__shm_copy(local, (const void *)(uintptr_t)g->laddr, len, 1);
+        else
+            kvt__shm_copy((void *)(uintptr_t)g->laddr, local, len, 0);
+        i = k;
+    }
+    if (ncma > 0)
+        st = cma_run(s, j, cma);
+    pthread_rwlock_unlock(&s->map_lock);
+    lease_release(s);
+    /* A copy into a target that died or stopped was not delivered. */
+    for (uint32_t i = 0; i < j->nsegs && st == KVT_OK; i++)
+        if (j->segs[i].st == KVT_OK) {
+            st = ack_wait(s, j->deadline);
+            break;
+        }
+    if (st != KVT_OK) {
+        segs_fail(j, 0, j->nsegs, st);
+        session_kill(&s->base, st);
+    }
+    if (want_map != 0 && st == KVT_OK)
+        map_request(s, want_map);
+}
+
+/* Wait (in slices, bounded by @deadline) while *word == @v. */
+static kvt_status_t ring_wait(shm_session_t *s, _Atomic uint32_t *word,
+                              uint32_t v, uint64_t deadline)
+{
+    kvt_status_t st = peer_status(s);
+    uint64_t now = kvt__now_ns();
+
+    if (st != KVT_OK)
+        return st;
+    if (now >= deadline)
+        return KVT_ERR_TIMEDOUT;
+    atomic_fetch_add(&s->ch->waiters, 1);
+    kvt__shm_futex_wait(word, v,
+                        deadline - now < SLICE_NS ? (int64_t)(deadline - now)
+                                                  : SLICE_NS);
+    atomic_fetch_sub(&s->ch->waiters, 1);
+    return KVT_OK;
+}
+
+static void ring_bell(shm_session_t *s)
+{
+    kvt__shm_msg_t bell;
+
+    msg_init(&bell, KVT_SHM_BELL);
+    /* A bell lost to a full socket is made up by the target's tick. */
+    send(s->sock, &bell, sizeof(bell), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/*
+ * Take a ticket and wait until the target's service thread has answered
+ * it (or a later one): proof that the target was running after every
+ * copy this thread made before. Spins briefly first, since the answer
+ * usually comes within microseconds.
+ */
+static kvt_status_t ack_wait(shm_session_t *s, uint64_t deadline)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t t = atomic_fetch_add(&ch->ack_req, 1) + 1;
+
+    ring_bell(s);
+    for (int spin = 0;; spin++) {
+        uint32_t done =
+            atomic_load_explicit(&ch->ack_done, memory_order_acquire);
+        kvt_status_t st;
+        if ((int32_t)(done - t) >= 0)
+            return KVT_OK;
+        if (spin < 64) {
+            sched_yield();
+            continue;
+        }
+        st = ring_wait(s, &ch->ack_done, done, deadline);
+        if (st != KVT_OK)
+            return st;
+    }
+}
+
+/* Queue a notification on the ring, ring the bell, and wait until the
+ * target has taken it into its queue. */
+static kvt_status_t notify_run(shm_session_t *s, job_t *j)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t tail = atomic_load_explicit(&ch->nq_tail, memory_order_relaxed);
+    kvt__shm_note_t *nt;
+    kvt_status_t st = KVT_OK;
+
+    for (;;) {
+        uint32_t head =
+            atomic_load_explicit(&ch->nq_head, memory_order_acquire);
+        if (tail - head < KVT_SHM_NOTES)
+            break;
+        st = ring_wait(s, &ch->nq_head, head, j->deadline);
+        if (st != KVT_OK)
+            return st;
+    }
+    nt = &ch->notes[tail % KVT_SHM_NOTES];
+    nt->len = j->nlen;
+    memcpy(nt->data, j->msg, j->nlen);
+    atomic_store_explicit(&ch->nq_tail, tail + 1, memory_order_release);
+    ring_bell(s);
+    for (;;) {
+        uint32_t head =
+            atomic_load_explicit(&ch->nq_head, memory_order_acquire);
+        if ((int32_t)(head - (tail + 1)) >= 0)
+            return KVT_OK;
+        st = ring_wait(s, &ch->nq_head, head, j->deadline);
+        if (st != KVT_OK)
+            return st;
+    }
+}
+
+static void job_unref(job_t *j)
+{
+    if (atomic_fetch_sub_explicit(&j->blk->refs, 1, memory_order_acq_rel) == 1)
+        free(j->blk);
+}
+
+/* Complete each slot of @j once, with the first failure of its run. */
+static void job_complete(job_t *j)
+{
+    kvt_batch_h b = j->batch;
+
+    kvt__batch_enter(b);
+    for (uint32_t i = 0; i < j->nsegs;) {
+        uint32_t slot = j->segs[i].slot;
+        kvt_status_t st = KVT_OK;
+        for (; i < j->nsegs && j->segs[i].slot == slot; i++)
+            if (st == KVT_OK)
+                st = j->segs[i].st;
+        kvt__slot_done(b, slot, st);
+    }
+    kvt__batch_leave(b);
+    job_unref(j);
+}
+
+static void fail_list(job_t *list, kvt_status_t st)
+{
+    while (list != NULL) {
+        job_t *next = list->next;
+        segs_fail(list, 0, list->nsegs, st);
+        job_complete(list);
+        list = next;
+    }
+}
+
+/* Unmap and close everything the session holds on the target. Once dead
+ * with nothing in flight, by whoever observes that first. */
+static void release(shm_session_t *s)
+{
+    pthread_rwlock_wrlock(&s->map_lock);
+    for (size_t i = 0; i < s->nmaps; i++)
+        munmap(s->maps[i].local, s->maps[i].len);
+    s->nmaps = 0;
+    pthread_rwlock_unlock(&s->map_lock);
+    if (s->ch != NULL)
+        munmap(s->ch, s->ch_len);
+    s->ch = NULL;
+    close(s->sock);
+    if (s->pidfd >= 0)
+        close(s->pidfd);
+    s->sock = s->pidfd = -1;
+}
+
+/* The next job an executor may take, with the session lock held. */
+static job_t *take_locked(shm_session_t *s)
+{
+    job_t *j = s->head;
+
+    if (j == NULL || atomic_load(&s->base.dead) ||
+        (j->op == KVT_OP_NOTIFY && s->inflight > 0))
+        return NULL;
+    s->head = j->next;
+    if (s->head == NULL)
+        s->tail = NULL;
+    s->inflight++;
+    return j;
+}
+
+static void pool_wake(kvt__shm_t *shm, unsigned n)
+{
+    pthread_mutex_lock(&shm->pool_lock);
+    for (unsigned i = 0; i < n && i < shm->idle; i++)
+        pthread_cond_signal(&shm->pool_cond);
+    pthread_mutex_unlock(&shm->pool_lock);
+}
+
+/* Run a job taken with take_locked() and account for it. */
+static void job_run(shm_session_t *s, job_t *j)
+{
+    int release_now = 0, notify_ready = 0;
+
+    if (j->op == KVT_OP_NOTIFY) {
+        kvt_status_t st = notify_run(s, j);
+        if (st != KVT_OK) {
+            segs_fail(j, 0, j->nsegs, st);
+            session_kill(&s->base, st);
+        }
+    } else {
+        rw_run(s, j);
+    }
+    job_complete(j);
+    pthread_mutex_lock(&s->lock);
+    s->inflight--;
+    if (s->inflight == 0 && atomic_load(&s->base.dead) && !s->released) {
+        s->released = 1;
+        release_now = 1;
+    }
+    notify_ready =
+        s->inflight == 0 && s->head != NULL && s->head->op == KVT_OP_NOTIFY;
+    pthread_mutex_unlock(&s->lock);
+    if (release_now)
+        release(s);
+    if (notify_ready)
+        pool_wake(s->shm, 1);
+}
+
+/* ---- Submission ---------------------------------------------------------- */
+
+typedef struct {
+    job_t *jobs; /* NULL: count only */
+    seg_t *segs;
+    size_t nj, ns; /* used so far */
+    job_t *cur;    /* the job being filled (fill run only) */
+    int open;
+    uint32_t cur_op;
+    uint32_t cur_nsegs;
+    uint32_t cur_slot; /* of its last segment */
+    uint64_t cur_bytes;
+    uint32_t *pieces; /* per descriptor of the submission */
+} plan_t;
+
+static void plan_open(plan_t *p, kvt_batch_h b, uint32_t op, uint64_t dl)
+{
+    if (p->jobs != NULL) {
+        job_t *j = &p->jobs[p->nj];
+        memset(j, 0, sizeof(*j));
+        j->batch = b;
+        j->op = op;
+        j->deadline = dl;
+        j->segs = &p->segs[p->ns];
+        p->cur = j;
+    }
+    p->nj++;
+    p->open = 1;
+    p->cur_op = op;
+    p->cur_nsegs = 0;
+    p->cur_bytes = 0;
+}
+
+/* Append a segment to the open job; a slot's pieces are the jobs its
+ * segments fall in. */
+static void plan_add(plan_t *p, size_t i, const seg_t *g)
+{
+    if (p->cur_nsegs == 0 || p->cur_slot != g->slot)
+        p->pieces[i]++;
+    if (p->jobs != NULL) {
+        p->cur->segs[p->cur_nsegs] = *g;
+        p->cur->nsegs++;
+    }
+    p->cur_slot = g->slot;
+    p->cur_nsegs++;
+    p->cur_bytes += g->len;
+    p->ns++;
+}
+
+/*
+ * Cut descriptors into jobs. Run twice: with p->jobs NULL it only counts
+ * jobs, segments and each descriptor's pieces; then it fills the arrays
+ * the first run sized. A descriptor's remote range is what must lie in one
+ * region (each piece's, for the strided form), so that one crossing a
+ * region's end is refused whole even when it is cut across jobs.
+ */
+static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
+                     const uint32_t *idx, size_t n, size_t slot_base,
+                     uint64_t target, uint64_t dl)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kvt_xfer_desc_t *d = &descs[idx[i]];
+        uint32_t slot = (uint32_t)(slot_base + idx[i]);
+        uint32_t c = d->count > 1 ? d->count : 1;
+        uint64_t L = d->length;
+        uint64_t ls = (c > 1 && d->local_stride) ? d->local_stride : L;
+        uint64_t rs = (c > 1 && d->remote_stride) ? d->remote_stride : L;
+        uint64_t la = (uint64_t)(uintptr_t)d->local_addr;
+
+        p->pieces[i] = 0;
+        if (d->opcode == KVT_OP_NOTIFY) {
+            seg_t g = {0, 0, 0, 0, 0, slot, KVT_OK};
+            plan_open(p, b, KVT_OP_NOTIFY, dl);
+            if (p->jobs != NULL) {
+                p->cur->nlen = (uint32_t)L;
+                p->cur->msg = (uint8_t *)d->local_addr; /* copied later */
+            }
+            plan_add(p, i, &g);
+            p->open = 0;
+            continue;
+        }
+        for (uint32_t k = 0; k < c; k++) {
+            uint64_t ra = d->remote_addr + k * rs, off = 0;
+            uint64_t vlo = c == 1 ? d->remote_addr : ra;
+            while (off < L) {
+                seg_t g;
+                if (!p->open || p->cur_op != d->opcode ||
+                    p->cur_bytes >= target || p->cur_nsegs >= JOB_SEGS)
+                    plan_open(p, b, d->opcode, dl);
+                g = (seg_t){.laddr = la + k * ls + off,
+                            .raddr = ra + off,
+                            .len = L - off,
+                            .vlo = vlo,
+                            .vhi = vlo + L,
+                            .slot = slot,
+                            .st = KVT_OK};
+                if (g.len > target - p->cur_bytes)
+                    g.len = target - p->cur_bytes;
+                plan_add(p, i, &g);
+                off += g.len;
+            }
+        }
+    }
+}
+
+static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
+                               const kvt_xfer_desc_t *descs,
+                               const uint32_t *idx, size_t n, size_t slot_base)
+{
+    shm_session_t *s = (shm_session_t *)base;
+    kvt__shm_t *shm = s->shm;
+    uint64_t total = 0, target, dl;
+    plan_t p = {0};
+    job_block_t *blk;
+    size_t msgs = 0, nj, ns;
+    uint8_t *mp;
+    job_t *list = NULL;
+    int dead;
+
+    p.pieces = malloc(n * sizeof(uint32_t));
+    if (p.pieces == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (size_t i = 0; i < n; i++) {
+        const kvt_xfer_desc_t *d = &descs[idx[i]];
+        if (d->opcode == KVT_OP_NOTIFY)
+            msgs += d->length;
+        else
+            total += d->length * (d->count > 1 ? d->count : 1);
+    }
+    target = total / (1 + shm->nworkers);
+    target = target < JOB_MIN ? JOB_MIN : target > JOB_MAX ? JOB_MAX : target;
+    dl = kvt__now_ns() + base->engine->timeout_ns;
+    plan_run(&p, batch, descs, idx, n, slot_base, target, dl);
+    nj = p.nj;
+    ns = p.ns;
+    blk = malloc(sizeof(*blk) + nj * sizeof(job_t) + ns * sizeof(seg_t) + msgs);
+    if (blk == NULL) {
+        free(p.pieces);
+        return KVT_ERR_NO_MEMORY;
+    }
+    atomic_init(&blk->refs, (uint32_t)nj);
+    p.jobs = (job_t *)(blk + 1);
+    p.segs = (seg_t *)(p.jobs + nj);
+    mp = (uint8_t *)(p.segs + ns);
+    p.nj = p.ns = 0;
+    p.open = 0;
+    plan_run(&p, batch, descs, idx, n, slot_base, target, dl);
+    for (size_t i = 0; i < nj; i++) {
+        job_t *j = &p.jobs[i];
+        j->blk = blk;
+        j->next = i + 1 < nj ? &p.jobs[i + 1] : NULL;
+        if (j->op == KVT_OP_NOTIFY) { /* copied at submission */
+            memcpy(mp, j->msg, j->nlen);
+            j->msg = mp;
+            mp += j->nlen;
+        }
+    }
+    /* Every slot's count is set before any job can complete. */
+    for (size_t i = 0; i < n; i++)
+        atomic_store_explicit(&batch->slots[slot_base + idx[i]].remaining,
+                              p.pieces[i], memory_order_relaxed);
+    free(p.pieces);
+    if (nj > 0)
+        list = &p.jobs[0];
+
+    kvt__batch_hint(batch, &shm_ops, s);
+    pthread_mutex_lock(&s->lock);
+    dead = atomic_load(&s->base.dead);
+    if (!dead && list != NULL) {
+        if (s->tail)
+            s->tail->next = list;
+        else
+            s->head = list;
+        s->tail = &p.jobs[nj - 1];
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (dead) {
+        fail_list(list, dead);
+        return KVT_OK;
+    }
+    pool_wake(shm, (unsigned)nj);
+    return KVT_OK;
+}
+
+/*
+ * Waiter progress: run this session's jobs from the thread waiting on
+ * @b until the batch has nothing pending, the queue offers nothing, or
+ * @deadline_ns passes; the caller then sleeps on the batch.
+ */
+static kvt_status_t shm_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
+{
+    shm_session_t *s = hint;
+
+    while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
+        job_t *j;
+        if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
+            break;
+        pthread_mutex_lock(&s->lock);
+        j = take_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        if (j == NULL)
+            break;
+        job_run(s, j);
+    }
+    return KVT_OK;
+}
+
+/* ---- Session lifecycle --------------------------------------------------- */
+
+static void session_kill(kvt__session_t *base, kvt_status_t why)
+{
+    shm_session_t *s = (shm_session_t *)base;
+    int32_t zero = 0;
+    int release_now = 0;
+    job_t *list;
+
+    if (!atomic_compare_exchange_strong(&base->dead, &zero, why))
+        return;
+    kvt__session_evict(base);
+    if (why != KVT_ERR_CANCELED)
+        KVT_LOG_W("shm session to %s failed: %s", base->name,
+                  kvt_status_str(why));
+    s->tcp->ops->kill(s->tcp, why);
+    pthread_mutex_lock(&s->lock);
+    list = s->head;
+    s->head = s->tail = NULL;
+    if (s->inflight == 0 && !s->released) {
+        s->released = 1;
+        release_now = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    fail_list(list, why);
+    if (release_now)
+        release(s);
+}
+
+static void session_destroy(kvt__session_t *base)
+{
+    shm_session_t *s = (shm_session_t *)base;
+    kvt__shm_t *shm = s->shm;
+    shm_session_t **pp;
+
+    /* The pool is stopped and every session killed (kvt__shm_stop). */
+    session_kill(base, KVT_ERR_CANCELED);
+    pthread_mutex_lock(&shm->pool_lock);
+    for (pp = &shm->sessions; *pp != NULL; pp = &(*pp)->next_all) {
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    s->tcp->ops->destroy(s->tcp);
+    free(s->maps);
+    pthread_mutex_destroy(&s->sock_lock);
+    pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&base->desc_lock);
+    kvt__segdesc_clear(&base->desc);
+    free(s);
+}
+
+static const kvt__transport_ops_t shm_ops = {
+    .name = "shm",
+    .submit = shm_submit,
+    .wait = shm_wait,
+    .kill = session_kill,
+    .destroy = session_destroy,
+};
+
+/* ---- The worker pool ----------------------------------------------------- */
+
+/*
+ * Every TICK_NS one worker looks for sessions whose target died or whose
+ * oldest queued job is past its deadline, and fails them, as the TCP
+ * workers do for their connections.
+ */
+static void pool_tick(kvt__shm_t *shm)
+{
+    shm_session_t *bad[32];
+    kvt_status_t why[32];
+    size_t nbad = 0;
+    uint64_t now = kvt__now_ns();
+
+    pthread_mutex_lock(&shm->pool_lock);
+    for (shm_session_t *s = shm->sessions; s != NULL && nbad < 32;
+         s = s->next_all) {
+        kvt_status_t st = KVT_OK;
+        pthread_mutex_lock(&s->lock);
+        if (!s->released && !atomic_load(&s->base.dead)) {
+            st = peer_status(s);
+            if (st == KVT_OK && s->head != NULL && now > s->head->deadline)
+                st = KVT_ERR_TIMEDOUT;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (st != KVT_OK) {
+            bad[nbad] = s;
+            why[nbad++] = st;
+        }
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    for (size_t i = 0; i < nbad; i++)
+        session_kill(&bad[i]->base, why[i]);
+}
+
+static void *worker_main(void *arg)
+{
+    kvt__shm_t *shm = arg;
+    uint64_t last_tick = kvt__now_ns();
+
+    pthread_mutex_lock(&shm->pool_lock);
+    while (!shm->stopping) {
+        shm_session_t *s;
+        job_t *j = NULL;
+        uint64_t now;
+
+        for (s = shm->sessions; s != NULL && j == NULL; s = s->next_all) {
+            pthread_mutex_lock(&s->lock);
+            j = take_locked(s);
+            pthread_mutex_unlock(&s->lock);
+            if (j != NULL)
+                break;
+        }
+        if (j != NULL) {
+            pthread_mutex_unlock(&shm->pool_lock);
+            job_run(s, j);
+            pthread_mutex_lock(&shm->pool_lock);
+            continue;
+        }
+        now = kvt__now_ns();
+        if (now - last_tick >= TICK_NS) {
+            last_tick = now;
+            pthread_mutex_unlock(&shm->pool_lock);
+            pool_tick(shm);
+            pthread_mutex_lock(&shm->pool_lock);
+            continue;
+        }
+        {
+            struct timespec ts;
+            uint64_t ns;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ns = (uint64_t)ts.tv_nsec + TICK_NS;
+            ts.tv_sec += (time_t)(ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
+            shm->idle++;
+            pthread_cond_timedwait(&shm->pool_cond, &shm->pool_lock, &ts);
+            shm->idle--;
+        }
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    return NULL;
+}
+
+/* Start the workers with the first session. Called with pool_lock held. */
+static kvt_status_t pool_start_locked(kvt__shm_t *shm)
+{
+    unsigned n = shm->e->num_workers;
+
+    if (shm->workers != NULL)
+        return KVT_OK;
+    shm->workers = calloc(n, sizeof(pthread_t));
+    if (shm->workers == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (unsigned i = 0; i < n; i++) {
+        if (pthread_create(&shm->workers[i], NULL, worker_main, shm) != 0) {
+            KVT_LOG_E("shm: cannot start worker threads");
+            break;
+        }
+        shm->nworkers++;
+    }
+    return shm->nworkers > 0 ? KVT_OK : KVT_ERR_IO;
+}
+
+void kvt__shm_sessions_stop(kvt__shm_t *shm)
+{
+    shm_session_t *s;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    shm->stopping = 1;
+    pthread_cond_broadcast(&shm->pool_cond);
+    pthread_mutex_unlock(&shm->pool_lock);
+    for (unsigned i = 0; i < shm->nworkers; i++)
+        pthread_join(shm->workers[i], NULL);
+    shm->nworkers = 0;
+    /* Sessions are freed with the engine only, so the list is stable. */
+    for (s = shm->sessions; s != NULL; s = s->next_all)
+        session_kill(&s->base, KVT_ERR_CANCELED);
+}
+
+/* ---- Opening a session --------------------------------------------------- */
+
+/*
+ * Connect to the target's socket, check that the process behind it is the
+ * one the descriptor names, and receive and check the channel; then probe
+ * that this process may attach to it. On failure *why says what to log.
+ */
+static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
+                                 const char **why)
+{
+    kvt_engine_h e = s->base.engine;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    uint64_t ms = e->connect_timeout_ms;
+    struct timeval tv = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000};
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    kvt__shm_msg_t m;
+    uint64_t probe = 0;
+    struct iovec lv = {&probe, sizeof(probe)}, rv;
+    size_t nl;
+    int memfd = -1;
+
+    nl = kvt__shm_sock_name(sa.sun_path, d->host_id, d->pid, d->port);
+    s->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s->sock < 0) {
+        *why = "cannot create a socket";
+        return KVT_ERR_IO;
+    }
+    setsockopt(s->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(s->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(s->sock, (struct sockaddr *)&sa,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl))) {
+        *why = "the peer serves no shm socket (another network namespace?)";
+        return KVT_ERR_UNREACHABLE;
+    }
+    if (getsockopt(s->sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        cred.pid != (pid_t)d->pid) {
+        *why = "the socket's owner is not the peer's process";
+        return KVT_ERR_ACCESS;
+    }
+    msg_init(&m, KVT_SHM_HELLO);
+    m.pid = (uint32_t)getpid();
+    snprintf(m.name, sizeof(m.name), "%s", e->seg_name);
+    if (send(s->sock, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m) ||
+        recv_msg(s->sock, &m, &memfd) != (ssize_t)sizeof(m) ||
+        m.magic != KVT_SHM_MAGIC || m.type != KVT_SHM_HELLO_ACK) {
+        *why = "no answer to the shm handshake";
+        goto err_fd;
+    }
+    if (m.status != KVT_OK || m.version != KVT_SHM_VERSION) {
+        *why = m.version != KVT_SHM_VERSION ? "another shm protocol version"
+                                            : "the peer refused the channel";
+        goto err_fd;
+    }
+    if (m.pid != d->pid || m.host_id != e->host_id || memfd < 0 ||
+        m.length < KVT_SHM_CHAN_SIZE || !memfd_sound(memfd, m.length)) {
+        *why = "the peer's channel does not check out";
+        goto err_fd;
+    }
+    s->ch_len = m.length;
+    s->ch = mmap(NULL, s->ch_len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    close(memfd);
+    memfd = -1;
+    if (s->ch == MAP_FAILED) {
+        s->ch = NULL;
+        *why = "cannot map the channel";
+        return KVT_ERR_NO_MEMORY;
+    }
+    if (s->ch->magic != KVT_SHM_CHAN_MAGIC ||
+        s->ch->version != KVT_SHM_VERSION || s->ch->size != s->ch_len ||
+        s->ch->max_notes != KVT_SHM_NOTES ||
+        s->ch->max_regions != KVT_SHM_MAX_REGIONS) {
+        *why = "the peer's channel does not check out";
+        return KVT_ERR_PROTOCOL;
+    }
+    /* The channel is at m.addr in the target: reading it back proves
+     * that this process may attach to that one. */
+    rv = (struct iovec){(void *)(uintptr_t)m.addr, sizeof(probe)};
+    if (process_vm_readv(s->pid, &lv, 1, &rv, 1, 0) != sizeof(probe) ||
+        probe != KVT_SHM_CHAN_MAGIC) {
+        *why = errno == EPERM ? "not permitted to attach to the peer "
+                                "(ptrace restrictions)"
+                              : "cannot attach to the peer";
+        return KVT_ERR_ACCESS;
+    }
+    s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    return KVT_OK;
+
+err_fd:
+    if (memfd >= 0)
+        close(memfd);
+    return KVT_ERR_PROTOCOL;
+}
+
+kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
+                           kvt__session_t **s_p, const char **why)
+{
+    kvt_engine_h e = shm->e;
+    kvt__segdesc_t d = {0};
+    pthread_rwlockattr_t ra;
+    shm_session_t *s;
+    kvt_status_t st;
+
+    pthread_mutex_lock(&tcp->desc_lock);
+    memcpy(d.name, tcp->desc.name, sizeof(d.name));
+    d.host_id = tcp->desc.host_id;
+    d.pid = tcp->desc.pid;
+    d.port = tcp->desc.port;
+    pthread_mutex_unlock(&tcp->desc_lock);
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        *why = "out of memory";
+        return KVT_ERR_NO_MEMORY;
+    }
+    s->sock = s->pidfd = -1;
+    s->pid = (pid_t)d.pid;
+    s->base.engine = e;
+    st = chan_connect(s, &d, why);
+    if (st != KVT_OK)
+        goto err_free;
+
+    s->base.ops = &shm_ops;
+    memcpy(s->base.name, tcp->name, sizeof(s->base.name));
+    memcpy(s->base.addr, tcp->addr, sizeof(s->base.addr));
+    pthread_mutex_init(&s->base.desc_lock, NULL);
+    /* The descriptor moves over; the TCP session keeps an empty one. */
+    pthread_mutex_lock(&tcp->desc_lock);
+    s->base.desc = tcp->desc;
+    tcp->desc.regions = NULL;
+    tcp->desc.nregions = 0;
+    pthread_mutex_unlock(&tcp->desc_lock);
+    s->shm = shm;
+    s->tcp = tcp;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->sock_lock, NULL);
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra,
+                                  PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->map_lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    atomic_store(&s->map_seq, UINT64_MAX);
+
+    pthread_mutex_lock(&shm->pool_lock);
+    st = pool_start_locked(shm);
+    if (st == KVT_OK) {
+        s->next_all = shm->sessions;
+        shm->sessions = s;
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    if (st != KVT_OK) {
+        *why = "cannot start worker threads";
+        pthread_mutex_lock(&tcp->desc_lock);
+        tcp->desc = s->base.desc;
+        pthread_mutex_unlock(&tcp->desc_lock);
+        pthread_rwlock_destroy(&s->map_lock);
+        pthread_mutex_destroy(&s->sock_lock);
+        pthread_mutex_destroy(&s->lock);
+        pthread_mutex_destroy(&s->base.desc_lock);
+        goto err_free;
+    }
+    *s_p = &s->base;
+    return KVT_OK;
+
+err_free:
+    if (s->ch != NULL)
+        munmap(s->ch, s->ch_len);
+    if (s->sock >= 0)
+        close(s->sock);
+    if (s->pidfd >= 0)
+        close(s->pidfd);
+    free(s);
+    return st;
+}

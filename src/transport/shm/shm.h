@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_TRANSPORT_SHM_SHM_H
+#define KVT_TRANSPORT_SHM_SHM_H
+
+/*
+ * The same-host transport (docs/shm.md is the spec). A target engine
+ * listens on an abstract Unix socket whose name follows from its segment
+ * descriptor; an initiator on the same host (same boot id, same pid
+ * namespace, verified) connects, and the target hands it a *channel*: a
+ * sealed memfd that both map. The initiator then moves bytes itself, with
+ * process_vm_writev/readv into any registered memory, or with memcpy into
+ * a mapping of the target's kvt_mem_alloc() memfds, which the target also
+ * passes over the socket. The channel carries:
+ *
+ *  - the lease: a word the target makes odd while the snapshot below is
+ *    current, and a count of copies in progress that the initiator raises
+ *    around every copy. A registry change closes the lease, waits for the
+ *    count to drain, publishes the new snapshot and reopens it, before
+ *    kvt_mem_register()/kvt_mem_unregister() return;
+ *  - the snapshot of the target's registry (regions, access rights, and
+ *    which kvt_mem_alloc() allocation holds each), against which the
+ *    initiator checks every range while it holds the lease;
+ *  - an acknowledgement counter: after its copies the initiator takes a
+ *    ticket and rings, and reports success only once the target's service
+ *    thread has answered that ticket, so a target that died or stopped
+ *    (SIGSTOP) before or during a copy fails it (or times it out) instead
+ *    of having it count as delivered. One answer covers every ticket
+ *    taken before it, so concurrent jobs share one round trip;
+ *  - a ring of notifications, delivered by the target's service thread.
+ *
+ * Every field one side reads from the other is untrusted: indices are
+ * bounded, lengths clamped, and a wrong value can only fail transfers.
+ */
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "core/engine_int.h"
+
+#define KVT_SHM_VERSION 1
+#define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
+#define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
+#define KVT_SHM_NOTES 64u
+#define KVT_SHM_MAX_REGIONS KVT_SEGDESC_MAX_REGIONS
+/* The target's service thread also looks at every channel this often, in
+ * case a bell was lost to a full socket. */
+#define KVT_SHM_TICK_NS (50ull * 1000000ull)
+/* A registry change waits this long for an initiator's copies to drain
+ * before it severs that initiator's channel. */
+#define KVT_SHM_DRAIN_NS (1000ull * 1000000ull)
+
+/* One region of the target's registry, as the channel publishes it. */
+typedef struct {
+    uint64_t start;
+    uint64_t end; /* exclusive */
+    uint32_t access;
+    uint32_t map_id; /* kvt_mem_alloc() allocation holding it; 0: none */
+} kvt__shm_region_t;
+
+typedef struct {
+    uint32_t len;
+    uint32_t reserved;
+    uint8_t data[KVT_NOTIFY_MAX];
+} kvt__shm_note_t;
+
+/*
+ * The channel, at offset 0 of its memfd. Fields are grouped by writer so
+ * that the initiator's hot counter does not share a cache line with the
+ * target's words.
+ */
+typedef struct {
+    /* Fixed by the target at creation. */
+    uint64_t magic;
+    uint32_t version;
+    uint32_t target_pid;
+    uint64_t size;
+    uint32_t max_regions;
+    uint32_t max_notes;
+
+    /* Written by the target. */
+    alignas(64) _Atomic uint32_t lease; /* odd: open; futex word */
+    _Atomic int32_t closed;             /* != 0: channel closed, why */
+    _Atomic uint32_t ack_done;          /* last ticket answered; futex word */
+    _Atomic uint32_t nq_head;           /* notifications consumed; futex word */
+    uint32_t nregions;
+    uint32_t truncated; /* the registry had more regions than fit */
+    uint64_t snap_seq;  /* changes with every published snapshot */
+
+    /* Written by the initiator. */
+    alignas(64) _Atomic uint32_t active; /* copies in progress; futex */
+    _Atomic uint32_t lease_waiters;
+    _Atomic uint32_t ack_req; /* last ticket taken */
+    _Atomic uint32_t nq_tail;
+    _Atomic uint32_t waiters; /* sleeping on ack_done or nq_head */
+
+    alignas(64) kvt__shm_note_t notes[KVT_SHM_NOTES];
+    kvt__shm_region_t regions[]; /* max_regions */
+} kvt__shm_chan_t;
+
+#define KVT_SHM_CHAN_SIZE                                                      \
+    ((sizeof(kvt__shm_chan_t) +                                                \
+      (size_t)KVT_SHM_MAX_REGIONS * sizeof(kvt__shm_region_t) + 4095) &        \
+     ~(size_t)4095)
+
+/* Messages on the Unix socket (SOCK_SEQPACKET, one struct per message). */
+enum {
+    KVT_SHM_HELLO = 1,     /* initiator: pid, name */
+    KVT_SHM_HELLO_ACK = 2, /* target: status, pid, host_id, addr, length;
+                              the channel memfd rides along */
+    KVT_SHM_MAP = 3,       /* initiator: id (allocation), seq */
+    KVT_SHM_MAP_ACK = 4,   /* target: status, id, seq, addr, length; the
+                              allocation's memfd rides along on success */
+    KVT_SHM_BELL = 5,      /* initiator: tickets or notifications wait */
+};
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    int32_t status;
+    uint32_t pid;
+    uint64_t host_id;
+    uint64_t id;
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t length;
+    char name[KVT_WIRE_NAME_MAX + 1];
+} kvt__shm_msg_t;
+
+typedef struct shm_tchan shm_tchan_t;
+typedef struct shm_session shm_session_t;
+
+/* Engine-wide state of the transport, both roles. */
+struct kvt__shm {
+    kvt_engine_h e;
+
+    /* Target role (target.c). */
+    int listen_fd;
+    int epfd;
+    int evfd;
+    pthread_t thread;
+    int running;
+    /* Lock order: chan_lock -> registry read lock -> alloc_lock. */
+    pthread_mutex_t chan_lock; /* channel list, snapshots, leases */
+    shm_tchan_t *chans;
+    uint64_t snap_seq;
+    int ptracer_held;
+
+    /* Initiator role (session.c). Lock order: pool_lock -> session lock. */
+    pthread_mutex_t pool_lock;
+    pthread_cond_t pool_cond;
+    shm_session_t *sessions;
+    pthread_t *workers;
+    unsigned nworkers;
+    unsigned idle;
+    int stopping;
+};
+
+/* The abstract socket name of the engine (@host_id, @pid, @port) into
+ * @out (room for 108 bytes, sun_path); returns its length. */
+size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
+                          uint16_t port);
+
+/* session.c: stop the initiator workers and cancel every session. */
+void kvt__shm_sessions_stop(kvt__shm_t *shm);
+
+/* copy.c: copy @len bytes; @nt: with non-temporal stores where that
+ * pays (the destination is not read again by this thread). Ends with a
+ * store fence, so the bytes are visible before any later store. */
+void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
+
+/* Shared (cross-process) futex operations on a channel word. */
+void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
+                         int64_t timeout_ns);
+void kvt__shm_futex_wake(_Atomic uint32_t *word);
+
+#endif

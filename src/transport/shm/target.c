@@ -1,0 +1,731 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The same-host transport, target side: the abstract Unix socket, one
+ * channel per connected initiator, and the service thread that accepts
+ * initiators, answers their requests for allocation memfds and their
+ * acknowledgement tickets, and delivers their notifications.
+ *
+ * The bounds guarantee. Initiators copy into this process themselves, so
+ * the target cannot check each access as the TCP worker does; instead it
+ * controls *which registry they check against, and when*. A channel's
+ * lease is open (odd) while its snapshot equals the registry. An
+ * initiator raises the channel's active count, then checks that the lease
+ * is open, and only then validates its ranges against the snapshot and
+ * copies; it lowers the count after the copy. kvt__shm_registry_changed(),
+ * which the engine calls after every register and unregister, closes the
+ * lease (even), waits until the active count is zero, publishes the new
+ * snapshot and reopens the lease. Both sides use sequentially consistent
+ * operations on the two words, so either the initiator sees the lease
+ * closed (and copies nothing), or the target sees its count and waits for
+ * the copy to end. Hence, when kvt_mem_unregister() returns, no copy that
+ * was validated against a registry holding the region is still running,
+ * and every later copy is validated against one without it.
+ *
+ * The wait is bounded: an initiator that keeps a copy running for more
+ * than KVT_SHM_DRAIN_NS (stopped by a signal in the middle of one) has
+ * its channel severed, and unregister returns. That initiator may then
+ * finish the copy it was in, at most one job (8 MiB) that lands late; it
+ * reports the job failed, and it can start no other. This is the one case
+ * where the guarantee is weaker than over TCP, and it needs an initiator
+ * that stalls mid-copy for a whole second.
+ *
+ * Locks. chan_lock guards the channel list, every channel's dead flag and
+ * the snapshot and lease words; it is held across a registry change,
+ * including the bounded drain. Order: chan_lock -> registry read lock ->
+ * alloc_lock; nothing here is taken inside another lock of the engine.
+ * Only the service thread accepts, frees channels and reads their
+ * sockets; the thread of a registry change only marks channels dead and
+ * shuts their sockets down, so the service thread sees a hang-up and does
+ * the freeing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "transport/shm/shm.h"
+#include "util/log.h"
+#include "util/time.h"
+
+struct shm_tchan {
+    shm_tchan_t *next;
+    int fd;
+    kvt__shm_chan_t *ch;
+    size_t len;
+    pid_t peer_pid;
+    uint32_t head; /* notifications consumed; the service thread's copy */
+    int dead;      /* under chan_lock: no lease is granted any more */
+    char peer[KVT_WIRE_NAME_MAX + 1];
+};
+
+/* Yama's PR_SET_PTRACER is an attribute of the whole process, shared by
+ * every engine in it: it is granted while any of them has memory
+ * registered and has a peer. */
+static pthread_mutex_t ptracer_lock = PTHREAD_MUTEX_INITIALIZER;
+static int ptracer_users;
+
+static int yama_scope(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    int v = -1;
+
+    if (f == NULL)
+        return -1;
+    if (fscanf(f, "%d", &v) != 1)
+        v = -1;
+    fclose(f);
+    return v;
+}
+
+/* Called with chan_lock held. */
+static void ptracer_update(kvt__shm_t *shm, int want)
+{
+    if (want == shm->ptracer_held || yama_scope() != 1)
+        return;
+    shm->ptracer_held = want;
+    pthread_mutex_lock(&ptracer_lock);
+    if (want && ptracer_users++ == 0)
+        prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    else if (!want && --ptracer_users == 0)
+        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    pthread_mutex_unlock(&ptracer_lock);
+}
+
+size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
+                          uint16_t port)
+{
+    int n = snprintf(out + 1, 107, "kvt-shm/%016llx/%u/%u",
+                     (unsigned long long)host_id, pid, port);
+    out[0] = '\0'; /* abstract namespace */
+    return 1 + (size_t)n;
+}
+
+/* ---- Snapshots and leases ------------------------------------------------ */
+
+typedef struct {
+    uint64_t start, end;
+    uint32_t id;
+} alloc_ref_t;
+
+static int cmp_alloc(const void *a, const void *b)
+{
+    const alloc_ref_t *x = a, *y = b;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+/*
+ * The registry as a malloc'd snapshot, each region tagged with the
+ * allocation that holds it. Takes the registry read lock, then alloc_lock.
+ * On failure *regs_p is NULL and the caller publishes an empty snapshot,
+ * which refuses everything: a stale one could admit a removed range.
+ */
+static void snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
+                       uint32_t *n_p, uint32_t *trunc_p)
+{
+    kvt_engine_h e = shm->e;
+    kvt__shm_region_t *regs = NULL;
+    alloc_ref_t *al = NULL;
+    size_t n, na = 0;
+
+    kvt__memreg_rdlock(&e->reg);
+    n = e->reg.count;
+    *trunc_p = n > KVT_SHM_MAX_REGIONS;
+    if (n > KVT_SHM_MAX_REGIONS)
+        n = KVT_SHM_MAX_REGIONS;
+    regs = malloc((n ? n : 1) * sizeof(*regs));
+    if (regs == NULL)
+        goto out_unlock;
+    pthread_mutex_lock(&e->alloc_lock);
+    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
+        na++;
+    al = malloc((na ? na : 1) * sizeof(*al));
+    if (al != NULL) {
+        size_t k = 0;
+        for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next, k++)
+            al[k] =
+                (alloc_ref_t){(uint64_t)(uintptr_t)a->addr,
+                              (uint64_t)(uintptr_t)a->addr + a->length, a->id};
+    }
+    pthread_mutex_unlock(&e->alloc_lock);
+    if (al == NULL) {
+        free(regs);
+        regs = NULL;
+        goto out_unlock;
+    }
+    qsort(al, na, sizeof(*al), cmp_alloc);
+    for (size_t i = 0; i < n; i++) {
+        const kvt__region_t *r = &e->reg.regions[i];
+        size_t lo = 0, hi = na;
+        regs[i] = (kvt__shm_region_t){r->start, r->end, r->access, 0};
+        while (lo < hi) { /* last allocation starting at or below */
+            size_t mid = lo + (hi - lo) / 2;
+            if (al[mid].start <= r->start)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0 && r->end <= al[lo - 1].end)
+            regs[i].map_id = al[lo - 1].id;
+    }
+out_unlock:
+    kvt__memreg_unlock(&e->reg);
+    free(al);
+    if (regs == NULL) {
+        KVT_LOG_E("shm: out of memory for a registry snapshot; same-host "
+                  "peers are refused until the next change");
+        n = 0;
+    }
+    *regs_p = regs;
+    *n_p = (uint32_t)n;
+}
+
+/* Write a snapshot into a channel whose lease is closed and drained (or
+ * which no initiator has seen yet). Called with chan_lock held. */
+static void publish(kvt__shm_t *shm, shm_tchan_t *c,
+                    const kvt__shm_region_t *regs, uint32_t n, uint32_t trunc)
+{
+    kvt__shm_chan_t *ch = c->ch;
+
+    if (n > 0)
+        memcpy(ch->regions, regs, n * sizeof(*regs));
+    ch->nregions = n;
+    ch->truncated = trunc || regs == NULL;
+    ch->snap_seq = ++shm->snap_seq;
+}
+
+/* Close a channel from this side: no lease is granted any more, and the
+ * initiator sees `closed' and a hang-up. Called with chan_lock held. */
+static void sever(shm_tchan_t *c, kvt_status_t why)
+{
+    if (c->dead)
+        return;
+    c->dead = 1;
+    atomic_store(&c->ch->closed, why);
+    shutdown(c->fd, SHUT_RDWR);
+    kvt__shm_futex_wake(&c->ch->lease);
+}
+
+static int peer_hung_up(const shm_tchan_t *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 &&
+           (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+}
+
+/* Wait for the copies running under a closed lease to end; severs the
+ * channel after KVT_SHM_DRAIN_NS. Called with chan_lock held. */
+static void drain(shm_tchan_t *c)
+{
+    uint64_t t0 = kvt__now_ns();
+
+    for (;;) {
+        uint32_t a = atomic_load(&c->ch->active);
+        uint64_t now;
+        if (a == 0)
+            return;
+        if (peer_hung_up(c)) {
+            sever(c, KVT_ERR_CONN_LOST);
+            return;
+        }
+        now = kvt__now_ns();
+        if (now - t0 > KVT_SHM_DRAIN_NS) {
+            KVT_LOG_E("shm: peer %s (pid %d) kept a copy running for %.1f s "
+                      "across a registry change; severing its channel",
+                      c->peer, (int)c->peer_pid, (double)(now - t0) / 1e9);
+            sever(c, KVT_ERR_TIMEDOUT);
+            return;
+        }
+        kvt__shm_futex_wait(&c->ch->active, a, 10 * 1000000);
+    }
+}
+
+static int registry_nonempty(kvt__shm_t *shm)
+{
+    int n;
+    kvt__memreg_rdlock(&shm->e->reg);
+    n = shm->e->reg.count > 0;
+    kvt__memreg_unlock(&shm->e->reg);
+    return n;
+}
+
+/*
+ * The registry barrier (see the top of this file). Holds chan_lock
+ * throughout, so that two changes and a channel being set up are
+ * serialised; blocks at most KVT_SHM_DRAIN_NS per stalled initiator.
+ */
+void kvt__shm_registry_changed(kvt__shm_t *shm)
+{
+    kvt__shm_region_t *regs;
+    uint32_t n, trunc;
+    shm_tchan_t *c;
+
+    if (shm == NULL)
+        return;
+    pthread_mutex_lock(&shm->chan_lock);
+    if (shm->chans == NULL)
+        goto out;
+    for (c = shm->chans; c != NULL; c = c->next)
+        if (!c->dead)
+            atomic_fetch_add(&c->ch->lease, 1); /* odd -> even: closed */
+    for (c = shm->chans; c != NULL; c = c->next)
+        if (!c->dead)
+            drain(c);
+    snap_build(shm, &regs, &n, &trunc);
+    for (c = shm->chans; c != NULL; c = c->next) {
+        if (c->dead)
+            continue;
+        publish(shm, c, regs, n, trunc);
+        atomic_fetch_add(&c->ch->lease, 1); /* even -> odd: open */
+        if (atomic_load(&c->ch->lease_waiters) != 0)
+            kvt__shm_futex_wake(&c->ch->lease);
+    }
+    free(regs);
+out:
+    ptracer_update(shm, shm->chans != NULL && registry_nonempty(shm));
+    pthread_mutex_unlock(&shm->chan_lock);
+}
+
+/* ---- The service thread -------------------------------------------------- */
+
+static kvt_status_t send_msg(int fd, const kvt__shm_msg_t *m, int pass_fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {(void *)m, sizeof(*m)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    if (pass_fd >= 0) {
+        struct cmsghdr *cm;
+        memset(&u, 0, sizeof(u));
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof(u.buf);
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+    }
+    if (sendmsg(fd, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(*m))
+        return KVT_ERR_IO;
+    return KVT_OK;
+}
+
+static void msg_init(kvt__shm_msg_t *m, uint16_t type)
+{
+    memset(m, 0, sizeof(*m));
+    m->magic = KVT_SHM_MAGIC;
+    m->version = KVT_SHM_VERSION;
+    m->type = type;
+}
+
+/* Answer every ticket taken so far, and deliver the notifications the
+ * initiator queued, in order. */
+static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
+{
+    kvt__shm_chan_t *ch = c->ch;
+    uint32_t req = atomic_load_explicit(&ch->ack_req, memory_order_acquire);
+    uint32_t tail = atomic_load_explicit(&ch->nq_tail, memory_order_acquire);
+    uint8_t buf[KVT_NOTIFY_MAX];
+    int any = 0;
+
+    if (atomic_load_explicit(&ch->ack_done, memory_order_relaxed) != req) {
+        atomic_store_explicit(&ch->ack_done, req, memory_order_release);
+        any = 1;
+    }
+    if (tail - c->head > KVT_SHM_NOTES)
+        return -1;
+    while (c->head != tail) {
+        const kvt__shm_note_t *nt = &ch->notes[c->head % KVT_SHM_NOTES];
+        uint32_t len = nt->len;
+        if (len > KVT_NOTIFY_MAX)
+            return -1;
+        memcpy(buf, nt->data, len);
+        /* Every write the notification vouches for landed before the
+         * initiator queued it; pair with kvt_notify_recv(). */
+        atomic_fetch_add_explicit(&shm->e->landed, 1, memory_order_release);
+        kvt__notify_push(shm->e, c->peer, buf, len);
+        c->head++;
+        atomic_store_explicit(&ch->nq_head, c->head, memory_order_release);
+        any = 1;
+    }
+    if (any && atomic_load(&ch->waiters) != 0) {
+        kvt__shm_futex_wake(&ch->ack_done);
+        kvt__shm_futex_wake(&ch->nq_head);
+    }
+    return 0;
+}
+
+/* Is some registered region inside [start, end)? Read lock held. */
+static int registered_within(const kvt__memreg_t *reg, uint64_t start,
+                             uint64_t end)
+{
+    for (size_t i = 0; i < reg->count; i++)
+        if (reg->regions[i].start < end && reg->regions[i].end > start)
+            return 1;
+    return 0;
+}
+
+/* Answer a MAP request with a duplicate of the allocation's memfd, if it
+ * exists and some of it is registered. */
+static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
+{
+    kvt_engine_h e = shm->e;
+    kvt__shm_msg_t m;
+    int fd = -1, rc;
+
+    msg_init(&m, KVT_SHM_MAP_ACK);
+    m.id = req->id;
+    m.seq = req->seq;
+    m.status = KVT_ERR_NOT_FOUND;
+    kvt__memreg_rdlock(&e->reg);
+    pthread_mutex_lock(&e->alloc_lock);
+    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next) {
+        uint64_t start = (uint64_t)(uintptr_t)a->addr;
+        if (a->id != req->id)
+            continue;
+        if (registered_within(&e->reg, start, start + a->length))
+            fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd >= 0) {
+            m.status = KVT_OK;
+            m.addr = start;
+            m.length = a->length;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&e->alloc_lock);
+    kvt__memreg_unlock(&e->reg);
+    rc = send_msg(c->fd, &m, fd) == KVT_OK ? 0 : -1;
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+static void chan_free(shm_tchan_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    if (c->ch != NULL)
+        munmap(c->ch, c->len);
+    free(c);
+}
+
+/* The peer left (or broke the protocol): unlist and free the channel.
+ * Service thread only. */
+static void chan_close(kvt__shm_t *shm, shm_tchan_t *c)
+{
+    shm_tchan_t **pp;
+
+    pthread_mutex_lock(&shm->chan_lock);
+    for (pp = &shm->chans; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    sever(c, KVT_ERR_CONN_LOST);
+    ptracer_update(shm, shm->chans != NULL && registry_nonempty(shm));
+    pthread_mutex_unlock(&shm->chan_lock);
+    epoll_ctl(shm->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    KVT_LOG_D("shm: channel of %s (pid %d) closed", c->peer, (int)c->peer_pid);
+    chan_free(c);
+}
+
+static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
+{
+    int bad = (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0;
+
+    while (!bad && (events & EPOLLIN)) {
+        kvt__shm_msg_t m;
+        ssize_t n = recv(c->fd, &m, sizeof(m), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            break;
+        if (n != (ssize_t)sizeof(m) || m.magic != KVT_SHM_MAGIC ||
+            m.version != KVT_SHM_VERSION) {
+            if (n > 0)
+                KVT_LOG_W("shm: malformed message from %s; closing", c->peer);
+            bad = 1;
+        } else if (m.type == KVT_SHM_MAP) {
+            bad = serve_map(shm, c, &m) != 0;
+        } else if (m.type != KVT_SHM_BELL) {
+            KVT_LOG_W("shm: unexpected message %u from %s; closing", m.type,
+                      c->peer);
+            bad = 1;
+        }
+    }
+    if (consume_notes(shm, c) != 0) {
+        KVT_LOG_W("shm: corrupt notification ring from %s; closing", c->peer);
+        bad = 1;
+    }
+    if (bad)
+        chan_close(shm, c);
+}
+
+/*
+ * Set up a channel for a connected initiator: read its HELLO (bounded by a
+ * 1 s socket timeout), check its credentials, create and seal the channel
+ * memfd, publish the first snapshot, and answer with the memfd.
+ */
+static void chan_open(kvt__shm_t *shm, int fd)
+{
+    kvt_engine_h e = shm->e;
+    struct timeval tv = {1, 0};
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    kvt__shm_region_t *regs;
+    uint32_t n, trunc;
+    kvt__shm_msg_t m, ack;
+    shm_tchan_t *c;
+    int memfd = -1;
+    ssize_t got;
+
+    msg_init(&ack, KVT_SHM_HELLO_ACK);
+    ack.pid = (uint32_t)getpid();
+    ack.host_id = e->host_id;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    got = recv(fd, &m, sizeof(m), 0);
+    if (got != (ssize_t)sizeof(m) || m.magic != KVT_SHM_MAGIC ||
+        m.type != KVT_SHM_HELLO) {
+        KVT_LOG_W("shm: malformed or missing HELLO; closing");
+        goto err_close;
+    }
+    if (m.version != KVT_SHM_VERSION) {
+        KVT_LOG_W("shm: peer speaks shm protocol %u, this engine %d", m.version,
+                  KVT_SHM_VERSION);
+        ack.status = KVT_ERR_VERSION;
+        goto err_refuse;
+    }
+    m.name[KVT_WIRE_NAME_MAX] = '\0';
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        cred.pid != (pid_t)m.pid || (cred.uid != geteuid() && cred.uid != 0)) {
+        KVT_LOG_W("shm: refusing %s: credentials do not match its claim",
+                  m.name);
+        ack.status = KVT_ERR_ACCESS;
+        goto err_refuse;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        goto err_close;
+    c->fd = fd;
+    c->peer_pid = cred.pid;
+    snprintf(c->peer, sizeof(c->peer), "%s", m.name);
+    c->len = KVT_SHM_CHAN_SIZE;
+    memfd = memfd_create("kvt-chan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0 || ftruncate(memfd, (off_t)c->len) != 0 ||
+        fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+            0) {
+        KVT_LOG_E("shm: cannot create a channel: %s", strerror(errno));
+        goto err_free;
+    }
+    c->ch = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (c->ch == MAP_FAILED) {
+        c->ch = NULL;
+        KVT_LOG_E("shm: cannot map a channel: %s", strerror(errno));
+        goto err_free;
+    }
+    c->ch->magic = KVT_SHM_CHAN_MAGIC;
+    c->ch->version = KVT_SHM_VERSION;
+    c->ch->target_pid = (uint32_t)getpid();
+    c->ch->size = c->len;
+    c->ch->max_regions = KVT_SHM_MAX_REGIONS;
+    c->ch->max_notes = KVT_SHM_NOTES;
+    ack.addr = (uint64_t)(uintptr_t)c->ch;
+    ack.length = c->len;
+
+    pthread_mutex_lock(&shm->chan_lock);
+    snap_build(shm, &regs, &n, &trunc);
+    publish(shm, c, regs, n, trunc);
+    free(regs);
+    atomic_store(&c->ch->lease, 1);
+    c->next = shm->chans;
+    shm->chans = c;
+    ptracer_update(shm, registry_nonempty(shm));
+    pthread_mutex_unlock(&shm->chan_lock);
+
+    if (send_msg(fd, &ack, memfd) != KVT_OK) {
+        close(memfd);
+        chan_close(shm, c);
+        return;
+    }
+    close(memfd);
+    tv = (struct timeval){0, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+        if (epoll_ctl(shm->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            chan_close(shm, c);
+            return;
+        }
+    }
+    KVT_LOG_D("shm: channel for %s (pid %d) open", c->peer, (int)c->peer_pid);
+    return;
+
+err_free:
+    if (memfd >= 0)
+        close(memfd);
+    chan_free(c); /* closes fd */
+    return;
+err_refuse:
+    send_msg(fd, &ack, -1);
+err_close:
+    close(fd);
+}
+
+static void *service_main(void *arg)
+{
+    kvt__shm_t *shm = arg;
+    struct epoll_event evs[32];
+    uint64_t last_tick = 0;
+
+    for (;;) {
+        int n =
+            epoll_wait(shm->epfd, evs, 32, (int)(KVT_SHM_TICK_NS / 1000000));
+        uint64_t now;
+
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)&shm->evfd)
+                return NULL;
+            if (p == (void *)shm) {
+                int fd;
+                while ((fd = accept4(shm->listen_fd, NULL, NULL,
+                                     SOCK_CLOEXEC)) >= 0)
+                    chan_open(shm, fd);
+                continue;
+            }
+            chan_event(shm, p, evs[i].events);
+        }
+        now = kvt__now_ns();
+        if (now - last_tick >= KVT_SHM_TICK_NS) {
+            shm_tchan_t *c, *next;
+            last_tick = now;
+            /* Tickets and notifications whose bell was lost are answered
+             * here. The list is changed by this thread only. */
+            for (c = shm->chans; c != NULL; c = next) {
+                next = c->next;
+                if (consume_notes(shm, c) != 0)
+                    chan_close(shm, c);
+            }
+        }
+    }
+}
+
+/* ---- Lifecycle ----------------------------------------------------------- */
+
+kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct epoll_event ev;
+    kvt__shm_t *shm;
+    size_t nl;
+
+    *shm_p = NULL;
+    shm = calloc(1, sizeof(*shm));
+    if (shm == NULL)
+        return KVT_ERR_NO_MEMORY;
+    shm->e = e;
+    shm->evfd = -1;
+    shm->epfd = -1;
+    pthread_mutex_init(&shm->chan_lock, NULL);
+    pthread_mutex_init(&shm->pool_lock, NULL);
+    pthread_cond_init(&shm->pool_cond, NULL);
+    nl = kvt__shm_sock_name(sa.sun_path, e->host_id, (uint32_t)getpid(),
+                            e->port);
+    shm->listen_fd =
+        socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (shm->listen_fd < 0 ||
+        bind(shm->listen_fd, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) != 0 ||
+        listen(shm->listen_fd, 64) != 0) {
+        KVT_LOG_W("shm: cannot listen on @%s: %s; same-host peers will use "
+                  "tcp",
+                  sa.sun_path + 1, strerror(errno));
+        goto err_free;
+    }
+    shm->epfd = epoll_create1(EPOLL_CLOEXEC);
+    shm->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (shm->epfd < 0 || shm->evfd < 0)
+        goto err_free;
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = shm};
+    if (epoll_ctl(shm->epfd, EPOLL_CTL_ADD, shm->listen_fd, &ev) != 0)
+        goto err_free;
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &shm->evfd};
+    if (epoll_ctl(shm->epfd, EPOLL_CTL_ADD, shm->evfd, &ev) != 0)
+        goto err_free;
+    if (pthread_create(&shm->thread, NULL, service_main, shm) != 0)
+        goto err_free;
+    shm->running = 1;
+    if (yama_scope() >= 2)
+        KVT_LOG_W("shm: Yama ptrace_scope is %d: same-host peers cannot "
+                  "attach to this process and will use tcp",
+                  yama_scope());
+    KVT_LOG_D("shm: serving same-host peers on @%s", sa.sun_path + 1);
+    *shm_p = shm;
+    return KVT_OK;
+
+err_free:
+    if (shm->listen_fd >= 0)
+        close(shm->listen_fd);
+    if (shm->epfd >= 0)
+        close(shm->epfd);
+    if (shm->evfd >= 0)
+        close(shm->evfd);
+    pthread_cond_destroy(&shm->pool_cond);
+    pthread_mutex_destroy(&shm->pool_lock);
+    pthread_mutex_destroy(&shm->chan_lock);
+    free(shm);
+    return KVT_ERR_IO;
+}
+
+void kvt__shm_stop(kvt__shm_t *shm)
+{
+    shm_tchan_t *c;
+    uint64_t one = 1;
+
+    if (shm == NULL)
+        return;
+    if (shm->running) {
+        if (write(shm->evfd, &one, sizeof(one)) < 0)
+            (void)0;
+        pthread_join(shm->thread, NULL);
+        shm->running = 0;
+    }
+    /* Peers see their channels closed and fail what they had in flight. */
+    pthread_mutex_lock(&shm->chan_lock);
+    while ((c = shm->chans) != NULL) {
+        shm->chans = c->next;
+        sever(c, KVT_ERR_CONN_LOST);
+        chan_free(c);
+    }
+    ptracer_update(shm, 0);
+    pthread_mutex_unlock(&shm->chan_lock);
+    if (shm->listen_fd >= 0) {
+        close(shm->listen_fd);
+        shm->listen_fd = -1;
+    }
+    kvt__shm_sessions_stop(shm);
+}
+
+void kvt__shm_destroy(kvt__shm_t *shm)
+{
+    if (shm == NULL)
+        return;
+    close(shm->epfd);
+    close(shm->evfd);
+    free(shm->workers);
+    pthread_cond_destroy(&shm->pool_cond);
+    pthread_mutex_destroy(&shm->pool_lock);
+    pthread_mutex_destroy(&shm->chan_lock);
+    free(shm);
+}
