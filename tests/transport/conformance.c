@@ -481,7 +481,13 @@ KVT_TEST(peer_killed)
                     f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
     CHECK_OK(kvt_batch_create(f.e, N, &b));
     CHECK_OK(kvt_batch_submit(b, d, N));
-    usleep(20000);
+    /* Kill it once the transfer is under way, whatever the load. */
+    for (int i = 0; i < 20000; i++) {
+        kvt_batch_query(b, &s);
+        if (s.completed >= 8)
+            break;
+        usleep(100);
+    }
     t0 = kvt_test_now();
     peer_kill(&f.peer, SIGKILL);
     st = kvt_batch_wait(b, 10000);
