@@ -468,7 +468,7 @@ static int64_t ms_since(double t0)
  * dead session refuses new work without hanging. */
 KVT_TEST(peer_killed)
 {
-    enum { N = 512, BLK = 1 << 20 };
+    enum { N = 4096, BLK = 1 << 20 }; /* 4 GiB: long enough to kill */
     fixture_t f;
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t s;
