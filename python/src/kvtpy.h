@@ -46,6 +46,14 @@ int kvtpy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
  * names @what. */
 int kvtpy_u64(PyObject *o, const char *what, uint64_t *v);
 
+/* The length of a list, tuple or other sequence that is not a string;
+ * -1 with TypeError set otherwise. */
+Py_ssize_t kvtpy_seq_len(PyObject *seq, const char *what);
+
+/* Item @i of a sequence as an unsigned 64-bit value (see kvtpy_u64). */
+int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what,
+                   uint64_t *v);
+
 /* A NUL-terminated UTF-8 view of a str or bytes object, valid while @o
  * lives. Returns NULL with an exception set. */
 const char *kvtpy_cstr(PyObject *o, const char *what);
@@ -119,8 +127,53 @@ void kvtpy_ids_acquire(kvtpy_ids_t *t, const uint64_t *ids, size_t n,
 void kvtpy_ids_finish(kvtpy_ids_t *t, const kvt_batch_h *batches,
                       const uint32_t *slots, size_t n);
 
-/* ---- engine.c ------------------------------------------------------------ */
+/* ---- engine.c and transfer.c: kvt.TransferEngine ---------------------- */
+
+/* Synchronous calls of up to KVTPY_POOL_CAP descriptors use pooled
+ * batches of that capacity; KVTPY_POOL_MAX of them are kept, enough for
+ * that many threads calling at once. */
+#define KVTPY_POOL_CAP 64
+#define KVTPY_POOL_MAX 8
+
+typedef struct {
+    PyObject_HEAD
+    /* NULL until initialize() succeeds; then fixed for the object's life,
+     * so methods read it without a lock. */
+    kvt_engine_h engine;
+    pthread_mutex_t pool_lock;
+    kvt_batch_h pool[KVTPY_POOL_MAX];
+    int npool;
+    kvtpy_ids_t ids;
+    /* get_notifies() scratch space, only used with the GIL held. */
+    kvt_notify_t *nbuf;
+} kvtpy_engine_t;
 
 PyTypeObject *kvtpy_engine_type_create(PyObject *module);
+
+/* 0 when initialized, else -1 with RuntimeError set. */
+int kvtpy_need_engine(kvtpy_engine_t *self);
+
+static inline PyObject *kvtpy_int(long v)
+{
+    return PyLong_FromLong(v);
+}
+
+/* Methods from transfer.c, put in the type's method table by engine.c. */
+#define KVTPY_FASTCALL(name)                                                   \
+    PyObject *kvtpy_m_##name(PyObject *self, PyObject *const *args,            \
+                             Py_ssize_t nargs, PyObject *kwnames)
+KVTPY_FASTCALL(transfer_sync_write);
+KVTPY_FASTCALL(transfer_sync_read);
+KVTPY_FASTCALL(transfer_sync);
+KVTPY_FASTCALL(batch_transfer_sync_write);
+KVTPY_FASTCALL(batch_transfer_sync_read);
+KVTPY_FASTCALL(batch_transfer_sync);
+KVTPY_FASTCALL(batch_transfer_async_write);
+KVTPY_FASTCALL(batch_transfer_async_read);
+KVTPY_FASTCALL(batch_transfer_async);
+KVTPY_FASTCALL(transfer_submit_write);
+KVTPY_FASTCALL(send_notify);
+PyObject *kvtpy_m_transfer_check_status(PyObject *self, PyObject *arg);
+PyObject *kvtpy_m_get_batch_transfer_status(PyObject *self, PyObject *arg);
 
 #endif

@@ -115,6 +115,47 @@ int kvtpy_u64(PyObject *o, const char *what, uint64_t *v)
     return 0;
 }
 
+/* A new reference to item @i of a list, tuple or other sequence. */
+static PyObject *seq_item(PyObject *seq, Py_ssize_t i)
+{
+    PyObject *o;
+
+    if (PyList_Check(seq)) {
+        o = PyList_GetItem(seq, i);
+        Py_XINCREF(o);
+        return o;
+    }
+    if (PyTuple_Check(seq)) {
+        o = PyTuple_GetItem(seq, i);
+        Py_XINCREF(o);
+        return o;
+    }
+    return PySequence_GetItem(seq, i);
+}
+
+Py_ssize_t kvtpy_seq_len(PyObject *seq, const char *what)
+{
+    if (PyUnicode_Check(seq) || PyBytes_Check(seq) || !PySequence_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list of integers", what);
+        return -1;
+    }
+    return PySequence_Size(seq);
+}
+
+int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what,
+                   uint64_t *v)
+{
+    PyObject *o = seq_item(seq, i);
+    int rc;
+
+    if (o == NULL)
+        return -1;
+    rc = kvtpy_u64(o, what, v);
+    Py_DECREF(o);
+    return rc;
+}
+
+
 const char *kvtpy_cstr(PyObject *o, const char *what)
 {
     const char *s;

@@ -49,9 +49,10 @@ def address_of(buf):
 class Peer:
     """A peer.py process; call() sends one command and returns the reply."""
 
-    def __init__(self):
+    def __init__(self, metadata="P2PHANDSHAKE", protocol="tcp"):
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "peer.py"), "127.0.0.1"],
+            [sys.executable, str(HERE / "peer.py"), "--host=127.0.0.1",
+             f"--metadata={metadata}", f"--protocol={protocol}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=os.environ.copy())
         self.stopped = False
@@ -136,10 +137,10 @@ class Local:
         return bytes(self.map[off:off + length])
 
 
-def new_engine():
+def new_engine(metadata="P2PHANDSHAKE", protocol="tcp"):
     from mooncake.engine import TransferEngine
     engine = TransferEngine()
-    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert engine.initialize("127.0.0.1", metadata, protocol, "") == 0
     return engine
 
 

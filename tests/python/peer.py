@@ -9,6 +9,7 @@ test inspect and change the target's memory from the outside, so every
 transfer can be checked byte for byte on both sides.
 """
 
+import argparse
 import base64
 import ctypes
 import json
@@ -26,9 +27,14 @@ def address_of(buf):
 
 
 def main():
-    host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--metadata", default="P2PHANDSHAKE")
+    ap.add_argument("--protocol", default="tcp")
+    args = ap.parse_args()
+    host = args.host
     engine = TransferEngine()
-    if engine.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
+    if engine.initialize(host, args.metadata, args.protocol, "") != 0:
         print(json.dumps({"error": "initialize failed"}), flush=True)
         return 1
 

@@ -123,21 +123,46 @@ def test_initialize_variants(caplog):
                             "P2PHANDSHAKE") == 0
 
 
-@pytest.mark.parametrize("call", [
-    ("initialize", ("127.0.0.1", "127.0.0.1:2379", "tcp", "")),
-    ("initialize", ("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "")),
-    ("initialize", ("127.0.0.1", "http://127.0.0.1:8080/metadata", "tcp",
-                    "")),
-    ("initialize_ext", ("127.0.0.1", "127.0.0.1:6379", "tcp", "", "redis")),
+@pytest.mark.parametrize("call,uri", [
+    (("initialize", ("127.0.0.1", "P2PHANDSHAKE", "tcp", "")), "p2p"),
+    # Mooncake: a server without a scheme is etcd ...
+    (("initialize", ("127.0.0.1", "127.0.0.1:2379", "tcp", "")),
+     "etcd://127.0.0.1:2379"),
+    (("initialize", ("127.0.0.1", "http://127.0.0.1:1/metadata", "tcp", "")),
+     "http://127.0.0.1:1/metadata"),
+    # ... or gets metadata_type as its scheme.
+    (("initialize_ext", ("127.0.0.1", "127.0.0.1:6379", "tcp", "",
+                         "redis")), "redis://127.0.0.1:6379"),
+    (("initialize_ext", ("127.0.0.1", "etcd://h:1", "tcp", "", "redis")),
+     "etcd://h:1"),
 ])
-def test_initialize_metadata_servers_refused(call, caplog):
+def test_initialize_metadata_uris(call, uri, caplog):
+    """The metadata server string becomes the URI Mooncake would use. No
+    server is contacted at creation, so an engine starts before its
+    metadata server (see docs/metadata.md)."""
+    e = kvt.TransferEngine()
+    with caplog.at_level(logging.INFO, logger="kvt"):
+        assert getattr(e, call[0])(*call[1]) == 0
+    assert f"metadata {uri}" in caplog.text
+    assert e.get_rpc_port() > 0
+
+
+@pytest.mark.parametrize("bad", ["ftp://127.0.0.1:1", "http://"])
+def test_initialize_bad_metadata_uri(bad, caplog):
     e = kvt.TransferEngine()
     with caplog.at_level(logging.ERROR, logger="kvt"):
-        assert getattr(e, call[0])(*call[1]) == -1
-    assert "metadata" in caplog.text
-    assert "P2PHANDSHAKE" in caplog.text
+        assert e.initialize("127.0.0.1", bad, "tcp", "") == -1
+    assert "initialize" in caplog.text
     with pytest.raises(RuntimeError, match="not initialized"):
         e.get_rpc_port()
+
+
+def test_initialize_bad_local_hostname(caplog):
+    e = kvt.TransferEngine()
+    with caplog.at_level(logging.ERROR, logger="kvt"):
+        assert e.initialize("127.0.0.1:notaport", "P2PHANDSHAKE", "tcp",
+                            "") == -1
+    assert "host[:port]" in caplog.text
 
 
 def test_uninitialized_engine_raises():

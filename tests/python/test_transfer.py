@@ -190,24 +190,32 @@ def test_many_ids_are_recycled(engine, local, peer):
 
 def test_concurrent_threads(engine, local, peer):
     """Eight threads write their own ranges at once (the GIL is released
-    during each transfer); every byte lands where it should."""
-    n, size = 8, 256 * 1024
+    during each transfer, so several wait on the same connections); every
+    call returns, and every byte lands where it should."""
+    n, size, rounds = 8, 256 * 1024, 50
     base = peer.info["reg"]
     errors = []
+    done = [0] * n
 
     def worker(i):
         data = pattern(size, 70 + i)
         local.put(i * size, data)
-        for _ in range(5):
+        for _ in range(rounds):
             if engine.transfer_sync_write(peer.segment, local.addr + i * size,
                                           base + i * size, size) != 0:
                 errors.append(i)
+            done[i] += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    # Daemon threads: a call that never returned must fail the test, not
+    # hang the interpreter at exit.
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True)
+               for i in range(n)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
     for t in threads:
-        t.join(60)
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert done == [rounds] * n, "some transfer_sync_write never returned"
     assert not errors
     for i in range(n):
         assert peer.read(base + i * size, size) == pattern(size, 70 + i)
