@@ -9,7 +9,9 @@
  *   kvt/status.h    status codes and their messages
  *   kvt/engine.h    engine, local memory, remote segments
  *   kvt/transfer.h  batched one-sided transfers and notifications
+ *   kvt/connector.h the prefill/decode KV connector and bootstrap server
  */
+#include <kvt/connector.h>
 #include <kvt/defs.h>
 #include <kvt/engine.h>
 #include <kvt/status.h>

@@ -1,0 +1,386 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_CONNECTOR_CONN_INT_H
+#define KVT_CONNECTOR_CONN_INT_H
+
+/*
+ * Internals of the connector. Everything below hangs off one kvt_conn and
+ * is protected by its mutex (conn->lock), with these owners:
+ *
+ *   rx thread      takes notifications from the engine, decodes them and
+ *                  applies them to the state (never sends anything);
+ *   worker thread  sends: control messages and transfers; polls batches;
+ *                  runs the timers; frees rooms, sessions and jobs;
+ *   slow thread    blocking calls with the lock released: bootstrap HTTP
+ *                  and kvt_segment_open(); results applied under the lock;
+ *   callers        the public calls, which change state and wake the
+ *                  worker.
+ *
+ * Objects are freed by the worker only, so a pointer taken under the lock
+ * stays valid across an unlock of the worker or the slow thread (their
+ * fields may change meanwhile). Batches are touched by the worker only.
+ *
+ * A room is final (SUCCESS or FAILED) only when it is quiescent: on
+ * prefill every write it submitted is final and every decode rank it
+ * announced has acknowledged an abort (or finished, or died); on decode
+ * every prefill rank it announced to has finished, aborted or
+ * acknowledged an abort (or died).
+ */
+#include <pthread.h>
+#include <stdint.h>
+
+#include <kvt/connector.h>
+#include <kvt/transfer.h>
+
+#include "connector/boot.h"
+#include "connector/layout.h"
+#include "connector/msg.h"
+
+#define KVT__NAME_MAX 128
+#define KVT__WHY_MAX 256
+
+typedef struct kvt__sess kvt__sess_t;
+
+/* ---- Sessions: one per peer rank, a handshake each ------------------- */
+
+enum {
+    KVT__SESS_NEW = 0, /* waiting for the slow thread to open it */
+    KVT__SESS_OPENING, /* the slow thread is opening the segment */
+    KVT__SESS_OPENED,  /* segment open; the worker sends HELLO/HELLO_ACK */
+    KVT__SESS_HELLO,   /* decode: HELLO sent, waiting for HELLO_ACK */
+    KVT__SESS_ALIVE,   /* rooms may use it */
+    KVT__SESS_DEAD,    /* refuses rooms; freed when unreferenced */
+};
+
+struct kvt__sess {
+    kvt__sess_t *next;
+    char name[KVT__NAME_MAX]; /* the peer's segment name */
+    int state;
+    uint64_t id; /* chosen by decode, one per handshake */
+    kvt_segment_t seg;
+    unsigned refs; /* peers, orphans, control messages in flight */
+    uint64_t t_state;
+    kvt_status_t err;
+    char why[KVT__WHY_MAX];
+    kvt__hello_t peer; /* the peer's ranks and sizes */
+    /* Prefill: decode's layout, the verdict on it, the plan per cache. */
+    kvt__layout_t peer_lay;
+    kvt_status_t verdict;
+    kvt__xplan_t *plan;
+    /* Liveness. */
+    uint64_t t_ping;
+    int ping_inflight;
+};
+
+/* ---- Rooms ------------------------------------------------------------- */
+
+enum {
+    KVT__PEER_WAIT = 0,     /* decode: not announced yet */
+    KVT__PEER_ANNOUNCING,   /* decode: ROOM in flight */
+    KVT__PEER_ACTIVE,       /* announced: data may move */
+    KVT__PEER_DONE_SENDING, /* prefill: DONE in flight */
+    KVT__PEER_DONE,         /* finished successfully */
+    KVT__PEER_ABORTING,     /* ABORT sent, waiting for ABORT_ACK */
+    KVT__PEER_QUIET,        /* will not move data any more */
+};
+
+/* The other side of a room, per peer rank: on decode the prefill ranks
+ * that write it (sources), on prefill the decode ranks it writes
+ * (targets). */
+typedef struct {
+    kvt__sess_t *sess;
+    uint32_t rank;  /* the peer's tp rank */
+    uint32_t flags; /* KVT__ROOM_DUMMY */
+    int st;
+    int need_ack; /* the peer aborted: acknowledge once quiescent */
+    int started;  /* prefill: STARTED sent; decode: STARTED seen */
+    uint64_t t_abort;
+    kvt__room_msg_t req; /* prefill: what the decode rank asked for */
+} kvt__peer_t;
+
+/* Prefill: a chunk of blocks given by send() or send_step(). */
+typedef struct kvt__chunk {
+    struct kvt__chunk *next;
+    uint64_t step; /* 0: every layer ready */
+    uint64_t offset;
+    uint32_t n;
+    int is_last;
+    uint32_t covered; /* targets [0, covered) have a job for it */
+    uint32_t *ids;
+} kvt__chunk_t;
+
+/* Prefill: the writes of one chunk to one target. */
+typedef struct kvt__job {
+    struct kvt__job *next;
+    kvt__chunk_t *chunk;
+    uint32_t peer; /* index into room->peers */
+    kvt__run_t *runs;
+    size_t nruns;
+    uint32_t next_layer; /* layers [0, next_layer) are submitted */
+    int want_aux, aux_done, all_submitted;
+    kvt_batch_h batch;
+    size_t cap;
+    int final;
+    kvt_status_t st;
+} kvt__job_t;
+
+struct kvt_room {
+    kvt_conn_h conn;
+    struct kvt_room *next;  /* conn->rooms */
+    struct kvt_room *hnext; /* hash chain */
+    uint64_t id, serial;
+    int role;
+    kvt_poll_t state;
+    kvt_status_t error;
+    char reason[KVT__WHY_MAX];
+    uint64_t t_created, t_state;
+    int detached;
+    int dirty; /* something changed: the worker should look */
+    /* Failure decided, not final yet (waiting for quiescence). */
+    int failing;
+    kvt_status_t ferr;
+    char freason[KVT__WHY_MAX];
+    char wait_why[KVT__WHY_MAX]; /* what BOOTSTRAPPING waits for */
+    /* init() */
+    int inited;
+    uint64_t num_blocks;  /* prefill */
+    uint64_t first_block; /* decode */
+    uint32_t *ids;        /* decode */
+    uint64_t nids;
+    uint64_t *aux; /* layout naux slots (UINT64_MAX: none), or NULL */
+    kvt__peer_t *peers;
+    uint32_t npeers, cap_peers;
+    uint32_t nexpect; /* peers expected; 0 while unknown */
+    /* Prefill. */
+    kvt__chunk_t *chunks, **chunk_tail;
+    uint64_t next_block;
+    int got_last;
+    kvt__job_t *jobs;
+    /* Decode. */
+    char server[KVT__NAME_MAX];
+    int64_t group;
+    int resolved;
+};
+
+/* ---- Prefill topology as decode learns it -------------------------- */
+
+enum {
+    KVT__TOPO_NONE = 0, /* sizes to fetch */
+    KVT__TOPO_FETCHING,
+    KVT__TOPO_OK,  /* sizes known; ranks fetched as rooms need them */
+    KVT__TOPO_ERR, /* sizes unknown; retry at t_retry */
+};
+
+/* What decode knows of one prefill instance (one bootstrap server): its
+ * sizes, and the addresses of the ranks rooms needed so far, each looked
+ * up when first needed (ranks that finished may have withdrawn). */
+typedef struct kvt__topo {
+    struct kvt__topo *next;
+    char server[KVT__NAME_MAX];
+    int state;
+    uint32_t tp_total, dp;
+    char (*names)[KVT__NAME_MAX]; /* [group * tp + rank]; "" unknown */
+    uint8_t *need;                /* a room waits for this rank */
+    int fetching;                 /* the slow thread looks ranks up */
+    kvt_status_t err;
+    char why[KVT__WHY_MAX];
+    uint64_t t_retry, backoff_ms;
+} kvt__topo_t;
+
+/* ---- Control messages in flight ------------------------------------ */
+
+typedef struct kvt__ctrl {
+    struct kvt__ctrl *next;
+    kvt__sess_t *sess;
+    kvt_batch_h batch;
+    uint8_t type;
+    uint64_t room, serial; /* for ROOM and DONE completions */
+    uint32_t peer;
+    uint64_t t_sent;
+} kvt__ctrl_t;
+
+/* Prefill: a ROOM for a room no sender was created for yet. */
+typedef struct kvt__orphan {
+    struct kvt__orphan *next;
+    kvt__sess_t *sess;
+    uint64_t room, t;
+    kvt__room_msg_t req;
+} kvt__orphan_t;
+
+/* Prefill: a room decode aborted before the sender existed. */
+typedef struct kvt__tomb {
+    struct kvt__tomb *next;
+    uint64_t room, t;
+    char why[KVT__WHY_MAX];
+} kvt__tomb_t;
+
+/* An ABORT_ACK or NAK owed for a room this side does not know. */
+typedef struct kvt__reply {
+    struct kvt__reply *next;
+    kvt__sess_t *sess;
+    uint8_t type;
+    uint64_t room;
+    int32_t status;
+    char why[KVT__WHY_MAX];
+} kvt__reply_t;
+
+/* A message being reassembled from FRAG pieces. */
+typedef struct kvt__reasm {
+    struct kvt__reasm *next;
+    char from[KVT__NAME_MAX];
+    uint64_t msg_id, t;
+    uint32_t total, got;
+    uint8_t *buf;
+} kvt__reasm_t;
+
+/* A forward step (layer-wise streaming). */
+typedef struct {
+    uint64_t id;
+    uint32_t ready; /* layers [0, ready) are ready */
+} kvt__step_t;
+
+/* A memory range the connector registered. */
+typedef struct {
+    uint64_t base, len;
+} kvt__range_t;
+
+#define KVT__ROOM_HASH 1024
+
+struct kvt_conn {
+    kvt_engine_h engine;
+    int role;
+    uint32_t tp_rank, tp_size, dp_rank, dp_size;
+    kvt__layout_t lay;
+    uint64_t bootstrap_ms, waiting_ms, transfer_ms, heartbeat_ms, peer_ms;
+    uint32_t submit_interval, flags, ttl_s;
+    char server[KVT__NAME_MAX];
+    char seg_name[KVT__NAME_MAX];
+    char host[KVT__NAME_MAX];
+    uint16_t port;
+
+    pthread_mutex_t lock;
+    pthread_cond_t wake;    /* the worker */
+    pthread_cond_t slow_cv; /* the slow thread */
+    pthread_cond_t changed; /* room states, for waiters */
+    pthread_t rx_tid, worker_tid, slow_tid;
+    int threads; /* how many were started: 1 rx, 2 worker, 3 slow */
+    int stop;
+    int work; /* the worker should run a round at once */
+
+    struct kvt_room *rooms;
+    struct kvt_room *hash[KVT__ROOM_HASH];
+    uint64_t next_serial;
+    kvt__sess_t *sessions;
+    kvt__ctrl_t *ctrls;
+    kvt__topo_t *topos;
+    kvt__orphan_t *orphans;
+    kvt__tomb_t *tombs;
+    kvt__reply_t *replies;
+    kvt__reasm_t *reasm;
+    size_t reasm_bytes;
+    kvt__step_t *steps;
+    size_t nsteps, cap_steps;
+    uint64_t next_step;
+    uint64_t next_msg_id;
+    uint64_t rng;
+
+    kvt__range_t *ranges;
+    size_t nranges;
+    uint64_t t_register; /* next registration refresh; 0: none */
+
+    /* Worker scratch for descriptors. */
+    kvt_xfer_desc_t *descs;
+    size_t cap_descs;
+};
+
+/* ---- conn.c ------------------------------------------------------------ */
+
+uint64_t kvt__conn_now_ms(void);
+/* Milliseconds from @t to @now, 0 when @t is later (a round's @now is
+ * taken before the events of the round). */
+static inline uint64_t kvt__since(uint64_t now, uint64_t t)
+{
+    return now > t ? now - t : 0;
+}
+uint64_t kvt__conn_random(kvt_conn_h c);
+void kvt__conn_wake(kvt_conn_h c);
+/* Layers ready of @step and whether its aux items are (0: always). */
+void kvt__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
+                     int *aux_p);
+/* Grow the descriptor scratch to @n; 0 or -1 (no memory). */
+int kvt__conn_descs(kvt_conn_h c, size_t n);
+
+/* ---- room.c ------------------------------------------------------------ */
+
+struct kvt_room *kvt__room_find(kvt_conn_h c, uint64_t id);
+/* Enter a non-final state, with a reason; broadcasts. */
+void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Decide that the room fails (first decision wins); it turns FAILED when
+ * quiescent. */
+void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Make the room FAILED or SUCCESS now (it must be quiescent). */
+void kvt__room_final(struct kvt_room *r, kvt_poll_t state);
+int kvt__room_is_final(const struct kvt_room *r);
+kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s);
+/* The worker's timers and garbage collection for rooms. */
+void kvt__rooms_tick(kvt_conn_h c, uint64_t now);
+void kvt__room_free(kvt_conn_h c, struct kvt_room *r);
+const char *kvt__role_str(int role);
+
+/* ---- sess.c ------------------------------------------------------------ */
+
+kvt__sess_t *kvt__sess_find(kvt_conn_h c, const char *name);
+kvt__sess_t *kvt__sess_new(kvt_conn_h c, const char *name);
+void kvt__sess_ref(kvt__sess_t *s);
+void kvt__sess_unref(kvt__sess_t *s);
+/* Mark dead: every room with a peer on it fails, its segment is closed. */
+void kvt__sess_kill(kvt_conn_h c, kvt__sess_t *s, kvt_status_t err,
+                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/*
+ * Send a finished message (kvt__cmb_finish done; the buffer is consumed)
+ * to @s, fragmenting it when needed. A failure to submit kills the
+ * session. @room/@serial/@peer identify what a ROOM or DONE completes.
+ */
+void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
+                    uint64_t serial, uint32_t peer);
+/* Send a status message (NAK, ABORT, ABORT_ACK, HELLO_ACK). */
+void kvt__ctrl_status(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
+                      uint64_t serial, uint32_t peer, kvt_status_t st,
+                      const char *why);
+/* Poll control messages and sessions (handshakes, pings, timeouts);
+ * returns non-zero while something is in flight. */
+int kvt__sess_tick(kvt_conn_h c, uint64_t now);
+/* The rx thread's handling of one notification. */
+void kvt__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
+                      size_t len);
+void kvt__sess_free_all(kvt_conn_h c);
+/* Owe @s a status message (NAK, ABORT_ACK) for @room: sent by the
+ * worker's next round. */
+void kvt__queue_reply(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
+                      kvt_status_t st, const char *why);
+
+/* ---- prefill.c --------------------------------------------------------- */
+
+/* A ROOM from @s: attach to the room, or keep as an orphan. */
+void kvt__prefill_on_room(kvt_conn_h c, kvt__sess_t *s, uint64_t room,
+                          kvt__room_msg_t *req);
+void kvt__prefill_adopt(kvt_conn_h c, struct kvt_room *r);
+/* Check the targets against init(): fail the room on a mismatch. */
+void kvt__prefill_check(struct kvt_room *r);
+/* Submit, poll and complete; returns non-zero while writes are in
+ * flight. */
+int kvt__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
+int kvt__prefill_quiescent(struct kvt_room *r);
+void kvt__job_free_all(struct kvt_room *r);
+
+/* ---- decode.c ---------------------------------------------------------- */
+
+int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
+
+/* ---- the slow thread (conn.c) ------------------------------------------ */
+
+kvt__topo_t *kvt__topo_get(kvt_conn_h c, const char *server);
+void kvt__topo_forget(kvt_conn_h c, const char *name);
+
+#endif

@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The decode side of a room: find the prefill ranks that hold this
+ * rank's KV heads (bootstrap lookup, then a session with each), announce
+ * the destination blocks to each of them once init() gave them, and count
+ * their DONE messages (rx thread, sess.c).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "connector/conn_int.h"
+#include "util/log.h"
+
+/*
+ * Decode rank d of D reads from prefill ranks of group g (P ranks each):
+ * with P >= D, the P/D ranks d*P/D .. (d+1)*P/D-1, each holding a slice
+ * of d's heads, the first of them also sending the replicated caches and
+ * the aux items (the others are dummies for those); with P < D, rank
+ * d/(D/P) alone, which holds d's heads among others.
+ */
+static void resolve(kvt_conn_h c, struct kvt_room *r)
+{
+    kvt__topo_t *t = kvt__topo_get(c, r->server);
+    uint32_t P, D = c->tp_size, d = c->tp_rank, k, first, n;
+    uint64_t g;
+
+    if (t == NULL) {
+        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    if (t->why[0] != '\0')
+        snprintf(r->wait_why, sizeof(r->wait_why), "%s", t->why);
+    if (t->state != KVT__TOPO_OK)
+        return;
+    P = t->tp_total / t->dp;
+    g = r->group >= 0 ? (uint64_t)r->group : r->id % t->dp;
+    if (g >= t->dp) {
+        kvt__room_fail(r, KVT_ERR_INVALID_PARAM,
+                       "prefill dp group %" PRIu64 " does not exist (dp size "
+                       "%u)",
+                       g, t->dp);
+        return;
+    }
+    if (P % D != 0 && D % P != 0) {
+        kvt__room_fail(r, KVT_ERR_INVALID_PARAM,
+                       "prefill tp %u and decode tp %u: one must divide the "
+                       "other",
+                       P, D);
+        return;
+    }
+    k = P >= D ? P / D : D / P;
+    first = P >= D ? d * k : d / k;
+    n = P >= D ? k : 1;
+    for (uint32_t j = 0, missing = 0; j <= n; j++) {
+        /* Every address must be known first (the slow thread looks the
+         * missing ones up). */
+        if (j < n && t->names[g * P + first + j][0] == '\0') {
+            t->need[g * P + first + j] = 1;
+            missing = 1;
+        }
+        if (j == n && missing) {
+            pthread_cond_signal(&c->slow_cv);
+            return;
+        }
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        const char *name = t->names[g * P + first + j];
+        kvt__sess_t *s = kvt__sess_find(c, name);
+        kvt__peer_t *p;
+        if (s == NULL)
+            s = kvt__sess_new(c, name);
+        if (s == NULL || (p = kvt__room_add_peer(r, s)) == NULL) {
+            kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+            return;
+        }
+        p->rank = first + j;
+        p->flags = j > 0 ? KVT__ROOM_DUMMY : 0;
+        p->st = KVT__PEER_WAIT;
+    }
+    r->nexpect = n;
+    r->resolved = 1;
+    snprintf(r->wait_why, sizeof(r->wait_why),
+             "handshaking with %u prefill rank(s)", n);
+}
+
+static void announce(kvt_conn_h c, struct kvt_room *r, uint32_t i)
+{
+    kvt__peer_t *p = &r->peers[i];
+    kvt__room_msg_t q;
+    uint64_t none[KVT__LAY_MAX_AUX];
+    kvt__cmb_t b;
+
+    for (uint32_t a = 0; a < c->lay.naux; a++)
+        none[a] = r->aux ? r->aux[a] : UINT64_MAX;
+    q = (kvt__room_msg_t){c->tp_rank,  c->tp_size, p->flags, r->first_block,
+                          c->lay.naux, none,       r->nids,  r->ids};
+    p->st = KVT__PEER_ANNOUNCING;
+    kvt__cmb_init(&b, KVT__CM_ROOM, p->sess->id, r->id);
+    kvt__cm_room_encode(&b, &q);
+    if (kvt__cmb_finish(&b) != KVT_OK) {
+        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    kvt__ctrl_send(c, p->sess, &b, r->id, r->serial, i);
+}
+
+/*
+ * A failing room aborts the prefill ranks it announced to and that have
+ * not finished, acknowledges those that aborted, and turns FAILED when
+ * none may still write into its blocks.
+ */
+static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
+{
+    int open = 0;
+
+    for (uint32_t i = 0; i < r->npeers; i++) {
+        kvt__peer_t *p = &r->peers[i];
+        if (p->need_ack) {
+            p->need_ack = 0;
+            kvt__ctrl_status(c, p->sess, KVT__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
+                             "");
+        }
+        switch (p->st) {
+        case KVT__PEER_WAIT:
+        case KVT__PEER_DONE:
+            p->st = KVT__PEER_QUIET;
+            break;
+        case KVT__PEER_ANNOUNCING:
+        case KVT__PEER_ACTIVE:
+            p->st = KVT__PEER_ABORTING;
+            p->t_abort = now;
+            kvt__ctrl_status(c, p->sess, KVT__CM_ABORT, r->id, 0, i, r->ferr,
+                             r->freason);
+            open = 1;
+            break;
+        case KVT__PEER_ABORTING:
+            if (kvt__since(now, p->t_abort) > c->peer_ms)
+                kvt__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
+                               "%s did not acknowledge an abort in %" PRIu64
+                               " ms",
+                               p->sess->name, c->peer_ms);
+            open |= p->st == KVT__PEER_ABORTING;
+            break;
+        default:
+            break;
+        }
+    }
+    if (!open)
+        kvt__room_final(r, KVT_POLL_FAILED);
+    return 0;
+}
+
+int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
+{
+    int alive = 1;
+
+    if (kvt__room_is_final(r))
+        return 0;
+    if (r->failing)
+        return fail_progress(c, r, now);
+    if (!r->resolved) {
+        resolve(c, r);
+        if (!r->resolved || r->failing)
+            return 0;
+    }
+    for (uint32_t i = 0; i < r->npeers; i++)
+        alive &= r->peers[i].sess->state == KVT__SESS_ALIVE;
+    if (!alive)
+        return 0;
+    if (r->state == KVT_POLL_BOOTSTRAPPING)
+        kvt__room_set(r, KVT_POLL_WAITING_FOR_INPUT,
+                      "bootstrapped with %u prefill rank(s)%s", r->npeers,
+                      r->inited ? "" : "; waiting for init()");
+    if (!r->inited)
+        return 0;
+    for (uint32_t i = 0; i < r->npeers && !r->failing; i++)
+        if (r->peers[i].st == KVT__PEER_WAIT)
+            announce(c, r, i);
+    return 0;
+}

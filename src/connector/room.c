@@ -1,0 +1,532 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Rooms: the public calls on senders and receivers, the state changes
+ * every part of the connector shares, timeouts, and freeing.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "connector/conn_int.h"
+#include "util/log.h"
+
+const char *kvt_poll_str(kvt_poll_t state)
+{
+    switch (state) {
+    case KVT_POLL_FAILED:
+        return "Failed";
+    case KVT_POLL_BOOTSTRAPPING:
+        return "Bootstrapping";
+    case KVT_POLL_WAITING_FOR_INPUT:
+        return "WaitingForInput";
+    case KVT_POLL_TRANSFERRING:
+        return "Transferring";
+    case KVT_POLL_SUCCESS:
+        return "Success";
+    }
+    return "unknown";
+}
+
+const char *kvt__role_str(int role)
+{
+    return role == KVT_ROLE_PREFILL ? "prefill" : "decode";
+}
+
+static unsigned room_hash(uint64_t id)
+{
+    return (unsigned)((id * 0x9e3779b97f4a7c15ull) >> 54) % KVT__ROOM_HASH;
+}
+
+struct kvt_room *kvt__room_find(kvt_conn_h c, uint64_t id)
+{
+    for (struct kvt_room *r = c->hash[room_hash(id)]; r != NULL; r = r->hnext)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+int kvt__room_is_final(const struct kvt_room *r)
+{
+    return r->state == KVT_POLL_SUCCESS || r->state == KVT_POLL_FAILED;
+}
+
+void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (kvt__room_is_final(r) || r->state == state)
+        return;
+    r->state = state;
+    r->t_state = kvt__conn_now_ms();
+    va_start(ap, fmt);
+    vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
+    va_end(ap);
+    KVT_LOG_D("connector: %s room %" PRIu64 ": %s (%s)", kvt__role_str(r->role),
+              r->id, kvt_poll_str(state), r->reason);
+    pthread_cond_broadcast(&r->conn->changed);
+}
+
+void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (kvt__room_is_final(r) || r->failing)
+        return;
+    r->failing = 1;
+    r->ferr = err;
+    va_start(ap, fmt);
+    vsnprintf(r->freason, sizeof(r->freason), fmt, ap);
+    va_end(ap);
+    r->dirty = 1;
+    KVT_LOG_I("connector: %s room %" PRIu64 " fails: %s",
+              kvt__role_str(r->role), r->id, r->freason);
+    kvt__conn_wake(r->conn);
+}
+
+void kvt__room_final(struct kvt_room *r, kvt_poll_t state)
+{
+    if (kvt__room_is_final(r))
+        return;
+    if (state == KVT_POLL_FAILED) {
+        r->error = r->ferr;
+        snprintf(r->reason, sizeof(r->reason), "%s", r->freason);
+    }
+    r->state = state;
+    r->t_state = kvt__conn_now_ms();
+    pthread_cond_broadcast(&r->conn->changed);
+}
+
+kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s)
+{
+    kvt__peer_t *p;
+
+    if (r->npeers == r->cap_peers) {
+        uint32_t cap = r->cap_peers ? 2 * r->cap_peers : 4;
+        p = realloc(r->peers, cap * sizeof(*p));
+        if (p == NULL)
+            return NULL;
+        r->peers = p;
+        r->cap_peers = cap;
+    }
+    p = &r->peers[r->npeers++];
+    memset(p, 0, sizeof(*p));
+    p->sess = s;
+    kvt__sess_ref(s);
+    return p;
+}
+
+static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
+                             struct kvt_room **r_p)
+{
+    struct kvt_room *r;
+    unsigned h = room_hash(id);
+
+    if (kvt__room_find(c, id) != NULL)
+        return KVT_ERR_EXISTS;
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return KVT_ERR_NO_MEMORY;
+    r->conn = c;
+    r->id = id;
+    r->serial = ++c->next_serial;
+    r->role = role;
+    r->state = KVT_POLL_BOOTSTRAPPING;
+    r->t_created = r->t_state = kvt__conn_now_ms();
+    r->chunk_tail = &r->chunks;
+    r->group = -1;
+    r->hnext = c->hash[h];
+    c->hash[h] = r;
+    r->next = c->rooms;
+    c->rooms = r;
+    *r_p = r;
+    return KVT_OK;
+}
+
+/* Unlink from the list and the hash, release everything. The room must
+ * be quiescent (final, or the connector is being destroyed after its
+ * threads stopped). */
+void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
+{
+    struct kvt_room **pp;
+
+    for (pp = &c->hash[room_hash(r->id)]; *pp != NULL; pp = &(*pp)->hnext) {
+        if (*pp == r) {
+            *pp = r->hnext;
+            break;
+        }
+    }
+    for (pp = &c->rooms; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    }
+    kvt__job_free_all(r);
+    while (r->chunks != NULL) {
+        kvt__chunk_t *k = r->chunks;
+        r->chunks = k->next;
+        free(k->ids);
+        free(k);
+    }
+    for (uint32_t i = 0; i < r->npeers; i++) {
+        kvt__room_msg_clear(&r->peers[i].req);
+        kvt__sess_unref(r->peers[i].sess);
+    }
+    free(r->peers);
+    free(r->ids);
+    free(r->aux);
+    free(r);
+}
+
+/*
+ * Timeouts of the non-final states, and freeing of final rooms whose
+ * handle was destroyed. A failing room has no timeout of its own: what it
+ * waits for (writes, acknowledgements) is bounded by the engine's
+ * transfer timeout and the peer timeout.
+ */
+void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
+{
+    struct kvt_room *r = c->rooms, *next;
+
+    for (; r != NULL; r = next) {
+        next = r->next;
+        if (kvt__room_is_final(r)) {
+            if (r->detached)
+                kvt__room_free(c, r);
+            continue;
+        }
+        if (r->failing)
+            continue;
+        switch (r->state) {
+        case KVT_POLL_BOOTSTRAPPING:
+            if (kvt__since(now, r->t_created) > c->bootstrap_ms)
+                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
+                               "bootstrap timed out after %" PRIu64 " ms: %s",
+                               c->bootstrap_ms,
+                               r->wait_why[0] ? r->wait_why
+                               : r->role == KVT_ROLE_PREFILL
+                                   ? "no decode rank announced the room"
+                                   : "the prefill ranks did not answer");
+            break;
+        case KVT_POLL_WAITING_FOR_INPUT:
+            if (kvt__since(now, r->t_state) > c->waiting_ms)
+                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
+                               "waited %" PRIu64 " ms for %s", c->waiting_ms,
+                               r->role == KVT_ROLE_PREFILL
+                                   ? "the blocks to send"
+                               : r->inited ? "prefill to start sending"
+                                           : "init()");
+            break;
+        case KVT_POLL_TRANSFERRING:
+            if (kvt__since(now, r->t_state) > c->transfer_ms)
+                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
+                               "the transfer took longer than %" PRIu64 " ms",
+                               c->transfer_ms);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* ---- Public calls ----------------------------------------------------------
+ */
+
+kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
+                               uint64_t room, kvt_sender_h *sender_p)
+{
+    struct kvt_room *r;
+    kvt_status_t st;
+
+    (void)bootstrap_addr;
+    if (c == NULL || sender_p == NULL || c->role != KVT_ROLE_PREFILL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&c->lock);
+    st = room_new(c, room, KVT_ROLE_PREFILL, &r);
+    if (st != KVT_OK)
+        goto out;
+    snprintf(r->reason, sizeof(r->reason),
+             "waiting for decode to announce the room");
+    for (kvt__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
+        kvt__tomb_t *t = *pp;
+        if (t->room == room) {
+            kvt__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
+            *pp = t->next;
+            free(t);
+            break;
+        }
+    }
+    kvt__prefill_adopt(c, r);
+    kvt__conn_wake(c);
+    *sender_p = r;
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* Expand the caller's aux slots to one per aux buffer, checked against
+ * the buffers' item counts. */
+static kvt_status_t expand_aux(kvt_conn_h c, const uint64_t *slots, size_t n,
+                               uint64_t **aux_p)
+{
+    uint64_t *aux;
+
+    *aux_p = NULL;
+    if (n == 0)
+        return KVT_OK;
+    if (slots == NULL || c->lay.naux == 0 || (n != 1 && n != c->lay.naux))
+        return KVT_ERR_INVALID_PARAM;
+    aux = malloc(c->lay.naux * sizeof(*aux));
+    if (aux == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < c->lay.naux; i++) {
+        aux[i] = slots[n == 1 ? 0 : i];
+        if (aux[i] >= c->lay.aux[i].count) {
+            free(aux);
+            return KVT_ERR_INVALID_PARAM;
+        }
+    }
+    *aux_p = aux;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_sender_init(kvt_sender_h r, uint64_t num_blocks,
+                             const uint64_t *aux_slots, size_t num_aux_slots)
+{
+    kvt_conn_h c;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_PREFILL || num_blocks == 0 ||
+        num_blocks > UINT32_MAX)
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (r->inited || kvt__room_is_final(r))
+        goto out;
+    st = expand_aux(c, aux_slots, num_aux_slots, &r->aux);
+    if (st != KVT_OK)
+        goto out;
+    r->num_blocks = num_blocks;
+    r->inited = 1;
+    kvt__prefill_check(r);
+    r->dirty = 1;
+    kvt__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
+                                  const uint32_t *ids, size_t n, int is_last)
+{
+    kvt_conn_h c;
+    kvt__chunk_t *k = NULL;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_PREFILL || (n > 0 && ids == NULL))
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (!r->inited || r->got_last || step > c->next_step ||
+        n > r->num_blocks - r->next_block ||
+        (is_last && r->next_block + n != r->num_blocks))
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= c->lay.num_blocks)
+            goto out;
+    st = KVT_OK;
+    r->next_block += n;
+    r->got_last = is_last != 0;
+    if (kvt__room_is_final(r) || r->failing)
+        goto out;
+    k = calloc(1, sizeof(*k));
+    if (k == NULL || (n > 0 && (k->ids = malloc(n * sizeof(*ids))) == NULL)) {
+        free(k);
+        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory for a chunk");
+        goto out;
+    }
+    if (n > 0)
+        memcpy(k->ids, ids, n * sizeof(*ids));
+    k->step = step;
+    k->offset = r->next_block - n;
+    k->n = (uint32_t)n;
+    k->is_last = is_last != 0;
+    *r->chunk_tail = k;
+    r->chunk_tail = &k->next;
+    r->dirty = 1;
+    kvt__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_sender_send(kvt_sender_h r, const uint32_t *ids, size_t n,
+                             int is_last)
+{
+    return kvt_sender_send_step(r, 0, ids, n, is_last);
+}
+
+kvt_status_t kvt_receiver_create(kvt_conn_h c, const char *bootstrap_addr,
+                                 uint64_t room, int64_t prefill_dp_group,
+                                 kvt_receiver_h *receiver_p)
+{
+    const char *server = bootstrap_addr && *bootstrap_addr ? bootstrap_addr
+                         : c                               ? c->server
+                                                           : NULL;
+    struct kvt_room *r;
+    kvt_status_t st;
+
+    if (c == NULL || receiver_p == NULL || c->role != KVT_ROLE_DECODE ||
+        server == NULL || *server == '\0' || strlen(server) >= KVT__NAME_MAX)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&c->lock);
+    st = room_new(c, room, KVT_ROLE_DECODE, &r);
+    if (st == KVT_OK) {
+        snprintf(r->server, sizeof(r->server), "%s", server);
+        r->group = prefill_dp_group;
+        snprintf(r->reason, sizeof(r->reason),
+                 "looking up the prefill ranks at %s", server);
+        kvt__conn_wake(c);
+        *receiver_p = r;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_receiver_init(kvt_receiver_h r, const uint32_t *ids, size_t n,
+                               uint64_t first_block, const uint64_t *aux_slots,
+                               size_t num_aux)
+{
+    kvt_conn_h c;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_DECODE || (n > 0 && ids == NULL) ||
+        n > KVT__CM_MAX / 4 || first_block > UINT32_MAX)
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (r->inited || kvt__room_is_final(r))
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= c->lay.num_blocks)
+            goto out;
+    st = expand_aux(c, aux_slots, num_aux, &r->aux);
+    if (st != KVT_OK)
+        goto out;
+    r->ids = malloc((n ? n : 1) * sizeof(*ids));
+    if (r->ids == NULL) {
+        free(r->aux);
+        r->aux = NULL;
+        st = KVT_ERR_NO_MEMORY;
+        goto out;
+    }
+    if (n > 0)
+        memcpy(r->ids, ids, n * sizeof(*ids));
+    r->nids = n;
+    r->first_block = first_block;
+    r->inited = 1;
+    /* The waiting timeout counts from init() on. */
+    r->t_state = kvt__conn_now_ms();
+    r->dirty = 1;
+    kvt__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_poll_t kvt_room_poll(struct kvt_room *r)
+{
+    kvt_poll_t s;
+
+    if (r == NULL)
+        return KVT_POLL_FAILED;
+    pthread_mutex_lock(&r->conn->lock);
+    s = r->state;
+    pthread_mutex_unlock(&r->conn->lock);
+    return s;
+}
+
+kvt_status_t kvt_room_info(struct kvt_room *r, kvt_room_info_t *info_p)
+{
+    if (r == NULL || info_p == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&r->conn->lock);
+    info_p->room = r->id;
+    info_p->state = r->state;
+    info_p->error = r->state == KVT_POLL_FAILED ? r->error : KVT_OK;
+    snprintf(info_p->reason, sizeof(info_p->reason), "%s", r->reason);
+    pthread_mutex_unlock(&r->conn->lock);
+    return KVT_OK;
+}
+
+static void wait_until(pthread_cond_t *cv, pthread_mutex_t *m,
+                       const struct timespec *ts)
+{
+    if (ts == NULL)
+        pthread_cond_wait(cv, m);
+    else
+        pthread_cond_timedwait(cv, m, ts);
+}
+
+kvt_poll_t kvt_room_wait(struct kvt_room *r, int64_t timeout_ms)
+{
+    struct timespec ts, *tsp = NULL;
+    kvt_poll_t s;
+
+    if (r == NULL)
+        return KVT_POLL_FAILED;
+    if (timeout_ms >= 0) {
+        uint64_t ns;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        tsp = &ts;
+    }
+    pthread_mutex_lock(&r->conn->lock);
+    while (!kvt__room_is_final(r)) {
+        struct timespec now;
+        if (tsp != NULL) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec > ts.tv_sec ||
+                (now.tv_sec == ts.tv_sec && now.tv_nsec >= ts.tv_nsec))
+                break;
+        }
+        wait_until(&r->conn->changed, &r->conn->lock, tsp);
+    }
+    s = r->state;
+    pthread_mutex_unlock(&r->conn->lock);
+    return s;
+}
+
+kvt_status_t kvt_room_abort(struct kvt_room *r, const char *reason)
+{
+    if (r == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&r->conn->lock);
+    kvt__room_fail(r, KVT_ERR_CANCELED, "aborted by %s: %s",
+                   kvt__role_str(r->role),
+                   reason && *reason ? reason : "no reason given");
+    pthread_mutex_unlock(&r->conn->lock);
+    return KVT_OK;
+}
+
+void kvt_room_destroy(struct kvt_room *r)
+{
+    kvt_conn_h c;
+
+    if (r == NULL)
+        return;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    kvt__room_fail(r, KVT_ERR_CANCELED, "the %s side released the room",
+                   kvt__role_str(r->role));
+    while (!kvt__room_is_final(r))
+        pthread_cond_wait(&c->changed, &c->lock);
+    r->detached = 1;
+    kvt__conn_wake(c);
+    pthread_mutex_unlock(&c->lock);
+}
