@@ -206,10 +206,13 @@ typedef struct kvt__orphan {
     kvt__room_msg_t req;
 } kvt__orphan_t;
 
-/* Prefill: a room decode aborted before the sender existed. */
+/* Prefill: a room decode aborted before the sender existed (aborted: a
+ * sender created later fails at once), or a failed room already freed
+ * (late announcements are refused). */
 typedef struct kvt__tomb {
     struct kvt__tomb *next;
     uint64_t room, t;
+    int aborted;
     char why[KVT__WHY_MAX];
 } kvt__tomb_t;
 

@@ -160,6 +160,13 @@ void kvt__prefill_on_room(kvt_conn_h c, kvt__sess_t *s, uint64_t room,
         attach(c, r, s, q);
         return;
     }
+    for (kvt__tomb_t *t = c->tombs; t != NULL; t = t->next) {
+        if (t->room == room) {
+            kvt__queue_reply(c, s, KVT__CM_NAK, room, KVT_ERR_CANCELED, t->why);
+            kvt__room_msg_clear(q);
+            return;
+        }
+    }
     for (o = c->orphans; o != NULL; o = o->next)
         n++;
     o = n < 65536 ? calloc(1, sizeof(*o)) : NULL;

@@ -181,6 +181,25 @@ void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
     free(r);
 }
 
+/* Free a final room whose handle is gone. A prefill room that failed
+ * leaves a tombstone, so that a decode rank announcing it late is refused
+ * at once rather than after the waiting timeout. */
+static void room_retire(kvt_conn_h c, struct kvt_room *r)
+{
+    kvt__tomb_t *t;
+
+    if (r->role == KVT_ROLE_PREFILL && r->state == KVT_POLL_FAILED &&
+        (t = calloc(1, sizeof(*t))) != NULL) {
+        t->room = r->id;
+        t->t = kvt__conn_now_ms();
+        snprintf(t->why, sizeof(t->why), "the room failed on prefill: %s",
+                 r->reason);
+        t->next = c->tombs;
+        c->tombs = t;
+    }
+    kvt__room_free(c, r);
+}
+
 /*
  * Timeouts of the non-final states, and freeing of final rooms whose
  * handle was destroyed. A failing room has no timeout of its own: what it
@@ -195,7 +214,7 @@ void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
         next = r->next;
         if (kvt__room_is_final(r)) {
             if (r->detached)
-                kvt__room_free(c, r);
+                room_retire(c, r);
             continue;
         }
         if (r->failing)
@@ -252,7 +271,7 @@ kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
              "waiting for decode to announce the room");
     for (kvt__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
         kvt__tomb_t *t = *pp;
-        if (t->room == room) {
+        if (t->room == room && t->aborted) {
             kvt__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
             *pp = t->next;
             free(t);

@@ -481,11 +481,15 @@ static void prefill_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
                 break;
             }
         }
-        if (r == NULL) {
+        if (r != NULL && r->role == KVT_ROLE_PREFILL) {
+            kvt__room_fail(r, KVT_ERR_CANCELED, "decode rank %u (%s): %s",
+                           s->peer.tp_rank, from, sm.reason);
+        } else if (r == NULL) {
             kvt__tomb_t *t = calloc(1, sizeof(*t));
             if (t != NULL) {
                 t->room = m->room;
                 t->t = kvt__conn_now_ms();
+                t->aborted = 1;
                 snprintf(t->why, sizeof(t->why),
                          "decode rank %u (%s) aborted the room before this "
                          "rank had it: %s",

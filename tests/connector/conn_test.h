@@ -192,6 +192,15 @@ static inline void ct_build_layout(rank_t *r)
     }
 }
 
+/* A prefill rank that must not send replicated caches and aux items
+ * (another rank of its group does): it holds spoilt copies of them, so
+ * that decode would notice if it sent them. */
+static inline int ct_dummy(const rank_t *r)
+{
+    const ccfg_t *c = r->cfg;
+    return r->side == SIDE_PREFILL && c->P > c->D && r->rank % (c->P / c->D);
+}
+
 static inline size_t ct_pos(const kvt_kv_cache_t *k, uint32_t t, uint32_t h,
                             uint32_t b)
 {
@@ -207,6 +216,7 @@ static inline size_t ct_block(rank_t *r, const kvt_kv_cache_t *k, uint32_t i,
 {
     uint8_t *p = (uint8_t *)k->base + (size_t)blk * k->block_bytes;
     uint64_t content = (uint64_t)k->tokens_per_block * k->heads * k->head_bytes;
+    uint8_t spoil = ct_dummy(r) && ct_replicated(k->kind) ? 0xA5 : 0;
     size_t bad = 0;
 
     for (uint32_t t = 0; t < k->tokens_per_block; t++) {
@@ -218,7 +228,7 @@ static inline size_t ct_block(rank_t *r, const kvt_kv_cache_t *k, uint32_t i,
                 uint8_t v = ct_byte(seed, b);
                 size_t pos = ct_pos(k, t, h, b);
                 if (write)
-                    p[pos] = v;
+                    p[pos] = v ^ spoil;
                 else if (p[pos] != v)
                     bad++;
             }
@@ -247,7 +257,7 @@ static inline size_t ct_aux(rank_t *r, uint32_t i, int write)
         uint64_t seed = ct_seed(ct_room_id(i), 1000 + a, 0, 0, 0);
         for (uint32_t b = 0; b < r->aux[a].item_bytes; b++) {
             if (write)
-                p[b] = ct_byte(seed, b);
+                p[b] = ct_byte(seed, b) ^ (ct_dummy(r) ? 0x3C : 0);
             else if (p[b] != ct_byte(seed, b))
                 bad++;
         }
@@ -424,6 +434,21 @@ static inline int ct_wait_state(struct kvt_room *room, kvt_poll_t at_least,
     return -1;
 }
 
+/* The end of a case: every rank reports, then waits until all have, so
+ * that no rank's connector goes away while a peer still needs it. */
+static int ct_done_w = -1, ct_release_r = -1;
+
+static inline void ct_barrier(void)
+{
+    char ch = 1;
+    if (ct_done_w < 0)
+        return;
+    if (write(ct_done_w, &ch, 1) != 1)
+        return;
+    while (read(ct_release_r, &ch, 1) < 0 && errno == EINTR)
+        ;
+}
+
 /* ---- Prefill rank ------------------------------------------------------ */
 
 static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
@@ -509,6 +534,7 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     }
 wait:
     rc = ct_wait_rooms(r, c->expect_prefill, c->time_limit_s);
+    ct_barrier();
     ct_rank_fini(r);
     free(r);
     return rc;
@@ -635,6 +661,7 @@ static inline int ct_decode_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     rc = ct_wait_rooms(r, c->expect_decode, c->time_limit_s);
     if (rc == 0 && c->expect_decode == KVT_POLL_SUCCESS)
         rc = ct_verify(r);
+    ct_barrier();
     ct_rank_fini(r);
     free(r);
     return rc;
@@ -698,10 +725,15 @@ static inline void ct_boot_stop(pid_t pid, int ctl)
 static inline void ct_run(const ccfg_t *c)
 {
     pid_t pids[64];
-    int side[64], n = 0, ctl, failed = 0;
+    int side[64], n = 0, ctl, failed = 0, done[2], rel[2], reporters;
     uint16_t port;
     pid_t boot = ct_boot_start(&port, &ctl);
-    double t0 = kvt_test_now();
+    double t0 = kvt_test_now(), limit;
+    char buf[64];
+
+    CHECK(pipe(done) == 0 && pipe(rel) == 0);
+    ct_done_w = done[1];
+    ct_release_r = rel[0];
 
     for (uint32_t p = 0; p < c->P; p++) {
         fflush(NULL);
@@ -719,11 +751,34 @@ static inline void ct_run(const ccfg_t *c)
             _exit(ct_decode_main(c, d, port));
         side[n++] = SIDE_DECODE;
     }
+    close(done[1]);
+    close(rel[0]);
+    /* Release the ranks once every one that should live has reported. */
+    reporters = n - (c->fault == F_PREFILL_DIES_MIDSTREAM ||
+                     c->fault == F_DECODE_DIES_MIDSTREAM);
+    limit = c->time_limit_s * 1.5 * kvt_test_slowdown();
+    for (int got = 0; got < reporters;) {
+        struct pollfd pf = {done[0], POLLIN, 0};
+        ssize_t k;
+        if (kvt_test_now() - t0 > limit)
+            break;
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        k = read(done[0], buf, sizeof(buf));
+        if (k <= 0)
+            break;
+        got += (int)k;
+    }
+    memset(buf, 1, sizeof(buf));
+    for (int i = 0; i < n; i++)
+        if (write(rel[1], buf, 1) != 1)
+            break;
+    close(rel[1]);
+    close(done[0]);
     for (int i = 0; i < n; i++) {
         int st = 0, want_kill;
         while (waitpid(pids[i], &st, WNOHANG) == 0) {
-            if (kvt_test_now() - t0 >
-                c->time_limit_s * 1.5 * kvt_test_slowdown()) {
+            if (kvt_test_now() - t0 > limit + 10) {
                 fprintf(stderr, "rank process %d hangs\n", i);
                 for (int j = 0; j < n; j++)
                     kill(pids[j], SIGKILL);
