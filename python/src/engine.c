@@ -25,32 +25,41 @@ int kvtpy_need_engine(kvtpy_engine_t *self)
 static PyObject *m_get_notifies(PyObject *self, PyObject *unused)
 {
     kvtpy_engine_t *e = (kvtpy_engine_t *)self;
-    PyObject *list;
+    PyObject *list = NULL;
+    kvt_notify_t *buf;
     size_t got;
 
     if (kvtpy_need_engine(e) < 0)
         return NULL;
+    /* Per call, not per engine: building the objects below may run
+     * arbitrary Python code (a collection's finalizers), and with it
+     * another thread's get_notifies(). */
+    buf = malloc(NOTIFY_CHUNK * sizeof(*buf));
+    if (buf == NULL)
+        return PyErr_NoMemory();
     list = PyList_New(0);
     if (list == NULL)
-        return NULL;
+        goto out;
     do {
-        /* Does not block (timeout 0), so the GIL stays held and guards
-         * the scratch buffer. */
-        if (kvt_notify_recv(e->engine, e->nbuf, NOTIFY_CHUNK, &got, 0) !=
-            KVT_OK)
+        /* Does not block (timeout 0): the GIL may stay held. */
+        if (kvt_notify_recv(e->engine, buf, NOTIFY_CHUNK, &got, 0) != KVT_OK)
             break;
         for (size_t i = 0; i < got; i++) {
-            PyObject *n = kvtpy_notify_decode(&e->nbuf[i]);
+            PyObject *n = kvtpy_notify_decode(&buf[i]);
             if (n == NULL || PyList_Append(list, n) < 0) {
+                /* The rest of this chunk is lost with the error. */
                 Py_XDECREF(n);
-                Py_DECREF(list);
-                return NULL;
+                Py_CLEAR(list);
+                goto out;
             }
             Py_DECREF(n);
         }
     } while (got == NOTIFY_CHUNK);
+out:
+    free(buf);
     return list;
 }
+
 static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
                               Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -487,7 +496,7 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
     uint16_t port;
     kvt_status_t st;
 
-    if (self->engine != NULL) {
+    if (self->engine != NULL || self->initializing) {
         kvtpy_log("error", "initialize: this TransferEngine is already "
                            "initialized");
         return -1;
@@ -520,9 +529,14 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
         kvtpy_log("info", "initialize: device_name '%s' is not used by kvt",
                   device_name);
 
+    /* Another thread may call initialize() while this one waits without
+     * the GIL; the flag makes it refuse instead of creating a second
+     * engine. */
+    self->initializing = 1;
     Py_BEGIN_ALLOW_THREADS
     st = kvt_engine_create(&p, &engine);
     Py_END_ALLOW_THREADS
+    self->initializing = 0;
     if (st != KVT_OK) {
         if (!p2p && st == KVT_ERR_NOT_SUPPORTED)
             kvtpy_log("error",
@@ -641,11 +655,6 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args,
 
     if (self == NULL)
         return NULL;
-    self->nbuf = malloc(NOTIFY_CHUNK * sizeof(*self->nbuf));
-    if (self->nbuf == NULL) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
     pthread_mutex_init(&self->pool_lock, NULL);
     kvtpy_ids_init(&self->ids);
     return (PyObject *)self;
@@ -667,17 +676,13 @@ static void engine_dealloc(PyObject *obj)
     PyTypeObject *tp = Py_TYPE(obj);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 
-    /* A half-built object (engine_new failed) has no nbuf and no locks. */
-    if (self->nbuf != NULL) {
-        /* Destroying the engine cancels what is in flight and frees every
-         * batch, the pooled ones and those behind ids included. Worker
-         * threads never take the GIL, so it may stay held. */
-        kvt_engine_destroy(self->engine);
-        self->engine = NULL;
-        kvtpy_ids_fini(&self->ids);
-        pthread_mutex_destroy(&self->pool_lock);
-        free(self->nbuf);
-    }
+    /* Destroying the engine cancels what is in flight and frees every
+     * batch, the pooled ones and those behind ids included. Worker threads
+     * never take the GIL, so it may stay held. */
+    kvt_engine_destroy(self->engine);
+    self->engine = NULL;
+    kvtpy_ids_fini(&self->ids);
+    pthread_mutex_destroy(&self->pool_lock);
     tp_free(obj);
     Py_DECREF(tp);
 }

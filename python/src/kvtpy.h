@@ -144,8 +144,8 @@ typedef struct {
     kvt_batch_h pool[KVTPY_POOL_MAX];
     int npool;
     kvtpy_ids_t ids;
-    /* get_notifies() scratch space, only used with the GIL held. */
-    kvt_notify_t *nbuf;
+    /* Set, with the GIL held, while initialize() creates the engine. */
+    int initializing;
 } kvtpy_engine_t;
 
 PyTypeObject *kvtpy_engine_type_create(PyObject *module);

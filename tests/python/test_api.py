@@ -277,3 +277,31 @@ def test_engine_objects_are_independent():
     buf = (ctypes.c_char * 4096)()
     assert e.register_memory(ctypes.addressof(buf), 4096) == 0
     del e
+
+
+def test_subclasses():
+    """Both classes can be subclassed (for mocks and wrappers), and
+    subclass instances are created and destroyed cleanly."""
+    class Engine(kvt.TransferEngine):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def transfer_sync_write(self, *args):
+            self.calls += 1
+            return super().transfer_sync_write(*args)
+
+    class Notify(kvt.TransferNotify):
+        pass
+
+    e = Engine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert e.transfer_sync_write(f"127.0.0.1:{e.get_rpc_port()}", 1, 1,
+                                 0) == 0  # zero bytes: nothing to move
+    assert e.calls == 1
+    n = Notify("a", "b")
+    n.extra = [n]  # a reference cycle, for the collector
+    assert isinstance(n, kvt.TransferNotify) and n.name == "a"
+    del e, n
+    import gc
+    gc.collect()
