@@ -686,7 +686,7 @@ static inline void ct_boot_child(int wfd, int ctl)
     while (read(ctl, &ch, 1) > 0)
         ;
     kvt_bootstrap_stop(b);
-    _exit(0);
+    exit(0);
 }
 
 /* Start the bootstrap child; *ctl_p is the pipe end whose closing stops
@@ -740,7 +740,7 @@ static inline void ct_run(const ccfg_t *c)
         pids[n] = fork();
         CHECK(pids[n] >= 0);
         if (pids[n] == 0)
-            _exit(ct_prefill_main(c, p, port));
+            exit(ct_prefill_main(c, p, port));
         side[n++] = SIDE_PREFILL;
     }
     for (uint32_t d = 0; d < c->D && c->fault != F_NO_DECODE; d++) {
@@ -748,7 +748,7 @@ static inline void ct_run(const ccfg_t *c)
         pids[n] = fork();
         CHECK(pids[n] >= 0);
         if (pids[n] == 0)
-            _exit(ct_decode_main(c, d, port));
+            exit(ct_decode_main(c, d, port));
         side[n++] = SIDE_DECODE;
     }
     close(done[1]);
