@@ -242,6 +242,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__kvt(void);
+int kvtpy_connector_init(PyObject *m); /* connector.c */
 
 PyMODINIT_FUNC PyInit__kvt(void)
 {
@@ -290,6 +291,8 @@ PyMODINIT_FUNC PyInit__kvt(void)
             goto err;
         }
     }
+    if (kvtpy_connector_init(m) < 0)
+        goto err;
     if (PyModule_AddIntConstant(m, "NOTIFY_MAX", KVT_NOTIFY_MAX) < 0 ||
         PyModule_AddIntConstant(m, "VERSION_MAJOR", KVT_VERSION_MAJOR) < 0 ||
         PyModule_AddIntConstant(m, "VERSION_MINOR", KVT_VERSION_MINOR) < 0 ||

@@ -1,0 +1,848 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt._kvt.Connector, Room and BootstrapServer: the thin C layer under
+ * kvt.connector (python/kvt/connector.py), which gives them SGLang's
+ * shape. A Connector owns its own engine and kvt_conn_h; a Room is a
+ * sender or receiver handle and keeps its Connector alive. Every call
+ * that may block (creation, wait, destroy) releases the GIL.
+ */
+#include "kvtpy.h"
+
+#include <kvt/connector.h>
+
+int kvtpy_connector_init(PyObject *m);
+
+typedef struct {
+    PyObject_HEAD kvt_engine_h engine;
+    kvt_conn_h conn; /* NULL once closed */
+    int role;
+} conn_obj_t;
+
+typedef struct {
+    PyObject_HEAD conn_obj_t *owner; /* strong reference */
+    struct kvt_room *room;
+} room_obj_t;
+
+typedef struct {
+    PyObject_HEAD kvt_bootstrap_h server;
+} boot_obj_t;
+
+static PyTypeObject *room_type;
+
+/* Raise the Python exception that fits a kvt status. */
+static PyObject *raise_status(const char *what, kvt_status_t st)
+{
+    PyObject *exc = PyExc_RuntimeError;
+
+    if (st == KVT_ERR_INVALID_PARAM || st == KVT_ERR_EXISTS)
+        exc = PyExc_ValueError;
+    else if (st == KVT_ERR_UNREACHABLE || st == KVT_ERR_TIMEDOUT ||
+             st == KVT_ERR_IO || st == KVT_ERR_CONN_LOST)
+        exc = PyExc_ConnectionError;
+    else if (st == KVT_ERR_NO_MEMORY)
+        return PyErr_NoMemory();
+    PyErr_Format(exc, "%s: %s (%s)", what, kvt_status_str(st),
+                 kvt_status_name(st));
+    return NULL;
+}
+
+/* An unsigned value of item @i of a tuple-like sequence. */
+static int item_u64(PyObject *seq, Py_ssize_t i, const char *what, uint64_t *v)
+{
+    return kvtpy_u64_item(seq, i, what, v);
+}
+
+/* Block ids from a buffer of 4- or 8-byte integers (array.array, numpy)
+ * or any sequence of ints; *ids_p is malloc'd. */
+static int ids_from(PyObject *o, uint32_t **ids_p, size_t *n_p)
+{
+    uint32_t *ids = NULL;
+    Py_ssize_t n;
+    Py_buffer view;
+
+    if (PyObject_CheckBuffer(o) &&
+        PyObject_GetBuffer(o, &view, PyBUF_FORMAT | PyBUF_ND) == 0) {
+        const char *f = view.format ? view.format : "B";
+        char code;
+        int ok;
+        if (*f == '<' || *f == '=' || *f == '@')
+            f++;
+        code = *f;
+        ok = view.itemsize == 4 || view.itemsize == 8;
+        ok = ok && f[1] == '\0' && strchr("iIlLqQ", code) != NULL;
+        n = ok ? view.len / view.itemsize : 0;
+        if (!ok) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError,
+                            "block ids must be integers of 4 or 8 bytes");
+            return -1;
+        }
+        ids = malloc((n ? n : 1) * sizeof(*ids));
+        if (ids == NULL) {
+            PyBuffer_Release(&view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int is_signed = code == 'i' || code == 'l' || code == 'q';
+            int64_t v;
+            if (view.itemsize == 4 && is_signed)
+                v = ((const int32_t *)view.buf)[i];
+            else if (view.itemsize == 4)
+                v = ((const uint32_t *)view.buf)[i];
+            else if (is_signed)
+                v = ((const int64_t *)view.buf)[i];
+            else
+                v = ((const uint64_t *)view.buf)[i] > UINT32_MAX
+                        ? -1
+                        : (int64_t)((const uint64_t *)view.buf)[i];
+            if (v < 0 || v > (int64_t)UINT32_MAX) {
+                PyBuffer_Release(&view);
+                free(ids);
+                PyErr_SetString(PyExc_ValueError, "block id out of range");
+                return -1;
+            }
+            ids[i] = (uint32_t)v;
+        }
+        PyBuffer_Release(&view);
+        *ids_p = ids;
+        *n_p = (size_t)n;
+        return 0;
+    }
+    PyErr_Clear();
+    n = kvtpy_seq_len(o, "block ids");
+    if (n < 0)
+        return -1;
+    ids = malloc((n ? n : 1) * sizeof(*ids));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t v;
+        if (kvtpy_u64_item(o, i, "block id", &v) < 0 || v > UINT32_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "block id out of range");
+            free(ids);
+            return -1;
+        }
+        ids[i] = (uint32_t)v;
+    }
+    *ids_p = ids;
+    *n_p = (size_t)n;
+    return 0;
+}
+
+/* None -> no slot, an int -> one slot for every buffer, a sequence -> one
+ * per buffer. *slots_p is malloc'd (or NULL). */
+static int slots_from(PyObject *o, uint64_t **slots_p, size_t *n_p)
+{
+    uint64_t *s;
+    Py_ssize_t n;
+
+    *slots_p = NULL;
+    *n_p = 0;
+    if (o == NULL || o == Py_None)
+        return 0;
+    if (PyLong_Check(o) || PyIndex_Check(o)) {
+        s = malloc(sizeof(*s));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (kvtpy_u64(o, "aux slot", s) < 0) {
+            free(s);
+            return -1;
+        }
+        *slots_p = s;
+        *n_p = 1;
+        return 0;
+    }
+    n = kvtpy_seq_len(o, "aux slots");
+    if (n < 0)
+        return -1;
+    s = malloc((n ? n : 1) * sizeof(*s));
+    if (s == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (kvtpy_u64_item(o, i, "aux slot", &s[i]) < 0) {
+            free(s);
+            return -1;
+        }
+    }
+    *slots_p = s;
+    *n_p = (size_t)n;
+    return 0;
+}
+
+/* ---- Connector --------------------------------------------------------- */
+
+static int parse_caches(PyObject *list, kvt_kv_cache_t **out_p, size_t *n_p)
+{
+    Py_ssize_t n = kvtpy_seq_len(list, "caches");
+    kvt_kv_cache_t *c;
+
+    if (n < 0)
+        return -1;
+    c = calloc(n ? n : 1, sizeof(*c));
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_GetItem(list, i);
+        uint64_t v[9];
+        int bad = t == NULL || kvtpy_seq_len(t, "a cache") != 9;
+        for (int k = 0; !bad && k < 9; k++)
+            bad = item_u64(t, k, "a cache field", &v[k]) < 0;
+        Py_XDECREF(t);
+        if (bad || v[0] > UINT32_MAX || v[1] > UINT32_MAX ||
+            v[2] > UINT32_MAX || v[3] > UINT32_MAX || v[4] > UINT32_MAX ||
+            v[5] > UINT32_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError,
+                                "a cache is (layer, kind, block_layout, "
+                                "tokens_per_block, heads, head_bytes, base, "
+                                "block_bytes, num_blocks)");
+            free(c);
+            return -1;
+        }
+        c[i] = (kvt_kv_cache_t){
+            (uint32_t)v[0],          (uint32_t)v[1], (uint32_t)v[2],
+            (uint32_t)v[3],          (uint32_t)v[4], (uint32_t)v[5],
+            (void *)(uintptr_t)v[6], v[7],           v[8]};
+    }
+    *out_p = c;
+    *n_p = (size_t)n;
+    return 0;
+}
+
+static int parse_aux(PyObject *list, kvt_aux_buffer_t **out_p, size_t *n_p)
+{
+    Py_ssize_t n = list == NULL || list == Py_None
+                       ? 0
+                       : kvtpy_seq_len(list, "aux buffers");
+    kvt_aux_buffer_t *a;
+
+    if (n < 0)
+        return -1;
+    a = calloc(n ? n : 1, sizeof(*a));
+    if (a == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_GetItem(list, i);
+        uint64_t v[3];
+        int bad = t == NULL || kvtpy_seq_len(t, "an aux buffer") != 3;
+        for (int k = 0; !bad && k < 3; k++)
+            bad = item_u64(t, k, "an aux field", &v[k]) < 0;
+        Py_XDECREF(t);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError,
+                                "an aux buffer is (base, item_bytes, "
+                                "count)");
+            free(a);
+            return -1;
+        }
+        a[i] = (kvt_aux_buffer_t){(void *)(uintptr_t)v[0], v[1], v[2]};
+    }
+    *out_p = a;
+    *n_p = (size_t)n;
+    return 0;
+}
+
+static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"role",
+                             "caches",
+                             "num_layers",
+                             "num_draft_layers",
+                             "aux",
+                             "bootstrap_addr",
+                             "tp_rank",
+                             "tp_size",
+                             "dp_rank",
+                             "dp_size",
+                             "local_host",
+                             "bootstrap_timeout_ms",
+                             "waiting_timeout_ms",
+                             "transfer_timeout_ms",
+                             "heartbeat_ms",
+                             "peer_timeout_ms",
+                             "submit_interval",
+                             "register_ttl_s",
+                             NULL};
+    const char *role = NULL, *boot = NULL, *host = "127.0.0.1";
+    PyObject *caches = NULL, *aux = NULL;
+    unsigned int nl = 0, nd = 0, tpr = 0, tps = 1, dpr = 0, dps = 1;
+    unsigned long long bto = 0, wto = 0, xto = 0, hb = 0, pto = 0;
+    unsigned int interval = 0;
+    int ttl = -1;
+    kvt_kv_layout_t lay = {0};
+    kvt_kv_cache_t *c = NULL;
+    kvt_aux_buffer_t *a = NULL;
+    kvt_conn_params_t p = {0};
+    kvt_engine_params_t ep = {0};
+    conn_obj_t *self = NULL;
+    char why[256];
+    kvt_status_t st;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOI|IOzIIIIsKKKKKIi", kwlist,
+                                     &role, &caches, &nl, &nd, &aux, &boot,
+                                     &tpr, &tps, &dpr, &dps, &host, &bto, &wto,
+                                     &xto, &hb, &pto, &interval, &ttl))
+        return NULL;
+    if (strcmp(role, "prefill") != 0 && strcmp(role, "decode") != 0) {
+        PyErr_SetString(PyExc_ValueError, "role must be 'prefill' or 'decode'");
+        return NULL;
+    }
+    if (parse_caches(caches, &c, &lay.num_caches) < 0 ||
+        parse_aux(aux, &a, &lay.num_aux) < 0)
+        goto out;
+    lay.num_layers = nl;
+    lay.num_draft_layers = nd;
+    lay.caches = c;
+    lay.aux = a;
+    if (kvt_kv_layout_check(&lay, why, sizeof(why)) != KVT_OK) {
+        PyErr_Format(PyExc_ValueError, "invalid KV layout: %s", why);
+        goto out;
+    }
+    self = (conn_obj_t *)PyType_GenericAlloc(type, 0);
+    if (self == NULL)
+        goto out;
+    self->role = role[0] == 'p' ? KVT_ROLE_PREFILL : KVT_ROLE_DECODE;
+    ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
+    ep.local_host = host;
+    p.field_mask = KVT_CONN_PARAM_ROLE | KVT_CONN_PARAM_ENGINE |
+                   KVT_CONN_PARAM_LAYOUT | KVT_CONN_PARAM_TP_RANK |
+                   KVT_CONN_PARAM_TP_SIZE | KVT_CONN_PARAM_DP_RANK |
+                   KVT_CONN_PARAM_DP_SIZE;
+    p.role = self->role;
+    p.layout = &lay;
+    p.tp_rank = tpr;
+    p.tp_size = tps;
+    p.dp_rank = dpr;
+    p.dp_size = dps;
+#define OPT(bit, field, v)                                                     \
+    if (v) {                                                                   \
+        p.field_mask |= bit;                                                   \
+        p.field = v;                                                           \
+    }
+    OPT(KVT_CONN_PARAM_BOOTSTRAP_TIMEOUT, bootstrap_timeout_ms, bto)
+    OPT(KVT_CONN_PARAM_WAITING_TIMEOUT, waiting_timeout_ms, wto)
+    OPT(KVT_CONN_PARAM_TRANSFER_TIMEOUT, transfer_timeout_ms, xto)
+    OPT(KVT_CONN_PARAM_HEARTBEAT, heartbeat_ms, hb)
+    OPT(KVT_CONN_PARAM_PEER_TIMEOUT, peer_timeout_ms, pto)
+    OPT(KVT_CONN_PARAM_SUBMIT_INTERVAL, submit_interval, interval)
+#undef OPT
+    if (ttl >= 0) {
+        p.field_mask |= KVT_CONN_PARAM_REGISTER_TTL;
+        p.register_ttl_s = (uint32_t)ttl;
+    }
+    if (boot != NULL && *boot != '\0') {
+        p.field_mask |= KVT_CONN_PARAM_BOOTSTRAP_ADDR;
+        p.bootstrap_addr = boot;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    st = kvt_engine_create(&ep, &self->engine);
+    if (st == KVT_OK) {
+        p.engine = self->engine;
+        st = kvt_conn_create(&p, &self->conn);
+        if (st != KVT_OK) {
+            kvt_engine_destroy(self->engine);
+            self->engine = NULL;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (st != KVT_OK) {
+        raise_status("creating the connector", st);
+        Py_CLEAR(self);
+    }
+out:
+    free(c);
+    free(a);
+    return (PyObject *)self;
+}
+
+static void conn_close_now(conn_obj_t *self)
+{
+    kvt_conn_h conn = self->conn;
+    kvt_engine_h eng = self->engine;
+
+    self->conn = NULL;
+    self->engine = NULL;
+    if (conn == NULL && eng == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS;
+    kvt_conn_destroy(conn);
+    kvt_engine_destroy(eng);
+    Py_END_ALLOW_THREADS;
+}
+
+static void conn_dealloc(PyObject *o)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    conn_close_now((conn_obj_t *)o);
+    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
+    Py_DECREF(tp);
+}
+
+static int need_conn(conn_obj_t *self)
+{
+    if (self->conn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the connector is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *conn_close(PyObject *o, PyObject *unused)
+{
+    conn_close_now((conn_obj_t *)o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *conn_segment_name(PyObject *o, PyObject *unused)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    if (need_conn(self) < 0)
+        return NULL;
+    return PyUnicode_FromString(kvt_engine_segment_name(self->engine));
+}
+
+static PyObject *conn_step_begin(PyObject *o, PyObject *unused)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    uint64_t step;
+    kvt_status_t st;
+
+    if (need_conn(self) < 0)
+        return NULL;
+    st = kvt_conn_step_begin(self->conn, &step);
+    if (st != KVT_OK)
+        return raise_status("step_begin", st);
+    return PyLong_FromUnsignedLongLong(step);
+}
+
+static PyObject *conn_layer_ready(PyObject *o, PyObject *args)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    unsigned long long step;
+    unsigned int layer;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "KI", &step, &layer) || need_conn(self) < 0)
+        return NULL;
+    st = kvt_conn_layer_ready(self->conn, step, layer);
+    if (st != KVT_OK)
+        return raise_status("layer_ready", st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *conn_step_end(PyObject *o, PyObject *args)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    unsigned long long step;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "K", &step) || need_conn(self) < 0)
+        return NULL;
+    st = kvt_conn_step_end(self->conn, step);
+    if (st != KVT_OK)
+        return raise_status("step_end", st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *room_wrap(conn_obj_t *owner, struct kvt_room *room)
+{
+    room_obj_t *r = PyObject_New(room_obj_t, room_type);
+
+    if (r == NULL) {
+        Py_BEGIN_ALLOW_THREADS;
+        kvt_room_destroy(room);
+        Py_END_ALLOW_THREADS;
+        return NULL;
+    }
+    Py_INCREF((PyObject *)owner);
+    r->owner = owner;
+    r->room = room;
+    return (PyObject *)r;
+}
+
+static PyObject *conn_sender(PyObject *o, PyObject *args)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    unsigned long long id;
+    struct kvt_room *room;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "K", &id) || need_conn(self) < 0)
+        return NULL;
+    st = kvt_sender_create(self->conn, NULL, id, &room);
+    if (st != KVT_OK)
+        return raise_status("creating the sender", st);
+    return room_wrap(self, room);
+}
+
+static PyObject *conn_receiver(PyObject *o, PyObject *args)
+{
+    conn_obj_t *self = (conn_obj_t *)o;
+    unsigned long long id;
+    const char *boot = NULL;
+    long long group = -1;
+    struct kvt_room *room;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "K|zL", &id, &boot, &group) ||
+        need_conn(self) < 0)
+        return NULL;
+    st = kvt_receiver_create(self->conn, boot, id, group, &room);
+    if (st != KVT_OK)
+        return raise_status("creating the receiver", st);
+    return room_wrap(self, room);
+}
+
+static PyMethodDef conn_methods[] = {
+    {"close", conn_close, METH_NOARGS,
+     "close(): abort what is not final, stop, free (rooms become "
+     "unusable)"},
+    {"segment_name", conn_segment_name, METH_NOARGS,
+     "segment_name() -> the engine's segment name (host:port)"},
+    {"step_begin", conn_step_begin, METH_NOARGS,
+     "step_begin() -> id of a new forward step (prefill)"},
+    {"layer_ready", conn_layer_ready, METH_VARARGS,
+     "layer_ready(step, layer): layers 0..layer of step are computed"},
+    {"step_end", conn_step_end, METH_VARARGS,
+     "step_end(step): every layer and the aux items of step are ready"},
+    {"sender", conn_sender, METH_VARARGS, "sender(room) -> Room (prefill)"},
+    {"receiver", conn_receiver, METH_VARARGS,
+     "receiver(room, bootstrap_addr=None, dp_group=-1) -> Room (decode)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot conn_slots[] = {
+    {Py_tp_doc, (void *)"Connector(role, caches, num_layers, ...): a kvt "
+                        "KV connector with its own engine (see "
+                        "kvt.connector)."},
+    {Py_tp_new, conn_new},
+    {Py_tp_dealloc, conn_dealloc},
+    {Py_tp_methods, conn_methods},
+    {0, NULL},
+};
+
+static PyType_Spec conn_spec = {
+    .name = "kvt.Connector",
+    .basicsize = sizeof(conn_obj_t),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = conn_slots,
+};
+
+/* ---- Room -------------------------------------------------------------- */
+
+static int need_room(room_obj_t *self)
+{
+    if (self->room == NULL || self->owner->conn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the room is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static void room_close_now(room_obj_t *self)
+{
+    struct kvt_room *room = self->room;
+
+    self->room = NULL;
+    if (room == NULL || self->owner->conn == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS;
+    kvt_room_destroy(room);
+    Py_END_ALLOW_THREADS;
+}
+
+static void room_dealloc(PyObject *o)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    PyTypeObject *tp = Py_TYPE(o);
+
+    room_close_now(self);
+    Py_XDECREF((PyObject *)self->owner);
+    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *room_close(PyObject *o, PyObject *unused)
+{
+    room_close_now((room_obj_t *)o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *room_init_sender(PyObject *o, PyObject *args)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    unsigned long long n;
+    PyObject *aux = Py_None;
+    uint64_t *slots;
+    size_t ns;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "K|O", &n, &aux) || need_room(self) < 0 ||
+        slots_from(aux, &slots, &ns) < 0)
+        return NULL;
+    st = kvt_sender_init(self->room, n, slots, ns);
+    free(slots);
+    if (st != KVT_OK)
+        return raise_status("init", st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *room_init_receiver(PyObject *o, PyObject *args)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    PyObject *ids_o, *aux = Py_None;
+    unsigned long long first = 0;
+    uint32_t *ids;
+    uint64_t *slots;
+    size_t n, ns;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "O|KO", &ids_o, &first, &aux) ||
+        need_room(self) < 0)
+        return NULL;
+    if (ids_from(ids_o, &ids, &n) < 0)
+        return NULL;
+    if (slots_from(aux, &slots, &ns) < 0) {
+        free(ids);
+        return NULL;
+    }
+    st = kvt_receiver_init(self->room, ids, n, first, slots, ns);
+    free(ids);
+    free(slots);
+    if (st != KVT_OK)
+        return raise_status("init", st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *room_send(PyObject *o, PyObject *args)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    PyObject *ids_o;
+    int is_last;
+    unsigned long long step = 0;
+    uint32_t *ids;
+    size_t n;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTuple(args, "Op|K", &ids_o, &is_last, &step) ||
+        need_room(self) < 0 || ids_from(ids_o, &ids, &n) < 0)
+        return NULL;
+    st = kvt_sender_send_step(self->room, step, ids, n, is_last);
+    free(ids);
+    if (st != KVT_OK)
+        return raise_status("send", st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *room_poll(PyObject *o, PyObject *unused)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    if (need_room(self) < 0)
+        return NULL;
+    return PyLong_FromLong(kvt_room_poll(self->room));
+}
+
+static PyObject *room_info(PyObject *o, PyObject *unused)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    kvt_room_info_t info;
+
+    if (need_room(self) < 0)
+        return NULL;
+    kvt_room_info(self->room, &info);
+    return Py_BuildValue("(iss)", (int)info.state, kvt_status_name(info.error),
+                         info.reason);
+}
+
+static PyObject *room_wait(PyObject *o, PyObject *args)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    double timeout = -1;
+    kvt_poll_t s;
+
+    if (!PyArg_ParseTuple(args, "|d", &timeout) || need_room(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    s = kvt_room_wait(self->room,
+                      timeout < 0 ? -1 : (int64_t)(timeout * 1000.0));
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromLong(s);
+}
+
+static PyObject *room_abort(PyObject *o, PyObject *args)
+{
+    room_obj_t *self = (room_obj_t *)o;
+    const char *why = NULL;
+
+    if (!PyArg_ParseTuple(args, "|z", &why) || need_room(self) < 0)
+        return NULL;
+    kvt_room_abort(self->room, why);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef room_methods[] = {
+    {"init_sender", room_init_sender, METH_VARARGS,
+     "init_sender(num_blocks, aux_slots=None)"},
+    {"init_receiver", room_init_receiver, METH_VARARGS,
+     "init_receiver(block_ids, first_block=0, aux_slots=None)"},
+    {"send", room_send, METH_VARARGS,
+     "send(block_ids, is_last, step=0): a chunk (step 0: every layer is "
+     "ready)"},
+    {"poll", room_poll, METH_NOARGS, "poll() -> KVPoll value"},
+    {"info", room_info, METH_NOARGS, "info() -> (state, error name, reason)"},
+    {"wait", room_wait, METH_VARARGS,
+     "wait(timeout_s=-1) -> state once final or at the timeout"},
+    {"abort", room_abort, METH_VARARGS, "abort(reason=None)"},
+    {"close", room_close, METH_NOARGS,
+     "close(): release (aborts and waits if not final)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot room_slots[] = {
+    {Py_tp_doc, (void *)"A sender or receiver room of a Connector."},
+    {Py_tp_dealloc, room_dealloc},
+    {Py_tp_methods, room_methods},
+    {0, NULL},
+};
+
+static PyType_Spec room_spec = {
+    .name = "kvt.Room",
+    .basicsize = sizeof(room_obj_t),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = room_slots,
+};
+
+/* ---- BootstrapServer --------------------------------------------------- */
+
+static PyObject *boot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"port", "host", NULL};
+    unsigned int port = 0;
+    const char *host = NULL;
+    boot_obj_t *self;
+    kvt_status_t st;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Iz", kwlist, &port, &host))
+        return NULL;
+    if (port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "port out of range");
+        return NULL;
+    }
+    self = (boot_obj_t *)PyType_GenericAlloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = kvt_bootstrap_start(host, (uint16_t)port, &self->server);
+    Py_END_ALLOW_THREADS;
+    if (st != KVT_OK) {
+        self->server = NULL;
+        Py_DECREF(self);
+        return raise_status("starting the bootstrap server", st);
+    }
+    return (PyObject *)self;
+}
+
+static void boot_close_now(boot_obj_t *self)
+{
+    kvt_bootstrap_h s = self->server;
+
+    self->server = NULL;
+    if (s == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS;
+    kvt_bootstrap_stop(s);
+    Py_END_ALLOW_THREADS;
+}
+
+static void boot_dealloc(PyObject *o)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    boot_close_now((boot_obj_t *)o);
+    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *boot_port(PyObject *o, PyObject *unused)
+{
+    boot_obj_t *self = (boot_obj_t *)o;
+    return PyLong_FromLong(self->server ? kvt_bootstrap_port(self->server) : 0);
+}
+
+static PyObject *boot_close(PyObject *o, PyObject *unused)
+{
+    boot_close_now((boot_obj_t *)o);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef boot_methods[] = {
+    {"port", boot_port, METH_NOARGS, "port() -> the port it listens on"},
+    {"close", boot_close, METH_NOARGS, "close(): stop the server"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot boot_slots[] = {
+    {Py_tp_doc, (void *)"BootstrapServer(port=0, host=None): kvt metad in "
+                        "this process."},
+    {Py_tp_new, boot_new},
+    {Py_tp_dealloc, boot_dealloc},
+    {Py_tp_methods, boot_methods},
+    {0, NULL},
+};
+
+static PyType_Spec boot_spec = {
+    .name = "kvt.BootstrapServer",
+    .basicsize = sizeof(boot_obj_t),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = boot_slots,
+};
+
+/* ---- Module ------------------------------------------------------------ */
+
+static int add_type(PyObject *m, const char *name, PyType_Spec *spec,
+                    PyTypeObject **type_p)
+{
+    PyObject *t = PyType_FromModuleAndSpec(m, spec, NULL);
+    int rc;
+
+    if (t == NULL)
+        return -1;
+    rc = PyModule_AddObjectRef(m, name, t);
+    if (rc == 0 && type_p != NULL)
+        *type_p = (PyTypeObject *)t; /* the module keeps it alive */
+    Py_DECREF(t);
+    return rc;
+}
+
+int kvtpy_connector_init(PyObject *m)
+{
+    if (add_type(m, "Connector", &conn_spec, NULL) < 0 ||
+        add_type(m, "Room", &room_spec, &room_type) < 0 ||
+        add_type(m, "BootstrapServer", &boot_spec, NULL) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(m, "CACHE_K", KVT_CACHE_K) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_V", KVT_CACHE_V) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_LATENT", KVT_CACHE_LATENT) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_K_SCALE", KVT_CACHE_K_SCALE) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_V_SCALE", KVT_CACHE_V_SCALE) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_LATENT_SCALE",
+                                KVT_CACHE_LATENT_SCALE) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_TOKEN_MAJOR", KVT_BLOCK_TOKEN_MAJOR) <
+            0 ||
+        PyModule_AddIntConstant(m, "BLOCK_HEAD_MAJOR", KVT_BLOCK_HEAD_MAJOR) <
+            0)
+        return -1;
+    return 0;
+}
