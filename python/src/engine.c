@@ -60,6 +60,11 @@ out:
     return list;
 }
 
+/*
+ * send_probe(peer): 0 when the peer answers a fresh handshake and
+ * descriptor query, -1 otherwise. The query goes over a new connection, so
+ * it also catches a peer whose cached session has not failed yet.
+ */
 static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
                               Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -206,7 +211,8 @@ static PyObject *m_batch_register_memory(PyObject *self, PyObject *const *args,
 
     if (kvtpy_args("batch_register_memory", args, nargs, kwnames, params, 2,
                    3, a) < 0 ||
-        kvtpy_need_engine((kvtpy_engine_t *)self) < 0 || kind_of(a[2], &kind) < 0)
+        kvtpy_need_engine((kvtpy_engine_t *)self) < 0 ||
+        kind_of(a[2], &kind) < 0)
         return NULL;
     n = kvtpy_seq_len(a[0], "buffer_addresses");
     if (n < 0)

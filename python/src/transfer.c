@@ -38,6 +38,7 @@ static kvt_status_t wait_final(kvt_batch_h b)
     return st;
 }
 
+/* A batch with room for @n descriptors: a pooled one when @n fits. */
 static kvt_batch_h pool_get(kvtpy_engine_t *self, size_t n)
 {
     kvt_batch_h b = NULL;
@@ -70,7 +71,6 @@ static void pool_put(kvtpy_engine_t *self, kvt_batch_h b, size_t n)
     if (b != NULL)
         kvt_batch_free(b);
 }
-
 
 static int opcode_of(PyObject *o, uint32_t *op)
 {
@@ -349,12 +349,13 @@ PyObject *kvtpy_m_transfer_sync(PyObject *self, PyObject *const *args,
         return NULL;
     if (descs_from_one(&ds, op, a[1], a[2], a[3]) < 0)
         return NULL;
-    return sync_common((kvtpy_engine_t *)self, "transfer_sync", a[0], &ds, a[5]);
+    return sync_common((kvtpy_engine_t *)self, "transfer_sync", a[0], &ds,
+                       a[5]);
 }
 
-static PyObject *sync_batch(kvtpy_engine_t *self, const char *fname, uint32_t op,
-                            PyObject *target, PyObject *bufs, PyObject *peers,
-                            PyObject *lens, PyObject *notify)
+static PyObject *sync_batch(kvtpy_engine_t *self, const char *fname,
+                            uint32_t op, PyObject *target, PyObject *bufs,
+                            PyObject *peers, PyObject *lens, PyObject *notify)
 {
     PyObject *r;
     descs_t ds;
@@ -481,8 +482,8 @@ static PyObject *async_common(kvtpy_engine_t *self, const char *fname,
     return PyLong_FromUnsignedLongLong(id);
 }
 
-static PyObject *async_batch(kvtpy_engine_t *self, const char *fname, uint32_t op,
-                             PyObject *target, PyObject *bufs,
+static PyObject *async_batch(kvtpy_engine_t *self, const char *fname,
+                             uint32_t op, PyObject *target, PyObject *bufs,
                              PyObject *peers, PyObject *lens)
 {
     PyObject *r;
@@ -636,8 +637,7 @@ PyObject *kvtpy_m_get_batch_transfer_status(PyObject *self, PyObject *arg)
     Py_BEGIN_ALLOW_THREADS
     kvtpy_ids_acquire(&e->ids, ids, (size_t)n, batches, slots);
     for (Py_ssize_t i = 0; i < n; i++)
-        sts[i] = batches[i] ? wait_final(batches[i])
-                            : KVT_ERR_NOT_FOUND;
+        sts[i] = batches[i] ? wait_final(batches[i]) : KVT_ERR_NOT_FOUND;
     kvtpy_ids_finish(&e->ids, batches, slots, (size_t)n);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -663,8 +663,6 @@ out:
     return r;
 }
 
-
-
 /* kvt extension: a notification on its own, ordered after every write
  * this engine submitted to the target before it. */
 PyObject *kvtpy_m_send_notify(PyObject *self, PyObject *const *args,
@@ -685,9 +683,3 @@ PyObject *kvtpy_m_send_notify(PyObject *self, PyObject *const *args,
     }
     return sync_common((kvtpy_engine_t *)self, "send_notify", a[0], &ds, a[1]);
 }
-
-/*
- * send_probe(peer): 0 when the peer answers a fresh handshake and
- * descriptor query, -1 otherwise. The query goes over a new connection, so
- * it also catches a peer whose cached session has not failed yet.
- */
