@@ -10,7 +10,7 @@ turn:
    TransferEngine.batch_transfer_sync_write.
 
 Both sides walk through the target's buffer the same way and use the same
-engine defaults (tcp, 2 workers, 2 connections per peer). Each side gets
+engine settings (tcp only, 2 workers, 2 connections per peer). Each side gets
 --duration seconds per figure, cut into --rounds slices that alternate
 C, Python, C, Python, ..., so that load from other processes on a shared
 machine falls on both sides alike; each side keeps its best slice. The
@@ -49,7 +49,7 @@ TARGET_BUFFER = 256 * MiB
 def start_target(kvt_bin):
     proc = subprocess.Popen(
         [kvt_bin, "bench", "--mode=target", "--local=127.0.0.1",
-         f"--buffer-size={TARGET_BUFFER // MiB}M"],
+         f"--buffer-size={TARGET_BUFFER // MiB}M", "--protocol=tcp"],
         stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         m = re.match(r"segment: (\S+)", line)
@@ -63,7 +63,7 @@ def c_bench(kvt_bin, segment, block, batch, duration):
     out = subprocess.run(
         [kvt_bin, "bench", "--mode=initiator", f"--segment={segment}",
          f"--block-size={block}", f"--batch-size={batch}", "--threads=1",
-         f"--duration={duration}", "--json"],
+         f"--duration={duration}", "--protocol=tcp", "--json"],
         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
