@@ -151,6 +151,68 @@ KVT_TEST(loopback_pair)
     free(dst);
 }
 
+/* Several threads doing synchronous transfers to one peer, waiting
+ * without a deadline: a completion read by one waiter must reach the
+ * thread whose batch it completes (a lost wake-up hangs this case). */
+typedef struct {
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    char *local;
+    uint64_t remote;
+    int ok;
+} sync_arg_t;
+
+static void *sync_thread(void *arg)
+{
+    sync_arg_t *a = arg;
+    kvt_xfer_desc_t d = {0};
+    kvt_batch_h b;
+    if (kvt_batch_create(a->e, 1, &b) != KVT_OK)
+        return NULL;
+    d.opcode = KVT_OP_WRITE;
+    d.segment = a->seg;
+    d.local_addr = a->local;
+    d.remote_addr = a->remote;
+    d.length = 4096;
+    a->ok = 1;
+    for (int i = 0; i < 1000 && a->ok; i++) {
+        if (kvt_batch_submit(b, &d, 1) != KVT_OK ||
+            kvt_batch_wait(b, -1) != KVT_OK || kvt_batch_reset(b) != KVT_OK)
+            a->ok = 0;
+    }
+    kvt_batch_free(b);
+    return NULL;
+}
+
+KVT_TEST(sync_waiters_share_connection)
+{
+    enum { T = 16 };
+    kvt_engine_params_t p = {0};
+    kvt_engine_h a = NULL, t = mk();
+    static char src[T][4096], dst[T][4096];
+    pthread_t th[T];
+    sync_arg_t args[T];
+    kvt_segment_t seg;
+
+    /* One connection, so that every thread waits on the same one. */
+    p.field_mask = KVT_ENGINE_PARAM_CONNS_PER_PEER;
+    p.conns_per_peer = 1;
+    CHECK_OK(kvt_engine_create(&p, &a));
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    for (int i = 0; i < T; i++) {
+        args[i] = (sync_arg_t){a, seg, src[i], (uint64_t)(uintptr_t)dst[i], 0};
+        pthread_create(&th[i], NULL, sync_thread, &args[i]);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].ok);
+    }
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(t);
+}
+
 /* ---- Misbehaving peers over raw sockets ---------------------------------- */
 
 static int dial_engine(kvt_engine_h e)
@@ -349,6 +411,7 @@ KVT_TEST(raw_write_refused)
 
 KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
+              KVT_CASE(sync_waiters_share_connection, 60),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
               KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20))

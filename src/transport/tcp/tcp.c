@@ -21,12 +21,14 @@
  * outstanding FIFO. None is held across a wait: sockets are non-blocking.
  *
  * Waiter progress. A thread in kvt_batch_wait() whose frames all went to
- * one connection reads that connection itself (it "attaches" as a waiter)
- * instead of sleeping until the worker has read the response and woken
- * it: a synchronous transfer then costs one wake-up per side, as a plain
- * ping-pong does. While a waiter is attached the worker leaves the
- * connection's input alone; the last waiter to leave drains what arrived
- * meanwhile, and input after that raises a fresh edge for the worker.
+ * one connection reads that connection itself (it "attaches" as the
+ * connection's waiter) instead of sleeping until the worker has read the
+ * response and woken it: a synchronous transfer then costs one wake-up per
+ * side, as a plain ping-pong does. At most one waiter is attached at a
+ * time; it completes whatever responses it reads, for any batch, and other
+ * threads sleep on their batches meanwhile. While a waiter is attached the
+ * worker does not watch the connection's input; when it leaves, watching
+ * again reports anything left unread to the worker.
  *
  * Completion lifecycle. Every piece of every request frame is completed
  * exactly once: by its response, or by the failure of its connection
@@ -1772,7 +1774,11 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
     int fd;
 
     pthread_mutex_lock(&c->rx_lock);
-    if (c->rx_dead || c->fd < 0) {
+    /* One reader per connection besides the worker: a second waiter
+     * polling the same socket could sleep on after the first had read the
+     * response that completes its batch. Other waiters sleep on their
+     * batches, woken by whoever completes them. */
+    if (c->rx_dead || c->fd < 0 || c->waiters > 0) {
         pthread_mutex_unlock(&c->rx_lock);
         return KVT_ERR_AGAIN;
     }
