@@ -2,7 +2,14 @@
 /*
  * kvt bench: the target serves a registered buffer; the initiator writes or
  * reads blocks of it in batches for a duration and reports throughput and
- * per-batch latency.
+ * per-batch latency, and which transport carried the transfers.
+ *
+ * --protocol picks the engine's transports: tcp (TCP only), shm (shm for a
+ * peer on this host, TCP for the control path and for peers elsewhere) or
+ * auto (every transport built in). The target's buffer is allocated with
+ * kvt_mem_alloc() (--buffer=managed, the default: same-host peers map it)
+ * or is plain process memory registered with kvt_mem_register()
+ * (--buffer=malloc: same-host peers reach it by cross-memory attach).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -16,9 +23,10 @@
 #include <kvt/kvt.h>
 
 #include "cli.h"
+#include "core/engine_int.h"
 
 typedef struct {
-    const char *mode, *local, *segment, *protocol, *op;
+    const char *mode, *local, *segment, *protocol, *op, *buffer;
     uint64_t port, buffer_size, block, batch, threads, workers, conns;
     double duration;
     int json;
@@ -35,7 +43,8 @@ static void usage(void)
 {
     printf("usage:\n"
            "  kvt bench --mode=target [--local=HOST] [--port=N] "
-           "[--buffer-size=BYTES] [--protocol=tcp|shm|auto]\n"
+           "[--buffer-size=BYTES] [--buffer=managed|malloc]\n"
+           "            [--protocol=tcp|shm|auto]\n"
            "  kvt bench --mode=initiator --segment=HOST:PORT [--op=write|read]"
            " [--block-size=BYTES]\n"
            "            [--batch-size=N] [--threads=N] [--duration=SECONDS] "
@@ -50,6 +59,7 @@ static int parse(int argc, char **argv, bench_opts_t *o)
     o->local = "127.0.0.1";
     o->protocol = "auto";
     o->op = "write";
+    o->buffer = "managed";
     o->buffer_size = 1ull << 30;
     o->block = 64 << 10;
     o->batch = 128;
@@ -72,6 +82,8 @@ static int parse(int argc, char **argv, bench_opts_t *o)
             o->protocol = v;
         } else if ((v = cli_opt(argc, argv, &i, "op"))) {
             o->op = v;
+        } else if ((v = cli_opt(argc, argv, &i, "buffer"))) {
+            o->buffer = v;
         } else if ((v = cli_opt(argc, argv, &i, "duration"))) {
             o->duration = atof(v);
         } else if ((v = cli_opt(argc, argv, &i, "port"))) {
@@ -110,9 +122,13 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         fprintf(stderr, "kvt bench: --mode=target or --mode=initiator\n");
         return -1;
     }
-    if (strcmp(o->protocol, "tcp") != 0 && strcmp(o->protocol, "auto") != 0) {
-        fprintf(stderr, "kvt bench: protocol '%s' is not available\n",
-                o->protocol);
+    if (strcmp(o->protocol, "tcp") != 0 && strcmp(o->protocol, "shm") != 0 &&
+        strcmp(o->protocol, "auto") != 0) {
+        fprintf(stderr, "kvt bench: --protocol=tcp, shm or auto\n");
+        return -1;
+    }
+    if (strcmp(o->buffer, "managed") != 0 && strcmp(o->buffer, "malloc") != 0) {
+        fprintf(stderr, "kvt bench: --buffer=managed or --buffer=malloc\n");
         return -1;
     }
     if (strcmp(o->op, "write") != 0 && strcmp(o->op, "read") != 0) {
@@ -129,7 +145,12 @@ static kvt_status_t make_engine(const bench_opts_t *o, kvt_engine_h *e)
                    KVT_ENGINE_PARAM_TRANSPORTS;
     p.local_host = o->local;
     p.port = (uint16_t)o->port;
-    p.transports = KVT_TRANSPORT_TCP;
+    if (strcmp(o->protocol, "tcp") == 0)
+        p.transports = KVT_TRANSPORT_TCP;
+    else if (strcmp(o->protocol, "shm") == 0)
+        p.transports = KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM;
+    else
+        p.transports = KVT_TRANSPORT_ALL;
     if (o->workers) {
         p.field_mask |= KVT_ENGINE_PARAM_NUM_WORKERS;
         p.num_workers = (unsigned)o->workers;
@@ -141,24 +162,30 @@ static kvt_status_t make_engine(const bench_opts_t *o, kvt_engine_h *e)
     return kvt_engine_create(&p, e);
 }
 
+/* Touch every page now so that faults are not measured later. */
+static void touch(void *p, size_t len)
+{
+    for (size_t i = 0; i < len; i += 4096)
+        ((volatile char *)p)[i] = (char)(i >> 12);
+}
+
 static void *alloc_buffer(size_t len)
 {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    /* Touch every page now so that faults are not measured later. */
-    for (size_t i = 0; i < len; i += 4096)
-        ((volatile char *)p)[i] = (char)(i >> 12);
+    touch(p, len);
     return p;
 }
 
 static int run_target(const bench_opts_t *o)
 {
+    int managed = strcmp(o->buffer, "managed") == 0;
     kvt_engine_h e;
     kvt_status_t st;
     sigset_t set;
-    void *buf;
+    void *buf = NULL;
     int sig;
 
     sigemptyset(&set);
@@ -170,27 +197,36 @@ static int run_target(const bench_opts_t *o)
         fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
         return 1;
     }
-    buf = alloc_buffer(o->buffer_size);
-    if (buf == NULL) {
-        fprintf(stderr, "kvt bench: cannot allocate %llu bytes\n",
-                (unsigned long long)o->buffer_size);
-        kvt_engine_destroy(e);
-        return 1;
+    if (strcmp(o->buffer, "managed") == 0) {
+        st = kvt_mem_alloc(e, o->buffer_size, KVT_ACCESS_REMOTE_RW, &buf);
+        if (st == KVT_OK)
+            touch(buf, o->buffer_size);
+    } else {
+        buf = alloc_buffer(o->buffer_size);
+        st = buf != NULL ? kvt_mem_register(e, buf, o->buffer_size,
+                                            KVT_ACCESS_REMOTE_RW)
+                         : KVT_ERR_NO_MEMORY;
     }
-    st = kvt_mem_register(e, buf, o->buffer_size, KVT_ACCESS_REMOTE_RW);
     if (st != KVT_OK) {
-        fprintf(stderr, "kvt bench: register: %s\n", kvt_status_str(st));
+        fprintf(stderr, "kvt bench: cannot set up a %llu-byte buffer: %s\n",
+                (unsigned long long)o->buffer_size, kvt_status_str(st));
         kvt_engine_destroy(e);
+        if (managed == 0 && buf != NULL)
+            munmap(buf, o->buffer_size);
         return 1;
     }
     printf("segment: %s\n", kvt_engine_segment_name(e));
-    printf("buffer: %p %llu bytes, protocol tcp\n", buf,
-           (unsigned long long)o->buffer_size);
+    printf("buffer: %p %llu bytes (%s), protocol %s\n", buf,
+           (unsigned long long)o->buffer_size, o->buffer, o->protocol);
     fflush(stdout);
     sigwait(&set, &sig);
-    kvt_mem_unregister(e, buf);
+    if (managed) {
+        kvt_mem_free(e, buf);
+    } else {
+        kvt_mem_unregister(e, buf);
+        munmap(buf, o->buffer_size);
+    }
     kvt_engine_destroy(e);
-    munmap(buf, o->buffer_size);
     return 0;
 }
 
@@ -292,6 +328,7 @@ static int run_initiator(const bench_opts_t *o)
     kvt_segment_t seg;
     kvt_engine_h e;
     kvt_status_t st;
+    const char *proto;
     char *local;
     int fatal = 0;
 
@@ -313,6 +350,13 @@ static int run_initiator(const bench_opts_t *o)
         kvt_engine_destroy(e);
         return 1;
     }
+    proto = kvt__segment_transport(e, seg);
+    if (proto == NULL)
+        proto = "?";
+    if (strcmp(o->protocol, "auto") != 0 && strcmp(o->protocol, proto) != 0)
+        fprintf(stderr, "kvt bench: %s was asked for, but the segment is "
+                        "served by %s (the log says why)\n",
+                o->protocol, proto);
     if (region.length < span) {
         fprintf(stderr, "kvt bench: the target's buffer (%llu bytes) is "
                         "smaller than one batch (%llu bytes)\n",
@@ -359,19 +403,20 @@ static int run_initiator(const bench_opts_t *o)
     }
     gbps = (double)bytes / secs / 1e9;
     printf("kvt bench: %s %s, block %llu B, batch %llu, threads %llu, "
-           "protocol tcp\n",
+           "protocol %s\n",
            o->op, o->segment, (unsigned long long)o->block,
-           (unsigned long long)o->batch, (unsigned long long)o->threads);
+           (unsigned long long)o->batch, (unsigned long long)o->threads,
+           proto);
     printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
            "p50 %.1f us p99 %.1f us, errors %llu\n",
            gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
            secs, p50, p99, (unsigned long long)errors);
     if (o->json)
-        printf("{\"op\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%llu,"
+        printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"block_size\":%llu,"
                "\"batch_size\":%llu,\"threads\":%llu,\"seconds\":%.3f,"
                "\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
                "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu}\n",
-               o->op, (unsigned long long)o->block,
+               o->op, proto, (unsigned long long)o->block,
                (unsigned long long)o->batch, (unsigned long long)o->threads,
                secs, (unsigned long long)bytes, (unsigned long long)ops, gbps,
                p50, p99, (unsigned long long)errors);

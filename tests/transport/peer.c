@@ -140,6 +140,20 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             pattern_fill((void *)(uintptr_t)a, b, c,
                          a - (uint64_t)(uintptr_t)main_);
             reply(out, "ok");
+        } else if (sscanf(line, "unregfill %llu %llu %llu", &a, &b, &c) ==
+                   3) {
+            /* Unregister the region at a, then overwrite [a, a+b) with
+             * byte c: a remote write landing after this is visible. */
+            int st = kvt_mem_unregister(e, (void *)(uintptr_t)a);
+            memset((void *)(uintptr_t)a, (int)c, b);
+            reply(out, "%d", st);
+        } else if (sscanf(line, "count %llu %llu %llu", &a, &b, &c) == 3) {
+            /* Bytes of [a, a+b) that are not c. */
+            const uint8_t *q = (const uint8_t *)(uintptr_t)a;
+            unsigned long long n = 0;
+            for (uint64_t i = 0; i < b; i++)
+                n += q[i] != (uint8_t)c;
+            reply(out, "%llu", n);
         } else if (sscanf(line, "byte %llu", &a) == 1) {
             reply(out, "%u", *(uint8_t *)(uintptr_t)a);
         } else if (sscanf(line, "unreg %llu", &a) == 1) {

@@ -16,10 +16,11 @@
  * channel's lease (target.c explains it), check every segment against the
  * target's snapshot, copy it with memcpy through a mapping of the
  * target's allocation when there is one and with process_vm_writev/readv
- * (up to 1024 vectors a call, contiguous pieces merged) otherwise, release
- * the lease, then take an acknowledgement ticket and wait for the target
- * to answer it: a copy into a target that died or stopped is not a
- * transfer, and fails (or times out) instead of counting as delivered.
+ * (up to 1024 vectors a call, contiguous pieces merged) otherwise, and
+ * release the lease. Success also needs the target's answer to a ticket
+ * rung when the copies started, and the target alive when they ended: a
+ * copy into a target that is stopped or dead is not a transfer, and times
+ * out or fails instead of counting as delivered.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
  * with no other job of the session running, so the target delivers it
@@ -60,7 +61,8 @@
 #include "util/log.h"
 #include "util/time.h"
 
-#define JOB_MIN (256u * 1024u)
+#define JOB_MIN (1024u * 1024u)
+#define SPLIT_MIN (2u * 1024u * 1024u)
 #define JOB_MAX (8u * 1024u * 1024u)
 #define JOB_SEGS 1024u
 #define CMA_IOV 1024 /* UIO_MAXIOV */
@@ -133,7 +135,9 @@ struct shm_session {
 static const kvt__transport_ops_t shm_ops;
 
 static void session_kill(kvt__session_t *base, kvt_status_t why);
-static kvt_status_t ack_wait(shm_session_t *s, uint64_t deadline);
+static kvt_status_t ack_wait(shm_session_t *s, uint32_t ticket,
+                             uint64_t deadline);
+static void ring_bell(shm_session_t *s);
 
 #ifdef KVT_TSAN
 /*
@@ -355,9 +359,12 @@ static void map_request(shm_session_t *s, uint32_t id)
     p = MAP_FAILED;
     if (m.status == KVT_OK && fd >= 0 && m.id == id && m.length > 0 &&
         m.addr <= UINT64_MAX - m.length && memfd_sound(fd, m.length))
-        p = mmap(NULL, m.length, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | (m.length <= POPULATE_MAX ? MAP_POPULATE : 0), fd,
-                 0);
+        p = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Fill the page tables now, writable: a shared mapping faults on the
+     * first write to every page otherwise, even after MAP_POPULATE. */
+    if (p != MAP_FAILED && m.length <= POPULATE_MAX &&
+        madvise(p, m.length, MADV_POPULATE_WRITE) != 0)
+        madvise(p, m.length, MADV_WILLNEED);
     pthread_rwlock_wrlock(&s->map_lock);
     if (p != MAP_FAILED) {
         if (s->nmaps == s->mcap) {
@@ -494,17 +501,24 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *cma)
 }
 
 /*
- * Run a READ or WRITE job under the lease. Segments outside the target's
- * registry (or its access rights) fail with KVT_ERR_ACCESS and are not
- * touched; the others go through a mapping or cross-memory attach.
+ * Run a READ or WRITE job under the lease. First every segment is checked
+ * against the snapshot: one outside the target's registry (or its access
+ * rights) fails with KVT_ERR_ACCESS and is not touched; the others are
+ * marked for a mapping or for cross-memory attach. Then, if anything is
+ * to be copied, an acknowledgement ticket is taken and rung *before* the
+ * copies, so that the target's answer overlaps them; success needs that
+ * answer (the target ran after the job started: a stopped one times the
+ * job out) and a target still alive after the copies (a dead one fails
+ * them: nobody reads what landed).
  */
 static void rw_run(shm_session_t *s, job_t *j)
 {
     kvt__shm_chan_t *ch = s->ch;
     uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
                                             : KVT_ACCESS_REMOTE_READ;
-    uint32_t n, want_map = 0, ncma = 0;
+    uint32_t n, want_map = 0, ncma = 0, nmap = 0, ticket = 0;
     uint8_t cma[JOB_SEGS];
+    uint8_t *loc[JOB_SEGS];
     kvt_status_t st;
 
     st = lease_acquire(s, j->deadline);
@@ -517,18 +531,15 @@ static void rw_run(shm_session_t *s, job_t *j)
         maps_reconcile(s);
     n = ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
     pthread_rwlock_rdlock(&s->map_lock);
-    for (uint32_t i = 0; i < j->nsegs;) {
+    for (uint32_t i = 0; i < j->nsegs; i++) {
         seg_t *g = &j->segs[i];
         const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
         const map_t *m = NULL;
-        uint64_t len;
-        uint32_t k;
-        uint8_t *local;
 
         cma[i] = 0;
+        loc[i] = NULL;
         if (r == NULL) {
             g->st = KVT_ERR_ACCESS;
-            i++;
             continue;
         }
         if (r->map_id != 0) {
@@ -536,40 +547,47 @@ static void rw_run(shm_session_t *s, job_t *j)
             if (m == NULL && want_map == 0)
                 want_map = r->map_id;
         }
-        if (m == NULL || g->raddr < m->base ||
-            g->raddr + g->len > m->base + m->len) {
-            cma[i++] = 1;
+        if (m != NULL && g->raddr >= m->base &&
+            g->raddr + g->len <= m->base + m->len) {
+            loc[i] = m->local + (g->raddr - m->base);
+            nmap++;
+        } else {
+            cma[i] = 1;
             ncma++;
+        }
+    }
+    if (ncma + nmap > 0) {
+        ticket = atomic_fetch_add(&ch->ack_req, 1) + 1;
+        ring_bell(s);
+    }
+    /* Mapped segments, merged while contiguous on both sides. */
+    for (uint32_t i = 0; i < j->nsegs && nmap > 0;) {
+        const seg_t *g = &j->segs[i];
+        uint64_t len = g->len;
+        uint32_t k;
+
+        if (loc[i] == NULL) {
+            i++;
             continue;
         }
-        /* Merge the following segments contiguous on both sides. */
-        local = m->local + (g->raddr - m->base);
-        len = g->len;
-        for (k = i + 1; k < j->nsegs; k++) {
-            const seg_t *h = &j->segs[k];
-            if (h->laddr != g->laddr + len || h->raddr != g->raddr + len ||
-                h->raddr + h->len > m->base + m->len ||
-                region_find(ch, n, h->vlo, h->vhi, access) != r)
-                break;
-            cma[k] = 0;
-            len += h->len;
-        }
+        for (k = i + 1; k < j->nsegs && loc[k] == loc[i] + len &&
+                        j->segs[k].laddr == g->laddr + len;
+             k++)
+            len += j->segs[k].len;
         if (j->op == KVT_OP_WRITE)
-            kvt__shm_copy(local, (const void *)(uintptr_t)g->laddr, len, 1);
+            kvt__shm_copy(loc[i], (const void *)(uintptr_t)g->laddr, len, 1);
         else
-            kvt__shm_copy((void *)(uintptr_t)g->laddr, local, len, 0);
+            kvt__shm_copy((void *)(uintptr_t)g->laddr, loc[i], len, 0);
         i = k;
     }
     if (ncma > 0)
         st = cma_run(s, j, cma);
     pthread_rwlock_unlock(&s->map_lock);
     lease_release(s);
-    /* A copy into a target that died or stopped was not delivered. */
-    for (uint32_t i = 0; i < j->nsegs && st == KVT_OK; i++)
-        if (j->segs[i].st == KVT_OK) {
-            st = ack_wait(s, j->deadline);
-            break;
-        }
+    if (st == KVT_OK && ticket != 0)
+        st = ack_wait(s, ticket, j->deadline);
+    if (st == KVT_OK && ticket != 0)
+        st = peer_status(s);
     if (st != KVT_OK) {
         segs_fail(j, 0, j->nsegs, st);
         session_kill(&s->base, st);
@@ -607,22 +625,20 @@ static void ring_bell(shm_session_t *s)
 }
 
 /*
- * Take a ticket and wait until the target's service thread has answered
- * it (or a later one): proof that the target was running after every
- * copy this thread made before. Spins briefly first, since the answer
- * usually comes within microseconds.
+ * Wait until the target's service thread has answered @ticket (or a
+ * later one). Spins briefly first: the answer was asked for before the
+ * copies, and has usually come by the time they end.
  */
-static kvt_status_t ack_wait(shm_session_t *s, uint64_t deadline)
+static kvt_status_t ack_wait(shm_session_t *s, uint32_t ticket,
+                             uint64_t deadline)
 {
     kvt__shm_chan_t *ch = s->ch;
-    uint32_t t = atomic_fetch_add(&ch->ack_req, 1) + 1;
 
-    ring_bell(s);
     for (int spin = 0;; spin++) {
         uint32_t done =
             atomic_load_explicit(&ch->ack_done, memory_order_acquire);
         kvt_status_t st;
-        if ((int32_t)(done - t) >= 0)
+        if ((int32_t)(done - ticket) >= 0)
             return KVT_OK;
         if (spin < 64) {
             sched_yield();
@@ -902,7 +918,11 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
         else
             total += d->length * (d->count > 1 ? d->count : 1);
     }
+    /* Spread a large submission over every executor; keep a small one in
+     * one job, whose hand-off would cost more than the copy it shares. */
     target = total / (1 + shm->nworkers);
+    if (total < SPLIT_MIN)
+        target = JOB_MAX;
     target = target < JOB_MIN ? JOB_MIN : target > JOB_MAX ? JOB_MAX : target;
     dl = kvt__now_ns() + base->engine->timeout_ns;
     plan_run(&p, batch, descs, idx, n, slot_base, target, dl);

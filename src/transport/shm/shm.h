@@ -20,12 +20,12 @@
  *  - the snapshot of the target's registry (regions, access rights, and
  *    which kvt_mem_alloc() allocation holds each), against which the
  *    initiator checks every range while it holds the lease;
- *  - an acknowledgement counter: after its copies the initiator takes a
- *    ticket and rings, and reports success only once the target's service
- *    thread has answered that ticket, so a target that died or stopped
- *    (SIGSTOP) before or during a copy fails it (or times it out) instead
- *    of having it count as delivered. One answer covers every ticket
- *    taken before it, so concurrent jobs share one round trip;
+ *  - an acknowledgement counter: as its copies start the initiator takes
+ *    a ticket and rings, and reports success only once the target's
+ *    service thread has answered that ticket and the target is still
+ *    alive (pidfd) after the copies, so that a copy into a target stopped
+ *    (SIGSTOP) or dead is not counted as delivered. One answer covers
+ *    every ticket taken before it, and it overlaps the copies;
  *  - a ring of notifications, delivered by the target's service thread.
  *
  * Every field one side reads from the other is untrusted: indices are

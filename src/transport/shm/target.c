@@ -359,6 +359,10 @@ static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
         atomic_store_explicit(&ch->nq_head, c->head, memory_order_release);
         any = 1;
     }
+    /* Sequentially consistent with the initiator's "waiters++, re-read the
+     * word in futex_wait": either it sees the new value, or this sees it
+     * asleep. The stores above are only release, hence the fence. */
+    atomic_thread_fence(memory_order_seq_cst);
     if (any && atomic_load(&ch->waiters) != 0) {
         kvt__shm_futex_wake(&ch->ack_done);
         kvt__shm_futex_wake(&ch->nq_head);

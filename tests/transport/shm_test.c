@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Same-host transport cases the conformance suite does not cover:
+ * selection and the fallback to TCP, the unregister guarantee while an
+ * initiator keeps writing (through a mapping and through cross-memory
+ * attach), and a target that dies while its memory is mapped. Cases that
+ * need shm skip when the target engine does not offer it.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "kvt_test.h"
+#include "peer.h"
+
+#define BLK (1u << 20)
+
+static void *map(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    return p;
+}
+
+static int offers_shm(kvt_engine_h e, kvt_segment_t seg)
+{
+    kvt__session_t *s = kvt__engine_find_session(e, seg);
+    int offered;
+
+    CHECK(s != NULL);
+    pthread_mutex_lock(&s->desc_lock);
+    offered = (s->desc.transports & KVT_TRANSPORT_SHM) != 0;
+    pthread_mutex_unlock(&s->desc_lock);
+    return offered;
+}
+
+static kvt_status_t write1(kvt_engine_h e, kvt_segment_t seg, void *local,
+                           uint64_t remote, uint64_t len)
+{
+    kvt_xfer_desc_t d = {0};
+    kvt_batch_h b;
+    kvt_status_t st;
+
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = local;
+    d.remote_addr = remote;
+    d.length = len;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    st = kvt_batch_wait(b, 30000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK_OK(kvt_batch_free(b));
+    return st;
+}
+
+/* Mappings of a peer's kvt_mem_alloc() memory in this process. */
+static int alloc_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, "/memfd:kvt (deleted)") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Count lines of @path that contain @what. */
+static int count_in_file(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A target that does not offer shm is reached over TCP, and the
+ * initiator says so once; an initiator limited to TCP never tries. */
+KVT_TEST(fallback_to_tcp)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 1};
+    char log[] = "/tmp/kvt-shm-test-XXXXXX";
+    kvt_segment_t seg, again;
+    kvt_engine_h e;
+    peer_t p;
+    uint8_t *buf;
+    int fd;
+
+    CHECK(peer_start(&p, &o) == 0);
+    fd = mkstemp(log);
+    CHECK(fd >= 0);
+    CHECK(dup2(fd, 2) == 2); /* this process's log, to check below */
+    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    CHECK(!offers_shm(e, seg));
+    buf = map(BLK);
+    memset(buf, 0x42, BLK);
+    CHECK_OK(kvt_mem_register(e, buf, BLK, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
+    CHECK_OK(kvt_segment_open(e, p.segment, &again)); /* cached */
+    CHECK(again == seg);
+    CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
+    kvt_engine_destroy(e);
+    CHECK(count_in_file(log, "falling back to tcp") == 1);
+
+    /* TCP only on this side: no attempt, nothing said. */
+    CHECK(ftruncate(fd, 0) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    kvt_engine_destroy(e);
+    CHECK(count_in_file(log, "shm") == 0);
+    unlink(log);
+    close(fd);
+    munmap(buf, BLK);
+    peer_stop(&p);
+}
+
+/* Both sides allow shm: the session is shm; limited to TCP on either
+ * side, it is TCP. */
+KVT_TEST(selection)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1};
+    kvt_segment_t seg;
+    kvt_engine_h e;
+    peer_t p;
+
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_ALL, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    if (!offers_shm(e, seg))
+        SKIP("the target engine does not offer shm");
+    CHECK(strcmp(kvt__segment_transport(e, seg), "shm") == 0);
+    kvt_engine_destroy(e);
+    e = engine_new(KVT_TRANSPORT_TCP, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+}
+
+typedef struct {
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    uint8_t *local;
+    uint64_t remote;
+    _Atomic int stop;
+    int ok_before, access_after, ok_after_access, other;
+    _Atomic int saw_access;
+} writer_t;
+
+/* Write 4 MiB of 0x11 over and over until told to stop. */
+static void *writer_main(void *arg)
+{
+    writer_t *w = arg;
+
+    while (!atomic_load(&w->stop)) {
+        kvt_status_t st = write1(w->e, w->seg, w->local, w->remote, 4 * BLK);
+        if (st == KVT_OK) {
+            if (atomic_load(&w->saw_access))
+                w->ok_after_access++;
+            else
+                w->ok_before++;
+        } else if (st == KVT_ERR_ACCESS) {
+            atomic_store(&w->saw_access, 1);
+            w->access_after++;
+        } else {
+            w->other++;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * The guarantee: once kvt_mem_unregister() has returned in the target, no
+ * byte of a same-host initiator lands in the region, though the
+ * initiator keeps writing (and, for kvt_mem_alloc() memory, still has it
+ * mapped when the unregister starts). The target overwrites the region
+ * right after unregistering and checks later that nothing changed it;
+ * the initiator's writes fail with KVT_ERR_ACCESS from then on, and its
+ * mapping of the allocation is released.
+ */
+static void unregister_while_writing(int managed)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
+    writer_t w = {0};
+    pthread_t th;
+    peer_t p;
+    const char *r;
+    double t0;
+
+    CHECK(peer_start(&p, &o) == 0);
+    w.e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
+    CHECK(w.e != NULL);
+    CHECK_OK(kvt_segment_open(w.e, p.segment, &w.seg));
+    if (!offers_shm(w.e, w.seg))
+        SKIP("the target engine does not offer shm");
+    CHECK(strcmp(kvt__segment_transport(w.e, w.seg), "shm") == 0);
+    w.local = map(4 * BLK);
+    memset(w.local, 0x11, 4 * BLK);
+    CHECK_OK(kvt_mem_register(w.e, w.local, 4 * BLK, KVT_ACCESS_REMOTE_RW));
+    w.remote = p.main_addr + 8 * BLK;
+    /* The first write asks for the mapping, the second uses it. */
+    CHECK_OK(write1(w.e, w.seg, w.local, w.remote, 4 * BLK));
+    CHECK_OK(write1(w.e, w.seg, w.local, w.remote, 4 * BLK));
+    CHECK(alloc_mappings() == (managed ? 1 : 0));
+
+    CHECK(pthread_create(&th, NULL, writer_main, &w) == 0);
+    usleep(100000);
+    r = peer_cmd(&p, "unregfill %llu %llu %u", (unsigned long long)p.main_addr,
+                 (unsigned long long)PEER_MAIN_LEN, 0xEEu);
+    CHECK(r != NULL && atoi(r) == KVT_OK);
+    /* Let the writer run into the unregistered region for a while. */
+    t0 = kvt_test_now();
+    while (w.access_after < 20 && kvt_test_now() - t0 < 10)
+        usleep(10000);
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    fprintf(stderr,
+            "writes: %d ok before, %d refused after, %d ok after, "
+            "%d other\n",
+            w.ok_before, w.access_after, w.ok_after_access, w.other);
+    r = peer_cmd(&p, "count %llu %llu %u", (unsigned long long)p.main_addr,
+                 (unsigned long long)PEER_MAIN_LEN, 0xEEu);
+    CHECK(r != NULL);
+    if (strcmp(r, "0") != 0) {
+        fprintf(stderr, "%s bytes changed after kvt_mem_unregister()\n", r);
+        CHECK(0);
+    }
+    CHECK(w.ok_before > 0 && w.access_after >= 20);
+    CHECK(w.ok_after_access == 0 && w.other == 0);
+    CHECK(alloc_mappings() == 0);
+    kvt_engine_destroy(w.e);
+    munmap(w.local, 4 * BLK);
+    peer_stop(&p);
+}
+
+KVT_TEST(unregister_while_mapped) { unregister_while_writing(1); }
+
+KVT_TEST(unregister_while_attached) { unregister_while_writing(0); }
+
+/* The target dies while its memory is mapped and a large batch is being
+ * written into it: the batch fails with KVT_ERR_CONN_LOST within the
+ * transfer timeout, later work fails at once, and the mapping goes. */
+KVT_TEST(target_death_while_mapped)
+{
+    enum { N = 1024 };
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1};
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_state_t bs;
+    kvt_segment_t seg;
+    kvt_engine_h e;
+    kvt_batch_h b;
+    kvt_status_t st;
+    uint8_t *local;
+    peer_t p;
+    double t0;
+
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 5000);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    if (!offers_shm(e, seg))
+        SKIP("the target engine does not offer shm");
+    local = map(64 * BLK);
+    CHECK_OK(kvt_mem_register(e, local, 64 * BLK, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, seg, local, p.main_addr, BLK));
+    CHECK_OK(write1(e, seg, local, p.main_addr, BLK));
+    CHECK(alloc_mappings() == 1);
+    for (int i = 0; i < N; i++) {
+        d[i].opcode = KVT_OP_WRITE;
+        d[i].segment = seg;
+        d[i].local_addr = local + (uint64_t)(i % 64) * BLK;
+        d[i].remote_addr = p.main_addr + (uint64_t)(i % 64) * BLK;
+        d[i].length = BLK;
+    }
+    CHECK_OK(kvt_batch_create(e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    usleep(5000);
+    t0 = kvt_test_now();
+    peer_kill(&p, SIGKILL);
+    st = kvt_batch_wait(b, 10000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK(kvt_test_now() - t0 < 5.0 * kvt_test_slowdown());
+    kvt_batch_query(b, &bs);
+    CHECK(bs.pending == 0 && bs.completed + bs.failed == N);
+    if (bs.failed == 0)
+        SKIP("the batch finished before the target died");
+    CHECK(st == KVT_ERR_CONN_LOST);
+    for (size_t i = 0; i < N; i++) {
+        kvt_status_t es = kvt_batch_entry(b, i, NULL);
+        CHECK(es == KVT_OK || es == KVT_ERR_CONN_LOST);
+    }
+    /* Later work fails at once; the mapping is released. */
+    CHECK_OK(kvt_batch_reset(b));
+    t0 = kvt_test_now();
+    CHECK_OK(kvt_batch_submit(b, d, 1));
+    CHECK_ST(kvt_batch_wait(b, 5000), KVT_ERR_CONN_LOST);
+    CHECK(kvt_test_now() - t0 < 1.0 * kvt_test_slowdown());
+    t0 = kvt_test_now();
+    while (alloc_mappings() != 0 && kvt_test_now() - t0 < 2)
+        usleep(10000);
+    CHECK(alloc_mappings() == 0);
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    munmap(local, 64 * BLK);
+    free(d);
+}
+
+static const kvt_test_case_t cases[] = {
+    KVT_CASE(fallback_to_tcp, 30),
+    KVT_CASE(selection, 30),
+    KVT_CASE(unregister_while_mapped, 60),
+    KVT_CASE(unregister_while_attached, 60),
+    KVT_CASE(target_death_while_mapped, 60),
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}
