@@ -186,7 +186,7 @@ static void *sync_thread(void *arg)
 
 KVT_TEST(sync_waiters_share_connection)
 {
-    enum { T = 16 };
+    enum { T = 3 };
     kvt_engine_params_t p = {0};
     kvt_engine_h a = NULL, t = mk();
     static char src[T][4096], dst[T][4096];
@@ -194,10 +194,9 @@ KVT_TEST(sync_waiters_share_connection)
     sync_arg_t args[T];
     kvt_segment_t seg;
 
-    /* One connection, so that every thread waits on the same one. */
-    p.field_mask = KVT_ENGINE_PARAM_CONNS_PER_PEER;
-    p.conns_per_peer = 1;
-    CHECK_OK(kvt_engine_create(&p, &a));
+    /* Three threads on two connections: two waiters meet on one. */
+    (void)p;
+    a = mk();
     CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
@@ -211,6 +210,20 @@ KVT_TEST(sync_waiters_share_connection)
     }
     kvt_engine_destroy(a);
     kvt_engine_destroy(t);
+}
+
+/* The target goes first while its peer is still connected: its workers
+ * fail and free their inbound connections on the way out, then the peer
+ * sees the loss. */
+KVT_TEST(destroy_target_first)
+{
+    kvt_engine_h a = mk(), t = mk();
+    kvt_segment_t seg;
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    CHECK_OK(kvt_notify_send(a, seg, "x", 1));
+    kvt_engine_destroy(t);
+    CHECK(kvt_notify_send(a, seg, "y", 1) != KVT_OK);
+    kvt_engine_destroy(a);
 }
 
 /* ---- Misbehaving peers over raw sockets ---------------------------------- */
@@ -412,6 +425,7 @@ KVT_TEST(raw_write_refused)
 KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
+              KVT_CASE(destroy_target_first, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
               KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20))

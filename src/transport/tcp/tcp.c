@@ -1305,11 +1305,14 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&w->lock);
         if (c == NULL)
             break;
-        if (c->outbound)
-            pthread_mutex_lock(&c->rx_lock);
+        if (!c->outbound) {
+            conn_fail(c, KVT_ERR_CANCELED); /* frees it */
+            continue;
+        }
+        /* Outbound connections outlive their failure. */
+        pthread_mutex_lock(&c->rx_lock);
         conn_fail(c, KVT_ERR_CANCELED);
-        if (c->outbound) /* outbound connections outlive their failure */
-            pthread_mutex_unlock(&c->rx_lock);
+        pthread_mutex_unlock(&c->rx_lock);
     }
     return NULL;
 }
