@@ -16,26 +16,12 @@
 #include "kvtpy.h"
 
 /*
- * Sleep until every descriptor of @b is final; the batch's status.
- *
- * kvt_batch_wait(b, -1) alone would do, but in the C engine of this
- * writing a waiter may sleep in poll() on its connection while another
- * thread, waiting on the same connection, reads the response that
- * completes the first one's batch: nothing wakes the first, and with no
- * deadline it sleeps forever (three or more threads transferring to one
- * peer hang within seconds). Waiting in slices bounds such a miss to one
- * slice. The loop ends because every descriptor is itself bounded by the
- * transfer timeout.
+ * Sleep until every descriptor of @b is final; the batch's status. Every
+ * descriptor is bounded by the transfer timeout, so this ends.
  */
-#define WAIT_SLICE_MS 20
-
 static kvt_status_t wait_final(kvt_batch_h b)
 {
-    kvt_status_t st;
-
-    while ((st = kvt_batch_wait(b, WAIT_SLICE_MS)) == KVT_INPROGRESS)
-        ;
-    return st;
+    return kvt_batch_wait(b, -1);
 }
 
 /* A batch with room for @n descriptors: a pooled one when @n fits. */
