@@ -14,6 +14,7 @@ static const struct {
 } cmds[] = {
     {"bench", kvt_cmd_bench, "measure transfers (target and initiator)"},
     {"info", kvt_cmd_info, "print version and build options"},
+    {"demo", kvt_cmd_demo, "run a prefill/decode demo on this machine"},
     {"metad", kvt_cmd_metad, "metadata and PD bootstrap HTTP server"},
 };
 
