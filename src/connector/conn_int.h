@@ -66,8 +66,9 @@ struct kvt__sess {
     kvt__layout_t peer_lay;
     kvt_status_t verdict;
     kvt__xplan_t *plan;
-    /* Liveness. */
-    uint64_t t_ping;
+    /* Liveness: a PING every heartbeat; the peer answers PONG while it
+     * knows the session. */
+    uint64_t t_ping, t_pong;
     int ping_inflight;
 };
 

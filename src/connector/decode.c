@@ -122,10 +122,15 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
             kvt__ctrl_status(c, p->sess, KVT__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
                              "");
         }
-        /* A prefill rank not announced to yet is told too when its
-         * session is up: its sender may exist already. */
-        if (p->st == KVT__PEER_WAIT && p->sess->state != KVT__SESS_ALIVE)
+        /* A prefill rank not announced to yet is told too (its sender
+         * may exist already), once its handshake ends; a dead one is
+         * quiet. */
+        if (p->st == KVT__PEER_WAIT && p->sess->state == KVT__SESS_DEAD)
             p->st = KVT__PEER_QUIET;
+        if (p->st == KVT__PEER_WAIT && p->sess->state != KVT__SESS_ALIVE) {
+            open = 1;
+            continue;
+        }
         switch (p->st) {
         case KVT__PEER_DONE:
             p->st = KVT__PEER_QUIET;

@@ -43,7 +43,8 @@ enum {
     KVT__CM_ABORT_ACK = 8, /* either way: abort seen, quiescent */
     KVT__CM_PING = 9,      /* either way: liveness */
     KVT__CM_FRAG = 10,     /* a slice of a longer message */
-    KVT__CM_TYPE_MAX = 10,
+    KVT__CM_PONG = 11,     /* either way: the session is known here */
+    KVT__CM_TYPE_MAX = 11,
 };
 
 /* ROOM flags: this prefill rank sends no replicated cache and no aux

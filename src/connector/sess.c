@@ -310,7 +310,7 @@ int kvt__sess_tick(kvt_conn_h c, uint64_t now)
                 send_hello(c, s);
             } else if (s->verdict == KVT_OK) {
                 s->state = KVT__SESS_ALIVE;
-                s->t_state = s->t_ping = now;
+                s->t_state = s->t_ping = s->t_pong = now;
                 kvt__ctrl_status(c, s, KVT__CM_HELLO_ACK, 0, 0, 0, KVT_OK, "");
             } else {
                 /* Refused: tell decode why, then let the session go
@@ -329,6 +329,13 @@ int kvt__sess_tick(kvt_conn_h c, uint64_t now)
                                s->name, c->peer_ms);
             break;
         case KVT__SESS_ALIVE:
+            if (kvt__since(now, s->t_pong) > c->peer_ms) {
+                kvt__sess_kill(c, s, KVT_ERR_TIMEDOUT,
+                               "%s has not answered pings for %" PRIu64
+                               " ms (the session is gone there?)",
+                               s->name, c->peer_ms);
+                break;
+            }
             if (!s->ping_inflight &&
                 kvt__since(now, s->t_ping) >= c->heartbeat_ms) {
                 s->ping_inflight = 1;
@@ -552,7 +559,7 @@ static void decode_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
         }
         s->peer = sm.who;
         s->state = KVT__SESS_ALIVE;
-        s->t_state = s->t_ping = kvt__conn_now_ms();
+        s->t_state = s->t_ping = s->t_pong = kvt__conn_now_ms();
         return;
     case KVT__CM_NAK:
         if (p == NULL || kvt__cm_status_decode(m, &sm) != KVT_OK)
@@ -610,9 +617,31 @@ static void decode_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
     }
 }
 
+/*
+ * Liveness above the engine: a PING is answered only by a rank that knows
+ * the session (same name, same id, not dead), so a session that one side
+ * dropped (a restart, a timeout there) ends on the other side too, within
+ * the peer timeout, instead of leaving its rooms to their own timeouts.
+ */
+static int on_liveness(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+{
+    kvt__sess_t *s;
+
+    if (m->type != KVT__CM_PING && m->type != KVT__CM_PONG)
+        return 0;
+    s = kvt__sess_find(c, from);
+    if (s == NULL || s->id != m->session)
+        return 1;
+    if (m->type == KVT__CM_PING)
+        kvt__queue_reply(c, s, KVT__CM_PONG, 0, KVT_OK, "");
+    else
+        s->t_pong = kvt__conn_now_ms();
+    return 1;
+}
+
 static void dispatch(kvt_conn_h c, const char *from, const kvt__cm_t *m)
 {
-    if (m->type == KVT__CM_PING)
+    if (on_liveness(c, from, m))
         return;
     if (c->role == KVT_ROLE_PREFILL)
         prefill_msg(c, from, m);

@@ -63,6 +63,7 @@ typedef struct {
     kvt_poll_t expect_prefill, expect_decode;
     uint64_t waiting_ms, bootstrap_ms;
     double time_limit_s;
+    uint32_t room_lo, room_hi; /* prefill serves these rooms (0, 0: all) */
 } ccfg_t;
 
 static inline ccfg_t ccfg_default(void)
@@ -437,6 +438,8 @@ static inline int ct_wait_state(struct kvt_room *room, kvt_poll_t at_least,
 /* The end of a case: every rank reports, then waits until all have, so
  * that no rank's connector goes away while a peer still needs it. */
 static int ct_done_w = -1, ct_release_r = -1;
+/* Called by a prefill rank once its connector is up (registered). */
+static void (*ct_up_hook)(void);
 
 static inline void ct_barrier(void)
 {
@@ -457,14 +460,18 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     uint32_t S = c->layerwise ? (c->chunks ? c->chunks : 1)
                               : (c->chunks ? c->chunks : 1);
     int abort_here = c->abort_side == SIDE_PREFILL;
+    uint32_t LO = c->room_hi ? c->room_lo : 0;
+    uint32_t HI = c->room_hi ? c->room_hi : c->nrooms;
     int rc;
 
     ct_rank_init(r, c, SIDE_PREFILL, rank, port);
     CHECK_OK(ct_connector(r, port));
+    if (ct_up_hook != NULL)
+        ct_up_hook();
     for (size_t k = 0; k < r->ncaches; k++)
         memset(r->caches[k].base, c->layerwise ? GARBAGE : 0,
                r->caches[k].block_bytes * c->pool);
-    for (uint32_t i = 0; i < c->nrooms; i++) {
+    for (uint32_t i = LO; i < HI; i++) {
         uint64_t slot = ct_aux_slot(r, i);
         CHECK_OK(kvt_sender_create(r->conn, NULL, ct_room_id(i), &r->room[i]));
         if (abort_here && c->fault == F_ABORT_BOOTSTRAPPING) {
@@ -479,7 +486,7 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     if (c->fault == F_PREFILL_SILENT || c->fault == F_NO_DECODE ||
         c->fault == F_ABORT_ANNOUNCED || c->fault == F_ABORT_WAITING) {
         if (c->fault == F_ABORT_WAITING && abort_here) {
-            for (uint32_t i = 0; i < c->nrooms; i++) {
+            for (uint32_t i = LO; i < HI; i++) {
                 CHECK(ct_wait_state(r->room[i], KVT_POLL_WAITING_FOR_INPUT,
                                     10) == 0);
                 CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
@@ -491,10 +498,10 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
         for (uint32_t lyr = 0; lyr < c->layers + c->draft; lyr++)
             for (uint32_t s = 0; s < S; s++)
                 ct_fill_layer(r, lyr, s, S);
-        for (uint32_t i = 0; i < c->nrooms; i++)
+        for (uint32_t i = LO; i < HI; i++)
             ct_aux(r, i, 1);
         for (uint32_t s = 0; s < S; s++) {
-            for (uint32_t i = 0; i < c->nrooms; i++) {
+            for (uint32_t i = LO; i < HI; i++) {
                 uint32_t n = r->nblocks[i];
                 uint32_t a = n * s / S, b = n * (s + 1) / S;
                 CHECK_OK(kvt_sender_send(r->room[i], r->table[i] + a, b - a,
@@ -506,7 +513,7 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     for (uint32_t s = 0; s < S; s++) {
         uint64_t step;
         CHECK_OK(kvt_conn_step_begin(r->conn, &step));
-        for (uint32_t i = 0; i < c->nrooms; i++) {
+        for (uint32_t i = LO; i < HI; i++) {
             uint32_t n = r->nblocks[i];
             uint32_t a = n * s / S, b = n * (s + 1) / S;
             CHECK_OK(kvt_sender_send_step(r->room[i], step, r->table[i] + a,
@@ -524,11 +531,11 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
             }
             if (s == S - 1 && lyr == 1 && abort_here &&
                 c->fault == F_ABORT_TRANSFERRING)
-                for (uint32_t i = 0; i < c->nrooms; i++)
+                for (uint32_t i = LO; i < HI; i++)
                     CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
         }
         if (s == S - 1)
-            for (uint32_t i = 0; i < c->nrooms; i++)
+            for (uint32_t i = LO; i < HI; i++)
                 ct_aux(r, i, 1);
         CHECK_OK(kvt_conn_step_end(r->conn, step));
     }
@@ -542,7 +549,8 @@ wait:
 
 /* ---- Decode rank ------------------------------------------------------- */
 
-static inline int ct_verify(rank_t *r)
+/* Check every block of rooms [lo, hi) and every block no room owns. */
+static inline int ct_verify_rooms(rank_t *r, uint32_t lo, uint32_t hi)
 {
     const ccfg_t *c = r->cfg;
     uint8_t *owner = calloc(c->pool, 1);
@@ -561,7 +569,9 @@ static inline int ct_verify(rank_t *r)
         const kvt_kv_cache_t *kc = &r->caches[k];
         for (uint32_t b = 0; b < c->pool; b++) {
             size_t e;
-            if (owner[b]) {
+            if (owner[b] && (room_of[b] < lo || room_of[b] >= hi)) {
+                e = 0;
+            } else if (owner[b]) {
                 e = ct_block(r, kc, room_of[b], lb_of[b], b, 0);
             } else {
                 const uint8_t *p =
@@ -580,7 +590,7 @@ static inline int ct_verify(rank_t *r)
             bad += e > 0;
         }
     }
-    for (uint32_t i = 0; i < c->nrooms; i++) {
+    for (uint32_t i = lo; i < hi; i++) {
         size_t e = ct_aux(r, i, 0);
         if (e > 0)
             fprintf(stderr,
@@ -611,6 +621,11 @@ static inline int ct_verify(rank_t *r)
     free(room_of);
     free(lb_of);
     return bad ? 1 : 0;
+}
+
+static inline int ct_verify(rank_t *r)
+{
+    return ct_verify_rooms(r, 0, r->cfg->nrooms);
 }
 
 static inline int ct_decode_main(const ccfg_t *c, uint32_t rank, uint16_t port)
@@ -646,7 +661,10 @@ static inline int ct_decode_main(const ccfg_t *c, uint32_t rank, uint16_t port)
                                    &slot, c->naux ? 1 : 0));
     }
     if (abort_here && c->fault == F_ABORT_ANNOUNCED) {
-        usleep(200000);
+        for (uint32_t i = 0; i < c->nrooms; i++)
+            CHECK(ct_wait_state(r->room[i], KVT_POLL_WAITING_FOR_INPUT, 10) ==
+                  0);
+        usleep(50000);
         for (uint32_t i = 0; i < c->nrooms; i++)
             CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
     }
