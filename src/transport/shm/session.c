@@ -45,7 +45,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +67,7 @@
 #define CMA_IOV 1024 /* UIO_MAXIOV */
 #define TICK_NS (50ull * 1000000ull)
 #define SLICE_NS (10 * 1000000)
+#define SPIN_NS (20u * 1000u)
 #define NOMAP_MAX 16
 /* Allocations up to this size are mapped with their page tables filled. */
 #define POPULATE_MAX (4ull << 30)
@@ -156,23 +156,37 @@ static void ring_bell(shm_session_t *s);
     process_vm_readv((p), (l), (nl), (r), (nr), 0)
 #endif
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* ---- Liveness and the lease ---------------------------------------------- */
 
-/* KVT_OK while the target is alive and the session usable. Executors
- * only (the channel is mapped while a job is in flight). */
-static kvt_status_t peer_status(shm_session_t *s)
+/* KVT_OK while the session is usable, as far as shared memory says.
+ * Executors only (the channel is mapped while a job is in flight). */
+static kvt_status_t session_status(shm_session_t *s)
 {
-    struct pollfd p[2];
     int32_t d = atomic_load(&s->base.dead);
-    int n = 0;
 
     if (d != 0)
         return d;
     if (atomic_load(&s->ch->closed) != 0)
         return KVT_ERR_CONN_LOST;
-    d = atomic_load(&s->tcp->dead);
-    if (d != 0)
-        return d;
+    return atomic_load(&s->tcp->dead);
+}
+
+/* session_status(), and the target process alive (a system call). */
+static kvt_status_t peer_status(shm_session_t *s)
+{
+    kvt_status_t st = session_status(s);
+    struct pollfd p[2];
+    int n = 0;
+
+    if (st != KVT_OK)
+        return st;
     p[n++] = (struct pollfd){.fd = s->sock, .events = POLLRDHUP};
     if (s->pidfd >= 0)
         p[n++] = (struct pollfd){.fd = s->pidfd, .events = POLLIN};
@@ -204,7 +218,7 @@ static kvt_status_t lease_acquire(shm_session_t *s, uint64_t deadline)
     kvt__shm_chan_t *ch = s->ch;
 
     for (;;) {
-        kvt_status_t st = peer_status(s);
+        kvt_status_t st = session_status(s);
         uint64_t now;
         uint32_t l;
 
@@ -320,11 +334,34 @@ static void msg_init(kvt__shm_msg_t *m, uint16_t type)
 }
 
 /*
+ * Fill the page tables of a fresh mapping, writable, and touch every page
+ * once: under shadow paging (some hypervisors) the first access to each
+ * page of a new mapping traps, at several microseconds a page, and that
+ * belongs to setting the mapping up, not to the first transfers through
+ * it. Elsewhere this costs about a millisecond per GiB. Stops touching at
+ * @deadline (0: none); the mapping is correct either way.
+ */
+static void map_warm(uint8_t *p, uint64_t len, uint64_t deadline)
+{
+    if (len > POPULATE_MAX)
+        return;
+    if (madvise(p, len, MADV_POPULATE_WRITE) != 0)
+        madvise(p, len, MADV_WILLNEED);
+    for (uint64_t off = 0; off < len; off += 4096) {
+        (void)*(volatile uint8_t *)(p + off);
+        if (deadline != 0 && (off & ((1u << 24) - 1)) == 0 &&
+            kvt__now_ns() >= deadline)
+            break;
+    }
+}
+
+/*
  * Ask the target for allocation @id's memfd and map it, outside the lease
  * (the target answers from its service thread). A refusal is remembered
- * until the snapshot changes. Bounded by the socket's receive timeout.
+ * until the snapshot changes. Bounded by the socket's receive timeout,
+ * and the warming of the mapping by @deadline (0: none).
  */
-static void map_request(shm_session_t *s, uint32_t id)
+static void map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
 {
     kvt__shm_msg_t m;
     int fd = -1, known;
@@ -360,11 +397,8 @@ static void map_request(shm_session_t *s, uint32_t id)
     if (m.status == KVT_OK && fd >= 0 && m.id == id && m.length > 0 &&
         m.addr <= UINT64_MAX - m.length && memfd_sound(fd, m.length))
         p = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    /* Fill the page tables now, writable: a shared mapping faults on the
-     * first write to every page otherwise, even after MAP_POPULATE. */
-    if (p != MAP_FAILED && m.length <= POPULATE_MAX &&
-        madvise(p, m.length, MADV_POPULATE_WRITE) != 0)
-        madvise(p, m.length, MADV_WILLNEED);
+    if (p != MAP_FAILED)
+        map_warm(p, m.length, deadline);
     pthread_rwlock_wrlock(&s->map_lock);
     if (p != MAP_FAILED) {
         if (s->nmaps == s->mcap) {
@@ -593,7 +627,7 @@ static void rw_run(shm_session_t *s, job_t *j)
         session_kill(&s->base, st);
     }
     if (want_map != 0 && st == KVT_OK)
-        map_request(s, want_map);
+        map_request(s, want_map, 0);
 }
 
 /* Wait (in slices, bounded by @deadline) while *word == @v. */
@@ -626,22 +660,25 @@ static void ring_bell(shm_session_t *s)
 
 /*
  * Wait until the target's service thread has answered @ticket (or a
- * later one). Spins briefly first: the answer was asked for before the
- * copies, and has usually come by the time they end.
+ * later one). The answer was asked for before the copies and has usually
+ * come by the time they end, so spin for a few microseconds (pausing,
+ * not yielding: on a busy machine a yield can hand the core to another
+ * process for a whole time slice) before sleeping.
  */
 static kvt_status_t ack_wait(shm_session_t *s, uint32_t ticket,
                              uint64_t deadline)
 {
     kvt__shm_chan_t *ch = s->ch;
+    uint64_t spin_end = kvt__now_ns() + SPIN_NS;
 
-    for (int spin = 0;; spin++) {
+    for (;;) {
         uint32_t done =
             atomic_load_explicit(&ch->ack_done, memory_order_acquire);
         kvt_status_t st;
         if ((int32_t)(done - ticket) >= 0)
             return KVT_OK;
-        if (spin < 64) {
-            sched_yield();
+        if (kvt__now_ns() < spin_end) {
+            cpu_relax();
             continue;
         }
         st = ring_wait(s, &ch->ack_done, done, deadline);
@@ -1276,10 +1313,38 @@ err_fd:
     return KVT_ERR_PROTOCOL;
 }
 
+/*
+ * Map the allocations the first snapshot names, before the session is
+ * used, while @deadline allows: the target's KV memory is then ready for
+ * the first transfers. Anything left is mapped on first use (cross-memory
+ * attach carries those transfers meanwhile).
+ */
+static void maps_prefetch(shm_session_t *s, uint64_t deadline)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t ids[16], nids = 0, n;
+
+    atomic_fetch_add(&ch->active, 1);
+    if (atomic_load(&ch->lease) & 1) {
+        n = ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+        for (uint32_t r = 0; r < n && nids < 16; r++) {
+            uint32_t id = ch->regions[r].map_id, k = 0;
+            while (k < nids && ids[k] != id)
+                k++;
+            if (id != 0 && k == nids)
+                ids[nids++] = id;
+        }
+    }
+    lease_release(s);
+    for (uint32_t i = 0; i < nids && kvt__now_ns() < deadline; i++)
+        map_request(s, ids[i], deadline);
+}
+
 kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
                            kvt__session_t **s_p, const char **why)
 {
     kvt_engine_h e = shm->e;
+    uint64_t t0 = kvt__now_ns();
     kvt__segdesc_t d = {0};
     pthread_rwlockattr_t ra;
     shm_session_t *s;
@@ -1324,6 +1389,13 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     pthread_rwlock_init(&s->map_lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     atomic_store(&s->map_seq, UINT64_MAX);
+    /* Half of what is left of the connect timeout at most. */
+    {
+        uint64_t now = kvt__now_ns();
+        uint64_t end = t0 + e->connect_timeout_ms * 1000000ull;
+        if (now < end)
+            maps_prefetch(s, now + (end - now) / 2);
+    }
 
     pthread_mutex_lock(&shm->pool_lock);
     st = pool_start_locked(shm);
@@ -1337,6 +1409,9 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
         pthread_mutex_lock(&tcp->desc_lock);
         tcp->desc = s->base.desc;
         pthread_mutex_unlock(&tcp->desc_lock);
+        for (size_t i = 0; i < s->nmaps; i++)
+            munmap(s->maps[i].local, s->maps[i].len);
+        free(s->maps);
         pthread_rwlock_destroy(&s->map_lock);
         pthread_mutex_destroy(&s->sock_lock);
         pthread_mutex_destroy(&s->lock);
