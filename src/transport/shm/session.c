@@ -258,7 +258,7 @@ static void maps_reconcile(shm_session_t *s)
 {
     kvt__shm_chan_t *ch = s->ch;
     uint32_t n =
-        ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+        ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
 
     pthread_rwlock_wrlock(&s->map_lock);
     if (atomic_load(&s->map_seq) != ch->snap_seq) {
@@ -563,7 +563,7 @@ static void rw_run(shm_session_t *s, job_t *j)
     }
     if (ch->snap_seq != atomic_load(&s->map_seq))
         maps_reconcile(s);
-    n = ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+    n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
     pthread_rwlock_rdlock(&s->map_lock);
     for (uint32_t i = 0; i < j->nsegs; i++) {
         seg_t *g = &j->segs[i];
@@ -1326,7 +1326,8 @@ static void maps_prefetch(shm_session_t *s, uint64_t deadline)
 
     atomic_fetch_add(&ch->active, 1);
     if (atomic_load(&ch->lease) & 1) {
-        n = ch->nregions < ch->max_regions ? ch->nregions : ch->max_regions;
+        n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions
+                                               : KVT_SHM_MAX_REGIONS;
         for (uint32_t r = 0; r < n && nids < 16; r++) {
             uint32_t id = ch->regions[r].map_id, k = 0;
             while (k < nids && ids[k] != id)
