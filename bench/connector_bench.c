@@ -15,7 +15,8 @@
  *
  * Geometry: --layers (32), --kv-heads (8, in all), --head-bytes (256:
  * head dim 128 in bf16), --block-tokens (16), --tokens (2048 per
- * request), --layout token|head, --prefill-tp, --decode-tp. Block tables
+ * request), --layout token|head, --prefill-tp, --decode-tp; engines:
+ * --workers, --conns (per peer; default: the engine's). Block tables
  * are runs of 4 blocks in shuffled order on both sides. Output: one line
  * of key=value pairs (medians in ms, throughput in GB/s).
  */
@@ -36,7 +37,7 @@
 typedef struct {
     int latency;
     uint32_t layers, heads, head_bytes, block_tokens, tokens;
-    uint32_t P, D, rounds, interval;
+    uint32_t P, D, rounds, interval, workers, conns;
     int head_major;
     double compute_ms;
 } opt_t;
@@ -158,6 +159,14 @@ static void rank_setup(rank_t *r, uint16_t boot)
 
     ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
     ep.local_host = "127.0.0.1";
+    if (o->workers) {
+        ep.field_mask |= KVT_ENGINE_PARAM_NUM_WORKERS;
+        ep.num_workers = o->workers;
+    }
+    if (o->conns) {
+        ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
+        ep.conns_per_peer = o->conns;
+    }
     if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
         die("engine", st);
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot);
@@ -364,7 +373,7 @@ static void usage(void)
             "[--kv-heads=N]\n  [--head-bytes=N] [--block-tokens=N] "
             "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
             "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
-            "[--submit-interval=N]\n");
+            "[--submit-interval=N]\n  [--workers=N] [--conns=N]\n");
     exit(2);
 }
 
@@ -382,6 +391,8 @@ int main(int argc, char **argv)
                                           {"compute-ms", 1, 0, 'c'},
                                           {"rounds", 1, 0, 'r'},
                                           {"submit-interval", 1, 0, 'i'},
+                                          {"workers", 1, 0, 'w'},
+                                          {"conns", 1, 0, 'C'},
                                           {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
@@ -437,6 +448,12 @@ int main(int argc, char **argv)
             break;
         case 'i':
             o.interval = (uint32_t)atoi(optarg);
+            break;
+        case 'w':
+            o.workers = (uint32_t)atoi(optarg);
+            break;
+        case 'C':
+            o.conns = (uint32_t)atoi(optarg);
             break;
         default:
             usage();
