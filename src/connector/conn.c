@@ -774,7 +774,9 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
     c->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
              (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
     c->rng |= 1;
-    c->next_msg_id = 1;
+    /* Message ids start at random, so that fragments of a peer's earlier
+     * incarnation cannot be mistaken for this one's. */
+    c->next_msg_id = kvt__conn_random(c);
     st = apply_params(c, params);
     if (st != KVT_OK)
         goto err_free;
