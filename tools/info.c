@@ -15,7 +15,8 @@ int kvt_cmd_info(int argc, char **argv)
            KVT_VERSION_PATCH);
     printf("wire protocol: %d.%d\n", KVT_WIRE_VERSION_MAJOR,
            KVT_WIRE_VERSION_MINOR);
-    printf("transports: tcp\n");
+    printf("transports: tcp, shm (same host: cross-memory attach and "
+           "mapped kvt_mem_alloc memory)\n");
     printf("metadata backends: %s\n", kvt__meta_backends_built());
     printf("metadata server (kvt metad): %s\n",
            kvt__meta_server_built() ? "yes" : "no");

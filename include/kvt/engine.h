@@ -152,7 +152,9 @@ typedef struct {
  * refused with KVT_ERR_EXISTS; a zero length or NULL address with
  * KVT_ERR_INVALID_PARAM. Does not block on the network; peers see the new
  * region when they next fetch this segment's descriptor (p2p mode: on
- * their next open after a cache miss or refresh). Thread-safe.
+ * their next open after a cache miss or refresh), same-host peers at once.
+ * May wait for a same-host peer's copy in flight to finish (at most 1 s,
+ * see docs/shm.md). Thread-safe.
  */
 KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
                                       size_t length, uint32_t access);
@@ -171,7 +173,9 @@ KVT_API kvt_status_t kvt_mem_register_batch(kvt_engine_h engine,
  * When it returns, no remote write or read will touch the region any more:
  * a transfer that is landing in it at that moment is cut off and its
  * initiator gets KVT_ERR_ACCESS; later ones are refused. May block briefly
- * while a worker finishes one socket call into the region. Returns
+ * while a worker finishes one socket call into the region, or while a
+ * same-host peer finishes a copy it had already checked (at most 1 s; that
+ * copy succeeds, see docs/shm.md). Returns
  * KVT_ERR_NOT_FOUND when no region starts at @addr. Thread-safe.
  */
 KVT_API kvt_status_t kvt_mem_unregister(kvt_engine_h engine, void *addr);

@@ -226,6 +226,8 @@ static void publish_stop(kvt_engine_h e)
 
 static void regions_changed(kvt_engine_h e)
 {
+    /* Same-host peers check against the new registry from now on. */
+    kvt__shm_registry_changed(e->shm);
     if (e->meta == NULL)
         return;
     pthread_mutex_lock(&e->pub_lock);
@@ -273,6 +275,10 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     if (e->seg_name[0] == '\0')
         snprintf(e->seg_name, sizeof(e->seg_name),
                  strchr(e->host, ':') ? "[%s]:%u" : "%s:%u", e->host, e->port);
+    /* Same-host peers (before any worker can describe this engine to a
+     * peer); without it they use TCP, so a failure is not fatal. */
+    if (e->transports & KVT_TRANSPORT_SHM)
+        kvt__shm_create(e, &e->shm);
     /* The name is final before any worker can answer a peer. */
     st = kvt__tcp_start(e->tcp);
     if (st != KVT_OK)
@@ -287,6 +293,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     return KVT_OK;
 
 err_tcp:
+    kvt__shm_stop(e->shm);
+    kvt__shm_destroy(e->shm);
     kvt__tcp_destroy(e->tcp);
 err_locks:
     pthread_cond_destroy(&e->pub_cond);
@@ -317,6 +325,8 @@ void kvt_engine_destroy(kvt_engine_h e)
     publish_stop(e);
     kvt__meta_destroy(e->meta);
     e->meta = NULL;
+    /* Same-host peers lose their channels; queued shm work is canceled. */
+    kvt__shm_stop(e->shm);
     /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
     kvt__tcp_stop(e->tcp);
     for (s = e->sessions; s != NULL; s = sn) {
@@ -324,6 +334,7 @@ void kvt_engine_destroy(kvt_engine_h e)
         s->ops->destroy(s);
     }
     kvt__tcp_destroy(e->tcp);
+    kvt__shm_destroy(e->shm);
     for (b = e->batches; b != NULL; b = bn) {
         bn = b->next;
         free(b->slots);
@@ -415,7 +426,7 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
     snprintf(d->name, sizeof(d->name), "%s", e->seg_name);
     snprintf(d->host, sizeof(d->host), "%s", e->host);
     d->port = e->port;
-    d->transports = e->transports & KVT_TRANSPORT_TCP;
+    d->transports = kvt__transports_offered(e);
     d->host_id = e->host_id;
     d->pid = (uint32_t)getpid();
     return kvt__memreg_snapshot(&e->reg, &d->regions, &d->nregions);
