@@ -3,7 +3,7 @@
 # The KV connector between prefill and decode rank processes on loopback
 # (build/bin/kvt_connector_bench), Llama-3-8B-like geometry: 32 layers,
 # 8 KV heads of head dim 128 in bf16, 16 tokens per block, 2048-token
-# requests (8 MiB of K+V per layer).
+# requests (8 MiB of K+V per layer, 256 MiB per request).
 #
 # 1. Layer-wise latency: compute simulated at COMPUTE_MS per layer; the
 #    median time from "last layer ready" on prefill to SUCCESS on decode,
@@ -14,13 +14,16 @@
 #    prefill tp != decode tp beside the same-tp pair with as many ranks on
 #    the larger side, for token-major and head-major blocks, and the ratio.
 #
-# Runs alternate between configurations (REPEATS times) and medians are
-# printed: this machine is shared and noisy, ratios hold.
-#   bench/connector.sh [ROUNDS] [REPEATS] [COMPUTE_MS]   (after make)
+# Each for the engine's transports in PROTOCOLS: "tcp" (tcp only) and
+# "auto" (same-host shm where the build has it). Runs alternate between
+# configurations (REPEATS times) and medians are printed: this machine is
+# shared and noisy, ratios hold better than absolute figures.
+#   bench/connector.sh [ROUNDS] [REPEATS] [COMPUTE_MS] [PROTOCOLS]
 set -euo pipefail
 ROUNDS=${1:-7}
 REPEATS=${2:-3}
 COMPUTE_MS=${3:-10}
+PROTOCOLS=${4:-tcp auto}
 BIN=build/bin/kvt_connector_bench
 [ -x "$BIN" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
@@ -38,44 +41,49 @@ run() {
     fi
 }
 
-echo "== layer-wise latency (compute ${COMPUTE_MS} ms per layer, $ROUNDS rounds x $REPEATS)"
-for _ in $(seq "$REPEATS"); do
-    out=$(run --mode=latency --rounds="$ROUNDS" --compute-ms="$COMPUTE_MS")
-    echo "$out" | field layerwise_ms >>"$TMP/lw"
-    echo "$out" | field whole_ms >>"$TMP/wh"
-    echo "$out" | field layer_transfer_ms >>"$TMP/lt"
-done
-lw=$(median <"$TMP/lw"); wh=$(median <"$TMP/wh"); lt=$(median <"$TMP/lt")
-printf '%-34s %10s\n' "layer-wise: last layer -> SUCCESS" "$lw ms"
-printf '%-34s %10s\n' "whole request: send -> SUCCESS" "$wh ms"
-printf '%-34s %10s\n' "one layer's transfer (whole / 32)" "$lt ms"
-printf '%-34s %10s\n' "compute per layer" "$COMPUTE_MS ms"
-python3 - "$lw" "$lt" "$COMPUTE_MS" <<'EOF'
+for proto in $PROTOCOLS; do
+    echo "== [$proto] layer-wise latency (compute ${COMPUTE_MS} ms per layer, $ROUNDS rounds x $REPEATS)"
+    : >"$TMP/lw"; : >"$TMP/wh"; : >"$TMP/lt"
+    for _ in $(seq "$REPEATS"); do
+        out=$(run --mode=latency --protocol="$proto" --rounds="$ROUNDS" \
+                  --compute-ms="$COMPUTE_MS")
+        echo "$out" | field layerwise_ms >>"$TMP/lw"
+        echo "$out" | field whole_ms >>"$TMP/wh"
+        echo "$out" | field layer_transfer_ms >>"$TMP/lt"
+    done
+    lw=$(median <"$TMP/lw"); wh=$(median <"$TMP/wh"); lt=$(median <"$TMP/lt")
+    printf '%-36s %10s\n' "layer-wise: last layer -> SUCCESS" "$lw ms"
+    printf '%-36s %10s\n' "whole request: send -> SUCCESS" "$wh ms"
+    printf '%-36s %10s\n' "one layer's transfer (whole / 32)" "$lt ms"
+    printf '%-36s %10s\n' "compute per layer" "$COMPUTE_MS ms"
+    python3 - "$lw" "$lt" "$COMPUTE_MS" <<'EOF'
 import sys
 lw, lt, c = map(float, sys.argv[1:])
 bound = lt + 2.0
-print(f"bound (one layer + 2 ms)           {bound:7.3f} ms: "
+print(f"{'bound (one layer + 2 ms)':36s} {bound:7.3f} ms: "
       f"{'met' if lw <= bound else 'NOT met'}"
       f"{'' if c > lt else ' (compute per layer is not longer than transfer)'}")
 EOF
-
-echo
-echo "== heterogeneous tp throughput (256 MiB of KV per request)"
-printf '%-7s %-9s %10s %-9s %10s %7s\n' layout hetero "GB/s" same "GB/s" ratio
-for layout in token head; do
-    pairs="1:1 2:1 1:2 2:2 4:2 2:4"
-    for _ in $(seq "$REPEATS"); do
-        for pd in $pairs; do
-            run --mode=tp --rounds="$ROUNDS" --layout="$layout" \
-                --prefill-tp="${pd%:*}" --decode-tp="${pd#*:}" |
-                field gbps >>"$TMP/tp_${layout}_${pd/:/_}"
+    echo
+    echo "== [$proto] heterogeneous tp throughput (256 MiB of KV per request)"
+    printf '%-7s %-7s %9s %-7s %9s %7s\n' layout hetero "GB/s" same "GB/s" ratio
+    for layout in token head; do
+        pairs="1:1 2:1 1:2 2:2 4:2 2:4"
+        for _ in $(seq "$REPEATS"); do
+            for pd in $pairs; do
+                run --mode=tp --protocol="$proto" --rounds="$ROUNDS" \
+                    --layout="$layout" --prefill-tp="${pd%:*}" \
+                    --decode-tp="${pd#*:}" |
+                    field gbps >>"$TMP/tp_${proto}_${layout}_${pd/:/_}"
+            done
+        done
+        for cmp in "2:1 1:1" "1:2 1:1" "4:2 2:2" "2:4 2:2"; do
+            set -- $cmp
+            h=$(median <"$TMP/tp_${proto}_${layout}_${1/:/_}")
+            s=$(median <"$TMP/tp_${proto}_${layout}_${2/:/_}")
+            printf '%-7s %-7s %9s %-7s %9s %7.2f\n' "$layout" "$1" "$h" "$2" \
+                "$s" "$(python3 -c "print($h/$s)")"
         done
     done
-    for cmp in "2:1 1:1" "1:2 1:1" "4:2 2:2" "2:4 2:2"; do
-        set -- $cmp
-        h=$(median <"$TMP/tp_${layout}_${1/:/_}")
-        s=$(median <"$TMP/tp_${layout}_${2/:/_}")
-        printf '%-7s %-9s %10s %-9s %10s %7.2f\n' "$layout" "$1" "$h" "$2" "$s" \
-            "$(python3 -c "print($h/$s)")"
-    done
+    echo
 done

@@ -16,7 +16,8 @@
  * Geometry: --layers (32), --kv-heads (8, in all), --head-bytes (256:
  * head dim 128 in bf16), --block-tokens (16), --tokens (2048 per
  * request), --layout token|head, --prefill-tp, --decode-tp; engines:
- * --workers, --conns (per peer; default: the engine's). Block tables
+ * --workers, --conns (per peer; default: the engine's), --protocol tcp
+ * (tcp only) or auto (the default: same-host shm when built). Block tables
  * are runs of 4 blocks in shuffled order on both sides. Output: one line
  * of key=value pairs (medians in ms, throughput in GB/s).
  */
@@ -38,7 +39,7 @@ typedef struct {
     int latency;
     uint32_t layers, heads, head_bytes, block_tokens, tokens;
     uint32_t P, D, rounds, interval, workers, conns;
-    int head_major;
+    int head_major, tcp_only;
     double compute_ms;
 } opt_t;
 
@@ -166,6 +167,10 @@ static void rank_setup(rank_t *r, uint16_t boot)
     if (o->conns) {
         ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
         ep.conns_per_peer = o->conns;
+    }
+    if (o->tcp_only) {
+        ep.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
+        ep.transports = KVT_TRANSPORT_TCP;
     }
     if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
         die("engine", st);
@@ -373,27 +378,22 @@ static void usage(void)
             "[--kv-heads=N]\n  [--head-bytes=N] [--block-tokens=N] "
             "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
             "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
-            "[--submit-interval=N]\n  [--workers=N] [--conns=N]\n");
+            "[--submit-interval=N]\n  [--workers=N] [--conns=N] "
+            "[--protocol=tcp|auto]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option longs[] = {{"mode", 1, 0, 'm'},
-                                          {"layers", 1, 0, 'L'},
-                                          {"kv-heads", 1, 0, 'H'},
-                                          {"head-bytes", 1, 0, 'B'},
-                                          {"block-tokens", 1, 0, 'T'},
-                                          {"tokens", 1, 0, 'n'},
-                                          {"layout", 1, 0, 'y'},
-                                          {"prefill-tp", 1, 0, 'P'},
-                                          {"decode-tp", 1, 0, 'D'},
-                                          {"compute-ms", 1, 0, 'c'},
-                                          {"rounds", 1, 0, 'r'},
-                                          {"submit-interval", 1, 0, 'i'},
-                                          {"workers", 1, 0, 'w'},
-                                          {"conns", 1, 0, 'C'},
-                                          {0, 0, 0, 0}};
+    static const struct option longs[] = {
+        {"mode", 1, 0, 'm'},         {"layers", 1, 0, 'L'},
+        {"kv-heads", 1, 0, 'H'},     {"head-bytes", 1, 0, 'B'},
+        {"block-tokens", 1, 0, 'T'}, {"tokens", 1, 0, 'n'},
+        {"layout", 1, 0, 'y'},       {"prefill-tp", 1, 0, 'P'},
+        {"decode-tp", 1, 0, 'D'},    {"compute-ms", 1, 0, 'c'},
+        {"rounds", 1, 0, 'r'},       {"submit-interval", 1, 0, 'i'},
+        {"workers", 1, 0, 'w'},      {"conns", 1, 0, 'C'},
+        {"protocol", 1, 0, 'p'},     {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
                .heads = 8,
@@ -455,6 +455,9 @@ int main(int argc, char **argv)
         case 'C':
             o.conns = (uint32_t)atoi(optarg);
             break;
+        case 'p':
+            o.tcp_only = strcmp(optarg, "tcp") == 0;
+            break;
         default:
             usage();
         }
@@ -504,18 +507,21 @@ int main(int argc, char **argv)
     }
     if (o.latency) {
         double lw = median(a, o.rounds) * 1e3, wh = median(b, o.rounds) * 1e3;
-        printf("mode=latency prefill_tp=%u decode_tp=%u layers=%u "
+        printf("mode=latency protocol=%s prefill_tp=%u decode_tp=%u layers=%u "
                "bytes_per_layer=%llu compute_ms_per_layer=%.2f "
                "layerwise_ms=%.3f whole_ms=%.3f layer_transfer_ms=%.3f "
                "bound_ms=%.3f\n",
-               o.P, o.D, o.layers, (unsigned long long)(bytes / o.layers),
-               o.compute_ms, lw, wh, wh / o.layers, wh / o.layers + 2.0);
+               o.tcp_only ? "tcp" : "auto", o.P, o.D, o.layers,
+               (unsigned long long)(bytes / o.layers), o.compute_ms, lw, wh,
+               wh / o.layers, wh / o.layers + 2.0);
     } else {
         double t = median(a, o.rounds);
-        printf("mode=tp prefill_tp=%u decode_tp=%u layout=%s bytes=%llu "
+        printf("mode=tp protocol=%s prefill_tp=%u decode_tp=%u layout=%s "
+               "bytes=%llu "
                "ms=%.3f gbps=%.3f\n",
-               o.P, o.D, o.head_major ? "head" : "token",
-               (unsigned long long)bytes, t * 1e3, (double)bytes / t / 1e9);
+               o.tcp_only ? "tcp" : "auto", o.P, o.D,
+               o.head_major ? "head" : "token", (unsigned long long)bytes,
+               t * 1e3, (double)bytes / t / 1e9);
     }
     for (int i = 0; i < nranks; i++) {
         char q = 'q';
