@@ -64,6 +64,7 @@ typedef struct {
     uint64_t waiting_ms, bootstrap_ms;
     double time_limit_s;
     uint32_t room_lo, room_hi; /* prefill serves these rooms (0, 0: all) */
+    uint32_t pdp; /* prefill data-parallel groups of P ranks (0: 1) */
 } ccfg_t;
 
 static inline ccfg_t ccfg_default(void)
@@ -121,7 +122,7 @@ static inline uint8_t ct_byte(uint64_t seed, uint32_t b)
 typedef struct {
     const ccfg_t *cfg;
     int side;
-    uint32_t rank, tp;
+    uint32_t rank, tp, dp_rank;
     uint16_t boot_port;
     kvt_engine_h eng;
     kvt_conn_h conn;
@@ -325,13 +326,14 @@ static inline kvt_status_t ct_connector(rank_t *r, uint16_t boot_port)
     char addr[64];
 
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot_port);
-    p.field_mask = KVT_CONN_PARAM_ROLE | KVT_CONN_PARAM_ENGINE |
-                   KVT_CONN_PARAM_LAYOUT | KVT_CONN_PARAM_BOOTSTRAP_ADDR |
-                   KVT_CONN_PARAM_TP_RANK | KVT_CONN_PARAM_TP_SIZE |
-                   KVT_CONN_PARAM_BOOTSTRAP_TIMEOUT |
-                   KVT_CONN_PARAM_WAITING_TIMEOUT |
-                   KVT_CONN_PARAM_TRANSFER_TIMEOUT | KVT_CONN_PARAM_HEARTBEAT |
-                   KVT_CONN_PARAM_PEER_TIMEOUT | KVT_CONN_PARAM_SUBMIT_INTERVAL;
+    p.field_mask =
+        KVT_CONN_PARAM_ROLE | KVT_CONN_PARAM_ENGINE | KVT_CONN_PARAM_LAYOUT |
+        KVT_CONN_PARAM_BOOTSTRAP_ADDR | KVT_CONN_PARAM_TP_RANK |
+        KVT_CONN_PARAM_TP_SIZE | KVT_CONN_PARAM_BOOTSTRAP_TIMEOUT |
+        KVT_CONN_PARAM_WAITING_TIMEOUT | KVT_CONN_PARAM_TRANSFER_TIMEOUT |
+        KVT_CONN_PARAM_HEARTBEAT | KVT_CONN_PARAM_PEER_TIMEOUT |
+        KVT_CONN_PARAM_SUBMIT_INTERVAL | KVT_CONN_PARAM_DP_RANK |
+        KVT_CONN_PARAM_DP_SIZE;
     p.role = r->side == SIDE_PREFILL ? KVT_ROLE_PREFILL : KVT_ROLE_DECODE;
     p.engine = r->eng;
     p.layout = &lay;
@@ -344,6 +346,8 @@ static inline kvt_status_t ct_connector(rank_t *r, uint16_t boot_port)
     p.heartbeat_ms = 100;
     p.peer_timeout_ms = 2000;
     p.submit_interval = c->submit_interval;
+    p.dp_rank = r->side == SIDE_PREFILL ? r->dp_rank : 0;
+    p.dp_size = r->side == SIDE_PREFILL && c->pdp ? c->pdp : 1;
     return kvt_conn_create(&p, &r->conn);
 }
 
@@ -458,6 +462,14 @@ static inline void ct_barrier(void)
 
 /* ---- Prefill rank ------------------------------------------------------ */
 
+/* Whether room @i is this prefill rank's: with several data-parallel
+ * groups, decode sends room R to group R % groups. */
+static inline int ct_mine(const rank_t *r, uint32_t i)
+{
+    uint32_t groups = r->cfg->pdp ? r->cfg->pdp : 1;
+    return ct_room_id(i) % groups == r->dp_rank;
+}
+
 static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
 {
     rank_t *r = calloc(1, sizeof(*r));
@@ -468,33 +480,37 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     uint32_t HI = c->room_hi ? c->room_hi : c->nrooms;
     int rc;
 
-    ct_rank_init(r, c, SIDE_PREFILL, rank, port);
+    ct_rank_init(r, c, SIDE_PREFILL, rank % c->P, port);
+    r->dp_rank = rank / c->P;
     CHECK_OK(ct_connector(r, port));
     if (ct_up_hook != NULL)
         ct_up_hook();
     for (size_t k = 0; k < r->ncaches; k++)
         memset(r->caches[k].base, c->layerwise ? GARBAGE : 0,
                r->caches[k].block_bytes * c->pool);
-    for (uint32_t i = LO; i < HI; i++) {
-        uint64_t slot = ct_aux_slot(r, i);
-        CHECK_OK(kvt_sender_create(r->conn, NULL, ct_room_id(i), &r->room[i]));
-        if (abort_here && c->fault == F_ABORT_BOOTSTRAPPING) {
-            CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
-            continue;
+    for (uint32_t i = LO; i < HI; i++)
+        if (ct_mine(r, i)) {
+            uint64_t slot = ct_aux_slot(r, i);
+            CHECK_OK(
+                kvt_sender_create(r->conn, NULL, ct_room_id(i), &r->room[i]));
+            if (abort_here && c->fault == F_ABORT_BOOTSTRAPPING) {
+                CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
+                continue;
+            }
+            CHECK_OK(kvt_sender_init(r->room[i], r->nblocks[i], &slot,
+                                     c->naux ? 1 : 0));
         }
-        CHECK_OK(
-            kvt_sender_init(r->room[i], r->nblocks[i], &slot, c->naux ? 1 : 0));
-    }
     if (c->fault == F_ABORT_BOOTSTRAPPING && abort_here)
         goto wait;
     if (c->fault == F_PREFILL_SILENT || c->fault == F_NO_DECODE ||
         c->fault == F_ABORT_ANNOUNCED || c->fault == F_ABORT_WAITING) {
         if (c->fault == F_ABORT_WAITING && abort_here) {
-            for (uint32_t i = LO; i < HI; i++) {
-                CHECK(ct_wait_state(r->room[i], KVT_POLL_WAITING_FOR_INPUT,
-                                    10) == 0);
-                CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
-            }
+            for (uint32_t i = LO; i < HI; i++)
+                if (ct_mine(r, i)) {
+                    CHECK(ct_wait_state(r->room[i], KVT_POLL_WAITING_FOR_INPUT,
+                                        10) == 0);
+                    CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
+                }
         }
         goto wait;
     }
@@ -503,26 +519,29 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
             for (uint32_t s = 0; s < S; s++)
                 ct_fill_layer(r, lyr, s, S);
         for (uint32_t i = LO; i < HI; i++)
-            ct_aux(r, i, 1);
+            if (ct_mine(r, i))
+                ct_aux(r, i, 1);
         for (uint32_t s = 0; s < S; s++) {
-            for (uint32_t i = LO; i < HI; i++) {
-                uint32_t n = r->nblocks[i];
-                uint32_t a = n * s / S, b = n * (s + 1) / S;
-                CHECK_OK(kvt_sender_send(r->room[i], r->table[i] + a, b - a,
-                                         s == S - 1));
-            }
+            for (uint32_t i = LO; i < HI; i++)
+                if (ct_mine(r, i)) {
+                    uint32_t n = r->nblocks[i];
+                    uint32_t a = n * s / S, b = n * (s + 1) / S;
+                    CHECK_OK(kvt_sender_send(r->room[i], r->table[i] + a, b - a,
+                                             s == S - 1));
+                }
         }
         goto wait;
     }
     for (uint32_t s = 0; s < S; s++) {
         uint64_t step;
         CHECK_OK(kvt_conn_step_begin(r->conn, &step));
-        for (uint32_t i = LO; i < HI; i++) {
-            uint32_t n = r->nblocks[i];
-            uint32_t a = n * s / S, b = n * (s + 1) / S;
-            CHECK_OK(kvt_sender_send_step(r->room[i], step, r->table[i] + a,
-                                          b - a, s == S - 1));
-        }
+        for (uint32_t i = LO; i < HI; i++)
+            if (ct_mine(r, i)) {
+                uint32_t n = r->nblocks[i];
+                uint32_t a = n * s / S, b = n * (s + 1) / S;
+                CHECK_OK(kvt_sender_send_step(r->room[i], step, r->table[i] + a,
+                                              b - a, s == S - 1));
+            }
         for (uint32_t lyr = 0; lyr < c->layers + c->draft; lyr++) {
             if (c->layer_sleep_us)
                 usleep(c->layer_sleep_us);
@@ -536,11 +555,13 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
             if (s == S - 1 && lyr == 1 && abort_here &&
                 c->fault == F_ABORT_TRANSFERRING)
                 for (uint32_t i = LO; i < HI; i++)
-                    CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
+                    if (ct_mine(r, i))
+                        CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
         }
         if (s == S - 1)
             for (uint32_t i = LO; i < HI; i++)
-                ct_aux(r, i, 1);
+                if (ct_mine(r, i))
+                    ct_aux(r, i, 1);
         CHECK_OK(kvt_conn_step_end(r->conn, step));
     }
 wait:
@@ -757,7 +778,7 @@ static inline void ct_run(const ccfg_t *c)
     ct_done_w = done[1];
     ct_release_r = rel[0];
 
-    for (uint32_t p = 0; p < c->P; p++) {
+    for (uint32_t p = 0; p < c->P * (c->pdp ? c->pdp : 1); p++) {
         fflush(NULL);
         pids[n] = fork();
         CHECK(pids[n] >= 0);
@@ -807,10 +828,11 @@ static inline void ct_run(const ccfg_t *c)
             }
             usleep(5000);
         }
-        want_kill = (c->fault == F_PREFILL_DIES_MIDSTREAM &&
-                     side[i] == SIDE_PREFILL && i == 0) ||
-                    (c->fault == F_DECODE_DIES_MIDSTREAM &&
-                     side[i] == SIDE_DECODE && pids[i] == pids[c->P]);
+        want_kill =
+            (c->fault == F_PREFILL_DIES_MIDSTREAM && side[i] == SIDE_PREFILL &&
+             i == 0) ||
+            (c->fault == F_DECODE_DIES_MIDSTREAM && side[i] == SIDE_DECODE &&
+             pids[i] == pids[c->P * (c->pdp ? c->pdp : 1)]);
         if (want_kill) {
             if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
                 fprintf(stderr, "rank %d should have died\n", i);

@@ -166,6 +166,19 @@ KVT_TEST(many_rooms)
     ct_run(&c);
 }
 
+/* Two prefill data-parallel groups: decode sends room R to group
+ * R % 2. */
+KVT_TEST(prefill_dp_groups)
+{
+    ccfg_t c = ccfg_default();
+    c.P = 2;
+    c.D = 1;
+    c.pdp = 2;
+    c.nrooms = 6;
+    c.layerwise = 1;
+    ct_run(&c);
+}
+
 #define CASE(n) KVT_CASE(n, 60)
 
 KVT_TEST_MAIN(CASE(mla_dummy_tp21), CASE(mla_dummy_tp42_layerwise),
@@ -174,4 +187,5 @@ KVT_TEST_MAIN(CASE(mla_dummy_tp21), CASE(mla_dummy_tp42_layerwise),
               CASE(quant_scales_tp24_head_major), CASE(prefix_reuse),
               CASE(prefix_reuse_tp24_layerwise), CASE(aux_buffers),
               CASE(padded_blocks), CASE(padded_blocks_head_major),
-              CASE(submit_interval), CASE(whole_chunks), CASE(many_rooms))
+              CASE(submit_interval), CASE(whole_chunks), CASE(many_rooms),
+              CASE(prefill_dp_groups))
