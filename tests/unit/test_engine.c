@@ -212,6 +212,42 @@ KVT_TEST(sync_waiters_share_connection)
     kvt_engine_destroy(t);
 }
 
+/* A strided write whose runs fall in two adjacent regions: the span is in
+ * no single region, each run is in one, so it is allowed; a run that
+ * crosses the boundary is not. */
+KVT_TEST(strided_across_regions)
+{
+    kvt_engine_h a = mk(), t = mk();
+    static char src[8192], dst[8192];
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t seg;
+    kvt_batch_h b;
+
+    memset(src, 0x42, sizeof(src));
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, 4096, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst + 4096, 4096, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = src;
+    d.remote_addr = (uint64_t)(uintptr_t)dst + 1024;
+    d.length = 1024;
+    d.count = 2;
+    d.remote_stride = 4096; /* runs at 1024 and 5120 */
+    CHECK_OK(kvt_batch_create(a, 2, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    CHECK_OK(kvt_batch_wait(b, 10000));
+    CHECK(dst[1024] == 0x42 && dst[5120 + 1023] == 0x42 && dst[2048] == 0);
+    d.remote_addr = (uint64_t)(uintptr_t)dst + 3584; /* first run crosses */
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    CHECK_ST(kvt_batch_wait(b, 10000), KVT_ERR_ACCESS);
+    CHECK(dst[3584] == 0 && dst[4095] == 0);
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(t);
+}
+
 /* The target goes first while its peer is still connected: its workers
  * fail and free their inbound connections on the way out, then the peer
  * sees the loss. */
@@ -426,6 +462,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
               KVT_CASE(destroy_target_first, 20),
+              KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
               KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20))
