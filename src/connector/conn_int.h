@@ -327,6 +327,18 @@ void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
 void kvt__room_final(struct kvt_room *r, kvt_poll_t state);
 int kvt__room_is_final(const struct kvt_room *r);
 kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s);
+/*
+ * A failing room's abort, peer by peer (both roles): kvt__peer_abort_ack()
+ * answers an abort the peer sent; kvt__peer_abort_start() tells a peer
+ * that may still write (or expect writes) to stop; kvt__peer_abort_wait()
+ * kills the session of a peer that has not acknowledged within the peer
+ * timeout, and returns whether the peer is still aborting.
+ */
+void kvt__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i);
+void kvt__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                           uint64_t now);
+int kvt__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                         uint64_t now);
 /* The worker's timers and garbage collection for rooms. */
 void kvt__rooms_tick(kvt_conn_h c, uint64_t now);
 void kvt__room_free(kvt_conn_h c, struct kvt_room *r);

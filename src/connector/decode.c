@@ -117,11 +117,7 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
 
     for (uint32_t i = 0; i < r->npeers; i++) {
         kvt__peer_t *p = &r->peers[i];
-        if (p->need_ack) {
-            p->need_ack = 0;
-            kvt__ctrl_status(c, p->sess, KVT__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
-                             "");
-        }
+        kvt__peer_abort_ack(c, r, i);
         /* A prefill rank not announced to yet is told too (its sender
          * may exist already), once its handshake ends; a dead one is
          * quiet. */
@@ -138,19 +134,11 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
         case KVT__PEER_WAIT:
         case KVT__PEER_ANNOUNCING:
         case KVT__PEER_ACTIVE:
-            p->st = KVT__PEER_ABORTING;
-            p->t_abort = now;
-            kvt__ctrl_status(c, p->sess, KVT__CM_ABORT, r->id, 0, i, r->ferr,
-                             r->freason);
+            kvt__peer_abort_start(c, r, i, now);
             open = 1;
             break;
         case KVT__PEER_ABORTING:
-            if (kvt__since(now, p->t_abort) > c->peer_ms)
-                kvt__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
-                               "%s did not acknowledge an abort in %" PRIu64
-                               " ms",
-                               p->sess->name, c->peer_ms);
-            open |= p->st == KVT__PEER_ABORTING;
+            open |= kvt__peer_abort_wait(c, r, i, now);
             break;
         default:
             break;

@@ -206,6 +206,37 @@ static void room_retire(kvt_conn_h c, struct kvt_room *r)
  * waits for (writes, acknowledgements) is bounded by the engine's
  * transfer timeout and the peer timeout.
  */
+void kvt__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i)
+{
+    kvt__peer_t *p = &r->peers[i];
+    if (p->need_ack) {
+        p->need_ack = 0;
+        kvt__ctrl_status(c, p->sess, KVT__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
+                         "");
+    }
+}
+
+void kvt__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                           uint64_t now)
+{
+    kvt__peer_t *p = &r->peers[i];
+    p->st = KVT__PEER_ABORTING;
+    p->t_abort = now;
+    kvt__ctrl_status(c, p->sess, KVT__CM_ABORT, r->id, 0, i, r->ferr,
+                     r->freason);
+}
+
+int kvt__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                         uint64_t now)
+{
+    kvt__peer_t *p = &r->peers[i];
+    if (kvt__since(now, p->t_abort) > c->peer_ms)
+        kvt__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
+                       "%s did not acknowledge an abort in %" PRIu64 " ms",
+                       p->sess->name, c->peer_ms);
+    return p->st == KVT__PEER_ABORTING;
+}
+
 void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
 {
     struct kvt_room *r = c->rooms, *next;
