@@ -548,7 +548,6 @@ static void send_write_ack(tcp_conn_t *c)
 
 static void handle_read(tcp_conn_t *c)
 {
-    kvt__tcp_t *tcp = c->w->tcp;
     size_t nf, nvalid = 0;
     uint64_t payload = 0;
     kvt__wire_hdr_t h;
@@ -597,7 +596,6 @@ static void handle_read(tcp_conn_t *c)
     /* The trailer reports pieces whose region was unregistered while
      * their bytes were being sent; resp_revalidate() fills it in. */
     send_resp(c, r);
-    (void)tcp;
 }
 
 static void handle_hello(tcp_conn_t *c)
@@ -732,8 +730,8 @@ static tcp_frame_t *out_pop(tcp_conn_t *c)
 static void response_done(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                           const int32_t *pst)
 {
-    tcp_frame_t *g = out_pop(c);
-    (void)g; /* == f: checked when the header arrived */
+    /* The head is @f: outbound_dispatch() checked it on the header. */
+    out_pop(c);
     frame_complete(c, f, st, pst);
     atomic_fetch_add_explicit(&c->done_seq, 1, memory_order_release);
     if (atomic_load_explicit(&c->sess->nparked, memory_order_acquire))
