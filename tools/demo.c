@@ -766,6 +766,28 @@ static void usage(void)
            DEFAULT_TFLOPS);
 }
 
+/* The options that take a positive count, and the field each sets. */
+static const char *count_opt(int argc, char **argv, int *i, opts_t *o,
+                             uint32_t **field_p)
+{
+    const struct {
+        const char *name;
+        uint32_t *field;
+    } t[] = {{"requests", &o->requests},
+             {"prefill-tp", &o->prefill_tp},
+             {"decode-tp", &o->decode_tp},
+             {"concurrency", &o->concurrency},
+             {"submit-interval", &o->submit_interval}};
+    for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
+        const char *v = cli_opt(argc, argv, i, t[k].name);
+        if (v != NULL) {
+            *field_p = t[k].field;
+            return v;
+        }
+    }
+    return NULL;
+}
+
 static int parse(int argc, char **argv, opts_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -783,6 +805,7 @@ static int parse(int argc, char **argv, opts_t *o)
     o->calib = 3;
     for (int i = 1; i < argc; i++) {
         const char *v;
+        uint32_t *field;
         uint64_t n;
         if (cli_flag(argv[i], "help")) {
             usage();
@@ -834,23 +857,12 @@ static int parse(int argc, char **argv, opts_t *o)
                 return -1;
         } else if ((v = cli_opt(argc, argv, &i, "seed"))) {
             o->seed = strtoull(v, NULL, 10);
-        } else if (((v = cli_opt(argc, argv, &i, "requests")) ||
-                    (v = cli_opt(argc, argv, &i, "prefill-tp")) ||
-                    (v = cli_opt(argc, argv, &i, "decode-tp")) ||
-                    (v = cli_opt(argc, argv, &i, "concurrency")) ||
-                    (v = cli_opt(argc, argv, &i, "submit-interval"))) &&
-                   cli_parse_size(v, &n) == 0 && n > 0 && n <= 100000) {
-            const char *a = argv[i][0] == '-' ? argv[i] : argv[i - 1];
-            if (strstr(a, "requests"))
-                o->requests = (uint32_t)n;
-            else if (strstr(a, "prefill-tp"))
-                o->prefill_tp = (uint32_t)n;
-            else if (strstr(a, "decode-tp"))
-                o->decode_tp = (uint32_t)n;
-            else if (strstr(a, "concurrency"))
-                o->concurrency = (uint32_t)n;
-            else
-                o->submit_interval = (uint32_t)n;
+        } else if ((v = count_opt(argc, argv, &i, o, &field)) != NULL) {
+            if (cli_parse_size(v, &n) != 0 || n == 0 || n > 100000) {
+                fprintf(stderr, "kvt demo: bad count in '%s'\n", argv[i]);
+                return -1;
+            }
+            *field = (uint32_t)n;
         } else {
             fprintf(stderr, "kvt demo: bad option '%s' (see --help)\n",
                     argv[i]);
