@@ -270,6 +270,12 @@ void peer_stop(peer_t *p)
 void peer_kill(peer_t *p, int sig)
 {
     kill(p->pid, sig);
+    if (sig == SIGSTOP) {
+        /* kill() returns before the stop takes effect; a transfer begun
+         * meanwhile could still be answered. Return once it is stopped. */
+        int st;
+        waitpid(p->pid, &st, WUNTRACED);
+    }
     if (sig == SIGKILL) {
         waitpid(p->pid, NULL, 0);
         close(p->to_fd);
