@@ -547,6 +547,37 @@ KVT_TEST(peer_stopped)
     teardown(&f);
 }
 
+/* A target stopped for less than the transfer timeout holds the batch
+ * until it runs again; then the batch completes, every byte landed. */
+KVT_TEST(peer_paused)
+{
+    enum { BLK = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t d[4];
+    kvt_batch_h b;
+    kvt_batch_state_t bs;
+    double t0;
+    setup(&f, 4 * BLK, 3000);
+    pattern_fill(f.local, 4 * BLK, 71, 0);
+    for (int i = 0; i < 4; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                    f.peer.main_addr + (uint64_t)i * BLK, BLK);
+    CHECK_OK(run(f.e, d, 1)); /* the session is up before the stop */
+    peer_kill(&f.peer, SIGSTOP);
+    t0 = kvt_test_now();
+    CHECK_OK(kvt_batch_create(f.e, 4, &b));
+    CHECK_OK(kvt_batch_submit(b, d, 4));
+    usleep(300 * 1000);
+    CHECK_ST(kvt_batch_query(b, &bs), KVT_INPROGRESS);
+    CHECK(bs.completed == 0); /* nothing counts while it is stopped */
+    peer_kill(&f.peer, SIGCONT);
+    CHECK_OK(kvt_batch_wait(b, 60000));
+    CHECK(ms_since(t0) >= 300);
+    CHECK_OK(kvt_batch_free(b));
+    CHECK(peer_check(&f, f.peer.main_addr, 4 * BLK, 71) == 0);
+    teardown(&f);
+}
+
 KVT_TEST(unreachable)
 {
     kvt_engine_h e = engine_new(g_transports, 0);
@@ -703,6 +734,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(batch_lifecycle, 30),
     KVT_CASE(peer_killed, 30),
     KVT_CASE(peer_stopped, 30),
+    KVT_CASE(peer_paused, 30),
     KVT_CASE(unreachable, 30),
     KVT_CASE(other_peer_unaffected, 60),
     KVT_CASE(destroy_in_flight, 30),

@@ -17,10 +17,10 @@
  * target's snapshot, copy it with memcpy through a mapping of the
  * target's allocation when there is one and with process_vm_writev/readv
  * (up to 1024 vectors a call, contiguous pieces merged) otherwise, and
- * release the lease. Success also needs the target's answer to a ticket
- * rung when the copies started, and the target alive when they ended: a
- * copy into a target that is stopped or dead is not a transfer, and times
- * out or fails instead of counting as delivered.
+ * release the lease. Success also needs the target alive and not stopped
+ * when they ended: a copy into a target that is stopped (SIGSTOP, a
+ * tracer) or dead is not a transfer, and times out or fails instead of
+ * counting as delivered.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
  * with no other job of the session running, so the target delivers it
@@ -67,7 +67,8 @@
 #define CMA_IOV 1024 /* UIO_MAXIOV */
 #define TICK_NS (50ull * 1000000ull)
 #define SLICE_NS (10 * 1000000)
-#define SPIN_NS (20u * 1000u)
+#define STOPPED_POLL_NS (1000u * 1000u)
+#define WAIT_SPIN_NS (50u * 1000u)
 #define NOMAP_MAX 16
 /* Allocations up to this size are mapped with their page tables filled. */
 #define POPULATE_MAX (4ull << 30)
@@ -113,6 +114,7 @@ struct shm_session {
     pid_t pid;
     int sock;
     int pidfd;
+    int statfd; /* /proc/PID/stat of the target */
     kvt__shm_chan_t *ch;
     size_t ch_len;
 
@@ -135,8 +137,6 @@ struct shm_session {
 static const kvt__transport_ops_t shm_ops;
 
 static void session_kill(kvt__session_t *base, kvt_status_t why);
-static kvt_status_t ack_wait(shm_session_t *s, uint32_t ticket,
-                             uint64_t deadline);
 static void ring_bell(shm_session_t *s);
 
 #ifdef KVT_TSAN
@@ -535,22 +535,79 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *cma)
 }
 
 /*
+ * The target's state from its /proc/PID/stat (one read, cheaper than a
+ * poll): 1 stopped (T or t: a stop signal, a tracer), 0 running, -1
+ * unknown (the read failed, or the thread-group leader is a zombie while
+ * other threads may live on): the pidfd decides then. The descriptor is
+ * bound to the process, not its number, so a reused pid reads as gone.
+ */
+static int target_state(shm_session_t *s)
+{
+    char buf[512];
+    ssize_t n = pread(s->statfd, buf, sizeof(buf) - 1, 0);
+    const char *q;
+
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    q = strrchr(buf, ')'); /* the command name may hold anything */
+    if (q == NULL || q[1] != ' ')
+        return -1;
+    switch (q[2]) {
+    case 'T':
+    case 't':
+        return 1;
+    case 'Z':
+    case 'X':
+    case 'x':
+        return -1;
+    default:
+        return 0;
+    }
+}
+
+/*
+ * After the copies of a job: KVT_OK once the target is alive and running.
+ * A stopped target holds the job until it resumes or @deadline passes
+ * (KVT_ERR_TIMEDOUT, as over TCP, where a stopped peer answers nothing);
+ * a dead one fails it, since nobody will read what landed.
+ */
+static kvt_status_t target_running(shm_session_t *s, uint64_t deadline)
+{
+    for (;;) {
+        kvt_status_t st = session_status(s);
+        int state = st == KVT_OK ? target_state(s) : 0;
+        uint64_t now, ns;
+        struct timespec ts;
+
+        if (st == KVT_OK && state < 0)
+            st = peer_status(s);
+        if (st != KVT_OK || state <= 0)
+            return st;
+        now = kvt__now_ns();
+        if (now >= deadline)
+            return KVT_ERR_TIMEDOUT;
+        ns = deadline - now < STOPPED_POLL_NS ? deadline - now
+                                              : STOPPED_POLL_NS;
+        ts = (struct timespec){0, (long)ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/*
  * Run a READ or WRITE job under the lease. First every segment is checked
  * against the snapshot: one outside the target's registry (or its access
  * rights) fails with KVT_ERR_ACCESS and is not touched; the others are
- * marked for a mapping or for cross-memory attach. Then, if anything is
- * to be copied, an acknowledgement ticket is taken and rung *before* the
- * copies, so that the target's answer overlaps them; success needs that
- * answer (the target ran after the job started: a stopped one times the
- * job out) and a target still alive after the copies (a dead one fails
- * them: nobody reads what landed).
+ * marked for a mapping or for cross-memory attach. After the copies,
+ * success needs the target alive and running (target_running()). No
+ * target thread takes part: a transfer costs the target no wake-up.
  */
 static void rw_run(shm_session_t *s, job_t *j)
 {
     kvt__shm_chan_t *ch = s->ch;
     uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
                                             : KVT_ACCESS_REMOTE_READ;
-    uint32_t n, want_map = 0, ncma = 0, nmap = 0, ticket = 0;
+    uint32_t n, want_map = 0, ncma = 0, nmap = 0;
     uint8_t cma[JOB_SEGS];
     uint8_t *loc[JOB_SEGS];
     kvt_status_t st;
@@ -590,10 +647,6 @@ static void rw_run(shm_session_t *s, job_t *j)
             ncma++;
         }
     }
-    if (ncma + nmap > 0) {
-        ticket = atomic_fetch_add(&ch->ack_req, 1) + 1;
-        ring_bell(s);
-    }
     /* Mapped segments, merged while contiguous on both sides. */
     for (uint32_t i = 0; i < j->nsegs && nmap > 0;) {
         const seg_t *g = &j->segs[i];
@@ -618,10 +671,8 @@ static void rw_run(shm_session_t *s, job_t *j)
         st = cma_run(s, j, cma);
     pthread_rwlock_unlock(&s->map_lock);
     lease_release(s);
-    if (st == KVT_OK && ticket != 0)
-        st = ack_wait(s, ticket, j->deadline);
-    if (st == KVT_OK && ticket != 0)
-        st = peer_status(s);
+    if (st == KVT_OK && ncma + nmap > 0)
+        st = target_running(s, j->deadline);
     if (st != KVT_OK) {
         segs_fail(j, 0, j->nsegs, st);
         session_kill(&s->base, st);
@@ -656,35 +707,6 @@ static void ring_bell(shm_session_t *s)
     msg_init(&bell, KVT_SHM_BELL);
     /* A bell lost to a full socket is made up by the target's tick. */
     send(s->sock, &bell, sizeof(bell), MSG_DONTWAIT | MSG_NOSIGNAL);
-}
-
-/*
- * Wait until the target's service thread has answered @ticket (or a
- * later one). The answer was asked for before the copies and has usually
- * come by the time they end, so spin for a few microseconds (pausing,
- * not yielding: on a busy machine a yield can hand the core to another
- * process for a whole time slice) before sleeping.
- */
-static kvt_status_t ack_wait(shm_session_t *s, uint32_t ticket,
-                             uint64_t deadline)
-{
-    kvt__shm_chan_t *ch = s->ch;
-    uint64_t spin_end = kvt__now_ns() + SPIN_NS;
-
-    for (;;) {
-        uint32_t done =
-            atomic_load_explicit(&ch->ack_done, memory_order_acquire);
-        kvt_status_t st;
-        if ((int32_t)(done - ticket) >= 0)
-            return KVT_OK;
-        if (kvt__now_ns() < spin_end) {
-            cpu_relax();
-            continue;
-        }
-        st = ring_wait(s, &ch->ack_done, done, deadline);
-        if (st != KVT_OK)
-            return st;
-    }
 }
 
 /* Queue a notification on the ring, ring the bell, and wait until the
@@ -770,7 +792,9 @@ static void release(shm_session_t *s)
     close(s->sock);
     if (s->pidfd >= 0)
         close(s->pidfd);
-    s->sock = s->pidfd = -1;
+    if (s->statfd >= 0)
+        close(s->statfd);
+    s->sock = s->pidfd = s->statfd = -1;
 }
 
 /* The next job an executor may take, with the session lock held. */
@@ -1033,6 +1057,17 @@ static kvt_status_t shm_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
         if (j == NULL)
             break;
         job_run(s, j);
+    }
+    /* What is left is running on a worker (which may have taken the job
+     * before this thread came) and usually ends within microseconds:
+     * poll for it rather than sleep and be woken. */
+    {
+        uint64_t end = kvt__now_ns() + WAIT_SPIN_NS;
+        if (deadline_ns != 0 && deadline_ns < end)
+            end = deadline_ns;
+        while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0 &&
+               kvt__now_ns() < end)
+            cpu_relax();
     }
     return KVT_OK;
 }
@@ -1305,6 +1340,15 @@ static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
         return KVT_ERR_ACCESS;
     }
     s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
+        s->statfd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    if (s->statfd < 0) {
+        *why = "cannot read the peer's state in /proc";
+        return KVT_ERR_ACCESS;
+    }
     return KVT_OK;
 
 err_fd:
@@ -1363,7 +1407,7 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
         *why = "out of memory";
         return KVT_ERR_NO_MEMORY;
     }
-    s->sock = s->pidfd = -1;
+    s->sock = s->pidfd = s->statfd = -1;
     s->pid = (pid_t)d.pid;
     s->base.engine = e;
     st = chan_connect(s, &d, why);
@@ -1429,6 +1473,8 @@ err_free:
         close(s->sock);
     if (s->pidfd >= 0)
         close(s->pidfd);
+    if (s->statfd >= 0)
+        close(s->statfd);
     free(s);
     return st;
 }

@@ -20,12 +20,6 @@
  *  - the snapshot of the target's registry (regions, access rights, and
  *    which kvt_mem_alloc() allocation holds each), against which the
  *    initiator checks every range while it holds the lease;
- *  - an acknowledgement counter: as its copies start the initiator takes
- *    a ticket and rings, and reports success only once the target's
- *    service thread has answered that ticket and the target is still
- *    alive (pidfd) after the copies, so that a copy into a target stopped
- *    (SIGSTOP) or dead is not counted as delivered. One answer covers
- *    every ticket taken before it, and it overlaps the copies;
  *  - a ring of notifications, delivered by the target's service thread.
  *
  * Every field one side reads from the other is untrusted: indices are
@@ -38,7 +32,7 @@
 
 #include "core/engine_int.h"
 
-#define KVT_SHM_VERSION 1
+#define KVT_SHM_VERSION 2
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
 #define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
 #define KVT_SHM_NOTES 64u
@@ -81,7 +75,6 @@ typedef struct {
     /* Written by the target. */
     alignas(64) _Atomic uint32_t lease; /* odd: open; futex word */
     _Atomic int32_t closed;             /* != 0: channel closed, why */
-    _Atomic uint32_t ack_done;          /* last ticket answered; futex word */
     _Atomic uint32_t nq_head;           /* notifications consumed; futex word */
     uint32_t nregions;
     uint32_t truncated; /* the registry had more regions than fit */
@@ -90,9 +83,8 @@ typedef struct {
     /* Written by the initiator. */
     alignas(64) _Atomic uint32_t active; /* copies in progress; futex */
     _Atomic uint32_t lease_waiters;
-    _Atomic uint32_t ack_req; /* last ticket taken */
     _Atomic uint32_t nq_tail;
-    _Atomic uint32_t waiters; /* sleeping on ack_done or nq_head */
+    _Atomic uint32_t waiters; /* sleeping on nq_head */
 
     alignas(64) kvt__shm_note_t notes[KVT_SHM_NOTES];
     kvt__shm_region_t regions[]; /* max_regions */
@@ -111,7 +103,7 @@ enum {
     KVT_SHM_MAP = 3,       /* initiator: id (allocation), seq */
     KVT_SHM_MAP_ACK = 4,   /* target: status, id, seq, addr, length; the
                               allocation's memfd rides along on success */
-    KVT_SHM_BELL = 5,      /* initiator: tickets or notifications wait */
+    KVT_SHM_BELL = 5,      /* initiator: notifications wait */
 };
 
 typedef struct {

@@ -2,8 +2,8 @@
 /*
  * The same-host transport, target side: the abstract Unix socket, one
  * channel per connected initiator, and the service thread that accepts
- * initiators, answers their requests for allocation memfds and their
- * acknowledgement tickets, and delivers their notifications.
+ * initiators, answers their requests for allocation memfds, and
+ * delivers their notifications.
  *
  * The bounds guarantee. Initiators copy into this process themselves, so
  * the target cannot check each access as the TCP worker does; instead it
@@ -329,20 +329,14 @@ static void msg_init(kvt__shm_msg_t *m, uint16_t type)
     m->type = type;
 }
 
-/* Answer every ticket taken so far, and deliver the notifications the
- * initiator queued, in order. */
+/* Deliver the notifications the initiator queued, in order. */
 static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
 {
     kvt__shm_chan_t *ch = c->ch;
-    uint32_t req = atomic_load_explicit(&ch->ack_req, memory_order_acquire);
     uint32_t tail = atomic_load_explicit(&ch->nq_tail, memory_order_acquire);
     uint8_t buf[KVT_NOTIFY_MAX];
     int any = 0;
 
-    if (atomic_load_explicit(&ch->ack_done, memory_order_relaxed) != req) {
-        atomic_store_explicit(&ch->ack_done, req, memory_order_release);
-        any = 1;
-    }
     if (tail - c->head > KVT_SHM_NOTES)
         return -1;
     while (c->head != tail) {
@@ -363,10 +357,8 @@ static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
      * word in futex_wait": either it sees the new value, or this sees it
      * asleep. The stores above are only release, hence the fence. */
     atomic_thread_fence(memory_order_seq_cst);
-    if (any && atomic_load(&ch->waiters) != 0) {
-        kvt__shm_futex_wake(&ch->ack_done);
+    if (any && atomic_load(&ch->waiters) != 0)
         kvt__shm_futex_wake(&ch->nq_head);
-    }
     return 0;
 }
 
