@@ -143,12 +143,16 @@ static void ring_bell(shm_session_t *s);
 /*
  * process_vm_writev/readv move bytes on behalf of another process; issue
  * them directly, as tcp.c does its payload calls, so that ThreadSanitizer
- * does not model them. Every other access stays checked.
+ * does not model them. Every other access stays checked. syscall() is
+ * variadic: every argument is widened to a long, or the kernel reads
+ * stack garbage above a 32-bit one (the flags, 7th, go on the stack).
  */
 #define cma_writev(p, l, nl, r, nr)                                            \
-    syscall(SYS_process_vm_writev, (p), (l), (nl), (r), (nr), 0)
+    syscall(SYS_process_vm_writev, (long)(p), (l), (unsigned long)(nl), (r), \
+            (unsigned long)(nr), 0ul)
 #define cma_readv(p, l, nl, r, nr)                                             \
-    syscall(SYS_process_vm_readv, (p), (l), (nl), (r), (nr), 0)
+    syscall(SYS_process_vm_readv, (long)(p), (l), (unsigned long)(nl), (r),  \
+            (unsigned long)(nr), 0ul)
 #else
 #define cma_writev(p, l, nl, r, nr)                                            \
     process_vm_writev((p), (l), (nl), (r), (nr), 0)

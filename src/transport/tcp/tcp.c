@@ -247,8 +247,10 @@ static void tx_free(tcp_tx_t *t)
  * for unsynchronised accesses; every other access stays checked.
  */
 #include <sys/syscall.h>
-#define payload_readv(fd, iov, n) syscall(SYS_readv, (fd), (iov), (n))
-#define payload_sendmsg(fd, mh, fl) syscall(SYS_sendmsg, (fd), (mh), (fl))
+#define payload_readv(fd, iov, n)                                              \
+    syscall(SYS_readv, (long)(fd), (iov), (unsigned long)(n))
+#define payload_sendmsg(fd, mh, fl)                                            \
+    syscall(SYS_sendmsg, (long)(fd), (mh), (unsigned long)(fl))
 #else
 #define payload_readv(fd, iov, n) readv((fd), (iov), (n))
 #define payload_sendmsg(fd, mh, fl) sendmsg((fd), (mh), (fl))
