@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "connector/conn_int.h"
+#include "core/engine_int.h"
 #include "util/log.h"
 
 #define DEFAULT_BOOTSTRAP_MS 30000ull
@@ -23,8 +24,10 @@
 #define REGISTER_TIMEOUT_MS 5000ull
 #define HTTP_TIMEOUT_MS 3000ull
 #define RX_BATCH 16
-/* The worker polls batches this often while any is in flight. */
-#define BUSY_POLL_NS 200000ull
+/* The worker looks at batches this often while any is in flight; their
+ * completion wakes it anyway (batch_idle), so this only bounds a missed
+ * wake-up. */
+#define BUSY_POLL_NS 2000000ull
 #define IDLE_POLL_NS 10000000ull
 
 uint64_t kvt__conn_now_ms(void)
@@ -49,6 +52,38 @@ void kvt__conn_wake(kvt_conn_h c)
 {
     c->work = 1;
     pthread_cond_signal(&c->wake);
+}
+
+/*
+ * A batch of the connector has nothing pending. Called by an engine
+ * completer, perhaps with engine locks held, perhaps by a thread that
+ * holds c->lock and is submitting: never wait for c->lock. With the lock,
+ * the worker is waiting or has yet to check: no wake-up is lost. Without
+ * it, the worker (if it holds the lock) sees @kicks move before it waits;
+ * the narrow miss left (raised between that check and the wait) costs one
+ * BUSY_POLL_NS.
+ */
+static void batch_idle(void *arg)
+{
+    kvt_conn_h c = arg;
+
+    atomic_fetch_add(&c->kicks, 1);
+    if (pthread_mutex_trylock(&c->lock) == 0) {
+        kvt__conn_wake(c);
+        pthread_mutex_unlock(&c->lock);
+    } else {
+        pthread_cond_signal(&c->wake);
+    }
+}
+
+void kvt__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch)
+{
+    kvt__batch_on_idle(batch, batch_idle, c);
+}
+
+void kvt__conn_batch_forget(kvt_batch_h batch)
+{
+    kvt__batch_on_idle(batch, NULL, NULL);
 }
 
 int kvt__conn_descs(kvt_conn_h c, size_t n)
@@ -490,8 +525,9 @@ static void expire_misc(kvt_conn_h c, uint64_t now)
 /*
  * One round: control messages and sessions, then every room (submit,
  * poll, complete, fail), then timers. Rounds run back to back while
- * anything asks for one (kvt__conn_wake), every BUSY_POLL_NS while
- * batches are in flight, and every IDLE_POLL_NS otherwise.
+ * anything asks for one (kvt__conn_wake) or a batch completes
+ * (batch_idle), and otherwise every BUSY_POLL_NS while batches are in
+ * flight (timeouts) and every IDLE_POLL_NS when none is.
  */
 static void *worker_main(void *arg)
 {
@@ -500,6 +536,7 @@ static void *worker_main(void *arg)
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
         uint64_t now = kvt__conn_now_ms();
+        uint32_t kicks = atomic_load(&c->kicks);
         int busy;
 
         c->work = 0;
@@ -513,7 +550,7 @@ static void *worker_main(void *arg)
         kvt__rooms_tick(c, now);
         expire_misc(c, now);
         busy |= kvt__sess_tick(c, now);
-        if (c->work)
+        if (c->work || atomic_load(&c->kicks) != kicks)
             continue;
         timed_wait(&c->wake, &c->lock, busy ? BUSY_POLL_NS : IDLE_POLL_NS);
     }
@@ -884,6 +921,7 @@ void kvt_conn_destroy(kvt_conn_h c)
     while (c->ctrls != NULL) {
         kvt__ctrl_t *m = c->ctrls;
         c->ctrls = m->next;
+        kvt__conn_batch_forget(m->batch);
         if (kvt_batch_wait(m->batch, 0) != KVT_INPROGRESS)
             kvt_batch_free(m->batch);
         kvt__sess_unref(m->sess);

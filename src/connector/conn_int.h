@@ -26,6 +26,7 @@
  * acknowledged an abort (or died).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include <kvt/connector.h>
@@ -269,6 +270,9 @@ struct kvt_conn {
     int threads; /* how many were started: 1 rx, 2 worker, 3 slow */
     int stop;
     int work; /* the worker should run a round at once */
+    /* Raised by engine completers when one of the connector's batches
+     * has nothing pending (kvt__conn_batch_idle), without the lock. */
+    _Atomic uint32_t kicks;
 
     struct kvt_room *rooms;
     struct kvt_room *hash[KVT__ROOM_HASH];
@@ -307,6 +311,12 @@ static inline uint64_t kvt__since(uint64_t now, uint64_t t)
 }
 uint64_t kvt__conn_random(kvt_conn_h c);
 void kvt__conn_wake(kvt_conn_h c);
+
+/* Makes @batch (not yet submitted) wake the worker when it has nothing
+ * pending, so that the worker need not poll it; kvt__conn_batch_forget()
+ * undoes it before a batch is left in flight. */
+void kvt__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch);
+void kvt__conn_batch_forget(kvt_batch_h batch);
 /* Layers ready of @step and whether its aux items are (0: always). */
 void kvt__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
                      int *aux_p);

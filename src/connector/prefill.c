@@ -209,6 +209,8 @@ void kvt__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
 
 static void job_free(kvt__job_t *j)
 {
+    if (j->batch != NULL)
+        kvt__conn_batch_forget(j->batch);
     if (j->batch != NULL && kvt_batch_free(j->batch) != KVT_OK)
         KVT_LOG_W("connector: leaving a busy batch to the engine");
     free(j->runs);
@@ -357,6 +359,7 @@ static int job_submit(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j, size_t n)
             job_failed(c, r, j, st);
             return -1;
         }
+        kvt__conn_batch_watch(c, j->batch);
         j->cap = cap;
     }
     if (!p->started) {

@@ -154,6 +154,7 @@ void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
     st = kvt_batch_create(c->engine, n, &batch);
     if (st != KVT_OK)
         goto err;
+    kvt__conn_batch_watch(c, batch);
     st = kvt_batch_submit(batch, d, n);
     if (st != KVT_OK)
         goto err;

@@ -42,8 +42,14 @@ void kvt__slot_done(kvt_batch_h b, uint32_t index, kvt_status_t status)
     }
     /* Sequentially consistent with the waiter's "sleepers++, re-read
      * pending": either it sees pending at 0, or this sees it asleep. */
-    if (atomic_fetch_sub(&b->pending, 1) == 1 && atomic_load(&b->sleepers))
-        kvt__futex_wake_all(&b->pending);
+    if (atomic_fetch_sub(&b->pending, 1) == 1) {
+        void (*fn)(void *) = atomic_load_explicit(&b->on_idle,
+                                                  memory_order_acquire);
+        if (atomic_load(&b->sleepers))
+            kvt__futex_wake_all(&b->pending);
+        if (fn != NULL)
+            fn(b->on_idle_arg);
+    }
 }
 
 kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
@@ -271,6 +277,17 @@ static void drain_completers(kvt_batch_h b)
 {
     while (atomic_load_explicit(&b->busy, memory_order_acquire) != 0)
         sched_yield();
+}
+
+void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg)
+{
+    if (fn != NULL) {
+        b->on_idle_arg = arg;
+        atomic_store_explicit(&b->on_idle, fn, memory_order_release);
+        return;
+    }
+    atomic_store(&b->on_idle, NULL);
+    drain_completers(b);
 }
 
 kvt_status_t kvt_batch_reset(kvt_batch_h b)

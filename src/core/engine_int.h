@@ -46,6 +46,12 @@ struct kvt_batch {
     const kvt__transport_ops_t *hint_ops;
     void *hint;
     int hint_multi;
+    /* Called by the completer that takes @pending to 0, inside the run of
+     * completions (see @busy) and possibly under engine locks or inside
+     * kvt_batch_submit() itself: it must not block. For the library's own
+     * users (the connector); set with kvt__batch_on_idle(). */
+    void (*_Atomic on_idle)(void *arg);
+    void *on_idle_arg;
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
 
@@ -63,6 +69,13 @@ static inline void kvt__batch_hint(kvt_batch_h b,
     b->hint_ops = ops;
     b->hint = hint;
 }
+
+/*
+ * Sets (before any submission) or clears the batch's on_idle call. After
+ * clearing, no completer is inside a call any more: a batch left in
+ * flight no longer reaches @arg.
+ */
+void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg);
 
 /* Marks the start and the end of a run of completions on @batch. */
 static inline void kvt__batch_enter(kvt_batch_h b)

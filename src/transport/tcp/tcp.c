@@ -849,10 +849,29 @@ static void rx_revalidate(tcp_conn_t *c, kvt__memreg_t *reg)
     }
 }
 
+/* Advance the segment cursor by @got bytes. */
+static void rx_advance(tcp_conn_t *c, uint64_t got)
+{
+    while (got > 0) {
+        uint64_t left = c->rx_segs[c->rx_seg].len - c->rx_seg_off;
+        if (got < left) {
+            c->rx_seg_off += got;
+            got = 0;
+        } else {
+            got -= left;
+            c->rx_seg++;
+            c->rx_seg_off = 0;
+        }
+    }
+}
+
 /*
  * Read payload bytes for the current segments: valid runs straight into
- * their destination with readv, refused ones into scratch. Returns 1 when
- * the payload is complete, 0 when the socket is drained, -1 on EOF/error.
+ * their destination with readv (neighbouring segments merged into one
+ * vector), refused ones into scratch. (Reading runs of small pieces into
+ * scratch and copying them out was measured slower than readv with a
+ * vector per 512-byte piece.) Returns 1 when the payload is complete, 0
+ * when the socket is drained, -1 on EOF/error.
  */
 static int rx_payload(tcp_conn_t *c)
 {
@@ -876,11 +895,19 @@ static int rx_payload(tcp_conn_t *c)
                                       left < SCRATCH_LEN ? left : SCRATCH_LEN};
         } else {
             uint64_t off = c->rx_seg_off;
-            for (; s < c->rx_nsegs && n < RX_IOV && c->rx_segs[s].valid; s++) {
-                iov[n++] = (struct iovec){
-                    (char *)(uintptr_t)c->rx_segs[s].addr + off,
-                    c->rx_segs[s].len - off};
+            for (; s < c->rx_nsegs && c->rx_segs[s].valid; s++) {
+                char *p = (char *)(uintptr_t)c->rx_segs[s].addr + off;
+                uint64_t len = c->rx_segs[s].len - off;
                 off = 0;
+                if (n > 0 && (char *)iov[n - 1].iov_base +
+                                     iov[n - 1].iov_len ==
+                                 p) {
+                    iov[n - 1].iov_len += len;
+                } else if (n < RX_IOV) {
+                    iov[n++] = (struct iovec){p, len};
+                } else {
+                    break;
+                }
             }
         }
         got = payload_readv(c->fd, iov, n);
@@ -890,18 +917,7 @@ static int rx_payload(tcp_conn_t *c)
             return -1;
         if (got < 0)
             return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
-        /* Advance the segment cursor by @got bytes. */
-        while (got > 0) {
-            uint64_t left = c->rx_segs[c->rx_seg].len - c->rx_seg_off;
-            if ((uint64_t)got < left) {
-                c->rx_seg_off += (uint64_t)got;
-                got = 0;
-            } else {
-                got -= (ssize_t)left;
-                c->rx_seg++;
-                c->rx_seg_off = 0;
-            }
-        }
+        rx_advance(c, (uint64_t)got);
     }
     return 1;
 }
