@@ -70,17 +70,30 @@
 #define STOPPED_POLL_NS (1000u * 1000u)
 #define WAIT_SPIN_NS (50u * 1000u)
 #define NOMAP_MAX 16
+/* Strided pieces up to this size stay whole, grouped in one segment. */
+#define PACK_MAX (64u * 1024u)
+/* Strided writes of pieces up to this size into memory that is not
+ * mapped go through the staging slots (shm.h) rather than cross-memory
+ * attach, which pins a target page per vector. */
+#define STAGE_PIECE_MAX 2048u
 /* Allocations up to this size are mapped with their page tables filled. */
 #define POPULATE_MAX (4ull << 30)
 
+/* @count pieces of @len bytes (1: a contiguous range), the k-th at
+ * laddr + k * lstride here and raddr + k * rstride in the target. */
 typedef struct {
     uint64_t laddr;
     uint64_t raddr;
     uint64_t len;
+    uint64_t lstride, rstride;
     uint64_t vlo, vhi; /* must lie wholly in one region */
+    uint32_t count;
     uint32_t slot;
     int32_t st;
 } seg_t;
+
+/* How a segment is copied (rw_run). */
+enum { HOW_NONE, HOW_MAP, HOW_CMA, HOW_STAGE };
 
 /* One allocation per submission: this header, the jobs, the segments and
  * the notification messages; freed when its last job completes. */
@@ -138,6 +151,8 @@ static const kvt__transport_ops_t shm_ops;
 
 static void session_kill(kvt__session_t *base, kvt_status_t why);
 static void ring_bell(shm_session_t *s);
+static kvt_status_t ring_wait(shm_session_t *s, _Atomic uint32_t *word,
+                              uint32_t v, uint64_t deadline);
 
 #ifdef KVT_TSAN
 /*
@@ -462,51 +477,55 @@ static void segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
 }
 
 /*
- * Copy the segments of @j marked for cross-memory attach (@cma[i]) with
- * as few calls as the vector limit allows. A short count stops at a
- * fault: the segment holding the fault fails and the next call resumes
- * after it. Returns a status for the whole session on ESRCH/EPERM.
+ * Copy the pieces of the segments of @j marked HOW_CMA with as few calls
+ * as the vector limit allows, neighbouring pieces merged on each side. A
+ * short count stops at a fault: the segment holding the fault fails and
+ * the next call resumes after it. Returns a status for the whole session
+ * on ESRCH/EPERM.
  */
-static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *cma)
+static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
 {
     struct iovec liov[CMA_IOV], riov[CMA_IOV];
-    uint32_t i = 0;
+    uint32_t i = 0, p = 0; /* cursor: segment, piece */
 
     while (i < j->nsegs) {
-        uint32_t first, k;
+        uint32_t fi, fp, k, q;
         int nl = 0, nr = 0;
         uint64_t want = 0;
         ssize_t got;
 
-        while (i < j->nsegs && !(cma[i] && j->segs[i].st == KVT_OK))
+        if (how[i] != HOW_CMA || j->segs[i].st != KVT_OK) {
             i++;
-        if (i >= j->nsegs)
-            break;
-        first = i;
-        for (; i < j->nsegs; i++) {
+            p = 0;
+            continue;
+        }
+        fi = i;
+        fp = p;
+        while (i < j->nsegs && how[i] == HOW_CMA && j->segs[i].st == KVT_OK) {
             const seg_t *g = &j->segs[i];
-            int lm, rm;
-            if (!cma[i] || g->st != KVT_OK)
-                break;
-            lm = nl > 0 && (uint64_t)(uintptr_t)liov[nl - 1].iov_base +
-                                   liov[nl - 1].iov_len ==
-                               g->laddr;
-            rm = nr > 0 && (uint64_t)(uintptr_t)riov[nr - 1].iov_base +
-                                   riov[nr - 1].iov_len ==
-                               g->raddr;
+            uint64_t la = g->laddr + p * g->lstride;
+            uint64_t ra = g->raddr + p * g->rstride;
+            int lm = nl > 0 && (uint64_t)(uintptr_t)liov[nl - 1].iov_base +
+                                       liov[nl - 1].iov_len ==
+                                   la;
+            int rm = nr > 0 && (uint64_t)(uintptr_t)riov[nr - 1].iov_base +
+                                       riov[nr - 1].iov_len ==
+                                   ra;
             if ((!lm && nl == CMA_IOV) || (!rm && nr == CMA_IOV))
                 break;
             if (lm)
                 liov[nl - 1].iov_len += g->len;
             else
-                liov[nl++] =
-                    (struct iovec){(void *)(uintptr_t)g->laddr, g->len};
+                liov[nl++] = (struct iovec){(void *)(uintptr_t)la, g->len};
             if (rm)
                 riov[nr - 1].iov_len += g->len;
             else
-                riov[nr++] =
-                    (struct iovec){(void *)(uintptr_t)g->raddr, g->len};
+                riov[nr++] = (struct iovec){(void *)(uintptr_t)ra, g->len};
             want += g->len;
+            if (++p == g->count) {
+                i++;
+                p = 0;
+            }
         }
         if (j->op == KVT_OP_WRITE)
             got = cma_writev(s->pid, liov, (unsigned long)nl, riov,
@@ -522,20 +541,206 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *cma)
                 KVT_LOG_E("shm: %s no longer lets this process attach "
                           "(process_vm: permission denied)",
                           s->base.name);
-            segs_fail(j, first, j->nsegs, st);
+            segs_fail(j, fi, j->nsegs, st);
             return st;
         }
-        /* Resume after the segment where the copy stopped. */
+        /* The piece where the copy stopped fails its segment; resume
+         * after that segment. */
         if (got < 0)
             got = 0;
-        for (k = first; k < i && (uint64_t)got >= j->segs[k].len; k++)
+        for (k = fi, q = fp; (uint64_t)got >= j->segs[k].len;) {
             got -= (ssize_t)j->segs[k].len;
-        if (k < i) {
-            j->segs[k].st = KVT_ERR_ACCESS;
-            i = k + 1;
+            if (++q == j->segs[k].count) {
+                k++;
+                q = 0;
+            }
+        }
+        j->segs[k].st = KVT_ERR_ACCESS;
+        i = k + 1;
+        p = 0;
+    }
+    return KVT_OK;
+}
+
+/* ---- Staging --------------------------------------------------------------
+ */
+
+/* The slots one executor holds for one job, and the segment of each run. */
+typedef struct {
+    uint32_t n;
+    uint32_t slot[KVT_SHM_STAGE_SLOTS];
+    uint32_t *seg[KVT_SHM_STAGE_SLOTS]; /* KVT_SHM_STAGE_RUNS each */
+} held_t;
+
+/* Give a slot back and tell whoever waits for one. */
+static void slot_free(shm_session_t *s, uint32_t k)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    atomic_store_explicit(&ch->stage[k].state, KVT_SHM_SLOT_FREE,
+                          memory_order_release);
+    atomic_fetch_add(&ch->stage_seq, 1);
+    if (atomic_load(&ch->waiters) != 0)
+        kvt__shm_futex_wake(&ch->stage_seq);
+}
+
+/* Take the verdicts of the held slots the target is done with (all of
+ * them with @all, waiting for the target) and free those slots. */
+static kvt_status_t held_collect(shm_session_t *s, job_t *j, held_t *h,
+                                 int all)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    while (h->n > 0) {
+        uint32_t seq = atomic_load(&ch->stage_seq), kept = 0;
+        for (uint32_t x = 0; x < h->n; x++) {
+            kvt__shm_slot_t *sl = &ch->stage[h->slot[x]];
+            if (atomic_load_explicit(&sl->state, memory_order_acquire) !=
+                KVT_SHM_SLOT_DONE) {
+                h->slot[kept] = h->slot[x];
+                h->seg[kept++] = h->seg[x];
+                continue;
+            }
+            for (uint32_t r = 0; r < sl->nruns; r++) {
+                seg_t *g = &j->segs[h->seg[x][r]];
+                if (g->st == KVT_OK && sl->runs[r].st != KVT_OK)
+                    g->st = KVT_ERR_ACCESS;
+            }
+            free(h->seg[x]);
+            slot_free(s, h->slot[x]);
+        }
+        h->n = kept;
+        if (!all || h->n == 0)
+            return KVT_OK;
+        {
+            kvt_status_t st = ring_wait(s, &ch->stage_seq, seq, j->deadline);
+            if (st != KVT_OK)
+                return st;
         }
     }
     return KVT_OK;
+}
+
+/* Claim a free slot for @h, collecting this job's finished ones first
+ * when none is free, and waiting (bounded by the job's deadline). */
+static kvt_status_t slot_claim(shm_session_t *s, job_t *j, held_t *h,
+                               uint32_t *k_p)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    for (;;) {
+        uint32_t seq = atomic_load(&ch->stage_seq);
+        kvt_status_t st;
+        for (uint32_t k = 0; k < KVT_SHM_STAGE_SLOTS; k++) {
+            uint32_t f = KVT_SHM_SLOT_FREE;
+            if (atomic_compare_exchange_strong(&ch->stage[k].state, &f,
+                                               KVT_SHM_SLOT_CLAIMED)) {
+                *k_p = k;
+                return KVT_OK;
+            }
+        }
+        st = held_collect(s, j, h, 0);
+        if (st != KVT_OK)
+            return st;
+        if (atomic_load(&ch->stage_seq) != seq)
+            continue;
+        st = ring_wait(s, &ch->stage_seq, seq, j->deadline);
+        if (st != KVT_OK)
+            return st;
+    }
+}
+
+/*
+ * Write the pieces of the segments marked HOW_STAGE through the staging
+ * slots: pack runs of pieces into a claimed slot, hand it to the target
+ * (full, and a bell), and once every slot is done take the target's
+ * verdict per run. No lease is held: the target checks each run against
+ * its registry itself. Returns a status for the whole session when the
+ * target does not answer (dead, or stopped past the deadline).
+ */
+static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    held_t h = {0};
+    kvt__shm_slot_t *sl = NULL;
+    uint32_t k = 0, *segof = NULL;
+    uint64_t used = 0;
+    kvt_status_t st = KVT_OK;
+
+    for (uint32_t i = 0; i < j->nsegs && st == KVT_OK; i++) {
+        const seg_t *g = &j->segs[i];
+        uint32_t p = 0;
+
+        if (how[i] != HOW_STAGE || g->st != KVT_OK)
+            continue;
+        while (p < g->count) {
+            kvt__shm_run_t *r;
+            uint64_t n;
+            const uint8_t *src;
+            uint8_t *dst;
+
+            if (sl != NULL && (sl->nruns == KVT_SHM_STAGE_RUNS ||
+                               KVT_SHM_STAGE_BYTES - used < g->len)) {
+                atomic_store_explicit(&sl->state, KVT_SHM_SLOT_FULL,
+                                      memory_order_release);
+                ring_bell(s);
+                sl = NULL;
+            }
+            if (sl == NULL) {
+                segof = malloc(KVT_SHM_STAGE_RUNS * sizeof(*segof));
+                if (segof == NULL) {
+                    st = KVT_ERR_NO_MEMORY;
+                    break;
+                }
+                st = slot_claim(s, j, &h, &k);
+                if (st != KVT_OK) {
+                    free(segof);
+                    break;
+                }
+                sl = &ch->stage[k];
+                sl->nruns = 0;
+                used = 0;
+                h.slot[h.n] = k;
+                h.seg[h.n++] = segof;
+            }
+            n = (KVT_SHM_STAGE_BYTES - used) / g->len;
+            if (n > g->count - p)
+                n = g->count - p;
+            r = &sl->runs[sl->nruns];
+            r->raddr = g->raddr + p * g->rstride;
+            r->rstride = g->rstride;
+            r->off = used;
+            r->len = (uint32_t)g->len;
+            r->count = (uint32_t)n;
+            r->st = KVT_OK;
+            segof[sl->nruns++] = i;
+            src = (const uint8_t *)(uintptr_t)(g->laddr + p * g->lstride);
+            dst = sl->data + used;
+            for (uint64_t q = 0; q < n; q++) {
+                memcpy(dst, src, g->len);
+                dst += g->len;
+                src += g->lstride;
+            }
+            used += n * g->len;
+            p += (uint32_t)n;
+        }
+    }
+    if (sl != NULL) {
+        atomic_store_explicit(&sl->state, KVT_SHM_SLOT_FULL,
+                              memory_order_release);
+        ring_bell(s);
+    }
+    if (st == KVT_OK)
+        st = held_collect(s, j, &h, 1);
+    for (uint32_t x = 0; x < h.n; x++)
+        free(h.seg[x]); /* the session dies: its slots stay as they are */
+    if (st == KVT_ERR_NO_MEMORY) {
+        for (uint32_t i = 0; i < j->nsegs; i++)
+            if (how[i] == HOW_STAGE && j->segs[i].st == KVT_OK)
+                j->segs[i].st = st;
+        return KVT_OK;
+    }
+    return st;
 }
 
 /*
@@ -611,8 +816,8 @@ static void rw_run(shm_session_t *s, job_t *j)
     kvt__shm_chan_t *ch = s->ch;
     uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
                                             : KVT_ACCESS_REMOTE_READ;
-    uint32_t n, want_map = 0, ncma = 0, nmap = 0;
-    uint8_t cma[JOB_SEGS];
+    uint32_t n, want_map = 0, ncma = 0, nmap = 0, nstage = 0;
+    uint8_t how[JOB_SEGS];
     uint8_t *loc[JOB_SEGS];
     kvt_status_t st;
 
@@ -630,8 +835,9 @@ static void rw_run(shm_session_t *s, job_t *j)
         seg_t *g = &j->segs[i];
         const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
         const map_t *m = NULL;
+        uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
 
-        cma[i] = 0;
+        how[i] = HOW_NONE;
         loc[i] = NULL;
         if (r == NULL) {
             g->st = KVT_ERR_ACCESS;
@@ -642,16 +848,21 @@ static void rw_run(shm_session_t *s, job_t *j)
             if (m == NULL && want_map == 0)
                 want_map = r->map_id;
         }
-        if (m != NULL && g->raddr >= m->base &&
-            g->raddr + g->len <= m->base + m->len) {
+        if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
             loc[i] = m->local + (g->raddr - m->base);
+            how[i] = HOW_MAP;
             nmap++;
+        } else if (j->op == KVT_OP_WRITE && g->count > 1 &&
+                   g->len <= STAGE_PIECE_MAX) {
+            how[i] = HOW_STAGE;
+            nstage++;
         } else {
-            cma[i] = 1;
+            how[i] = HOW_CMA;
             ncma++;
         }
     }
-    /* Mapped segments, merged while contiguous on both sides. */
+    /* Mapped segments, merged while contiguous on both sides; strided
+     * ones piece by piece. */
     for (uint32_t i = 0; i < j->nsegs && nmap > 0;) {
         const seg_t *g = &j->segs[i];
         uint64_t len = g->len;
@@ -661,7 +872,20 @@ static void rw_run(shm_session_t *s, job_t *j)
             i++;
             continue;
         }
-        for (k = i + 1; k < j->nsegs && loc[k] == loc[i] + len &&
+        if (g->count > 1) {
+            for (uint32_t q = 0; q < g->count; q++) {
+                uint8_t *t = loc[i] + q * g->rstride;
+                uint8_t *l = (uint8_t *)(uintptr_t)(g->laddr + q * g->lstride);
+                if (j->op == KVT_OP_WRITE)
+                    kvt__shm_copy(t, l, g->len, 1);
+                else
+                    kvt__shm_copy(l, t, g->len, 0);
+            }
+            i++;
+            continue;
+        }
+        for (k = i + 1; k < j->nsegs && j->segs[k].count == 1 &&
+                        loc[k] == loc[i] + len &&
                         j->segs[k].laddr == g->laddr + len;
              k++)
             len += j->segs[k].len;
@@ -672,9 +896,11 @@ static void rw_run(shm_session_t *s, job_t *j)
         i = k;
     }
     if (ncma > 0)
-        st = cma_run(s, j, cma);
+        st = cma_run(s, j, how);
     pthread_rwlock_unlock(&s->map_lock);
     lease_release(s);
+    if (st == KVT_OK && nstage > 0)
+        st = stage_run(s, j, how);
     if (st == KVT_OK && ncma + nmap > 0)
         st = target_running(s, j->deadline);
     if (st != KVT_OK) {
@@ -899,7 +1125,7 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
     }
     p->cur_slot = g->slot;
     p->cur_nsegs++;
-    p->cur_bytes += g->len;
+    p->cur_bytes += g->len * g->count;
     p->ns++;
 }
 
@@ -925,7 +1151,7 @@ static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
         p->pieces[i] = 0;
         if (d->opcode == KVT_OP_NOTIFY) {
-            seg_t g = {0, 0, 0, 0, 0, slot, KVT_OK};
+            seg_t g = {.count = 1, .slot = slot, .st = KVT_OK};
             plan_open(p, b, KVT_OP_NOTIFY, dl);
             if (p->jobs != NULL) {
                 p->cur->nlen = (uint32_t)L;
@@ -935,7 +1161,32 @@ static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
             p->open = 0;
             continue;
         }
-        for (uint32_t k = 0; k < c; k++) {
+        /* Small strided pieces: runs of whole pieces, as many as the
+         * job has room for, the run's span in one region. */
+        for (uint32_t k = 0; c > 1 && L <= PACK_MAX && k < c;) {
+            uint64_t room, cnt;
+            seg_t g;
+            if (!p->open || p->cur_op != d->opcode ||
+                p->cur_bytes >= target || p->cur_nsegs >= JOB_SEGS)
+                plan_open(p, b, d->opcode, dl);
+            room = target - p->cur_bytes;
+            cnt = room / L ? room / L : 1;
+            if (cnt > c - k)
+                cnt = c - k;
+            g = (seg_t){.laddr = la + k * ls,
+                        .raddr = d->remote_addr + k * rs,
+                        .len = L,
+                        .lstride = ls,
+                        .rstride = rs,
+                        .count = (uint32_t)cnt,
+                        .slot = slot,
+                        .st = KVT_OK};
+            g.vlo = g.raddr;
+            g.vhi = g.raddr + (cnt - 1) * rs + L;
+            plan_add(p, i, &g);
+            k += (uint32_t)cnt;
+        }
+        for (uint32_t k = 0; !(c > 1 && L <= PACK_MAX) && k < c; k++) {
             uint64_t ra = d->remote_addr + k * rs, off = 0;
             uint64_t vlo = c == 1 ? d->remote_addr : ra;
             while (off < L) {
@@ -946,12 +1197,14 @@ static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
                 g = (seg_t){.laddr = la + k * ls + off,
                             .raddr = ra + off,
                             .len = L - off,
+                            .count = 1,
                             .vlo = vlo,
                             .vhi = vlo + L,
                             .slot = slot,
                             .st = KVT_OK};
                 if (g.len > target - p->cur_bytes)
                     g.len = target - p->cur_bytes;
+                g.lstride = g.rstride = g.len;
                 plan_add(p, i, &g);
                 off += g.len;
             }

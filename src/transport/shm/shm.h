@@ -20,7 +20,8 @@
  *  - the snapshot of the target's registry (regions, access rights, and
  *    which kvt_mem_alloc() allocation holds each), against which the
  *    initiator checks every range while it holds the lease;
- *  - a ring of notifications, delivered by the target's service thread.
+ *  - a ring of notifications, delivered by the target's service thread;
+ *  - staging slots for small pieces, copied out by that thread.
  *
  * Every field one side reads from the other is untrusted: indices are
  * bounded, lengths clamped, and a wrong value can only fail transfers.
@@ -43,6 +44,44 @@
 /* A registry change waits this long for an initiator's copies to drain
  * before it severs that initiator's channel. */
 #define KVT_SHM_DRAIN_NS (1000ull * 1000000ull)
+
+/* Staging: small pieces (the heads of one rank inside another rank's
+ * token-major blocks) into memory the initiator cannot map. It copies
+ * them into a slot; the target's service thread checks each run against
+ * its registry and copies it out. Cross-memory attach pins the target's
+ * page once per vector, so it is slow for such pieces. */
+#define KVT_SHM_STAGE_SLOTS 4u
+#define KVT_SHM_STAGE_BYTES (1u << 20)
+#define KVT_SHM_STAGE_RUNS 256u
+
+/* A slot's state: the initiator claims a free slot, fills it and makes it
+ * full; the target makes it done; the initiator reads the results and
+ * frees it. */
+enum {
+    KVT_SHM_SLOT_FREE = 0,
+    KVT_SHM_SLOT_CLAIMED = 1,
+    KVT_SHM_SLOT_FULL = 2,
+    KVT_SHM_SLOT_DONE = 3,
+};
+
+/* @count pieces of @len bytes for [raddr + k * rstride, + len), packed in
+ * the slot's data from @off. @st: the target's verdict. */
+typedef struct {
+    uint64_t raddr;
+    uint64_t rstride;
+    uint64_t off;
+    uint32_t len;
+    uint32_t count;
+    int32_t st;
+    uint32_t reserved;
+} kvt__shm_run_t;
+
+typedef struct {
+    alignas(64) _Atomic uint32_t state;
+    uint32_t nruns;
+    kvt__shm_run_t runs[KVT_SHM_STAGE_RUNS];
+    alignas(64) uint8_t data[KVT_SHM_STAGE_BYTES];
+} kvt__shm_slot_t;
 
 /* One region of the target's registry, as the channel publishes it. */
 typedef struct {
@@ -76,6 +115,7 @@ typedef struct {
     alignas(64) _Atomic uint32_t lease; /* odd: open; futex word */
     _Atomic int32_t closed;             /* != 0: channel closed, why */
     _Atomic uint32_t nq_head;           /* notifications consumed; futex word */
+    _Atomic uint32_t stage_seq;         /* slots made done; futex word */
     uint32_t nregions;
     uint32_t truncated; /* the registry had more regions than fit */
     uint64_t snap_seq;  /* changes with every published snapshot */
@@ -84,9 +124,10 @@ typedef struct {
     alignas(64) _Atomic uint32_t active; /* copies in progress; futex */
     _Atomic uint32_t lease_waiters;
     _Atomic uint32_t nq_tail;
-    _Atomic uint32_t waiters; /* sleeping on nq_head */
+    _Atomic uint32_t waiters; /* sleeping on nq_head or stage_seq */
 
     alignas(64) kvt__shm_note_t notes[KVT_SHM_NOTES];
+    kvt__shm_slot_t stage[KVT_SHM_STAGE_SLOTS];
     kvt__shm_region_t regions[]; /* max_regions */
 } kvt__shm_chan_t;
 

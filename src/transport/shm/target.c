@@ -49,6 +49,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -362,6 +364,80 @@ static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
     return 0;
 }
 
+#ifdef KVT_TSAN
+/* Copies into this process's memory vouched for by the initiator's
+ * protocol, which ThreadSanitizer cannot see: issue them as a system call
+ * (as the TCP transport does its payload reads). */
+static void stage_copy(void *dst, const void *src, size_t len)
+{
+    struct iovec l = {(void *)src, len}, r = {dst, len};
+    syscall(SYS_process_vm_writev, (long)getpid(), &l, 1ul, &r, 1ul, 0ul);
+}
+#else
+#define stage_copy(dst, src, len) memcpy((dst), (src), (len))
+#endif
+
+/*
+ * Copy out the slots the initiator made full: each run is checked against
+ * the registry (under its read lock, which the copies also hold, so a
+ * range being unregistered is either copied before or refused) and gets
+ * its verdict. Everything read from the slot is untrusted: runs and
+ * their data must lie within the slot, or the run is refused.
+ */
+static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
+{
+    kvt__shm_chan_t *ch = c->ch;
+    kvt__memreg_t *reg = &shm->e->reg;
+    int any = 0;
+
+    for (uint32_t k = 0; k < KVT_SHM_STAGE_SLOTS; k++) {
+        kvt__shm_slot_t *sl = &ch->stage[k];
+        uint32_t nruns;
+
+        if (atomic_load_explicit(&sl->state, memory_order_acquire) !=
+            KVT_SHM_SLOT_FULL)
+            continue;
+        nruns = sl->nruns < KVT_SHM_STAGE_RUNS ? sl->nruns
+                                                : KVT_SHM_STAGE_RUNS;
+        kvt__memreg_rdlock(reg);
+        for (uint32_t i = 0; i < nruns; i++) {
+            kvt__shm_run_t *r = &sl->runs[i];
+            uint64_t len = r->len, cnt = r->count, span, bytes;
+            int ok = cnt > 0 && len > 0 && r->rstride >= len &&
+                     cnt <= KVT_SHM_STAGE_BYTES / len;
+            if (ok) {
+                bytes = len * cnt;
+                span = (cnt - 1) * r->rstride + len;
+                ok = r->off <= KVT_SHM_STAGE_BYTES &&
+                     bytes <= KVT_SHM_STAGE_BYTES - r->off &&
+                     (cnt == 1 || r->rstride <= UINT64_MAX / cnt) &&
+                     r->raddr + span > r->raddr &&
+                     kvt__memreg_contains_locked(reg, r->raddr, span,
+                                                 KVT_ACCESS_REMOTE_WRITE);
+            }
+            if (ok) {
+                const uint8_t *src = sl->data + r->off;
+                for (uint64_t p = 0; p < cnt; p++, src += len)
+                    stage_copy((void *)(uintptr_t)(r->raddr + p * r->rstride),
+                               src, len);
+            }
+            r->st = ok ? KVT_OK : KVT_ERR_ACCESS;
+        }
+        kvt__memreg_unlock(reg);
+        atomic_store_explicit(&sl->state, KVT_SHM_SLOT_DONE,
+                              memory_order_release);
+        any = 1;
+    }
+    if (!any)
+        return;
+    atomic_fetch_add_explicit(&ch->stage_seq, 1, memory_order_release);
+    /* As in consume_notes(): either the waiter sees the new value or this
+     * sees it asleep. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&ch->waiters) != 0)
+        kvt__shm_futex_wake(&ch->stage_seq);
+}
+
 /* Is some registered region inside [start, end)? Read lock held. */
 static int registered_within(const kvt__memreg_t *reg, uint64_t start,
                              uint64_t end)
@@ -459,6 +535,8 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
             bad = 1;
         }
     }
+    if (!bad)
+        consume_stage(shm, c);
     if (consume_notes(shm, c) != 0) {
         KVT_LOG_W("shm: corrupt notification ring from %s; closing", c->peer);
         bad = 1;
@@ -610,6 +688,7 @@ static void *service_main(void *arg)
              * here. The list is changed by this thread only. */
             for (c = shm->chans; c != NULL; c = next) {
                 next = c->next;
+                consume_stage(shm, c);
                 if (consume_notes(shm, c) != 0)
                     chan_close(shm, c);
             }
