@@ -39,7 +39,7 @@ typedef struct {
     int latency;
     uint32_t layers, heads, head_bytes, block_tokens, tokens;
     uint32_t P, D, rounds, interval, workers, conns;
-    int head_major, tcp_only;
+    int head_major, tcp_only, managed;
     double compute_ms;
 } opt_t;
 
@@ -100,6 +100,7 @@ typedef struct {
     uint32_t *table, nblocks;
     uint64_t aux_slot;
     kvt_aux_buffer_t aux;
+    void *arena; /* --memory=managed */
 } rank_t;
 
 static void rank_setup(rank_t *r, uint16_t boot)
@@ -113,10 +114,36 @@ static void rank_setup(rank_t *r, uint16_t boot)
     char addr[64];
     kvt_status_t st;
 
+    ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
+    ep.local_host = "127.0.0.1";
+    if (o->workers) {
+        ep.field_mask |= KVT_ENGINE_PARAM_NUM_WORKERS;
+        ep.num_workers = o->workers;
+    }
+    if (o->conns) {
+        ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
+        ep.conns_per_peer = o->conns;
+    }
+    if (o->tcp_only) {
+        ep.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
+        ep.transports = KVT_TRANSPORT_TCP;
+    }
+    if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
+        die("engine", st);
     r->nblocks = (o->tokens + o->block_tokens - 1) / o->block_tokens;
     pool = r->nblocks + 8;
     r->ncaches = 2 * o->layers;
     r->caches = calloc(r->ncaches, sizeof(*r->caches));
+    if (o->managed) {
+        /* One kvt allocation (registered by it) holding every cache. */
+        uint64_t each = (block * pool + 4095) & ~4095ull;
+        st = kvt_mem_alloc(r->eng, each * r->ncaches + 4096,
+                           KVT_ACCESS_REMOTE_RW, &r->arena);
+        if (st != KVT_OK)
+            die("kvt_mem_alloc", st);
+        for (size_t i = 0; i < r->ncaches; i++)
+            r->caches[i].base = (uint8_t *)r->arena + i * each;
+    }
     for (size_t i = 0; i < r->ncaches; i++) {
         kvt_kv_cache_t *c = &r->caches[i];
         c->layer = (uint32_t)(i / 2);
@@ -128,7 +155,7 @@ static void rank_setup(rank_t *r, uint16_t boot)
         c->head_bytes = o->head_bytes;
         c->block_bytes = block;
         c->num_blocks = pool;
-        if (posix_memalign(&c->base, 4096, block * pool) != 0)
+        if (!o->managed && posix_memalign(&c->base, 4096, block * pool) != 0)
             die("memory", KVT_ERR_NO_MEMORY);
         memset(c->base, r->prefill ? 0x11 : 0, block * pool);
     }
@@ -155,25 +182,12 @@ static void rank_setup(rank_t *r, uint16_t boot)
     }
     r->aux.item_bytes = 64;
     r->aux.count = 4;
-    r->aux.base = calloc(4, 64);
+    r->aux.base = o->managed ? (uint8_t *)r->arena +
+                                   (((block * pool + 4095) & ~4095ull) *
+                                    r->ncaches)
+                             : calloc(4, 64);
     r->aux_slot = r->prefill ? 1 : 2;
 
-    ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
-    ep.local_host = "127.0.0.1";
-    if (o->workers) {
-        ep.field_mask |= KVT_ENGINE_PARAM_NUM_WORKERS;
-        ep.num_workers = o->workers;
-    }
-    if (o->conns) {
-        ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
-        ep.conns_per_peer = o->conns;
-    }
-    if (o->tcp_only) {
-        ep.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
-        ep.transports = KVT_TRANSPORT_TCP;
-    }
-    if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
-        die("engine", st);
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot);
     lay.num_layers = o->layers;
     lay.caches = r->caches;
@@ -183,7 +197,7 @@ static void rank_setup(rank_t *r, uint16_t boot)
     p.field_mask = KVT_CONN_PARAM_ROLE | KVT_CONN_PARAM_ENGINE |
                    KVT_CONN_PARAM_LAYOUT | KVT_CONN_PARAM_BOOTSTRAP_ADDR |
                    KVT_CONN_PARAM_TP_RANK | KVT_CONN_PARAM_TP_SIZE |
-                   KVT_CONN_PARAM_SUBMIT_INTERVAL;
+                   KVT_CONN_PARAM_SUBMIT_INTERVAL | KVT_CONN_PARAM_FLAGS;
     p.role = r->prefill ? KVT_ROLE_PREFILL : KVT_ROLE_DECODE;
     p.engine = r->eng;
     p.layout = &lay;
@@ -191,6 +205,8 @@ static void rank_setup(rank_t *r, uint16_t boot)
     p.tp_rank = r->rank;
     p.tp_size = r->tp;
     p.submit_interval = o->interval;
+    /* kvt_mem_alloc() registered the caches and the aux buffer. */
+    p.flags = o->managed ? KVT_CONN_NO_REGISTER : 0;
     if ((st = kvt_conn_create(&p, &r->conn)) != KVT_OK)
         die("connector", st);
 }
@@ -198,12 +214,13 @@ static void rank_setup(rank_t *r, uint16_t boot)
 static void rank_fini(rank_t *r)
 {
     kvt_conn_destroy(r->conn);
-    kvt_engine_destroy(r->eng);
-    for (size_t i = 0; i < r->ncaches; i++)
+    kvt_engine_destroy(r->eng); /* frees the arena */
+    for (size_t i = 0; !r->o->managed && i < r->ncaches; i++)
         free(r->caches[i].base);
     free(r->caches);
     free(r->table);
-    free(r->aux.base);
+    if (!r->o->managed)
+        free(r->aux.base);
 }
 
 /* One rank: rounds as the parent commands them. */
@@ -379,7 +396,7 @@ static void usage(void)
             "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
             "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
             "[--submit-interval=N]\n  [--workers=N] [--conns=N] "
-            "[--protocol=tcp|auto]\n");
+            "[--protocol=tcp|auto] [--memory=malloc|managed]\n");
     exit(2);
 }
 
@@ -393,7 +410,8 @@ int main(int argc, char **argv)
         {"decode-tp", 1, 0, 'D'},    {"compute-ms", 1, 0, 'c'},
         {"rounds", 1, 0, 'r'},       {"submit-interval", 1, 0, 'i'},
         {"workers", 1, 0, 'w'},      {"conns", 1, 0, 'C'},
-        {"protocol", 1, 0, 'p'},     {0, 0, 0, 0}};
+        {"protocol", 1, 0, 'p'},     {"memory", 1, 0, 'M'},
+        {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
                .heads = 8,
@@ -458,6 +476,9 @@ int main(int argc, char **argv)
         case 'p':
             o.tcp_only = strcmp(optarg, "tcp") == 0;
             break;
+        case 'M':
+            o.managed = strcmp(optarg, "managed") == 0;
+            break;
         default:
             usage();
         }
@@ -516,11 +537,11 @@ int main(int argc, char **argv)
                wh / o.layers, wh / o.layers + 2.0);
     } else {
         double t = median(a, o.rounds);
-        printf("mode=tp protocol=%s prefill_tp=%u decode_tp=%u layout=%s "
-               "bytes=%llu "
-               "ms=%.3f gbps=%.3f\n",
-               o.tcp_only ? "tcp" : "auto", o.P, o.D,
-               o.head_major ? "head" : "token", (unsigned long long)bytes,
+        printf("mode=tp protocol=%s memory=%s prefill_tp=%u decode_tp=%u "
+               "layout=%s bytes=%llu ms=%.3f gbps=%.3f\n",
+               o.tcp_only ? "tcp" : "auto", o.managed ? "managed" : "malloc",
+               o.P, o.D, o.head_major ? "head" : "token",
+               (unsigned long long)bytes,
                t * 1e3, (double)bytes / t / 1e9);
     }
     for (int i = 0; i < nranks; i++) {

@@ -89,6 +89,32 @@ void kvt__shm_copy(void *dst, const void *src, size_t len, int nt)
     memcpy(dst, src, len);
 }
 
+void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
+                           size_t sstride, size_t len, size_t count, int nt)
+{
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+
+#if defined(__x86_64__)
+    /* Pieces of whole cache lines stream as well as one long copy. */
+    if (nt && len >= 256 && len * count >= NT_MIN) {
+        int avx2 = __builtin_cpu_supports("avx2");
+        for (size_t k = 0; k < count; k++, d += dstride, s += sstride) {
+            if (avx2)
+                copy_nt_avx2(d, s, len);
+            else
+                copy_nt_sse2(d, s, len);
+        }
+        _mm_sfence();
+        return;
+    }
+#else
+    (void)nt;
+#endif
+    for (size_t k = 0; k < count; k++, d += dstride, s += sstride)
+        memcpy(d, s, len);
+}
+
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
                          int64_t timeout_ns)
 {

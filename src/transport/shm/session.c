@@ -716,11 +716,7 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
             segof[sl->nruns++] = i;
             src = (const uint8_t *)(uintptr_t)(g->laddr + p * g->lstride);
             dst = sl->data + used;
-            for (uint64_t q = 0; q < n; q++) {
-                memcpy(dst, src, g->len);
-                dst += g->len;
-                src += g->lstride;
-            }
+            kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n, 1);
             used += n * g->len;
             p += (uint32_t)n;
         }
@@ -873,14 +869,13 @@ static void rw_run(shm_session_t *s, job_t *j)
             continue;
         }
         if (g->count > 1) {
-            for (uint32_t q = 0; q < g->count; q++) {
-                uint8_t *t = loc[i] + q * g->rstride;
-                uint8_t *l = (uint8_t *)(uintptr_t)(g->laddr + q * g->lstride);
-                if (j->op == KVT_OP_WRITE)
-                    kvt__shm_copy(t, l, g->len, 1);
-                else
-                    kvt__shm_copy(l, t, g->len, 0);
-            }
+            uint8_t *l = (uint8_t *)(uintptr_t)g->laddr;
+            if (j->op == KVT_OP_WRITE)
+                kvt__shm_copy_strided(loc[i], g->rstride, l, g->lstride,
+                                      g->len, g->count, 1);
+            else
+                kvt__shm_copy_strided(l, g->lstride, loc[i], g->rstride,
+                                      g->len, g->count, 0);
             i++;
             continue;
         }

@@ -203,6 +203,11 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm);
  * store fence, so the bytes are visible before any later store. */
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
 
+/* @count pieces of @len bytes, the k-th from src + k * sstride to
+ * dst + k * dstride; @nt as for kvt__shm_copy(), decided on the total. */
+void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
+                           size_t sstride, size_t len, size_t count, int nt);
+
 /* Shared (cross-process) futex operations on a channel word. */
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
                          int64_t timeout_ns);
