@@ -15,7 +15,9 @@
 #    the larger side, for token-major and head-major blocks, and the ratio.
 #
 # Each for the engine's transports in PROTOCOLS: "tcp" (tcp only) and
-# "auto" (same-host shm where the build has it). Runs alternate between
+# "auto" (same-host shm where the build has it); with "auto" the
+# heterogeneous runs are made twice, the caches in plain memory (malloc)
+# and in one kvt_mem_alloc() arena (managed: shm maps it). Runs alternate between
 # configurations (REPEATS times) and medians are printed: this machine is
 # shared and noisy, ratios hold better than absolute figures.
 #   bench/connector.sh [ROUNDS] [REPEATS] [COMPUTE_MS] [PROTOCOLS]
@@ -65,25 +67,29 @@ print(f"{'bound (one layer + 2 ms)':36s} {bound:7.3f} ms: "
       f"{'' if c > lt else ' (compute per layer is not longer than transfer)'}")
 EOF
     echo
-    echo "== [$proto] heterogeneous tp throughput (256 MiB of KV per request)"
+    mems=malloc
+    [ "$proto" = auto ] && mems="malloc managed"
+    for mem in $mems; do
+    echo "== [$proto] heterogeneous tp throughput (256 MiB of KV per request, $mem caches)"
     printf '%-7s %-7s %9s %-7s %9s %7s\n' layout hetero "GB/s" same "GB/s" ratio
     for layout in token head; do
         pairs="1:1 2:1 1:2 2:2 4:2 2:4"
         for _ in $(seq "$REPEATS"); do
             for pd in $pairs; do
                 run --mode=tp --protocol="$proto" --rounds="$ROUNDS" \
-                    --layout="$layout" --prefill-tp="${pd%:*}" \
-                    --decode-tp="${pd#*:}" |
-                    field gbps >>"$TMP/tp_${proto}_${layout}_${pd/:/_}"
+                    --memory="$mem" --layout="$layout" \
+                    --prefill-tp="${pd%:*}" --decode-tp="${pd#*:}" |
+                    field gbps >>"$TMP/tp_${proto}_${mem}_${layout}_${pd/:/_}"
             done
         done
         for cmp in "2:1 1:1" "1:2 1:1" "4:2 2:2" "2:4 2:2"; do
             set -- $cmp
-            h=$(median <"$TMP/tp_${proto}_${layout}_${1/:/_}")
-            s=$(median <"$TMP/tp_${proto}_${layout}_${2/:/_}")
+            h=$(median <"$TMP/tp_${proto}_${mem}_${layout}_${1/:/_}")
+            s=$(median <"$TMP/tp_${proto}_${mem}_${layout}_${2/:/_}")
             printf '%-7s %-7s %9s %-7s %9s %7.2f\n' "$layout" "$1" "$h" "$2" \
                 "$s" "$(python3 -c "print($h/$s)")"
         done
     done
     echo
+    done
 done

@@ -468,6 +468,19 @@ static const kvt__shm_region_t *region_find(const kvt__shm_chan_t *ch,
     return &ch->regions[a];
 }
 
+/* Whether each piece of a strided segment lies in one region with
+ * @access (the segment's span need not). */
+static int pieces_registered(const kvt__shm_chan_t *ch, uint32_t n,
+                             const seg_t *g, uint32_t access)
+{
+    for (uint32_t q = 0; q < g->count; q++) {
+        uint64_t a = g->raddr + q * g->rstride;
+        if (region_find(ch, n, a, a + g->len, access) == NULL)
+            return 0;
+    }
+    return 1;
+}
+
 /* Fail the segments of [from, to) that are still OK. */
 static void segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
 {
@@ -835,6 +848,18 @@ static void rw_run(shm_session_t *s, job_t *j)
 
         how[i] = HOW_NONE;
         loc[i] = NULL;
+        if (r == NULL && g->count > 1 && pieces_registered(ch, n, g, access)) {
+            /* Pieces in different regions, each in one: copied by attach
+             * or staging, never through one mapping. */
+            if (j->op == KVT_OP_WRITE && g->len <= STAGE_PIECE_MAX) {
+                how[i] = HOW_STAGE;
+                nstage++;
+            } else {
+                how[i] = HOW_CMA;
+                ncma++;
+            }
+            continue;
+        }
         if (r == NULL) {
             g->st = KVT_ERR_ACCESS;
             continue;

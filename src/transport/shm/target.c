@@ -409,9 +409,15 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
                 ok = r->off <= KVT_SHM_STAGE_BYTES &&
                      bytes <= KVT_SHM_STAGE_BYTES - r->off &&
                      (cnt == 1 || r->rstride <= UINT64_MAX / cnt) &&
-                     r->raddr + span > r->raddr &&
-                     kvt__memreg_contains_locked(reg, r->raddr, span,
-                                                 KVT_ACCESS_REMOTE_WRITE);
+                     r->raddr + span > r->raddr;
+            }
+            /* The span in one region, or else each piece in one. */
+            if (ok && !kvt__memreg_contains_locked(reg, r->raddr, span,
+                                                   KVT_ACCESS_REMOTE_WRITE)) {
+                for (uint64_t p = 0; ok && p < cnt; p++)
+                    ok = kvt__memreg_contains_locked(
+                        reg, r->raddr + p * r->rstride, len,
+                        KVT_ACCESS_REMOTE_WRITE);
             }
             if (ok) {
                 const uint8_t *src = sl->data + r->off;
