@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/engine_int.h"
 #include "core/wire.h"
 #include "kvt_test.h"
 #include "util/sock.h"
@@ -208,6 +209,54 @@ KVT_TEST(sync_waiters_share_connection)
         pthread_join(th[i], NULL);
         CHECK(args[i].ok);
     }
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(t);
+}
+
+static void count_idle(void *arg)
+{
+    atomic_fetch_add((_Atomic int *)arg, 1);
+}
+
+/* The engine-internal on_idle call: once each time a batch's pending
+ * count reaches zero (also for failures found at submission), and never
+ * after it was cleared. */
+KVT_TEST(batch_on_idle)
+{
+    kvt_engine_h a = mk(), t = mk();
+    static char src[65536], dst[65536];
+    kvt_xfer_desc_t d[4] = {{0}};
+    kvt_segment_t seg;
+    kvt_batch_h b;
+    _Atomic int n = 0;
+
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    for (int i = 0; i < 4; i++) {
+        d[i].opcode = KVT_OP_WRITE;
+        d[i].segment = seg;
+        d[i].local_addr = src + i * 16384;
+        d[i].remote_addr = (uint64_t)(uintptr_t)dst + (uint64_t)i * 16384;
+        d[i].length = 16384;
+    }
+    CHECK_OK(kvt_batch_create(a, 8, &b));
+    kvt__batch_on_idle(b, count_idle, (void *)&n);
+    CHECK_OK(kvt_batch_submit(b, d, 4));
+    CHECK_OK(kvt_batch_wait(b, 10000));
+    CHECK(atomic_load(&n) == 1);
+    d[0].remote_addr = 8; /* refused at submission: completes inline */
+    CHECK_OK(kvt_batch_reset(b));
+    CHECK_OK(kvt_batch_submit(b, d, 1));
+    CHECK(kvt_batch_wait(b, 10000) != KVT_OK);
+    CHECK(atomic_load(&n) == 2);
+    kvt__batch_on_idle(b, NULL, NULL);
+    d[0].remote_addr = (uint64_t)(uintptr_t)dst;
+    CHECK_OK(kvt_batch_reset(b));
+    CHECK_OK(kvt_batch_submit(b, d, 2));
+    CHECK_OK(kvt_batch_wait(b, 10000));
+    CHECK(atomic_load(&n) == 2);
+    CHECK_OK(kvt_batch_free(b));
     kvt_engine_destroy(a);
     kvt_engine_destroy(t);
 }
@@ -462,6 +511,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
               KVT_CASE(destroy_target_first, 20),
+              KVT_CASE(batch_on_idle, 30),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
