@@ -248,6 +248,18 @@ KVT_TEST(strided)
     CHECK_OK(run(f.e, &d, 1));
     for (int i = 0; i < 3000; i++)
         CHECK(memcmp(back + i * 200, f.local + i * 1000, 200) == 0);
+    /* Gathered from a stride into a contiguous range (pieces of another
+     * size, at an odd offset), then read back whole. */
+    memset(back, 0, 4 << 20);
+    d = desc(&f, KVT_OP_WRITE, f.local + 3, f.peer.main_addr + 1000000, 300);
+    d.count = 5000;
+    d.local_stride = 700;
+    d.remote_stride = 0;
+    CHECK_OK(run(f.e, &d, 1));
+    d = desc(&f, KVT_OP_READ, back, f.peer.main_addr + 1000000, 5000 * 300);
+    CHECK_OK(run(f.e, &d, 1));
+    for (int i = 0; i < 5000; i++)
+        CHECK(memcmp(back + i * 300, f.local + 3 + i * 700, 300) == 0);
     teardown(&f);
 }
 

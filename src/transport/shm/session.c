@@ -76,6 +76,8 @@
  * mapped go through the staging slots (shm.h) rather than cross-memory
  * attach, which pins a target page per vector. */
 #define STAGE_PIECE_MAX 2048u
+/* Per executor thread: small local pieces gathered for one CMA call. */
+#define GATHER_BYTES (256u * 1024u)
 /* Allocations up to this size are mapped with their page tables filled. */
 #define POPULATE_MAX (4ull << 30)
 
@@ -500,6 +502,13 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
 {
     struct iovec liov[CMA_IOV], riov[CMA_IOV];
     uint32_t i = 0, p = 0; /* cursor: segment, piece */
+    /* Small pieces scattered here but contiguous there are gathered into
+     * one buffer first: a vector costs the kernel more than the copy. */
+    static _Thread_local uint8_t *gather;
+    uint64_t gused = 0;
+
+    if (j->op == KVT_OP_WRITE && gather == NULL)
+        gather = malloc(GATHER_BYTES); /* kept for the thread's life */
 
     while (i < j->nsegs) {
         uint32_t fi, fp, k, q;
@@ -514,10 +523,18 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
         }
         fi = i;
         fp = p;
+        gused = 0;
         while (i < j->nsegs && how[i] == HOW_CMA && j->segs[i].st == KVT_OK) {
             const seg_t *g = &j->segs[i];
             uint64_t la = g->laddr + p * g->lstride;
             uint64_t ra = g->raddr + p * g->rstride;
+            int gat = gather != NULL && j->op == KVT_OP_WRITE &&
+                      g->count > 1 && g->len <= STAGE_PIECE_MAX &&
+                      g->lstride != g->len;
+            if (gat && GATHER_BYTES - gused < g->len)
+                break;
+            if (gat)
+                la = (uint64_t)(uintptr_t)(gather + gused);
             int lm = nl > 0 && (uint64_t)(uintptr_t)liov[nl - 1].iov_base +
                                        liov[nl - 1].iov_len ==
                                    la;
@@ -526,6 +543,12 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
                                    ra;
             if ((!lm && nl == CMA_IOV) || (!rm && nr == CMA_IOV))
                 break;
+            if (gat) {
+                memcpy(gather + gused,
+                       (const void *)(uintptr_t)(g->laddr + p * g->lstride),
+                       g->len);
+                gused += g->len;
+            }
             if (lm)
                 liov[nl - 1].iov_len += g->len;
             else
@@ -874,7 +897,7 @@ static void rw_run(shm_session_t *s, job_t *j)
             how[i] = HOW_MAP;
             nmap++;
         } else if (j->op == KVT_OP_WRITE && g->count > 1 &&
-                   g->len <= STAGE_PIECE_MAX) {
+                   g->len <= STAGE_PIECE_MAX && g->rstride != g->len) {
             how[i] = HOW_STAGE;
             nstage++;
         } else {
