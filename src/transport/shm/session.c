@@ -752,7 +752,7 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
             segof[sl->nruns++] = i;
             src = (const uint8_t *)(uintptr_t)(g->laddr + p * g->lstride);
             dst = sl->data + used;
-            kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n, 1);
+            kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n);
             used += n * g->len;
             p += (uint32_t)n;
         }
@@ -920,10 +920,10 @@ static void rw_run(shm_session_t *s, job_t *j)
             uint8_t *l = (uint8_t *)(uintptr_t)g->laddr;
             if (j->op == KVT_OP_WRITE)
                 kvt__shm_copy_strided(loc[i], g->rstride, l, g->lstride,
-                                      g->len, g->count, 1);
+                                      g->len, g->count);
             else
                 kvt__shm_copy_strided(l, g->lstride, loc[i], g->rstride,
-                                      g->len, g->count, 0);
+                                      g->len, g->count);
             i++;
             continue;
         }

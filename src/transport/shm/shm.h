@@ -204,9 +204,9 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm);
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
 
 /* @count pieces of @len bytes, the k-th from src + k * sstride to
- * dst + k * dstride; @nt as for kvt__shm_copy(), decided on the total. */
+ * dst + k * dstride. */
 void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
-                           size_t sstride, size_t len, size_t count, int nt);
+                           size_t sstride, size_t len, size_t count);
 
 /* Shared (cross-process) futex operations on a channel word. */
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,

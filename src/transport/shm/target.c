@@ -426,9 +426,8 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
                     stage_copy((void *)(uintptr_t)(r->raddr + p * r->rstride),
                                src, len);
 #else
-                /* Not read again here: stream past the cache. */
                 kvt__shm_copy_strided((void *)(uintptr_t)r->raddr, r->rstride,
-                                      src, len, len, cnt, 1);
+                                      src, len, len, cnt);
 #endif
             }
             r->st = ok ? KVT_OK : KVT_ERR_ACCESS;
