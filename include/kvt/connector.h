@@ -312,6 +312,10 @@ typedef struct {
      * (the sides disagree on the request or the layouts), ... */
     kvt_status_t error;
     char reason[256]; /* NUL-terminated sentence */
+    /* When the state last changed: CLOCK_MONOTONIC, in ns (the same
+     * clock in every process of the host, so a SUCCESS on decode can be
+     * set against a time taken on prefill). */
+    uint64_t changed_ns;
 } kvt_room_info_t;
 
 /*

@@ -135,6 +135,7 @@ struct kvt_room {
     kvt_status_t error;
     char reason[KVT__WHY_MAX];
     uint64_t t_created, t_state;
+    uint64_t t_state_ns; /* kvt_room_info_t.changed_ns */
     int detached;
     int dirty; /* something changed: the worker should look */
     /* Failure decided, not final yet (waiting for quiescence). */

@@ -12,6 +12,7 @@
 
 #include "connector/conn_int.h"
 #include "util/log.h"
+#include "util/time.h"
 
 const char *kvt_poll_str(kvt_poll_t state)
 {
@@ -61,6 +62,7 @@ void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
         return;
     r->state = state;
     r->t_state = kvt__conn_now_ms();
+    r->t_state_ns = kvt__now_ns();
     va_start(ap, fmt);
     vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
     va_end(ap);
@@ -96,6 +98,7 @@ void kvt__room_final(struct kvt_room *r, kvt_poll_t state)
     }
     r->state = state;
     r->t_state = kvt__conn_now_ms();
+    r->t_state_ns = kvt__now_ns();
     pthread_cond_broadcast(&r->conn->changed);
 }
 
@@ -135,6 +138,7 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     r->role = role;
     r->state = KVT_POLL_BOOTSTRAPPING;
     r->t_created = r->t_state = kvt__conn_now_ms();
+    r->t_state_ns = kvt__now_ns();
     r->chunk_tail = &r->chunks;
     r->group = -1;
     r->hnext = c->hash[h];
@@ -508,6 +512,7 @@ kvt_status_t kvt_room_info(struct kvt_room *r, kvt_room_info_t *info_p)
     info_p->state = r->state;
     info_p->error = r->state == KVT_POLL_FAILED ? r->error : KVT_OK;
     snprintf(info_p->reason, sizeof(info_p->reason), "%s", r->reason);
+    info_p->changed_ns = r->t_state_ns;
     pthread_mutex_unlock(&r->conn->lock);
     return KVT_OK;
 }
