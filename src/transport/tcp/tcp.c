@@ -349,19 +349,21 @@ static kvt_status_t flush_locked(tcp_conn_t *c, int head_only)
  * Bring the worker's epoll registration of @c in line with want_out and
  * no_input. Whoever changes either flag calls this afterwards; the mask is
  * computed under ev_lock from the flags' latest values, so the last call
- * wins with the right answer. Adding EPOLLOUT when the socket already has
- * room reports it at once (EPOLL_CTL_MOD polls the socket), so no edge is
- * lost.
+ * wins with the right answer. (Reading the flags before taking the lock
+ * let a call that read an old value apply it after a newer one: EPOLLOUT
+ * dropped while frames waited, and the connection stalled until something
+ * else was sent on it.) Adding EPOLLOUT when the socket already has room
+ * reports it at once (EPOLL_CTL_MOD polls the socket), so no edge is lost.
  */
 static void conn_events(tcp_conn_t *c)
 {
     uint32_t mask = EPOLLET;
 
+    pthread_mutex_lock(&c->ev_lock);
     if (!atomic_load_explicit(&c->no_input, memory_order_acquire))
         mask |= EPOLLIN | EPOLLRDHUP;
     if (atomic_load_explicit(&c->want_out, memory_order_acquire))
         mask |= EPOLLOUT;
-    pthread_mutex_lock(&c->ev_lock);
     if (!c->ev_closed && mask != c->ev_mask) {
         struct epoll_event ev = {.events = mask, .data.ptr = c};
         if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
