@@ -601,11 +601,12 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
 /* ---- Staging --------------------------------------------------------------
  */
 
-/* The slots one executor holds for one job, and the segment of each run. */
+/* The slots one executor holds for one job (at most all of them), and
+ * the job segment of each run. */
 typedef struct {
     uint32_t n;
     uint32_t slot[KVT_SHM_STAGE_SLOTS];
-    uint32_t *seg[KVT_SHM_STAGE_SLOTS]; /* KVT_SHM_STAGE_RUNS each */
+    uint32_t seg[KVT_SHM_STAGE_SLOTS][KVT_SHM_STAGE_RUNS];
 } held_t;
 
 /* Give a slot back and tell whoever waits for one. */
@@ -633,8 +634,11 @@ static kvt_status_t held_collect(shm_session_t *s, job_t *j, held_t *h,
             kvt__shm_slot_t *sl = &ch->stage[h->slot[x]];
             if (atomic_load_explicit(&sl->state, memory_order_acquire) !=
                 KVT_SHM_SLOT_DONE) {
-                h->slot[kept] = h->slot[x];
-                h->seg[kept++] = h->seg[x];
+                if (kept != x) {
+                    h->slot[kept] = h->slot[x];
+                    memcpy(h->seg[kept], h->seg[x], sizeof(h->seg[x]));
+                }
+                kept++;
                 continue;
             }
             for (uint32_t r = 0; r < sl->nruns; r++) {
@@ -642,7 +646,6 @@ static kvt_status_t held_collect(shm_session_t *s, job_t *j, held_t *h,
                 if (g->st == KVT_OK && sl->runs[r].st != KVT_OK)
                     g->st = KVT_ERR_ACCESS;
             }
-            free(h->seg[x]);
             slot_free(s, h->slot[x]);
         }
         h->n = kept;
@@ -697,11 +700,13 @@ static kvt_status_t slot_claim(shm_session_t *s, job_t *j, held_t *h,
 static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
 {
     kvt__shm_chan_t *ch = s->ch;
-    held_t h = {0};
+    held_t h; /* 4 KiB */
     kvt__shm_slot_t *sl = NULL;
     uint32_t k = 0, *segof = NULL;
     uint64_t used = 0;
-    kvt_status_t st = KVT_OK;
+    kvt_status_t st = KVT_OK, cst;
+
+    h.n = 0;
 
     for (uint32_t i = 0; i < j->nsegs && st == KVT_OK; i++) {
         const seg_t *g = &j->segs[i];
@@ -723,21 +728,14 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
                 sl = NULL;
             }
             if (sl == NULL) {
-                segof = malloc(KVT_SHM_STAGE_RUNS * sizeof(*segof));
-                if (segof == NULL) {
-                    st = KVT_ERR_NO_MEMORY;
-                    break;
-                }
                 st = slot_claim(s, j, &h, &k);
-                if (st != KVT_OK) {
-                    free(segof);
+                if (st != KVT_OK)
                     break;
-                }
                 sl = &ch->stage[k];
                 sl->nruns = 0;
                 used = 0;
                 h.slot[h.n] = k;
-                h.seg[h.n++] = segof;
+                segof = h.seg[h.n++];
             }
             n = (KVT_SHM_STAGE_BYTES - used) / g->len;
             if (n > g->count - p)
@@ -762,17 +760,10 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
                               memory_order_release);
         ring_bell(s);
     }
-    if (st == KVT_OK)
-        st = held_collect(s, j, &h, 1);
-    for (uint32_t x = 0; x < h.n; x++)
-        free(h.seg[x]); /* the session dies: its slots stay as they are */
-    if (st == KVT_ERR_NO_MEMORY) {
-        for (uint32_t i = 0; i < j->nsegs; i++)
-            if (how[i] == HOW_STAGE && j->segs[i].st == KVT_OK)
-                j->segs[i].st = st;
-        return KVT_OK;
-    }
-    return st;
+    /* Also after a failure: what the target finishes is freed; what it
+     * never will stays with the dying session. */
+    cst = held_collect(s, j, &h, 1);
+    return st != KVT_OK ? st : cst;
 }
 
 /*
