@@ -606,6 +606,9 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
 typedef struct {
     uint32_t n;
     uint32_t slot[KVT_SHM_STAGE_SLOTS];
+    uint32_t nruns[KVT_SHM_STAGE_SLOTS]; /* this side's count, not the
+                                            slot's, which the peer can
+                                            write */
     uint32_t seg[KVT_SHM_STAGE_SLOTS][KVT_SHM_STAGE_RUNS];
 } held_t;
 
@@ -636,12 +639,13 @@ static kvt_status_t held_collect(shm_session_t *s, job_t *j, held_t *h,
                 KVT_SHM_SLOT_DONE) {
                 if (kept != x) {
                     h->slot[kept] = h->slot[x];
+                    h->nruns[kept] = h->nruns[x];
                     memcpy(h->seg[kept], h->seg[x], sizeof(h->seg[x]));
                 }
                 kept++;
                 continue;
             }
-            for (uint32_t r = 0; r < sl->nruns; r++) {
+            for (uint32_t r = 0; r < h->nruns[x]; r++) {
                 seg_t *g = &j->segs[h->seg[x][r]];
                 if (g->st == KVT_OK && sl->runs[r].st != KVT_OK)
                     g->st = KVT_ERR_ACCESS;
@@ -720,7 +724,7 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
             const uint8_t *src;
             uint8_t *dst;
 
-            if (sl != NULL && (sl->nruns == KVT_SHM_STAGE_RUNS ||
+            if (sl != NULL && (h.nruns[h.n - 1] == KVT_SHM_STAGE_RUNS ||
                                KVT_SHM_STAGE_BYTES - used < g->len)) {
                 atomic_store_explicit(&sl->state, KVT_SHM_SLOT_FULL,
                                       memory_order_release);
@@ -735,19 +739,21 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
                 sl->nruns = 0;
                 used = 0;
                 h.slot[h.n] = k;
+                h.nruns[h.n] = 0;
                 segof = h.seg[h.n++];
             }
             n = (KVT_SHM_STAGE_BYTES - used) / g->len;
             if (n > g->count - p)
                 n = g->count - p;
-            r = &sl->runs[sl->nruns];
+            r = &sl->runs[h.nruns[h.n - 1]];
             r->raddr = g->raddr + p * g->rstride;
             r->rstride = g->rstride;
             r->off = used;
             r->len = (uint32_t)g->len;
             r->count = (uint32_t)n;
             r->st = KVT_OK;
-            segof[sl->nruns++] = i;
+            segof[h.nruns[h.n - 1]++] = i;
+            sl->nruns = h.nruns[h.n - 1];
             src = (const uint8_t *)(uintptr_t)(g->laddr + p * g->lstride);
             dst = sl->data + used;
             kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n);
