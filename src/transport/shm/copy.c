@@ -102,6 +102,23 @@ void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
         memcpy(d, s, len);
 }
 
+int kvt__shm_run_check(const kvt__shm_run_t *r, uint64_t *span_p)
+{
+    uint64_t len = r->len, cnt = r->count, stride = r->rstride, span;
+
+    if (cnt == 0 || len == 0 || stride < len || r->off > KVT_SHM_STAGE_BYTES ||
+        cnt > (KVT_SHM_STAGE_BYTES - r->off) / len)
+        return 0;
+    /* (cnt - 1) * stride + len without overflow. */
+    if (cnt > 1 && stride > (UINT64_MAX - len) / (cnt - 1))
+        return 0;
+    span = (cnt - 1) * stride + len;
+    if (r->raddr > UINT64_MAX - span)
+        return 0;
+    *span_p = span;
+    return 1;
+}
+
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
                          int64_t timeout_ns)
 {

@@ -208,6 +208,13 @@ void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
 void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
                            size_t sstride, size_t len, size_t count);
 
+/* A staged run as the target reads it from the slot (untrusted): 1 if
+ * its pieces are well formed (count and len at least 1, stride at least
+ * len), their data lies within the slot, and its address range does not
+ * wrap; then *span_p is the bytes from the first piece's start to the
+ * last one's end. */
+int kvt__shm_run_check(const kvt__shm_run_t *r, uint64_t *span_p);
+
 /* Shared (cross-process) futex operations on a channel word. */
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
                          int64_t timeout_ns);

@@ -399,18 +399,14 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
                                                 : KVT_SHM_STAGE_RUNS;
         kvt__memreg_rdlock(reg);
         for (uint32_t i = 0; i < nruns; i++) {
-            kvt__shm_run_t *r = &sl->runs[i];
-            uint64_t len = r->len, cnt = r->count, span, bytes;
-            int ok = cnt > 0 && len > 0 && r->rstride >= len &&
-                     cnt <= KVT_SHM_STAGE_BYTES / len;
-            if (ok) {
-                bytes = len * cnt;
-                span = (cnt - 1) * r->rstride + len;
-                ok = r->off <= KVT_SHM_STAGE_BYTES &&
-                     bytes <= KVT_SHM_STAGE_BYTES - r->off &&
-                     (cnt == 1 || r->rstride <= UINT64_MAX / cnt) &&
-                     r->raddr + span > r->raddr;
-            }
+            kvt__shm_run_t run, *r = &run;
+            uint64_t len, cnt, span = 0;
+            int ok;
+            /* One read of what the peer can change at any time. */
+            memcpy(&run, &sl->runs[i], sizeof(run));
+            len = run.len;
+            cnt = run.count;
+            ok = kvt__shm_run_check(&run, &span);
             /* The span in one region, or else each piece in one. */
             if (ok && !kvt__memreg_contains_locked(reg, r->raddr, span,
                                                    KVT_ACCESS_REMOTE_WRITE)) {
@@ -430,7 +426,7 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
                                       src, len, len, cnt);
 #endif
             }
-            r->st = ok ? KVT_OK : KVT_ERR_ACCESS;
+            sl->runs[i].st = ok ? KVT_OK : KVT_ERR_ACCESS;
         }
         kvt__memreg_unlock(reg);
         atomic_store_explicit(&sl->state, KVT_SHM_SLOT_DONE,
