@@ -491,6 +491,35 @@ static void segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
             j->segs[i].st = st;
 }
 
+/* The calling thread's gather buffer (cma_run), made on first use and
+ * freed when the thread exits; NULL if it cannot be had (no gathering). */
+static pthread_key_t gather_key;
+static pthread_once_t gather_once = PTHREAD_ONCE_INIT;
+static int gather_ok;
+
+static void gather_init(void)
+{
+    gather_ok = pthread_key_create(&gather_key, free) == 0;
+}
+
+static uint8_t *gather_buf(void)
+{
+    uint8_t *b;
+
+    pthread_once(&gather_once, gather_init);
+    if (!gather_ok)
+        return NULL;
+    b = pthread_getspecific(gather_key);
+    if (b == NULL) {
+        b = malloc(GATHER_BYTES);
+        if (b != NULL && pthread_setspecific(gather_key, b) != 0) {
+            free(b);
+            b = NULL;
+        }
+    }
+    return b;
+}
+
 /*
  * Copy the pieces of the segments of @j marked HOW_CMA with as few calls
  * as the vector limit allows, neighbouring pieces merged on each side. A
@@ -504,11 +533,8 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
     uint32_t i = 0, p = 0; /* cursor: segment, piece */
     /* Small pieces scattered here but contiguous there are gathered into
      * one buffer first: a vector costs the kernel more than the copy. */
-    static _Thread_local uint8_t *gather;
+    uint8_t *gather = j->op == KVT_OP_WRITE ? gather_buf() : NULL;
     uint64_t gused = 0;
-
-    if (j->op == KVT_OP_WRITE && gather == NULL)
-        gather = malloc(GATHER_BYTES); /* kept for the thread's life */
 
     while (i < j->nsegs) {
         uint32_t fi, fp, k, q;
