@@ -530,6 +530,55 @@ KVT_TEST(peer_killed)
     munmap(f.local, f.local_len);
 }
 
+/* The same with strided descriptors of 512-byte pieces (the heads of one
+ * rank in another's token rows: staged on shm into plain memory): the
+ * batch ends within the timeout, each descriptor landed or lost. */
+KVT_TEST(peer_killed_strided)
+{
+    enum { N = 2048, PIECE = 512, COUNT = 2048 }; /* 1 MiB a descriptor */
+    fixture_t f;
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_state_t s;
+    kvt_batch_h b;
+    kvt_status_t st;
+    double t0;
+    setup(&f, 64 << 20, 0);
+    for (int i = 0; i < N; i++) {
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * (1 << 20),
+                    f.peer.main_addr + (uint64_t)(i % 32) * (2 << 20) +
+                        (uint64_t)(i % 2) * PIECE,
+                    PIECE);
+        d[i].count = COUNT;
+        d[i].remote_stride = 2 * PIECE;
+    }
+    CHECK_OK(kvt_batch_create(f.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    for (int i = 0; i < 20000; i++) {
+        kvt_batch_query(b, &s);
+        if (s.completed >= 8)
+            break;
+        usleep(100);
+    }
+    t0 = kvt_test_now();
+    peer_kill(&f.peer, SIGKILL);
+    st = kvt_batch_wait(b, 10000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK(ms_since(t0) < 3000);
+    kvt_batch_query(b, &s);
+    CHECK(s.pending == 0 && s.completed + s.failed == N);
+    if (s.failed == 0)
+        SKIP("the batch finished before the peer died");
+    CHECK(st == KVT_ERR_CONN_LOST);
+    for (size_t i = 0; i < N; i++) {
+        kvt_status_t e = kvt_batch_entry(b, i, NULL);
+        CHECK(e == KVT_OK || e == KVT_ERR_CONN_LOST);
+    }
+    CHECK_OK(kvt_batch_free(b));
+    free(d);
+    kvt_engine_destroy(f.e);
+    munmap(f.local, f.local_len);
+}
+
 /* The target stops answering (SIGSTOP): the transfer timeout fails the
  * batch; once it runs again a fresh open works. */
 KVT_TEST(peer_stopped)
@@ -745,6 +794,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(local_validation, 30),
     KVT_CASE(batch_lifecycle, 30),
     KVT_CASE(peer_killed, 30),
+    KVT_CASE(peer_killed_strided, 30),
     KVT_CASE(peer_stopped, 30),
     KVT_CASE(peer_paused, 30),
     KVT_CASE(unreachable, 30),
