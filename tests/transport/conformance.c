@@ -476,24 +476,22 @@ static int64_t ms_since(double t0)
     return (int64_t)((kvt_test_now() - t0) * 1000);
 }
 
-/* The target dies mid-batch: everything ends in an error at once, and the
- * dead session refuses new work without hanging. */
-KVT_TEST(peer_killed)
+/*
+ * Submit @d[0..n) as one batch, SIGKILL the peer once it is under way
+ * (whatever the load), and check that the batch ends within 3 s, failed
+ * with KVT_ERR_CONN_LOST, each descriptor landed or lost. Returns the
+ * batch, reset. Skips the test if the batch finished first.
+ */
+static kvt_batch_h kill_under_way(fixture_t *f, const kvt_xfer_desc_t *d,
+                                  size_t n)
 {
-    enum { N = 4096, BLK = 1 << 20 }; /* 4 GiB: long enough to kill */
-    fixture_t f;
-    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t s;
     kvt_batch_h b;
     kvt_status_t st;
     double t0;
-    setup(&f, 64 * BLK, 0);
-    for (int i = 0; i < N; i++)
-        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * BLK,
-                    f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
-    CHECK_OK(kvt_batch_create(f.e, N, &b));
-    CHECK_OK(kvt_batch_submit(b, d, N));
-    /* Kill it once the transfer is under way, whatever the load. */
+
+    CHECK_OK(kvt_batch_create(f->e, n, &b));
+    CHECK_OK(kvt_batch_submit(b, d, n));
     for (int i = 0; i < 20000; i++) {
         kvt_batch_query(b, &s);
         if (s.completed >= 8)
@@ -501,20 +499,37 @@ KVT_TEST(peer_killed)
         usleep(100);
     }
     t0 = kvt_test_now();
-    peer_kill(&f.peer, SIGKILL);
+    peer_kill(&f->peer, SIGKILL);
     st = kvt_batch_wait(b, 10000);
     CHECK(st != KVT_INPROGRESS);
     CHECK(ms_since(t0) < 3000);
     kvt_batch_query(b, &s);
-    CHECK(s.pending == 0 && s.completed + s.failed == N);
+    CHECK(s.pending == 0 && s.completed + s.failed == n);
     if (s.failed == 0)
         SKIP("the batch finished before the peer died");
     CHECK(st == KVT_ERR_CONN_LOST);
-    for (size_t i = 0; i < N; i++) {
+    for (size_t i = 0; i < n; i++) {
         kvt_status_t e = kvt_batch_entry(b, i, NULL);
         CHECK(e == KVT_OK || e == KVT_ERR_CONN_LOST);
     }
     CHECK_OK(kvt_batch_reset(b));
+    return b;
+}
+
+/* The target dies mid-batch: everything ends in an error at once, and the
+ * dead session refuses new work without hanging. */
+KVT_TEST(peer_killed)
+{
+    enum { N = 4096, BLK = 1 << 20 }; /* 4 GiB: long enough to kill */
+    fixture_t f;
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_h b;
+    double t0;
+    setup(&f, 64 * BLK, 0);
+    for (int i = 0; i < N; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * BLK,
+                    f.peer.main_addr + (uint64_t)(i % 64) * BLK, BLK);
+    b = kill_under_way(&f, d, N);
     t0 = kvt_test_now();
     CHECK_OK(kvt_batch_submit(b, d, 1));
     CHECK_ST(kvt_batch_wait(b, 5000), KVT_ERR_CONN_LOST);
@@ -538,10 +553,7 @@ KVT_TEST(peer_killed_strided)
     enum { N = 2048, PIECE = 512, COUNT = 2048 }; /* 1 MiB a descriptor */
     fixture_t f;
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
-    kvt_batch_state_t s;
     kvt_batch_h b;
-    kvt_status_t st;
-    double t0;
     setup(&f, 64 << 20, 0);
     for (int i = 0; i < N; i++) {
         d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * (1 << 20),
@@ -551,28 +563,7 @@ KVT_TEST(peer_killed_strided)
         d[i].count = COUNT;
         d[i].remote_stride = 2 * PIECE;
     }
-    CHECK_OK(kvt_batch_create(f.e, N, &b));
-    CHECK_OK(kvt_batch_submit(b, d, N));
-    for (int i = 0; i < 20000; i++) {
-        kvt_batch_query(b, &s);
-        if (s.completed >= 8)
-            break;
-        usleep(100);
-    }
-    t0 = kvt_test_now();
-    peer_kill(&f.peer, SIGKILL);
-    st = kvt_batch_wait(b, 10000);
-    CHECK(st != KVT_INPROGRESS);
-    CHECK(ms_since(t0) < 3000);
-    kvt_batch_query(b, &s);
-    CHECK(s.pending == 0 && s.completed + s.failed == N);
-    if (s.failed == 0)
-        SKIP("the batch finished before the peer died");
-    CHECK(st == KVT_ERR_CONN_LOST);
-    for (size_t i = 0; i < N; i++) {
-        kvt_status_t e = kvt_batch_entry(b, i, NULL);
-        CHECK(e == KVT_OK || e == KVT_ERR_CONN_LOST);
-    }
+    b = kill_under_way(&f, d, N);
     CHECK_OK(kvt_batch_free(b));
     free(d);
     kvt_engine_destroy(f.e);
