@@ -272,7 +272,7 @@ struct kvt_conn {
     int stop;
     int work; /* the worker should run a round at once */
     /* Raised by engine completers when one of the connector's batches
-     * has nothing pending (kvt__conn_batch_idle), without the lock. */
+     * has nothing pending (batch_idle() in conn.c), without the lock. */
     _Atomic uint32_t kicks;
 
     struct kvt_room *rooms;

@@ -209,10 +209,11 @@ void kvt__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
 
 static void job_free(kvt__job_t *j)
 {
-    if (j->batch != NULL)
+    if (j->batch != NULL) {
         kvt__conn_batch_forget(j->batch);
-    if (j->batch != NULL && kvt_batch_free(j->batch) != KVT_OK)
-        KVT_LOG_W("connector: leaving a busy batch to the engine");
+        if (kvt_batch_free(j->batch) != KVT_OK)
+            KVT_LOG_W("connector: leaving a busy batch to the engine");
+    }
     free(j->runs);
     free(j);
 }

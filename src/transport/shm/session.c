@@ -894,23 +894,14 @@ static void rw_run(shm_session_t *s, job_t *j)
 
         how[i] = HOW_NONE;
         loc[i] = NULL;
-        if (r == NULL && g->count > 1 && pieces_registered(ch, n, g, access)) {
-            /* Pieces in different regions, each in one: copied by attach
-             * or staging, never through one mapping. */
-            if (j->op == KVT_OP_WRITE && g->len <= STAGE_PIECE_MAX) {
-                how[i] = HOW_STAGE;
-                nstage++;
-            } else {
-                how[i] = HOW_CMA;
-                ncma++;
-            }
-            continue;
-        }
-        if (r == NULL) {
+        /* Without a region for the span, a strided segment may still have
+         * each piece in one (never then in one mapping). */
+        if (r == NULL &&
+            !(g->count > 1 && pieces_registered(ch, n, g, access))) {
             g->st = KVT_ERR_ACCESS;
             continue;
         }
-        if (r->map_id != 0) {
+        if (r != NULL && r->map_id != 0) {
             m = map_find(s, r->map_id);
             if (m == NULL && want_map == 0)
                 want_map = r->map_id;
