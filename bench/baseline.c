@@ -10,6 +10,11 @@
  *                                      512 MiB buffers: GB/s
  *   baseline cma MIB BLOCK             process_vm_writev into another
  *                                      process: GB/s
+ *   baseline cma-pieces MIB PIECE remote|local|none
+ *                                      the same, 1024 pieces of PIECE
+ *                                      bytes a call, strided (every other
+ *                                      piece) in the target, here, or
+ *                                      neither: GB/s
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -189,6 +194,59 @@ int main(int argc, char **argv)
                 kill(pid, SIGKILL);
                 return 2;
             }
+        }
+        t0 = now() - t0;
+        kill(pid, SIGKILL);
+        wait(NULL);
+        printf("%.3f\n", (double)total / t0 / 1e9);
+        return 0;
+    }
+    if (argc == 5 && strcmp(argv[1], "cma-pieces") == 0) {
+        size_t total = size_arg(argv[2]) << 20, piece = size_arg(argv[3]);
+        size_t len = 256ul << 20, span = 2048 * piece, done = 0;
+        int rs = strcmp(argv[4], "remote") == 0;
+        int ls = strcmp(argv[4], "local") == 0;
+        char *src = touched(len);
+        struct iovec l[1024], r[1024];
+        int fd[2], nl, nr;
+        pid_t pid;
+        char *dst;
+        double t0;
+        if (piece == 0 || span > len || pipe(fd))
+            return 2;
+        pid = fork();
+        if (pid == 0) {
+            void *p = touched(len);
+            if (write(fd[1], &p, sizeof(p)) != sizeof(p))
+                _exit(1);
+            pause();
+            _exit(0);
+        }
+        if (read(fd[0], &dst, sizeof(dst)) != sizeof(dst))
+            return 2;
+        t0 = now();
+        for (size_t w = 0; done < total; w = (w + 1) % (len / span)) {
+            size_t base = w * span;
+            nl = nr = 0;
+            for (size_t i = 0; i < 1024; i++) {
+                char *a = src + base + i * (ls ? 2 : 1) * piece;
+                char *b = dst + base + i * (rs ? 2 : 1) * piece;
+                if (!ls && nl)
+                    l[0].iov_len += piece;
+                else
+                    l[nl++] = (struct iovec){a, piece};
+                if (!rs && nr)
+                    r[0].iov_len += piece;
+                else
+                    r[nr++] = (struct iovec){b, piece};
+            }
+            if (process_vm_writev(pid, l, (unsigned long)nl, r,
+                                  (unsigned long)nr, 0) != (ssize_t)(1024 * piece)) {
+                perror("process_vm_writev");
+                kill(pid, SIGKILL);
+                return 2;
+            }
+            done += 1024 * piece;
         }
         t0 = now() - t0;
         kill(pid, SIGKILL);
