@@ -15,9 +15,11 @@
  * how a large submission is split across threads. Running a job: take the
  * channel's lease (target.c explains it), check every segment against the
  * target's snapshot, copy it with memcpy through a mapping of the
- * target's allocation when there is one and with process_vm_writev/readv
- * (up to 1024 vectors a call, contiguous pieces merged) otherwise, and
- * release the lease. Success also needs the target alive and not stopped
+ * target's allocation when there is one, through the channel's staging
+ * slots for small strided pieces written into memory that is not mapped
+ * (after the lease: the target checks those itself), and with
+ * process_vm_writev/readv (up to 1024 vectors a call, contiguous pieces
+ * merged) otherwise, and release the lease. Success also needs the target alive and not stopped
  * when they ended: a copy into a target that is stopped (SIGSTOP, a
  * tracer) or dead is not a transfer, and times out or fails instead of
  * counting as delivered.
@@ -74,10 +76,10 @@
 #define PACK_MAX (64u * 1024u)
 /* Strided writes of pieces up to this size into memory that is not
  * mapped go through the staging slots (shm.h) rather than cross-memory
- * attach, which pins a target page per vector. */
+ * attach, which pins a target page per vector when the pieces are
+ * strided there and takes a vector per piece when they are strided
+ * here. */
 #define STAGE_PIECE_MAX 2048u
-/* Per executor thread: small local pieces gathered for one CMA call. */
-#define GATHER_BYTES (256u * 1024u)
 /* Allocations up to this size are mapped with their page tables filled. */
 #define POPULATE_MAX (4ull << 30)
 
@@ -491,35 +493,6 @@ static void segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
             j->segs[i].st = st;
 }
 
-/* The calling thread's gather buffer (cma_run), made on first use and
- * freed when the thread exits; NULL if it cannot be had (no gathering). */
-static pthread_key_t gather_key;
-static pthread_once_t gather_once = PTHREAD_ONCE_INIT;
-static int gather_ok;
-
-static void gather_init(void)
-{
-    gather_ok = pthread_key_create(&gather_key, free) == 0;
-}
-
-static uint8_t *gather_buf(void)
-{
-    uint8_t *b;
-
-    pthread_once(&gather_once, gather_init);
-    if (!gather_ok)
-        return NULL;
-    b = pthread_getspecific(gather_key);
-    if (b == NULL) {
-        b = malloc(GATHER_BYTES);
-        if (b != NULL && pthread_setspecific(gather_key, b) != 0) {
-            free(b);
-            b = NULL;
-        }
-    }
-    return b;
-}
-
 /*
  * Copy the pieces of the segments of @j marked HOW_CMA with as few calls
  * as the vector limit allows, neighbouring pieces merged on each side. A
@@ -531,10 +504,6 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
 {
     struct iovec liov[CMA_IOV], riov[CMA_IOV];
     uint32_t i = 0, p = 0; /* cursor: segment, piece */
-    /* Small pieces scattered here but contiguous there are gathered into
-     * one buffer first: a vector costs the kernel more than the copy. */
-    uint8_t *gather = j->op == KVT_OP_WRITE ? gather_buf() : NULL;
-    uint64_t gused = 0;
 
     while (i < j->nsegs) {
         uint32_t fi, fp, k, q;
@@ -549,18 +518,10 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
         }
         fi = i;
         fp = p;
-        gused = 0;
         while (i < j->nsegs && how[i] == HOW_CMA && j->segs[i].st == KVT_OK) {
             const seg_t *g = &j->segs[i];
             uint64_t la = g->laddr + p * g->lstride;
             uint64_t ra = g->raddr + p * g->rstride;
-            int gat = gather != NULL && j->op == KVT_OP_WRITE &&
-                      g->count > 1 && g->len <= STAGE_PIECE_MAX &&
-                      g->lstride != g->len;
-            if (gat && GATHER_BYTES - gused < g->len)
-                break;
-            if (gat)
-                la = (uint64_t)(uintptr_t)(gather + gused);
             int lm = nl > 0 && (uint64_t)(uintptr_t)liov[nl - 1].iov_base +
                                        liov[nl - 1].iov_len ==
                                    la;
@@ -569,12 +530,6 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
                                    ra;
             if ((!lm && nl == CMA_IOV) || (!rm && nr == CMA_IOV))
                 break;
-            if (gat) {
-                memcpy(gather + gused,
-                       (const void *)(uintptr_t)(g->laddr + p * g->lstride),
-                       g->len);
-                gused += g->len;
-            }
             if (lm)
                 liov[nl - 1].iov_len += g->len;
             else
@@ -782,7 +737,8 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
             sl->nruns = h.nruns[h.n - 1];
             src = (const uint8_t *)(uintptr_t)(g->laddr + p * g->lstride);
             dst = sl->data + used;
-            kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n);
+            /* Plain stores: the target reads the slot next. */
+            kvt__shm_copy_strided(dst, g->len, src, g->lstride, g->len, n, 0);
             used += n * g->len;
             p += (uint32_t)n;
         }
@@ -911,7 +867,8 @@ static void rw_run(shm_session_t *s, job_t *j)
             how[i] = HOW_MAP;
             nmap++;
         } else if (j->op == KVT_OP_WRITE && g->count > 1 &&
-                   g->len <= STAGE_PIECE_MAX && g->rstride != g->len) {
+                   g->len <= STAGE_PIECE_MAX &&
+                   (g->rstride != g->len || g->lstride != g->len)) {
             how[i] = HOW_STAGE;
             nstage++;
         } else {
@@ -934,10 +891,10 @@ static void rw_run(shm_session_t *s, job_t *j)
             uint8_t *l = (uint8_t *)(uintptr_t)g->laddr;
             if (j->op == KVT_OP_WRITE)
                 kvt__shm_copy_strided(loc[i], g->rstride, l, g->lstride,
-                                      g->len, g->count);
+                                      g->len, g->count, 1);
             else
                 kvt__shm_copy_strided(l, g->lstride, loc[i], g->rstride,
-                                      g->len, g->count);
+                                      g->len, g->count, 0);
             i++;
             continue;
         }
@@ -1484,6 +1441,42 @@ static void pool_tick(kvt__shm_t *shm)
         session_kill(&bad[i]->base, why[i]);
 }
 
+/*
+ * A job for a pool worker, from the sessions in turn: the scan starts
+ * after the session the last job was taken from, so that sessions with
+ * queued jobs are served alternately rather than the first one in the
+ * list until it is empty (a prefill rank writing the heads of one block
+ * to two decode ranks then reads that block's rows for both at about the
+ * same time). Called with pool_lock held; NULL when nothing is queued.
+ */
+static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
+{
+    shm_session_t *s = shm->sessions;
+    unsigned n = 0, start;
+
+    for (; s != NULL; s = s->next_all)
+        n++;
+    if (n == 0)
+        return NULL;
+    start = shm->rr % n;
+    s = shm->sessions;
+    for (unsigned k = 0; k < start; k++)
+        s = s->next_all;
+    for (unsigned k = 0; k < n; k++) {
+        job_t *j;
+        pthread_mutex_lock(&s->lock);
+        j = take_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        if (j != NULL) {
+            shm->rr = (start + k + 1) % n;
+            *j_p = j;
+            return s;
+        }
+        s = s->next_all != NULL ? s->next_all : shm->sessions;
+    }
+    return NULL;
+}
+
 static void *worker_main(void *arg)
 {
     kvt__shm_t *shm = arg;
@@ -1495,13 +1488,7 @@ static void *worker_main(void *arg)
         job_t *j = NULL;
         uint64_t now;
 
-        for (s = shm->sessions; s != NULL && j == NULL; s = s->next_all) {
-            pthread_mutex_lock(&s->lock);
-            j = take_locked(s);
-            pthread_mutex_unlock(&s->lock);
-            if (j != NULL)
-                break;
-        }
+        s = take_next(shm, &j);
         if (j != NULL) {
             pthread_mutex_unlock(&shm->pool_lock);
             job_run(s, j);

@@ -33,7 +33,7 @@
 
 #include "core/engine_int.h"
 
-#define KVT_SHM_VERSION 2
+#define KVT_SHM_VERSION 3
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
 #define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
 #define KVT_SHM_NOTES 64u
@@ -50,8 +50,8 @@
  * them into a slot; the target's service thread checks each run against
  * its registry and copies it out. Cross-memory attach pins the target's
  * page once per vector, so it is slow for such pieces. */
-#define KVT_SHM_STAGE_SLOTS 4u
-#define KVT_SHM_STAGE_BYTES (1u << 20)
+#define KVT_SHM_STAGE_SLOTS 8u
+#define KVT_SHM_STAGE_BYTES (512u * 1024u)
 #define KVT_SHM_STAGE_RUNS 256u
 
 /* A slot's state: the initiator claims a free slot, fills it and makes it
@@ -184,6 +184,7 @@ struct kvt__shm {
     pthread_mutex_t pool_lock;
     pthread_cond_t pool_cond;
     shm_session_t *sessions;
+    unsigned rr; /* where the workers' next scan starts (take_next) */
     pthread_t *workers;
     unsigned nworkers;
     unsigned idle;
@@ -204,9 +205,11 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm);
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
 
 /* @count pieces of @len bytes, the k-th from src + k * sstride to
- * dst + k * dstride. */
+ * dst + k * dstride (one copy when both are contiguous). @nt: as for
+ * kvt__shm_copy(); pieces scattered in the destination are then streamed
+ * from a few hundred bytes up (with the fence). */
 void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
-                           size_t sstride, size_t len, size_t count);
+                           size_t sstride, size_t len, size_t count, int nt);
 
 /* A staged run as the target reads it from the slot (untrusted): 1 if
  * its pieces are well formed (count and len at least 1, stride at least

@@ -423,7 +423,7 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
                                src, len);
 #else
                 kvt__shm_copy_strided((void *)(uintptr_t)r->raddr, r->rstride,
-                                      src, len, len, cnt);
+                                      src, len, len, cnt, 1);
 #endif
             }
             sl->runs[i].st = ok ? KVT_OK : KVT_ERR_ACCESS;
