@@ -12,7 +12,9 @@
 #    / layers, same run) + 2 ms.
 # 2. Heterogeneous tensor parallelism: throughput of the same bytes with
 #    prefill tp != decode tp beside the same-tp pair with as many ranks on
-#    the larger side, for token-major and head-major blocks, and the ratio.
+#    each side as the smaller side has (2:1 and 1:2 against 1:1, 4:2 and
+#    2:4 against 2:2), for token-major and head-major blocks, and the
+#    ratio.
 #
 # Each for the engine's transports in PROTOCOLS: "tcp" (tcp only) and
 # "auto" (same-host shm where the build has it); with "auto" the
