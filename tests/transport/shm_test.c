@@ -329,18 +329,19 @@ KVT_TEST(target_death_while_mapped)
 
 /*
  * kvt__shm_copy_strided() moves exactly the pieces, with and without
- * streaming stores: piece lengths around the streaming threshold and the
- * 32- and 128-byte steps of the vector loops, destinations off every
+ * streaming stores: piece lengths around the streaming thresholds (for
+ * pieces scattered in the destination and for pieces contiguous there)
+ * and the 32- and 128-byte steps of the vector loops, destinations off every
  * alignment, strides on either side or both, and one contiguous run.
  * Bytes between the pieces and past the last one stay as they were.
  */
 static void test_copy_strided_exact(void)
 {
-    static const size_t lens[] = {1,   31,  64,  200, 255, 256,
-                                  257, 300, 512, 1000, 1024, 2048};
+    static const size_t lens[] = {1,   31,   64,   200,  255,  256, 257,
+                                  300, 512,  1000, 1024, 2048, 4096, 4100};
     static const size_t offs[] = {0, 1, 17, 32, 63};
     const size_t count = 9;
-    size_t cap = 2 * 2048 * count + 4096;
+    size_t cap = 2 * 4100 * count + 4096;
     uint8_t *src = malloc(cap), *dst = malloc(cap), *ref = malloc(cap);
 
     CHECK(src != NULL && dst != NULL && ref != NULL);

@@ -27,62 +27,97 @@
 /* Scattered pieces are streamed from this size (whole 64-byte lines
  * dominate; below it the partial lines at either end do). */
 #define NT_PIECE_MIN 256u
+/* Pieces contiguous in the destination are streamed from this size (a
+ * head-major block of some heads); smaller ones were measured slower
+ * streamed (below). */
+#define NT_RUN_MIN (4u * 1024u)
 
 #if defined(__x86_64__)
+/* Each of @count pieces of @n bytes, the k-th from s + k * ss to
+ * d + k * ds, with streaming stores from the first 32-byte boundary of
+ * the destination (plain ones for the bytes before it and the tail). */
 __attribute__((target("avx2"))) static void
-copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n)
+copy_nt_avx2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss, size_t n,
+             size_t count)
 {
-    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+    for (size_t k = 0; k < count; k++, d += ds, s += ss) {
+        uint8_t *dd = d;
+        const uint8_t *sp = s;
+        size_t m = n, head = (32 - ((uintptr_t)dd & 31)) & 31;
 
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; n >= 128; n -= 128, d += 128, s += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), c);
-        _mm256_stream_si256((__m256i *)(d + 96), e);
+        if (head > m)
+            head = m;
+        if (head > 0) {
+            memcpy(dd, sp, head);
+            dd += head;
+            sp += head;
+            m -= head;
+        }
+        for (; m >= 128; m -= 128, dd += 128, sp += 128) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)sp);
+            __m256i b = _mm256_loadu_si256((const __m256i *)(sp + 32));
+            __m256i c = _mm256_loadu_si256((const __m256i *)(sp + 64));
+            __m256i e = _mm256_loadu_si256((const __m256i *)(sp + 96));
+            _mm256_stream_si256((__m256i *)dd, a);
+            _mm256_stream_si256((__m256i *)(dd + 32), b);
+            _mm256_stream_si256((__m256i *)(dd + 64), c);
+            _mm256_stream_si256((__m256i *)(dd + 96), e);
+        }
+        for (; m >= 32; m -= 32, dd += 32, sp += 32)
+            _mm256_stream_si256((__m256i *)dd,
+                                _mm256_loadu_si256((const __m256i *)sp));
+        if (m > 0)
+            memcpy(dd, sp, m);
     }
-    memcpy(d, s, n);
 }
 
-static void copy_nt_sse2(uint8_t *d, const uint8_t *s, size_t n)
+static void copy_nt_sse2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss,
+                         size_t n, size_t count)
 {
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    for (size_t k = 0; k < count; k++, d += ds, s += ss) {
+        uint8_t *dd = d;
+        const uint8_t *sp = s;
+        size_t m = n, head = (16 - ((uintptr_t)dd & 15)) & 15;
 
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(d + 48), e);
+        if (head > m)
+            head = m;
+        if (head > 0) {
+            memcpy(dd, sp, head);
+            dd += head;
+            sp += head;
+            m -= head;
+        }
+        for (; m >= 64; m -= 64, dd += 64, sp += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)sp);
+            __m128i b = _mm_loadu_si128((const __m128i *)(sp + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(sp + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(sp + 48));
+            _mm_stream_si128((__m128i *)dd, a);
+            _mm_stream_si128((__m128i *)(dd + 16), b);
+            _mm_stream_si128((__m128i *)(dd + 32), c);
+            _mm_stream_si128((__m128i *)(dd + 48), e);
+        }
+        for (; m >= 16; m -= 16, dd += 16, sp += 16)
+            _mm_stream_si128((__m128i *)dd,
+                             _mm_loadu_si128((const __m128i *)sp));
+        if (m > 0)
+            memcpy(dd, sp, m);
     }
-    memcpy(d, s, n);
 }
 #endif
 
-/* Non-temporal copy of @n bytes, without the fence. */
-static void copy_nt(uint8_t *d, const uint8_t *s, size_t n)
+/* Pieces as for copy_nt_avx2(), streamed, without the fence. */
+static void copy_nt(uint8_t *d, size_t ds, const uint8_t *s, size_t ss,
+                    size_t n, size_t count)
 {
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx2"))
-        copy_nt_avx2(d, s, n);
+        copy_nt_avx2(d, ds, s, ss, n, count);
     else
-        copy_nt_sse2(d, s, n);
+        copy_nt_sse2(d, ds, s, ss, n, count);
 #else
-    memcpy(d, s, n);
+    for (size_t k = 0; k < count; k++, d += ds, s += ss)
+        memcpy(d, s, n);
 #endif
 }
 
@@ -98,7 +133,7 @@ static void nt_fence(void)
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt)
 {
     if (nt && len >= NT_MIN) {
-        copy_nt(dst, src, len);
+        copy_nt(dst, len, src, len, len, 1);
         nt_fence();
         return;
     }
@@ -118,15 +153,17 @@ void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
         return;
     }
     /* Pieces scattered in the destination: each piece's lines are
-     * written whole, so streaming them saves the read for ownership
-     * (token-major 2:1 staged into plain memory, bench/connector.sh:
-     * about 9 GB/s with memcpy, 10.5 streamed; 4:2 into a mapping 15
-     * and 17.5). Pieces contiguous in the destination are not streamed:
-     * that was measured slower (1:2 into a mapping: 14 GB/s streamed,
-     * 17 to 19 with memcpy). */
-    if (nt && dstride != len && len >= NT_PIECE_MIN) {
-        for (size_t k = 0; k < count; k++, d += dstride, s += sstride)
-            copy_nt(d, s, len);
+     * written whole, so streaming them saves the read for ownership.
+     * Medians of six runs each, alternating, of build/bin/
+     * kvt_connector_bench --mode=tp --rounds=9 --layout=token: 4:2 into a
+     * mapping (--memory=managed) 16.8 GB/s streamed, 13.6 with memcpy;
+     * 2:1 staged into plain memory 9.9 and 8.4. Small pieces contiguous
+     * in the destination are not streamed: that was measured slower (1:2
+     * into a mapping: 14 GB/s streamed, 17 to 19 with memcpy); a head-
+     * major block's heads (16 KiB, --layout=head, 1:2) are, at 16.0
+     * against 15.4 GB/s. */
+    if (nt && (dstride != len ? len >= NT_PIECE_MIN : len >= NT_RUN_MIN)) {
+        copy_nt(d, dstride, s, sstride, len, count);
         nt_fence();
         return;
     }
