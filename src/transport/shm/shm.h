@@ -62,6 +62,7 @@ enum {
     KVT_SHM_SLOT_CLAIMED = 1,
     KVT_SHM_SLOT_FULL = 2,
     KVT_SHM_SLOT_DONE = 3,
+    KVT_SHM_SLOT_BUSY = 4, /* being copied out by the target */
 };
 
 /* @count pieces of @len bytes for [raddr + k * rstride, + len), packed in
@@ -178,6 +179,11 @@ struct kvt__shm {
     pthread_mutex_t chan_lock; /* channel list, snapshots, leases */
     shm_tchan_t *chans;
     uint64_t snap_seq;
+    /* The stage helper (target.c), started by the service thread. */
+    pthread_t helper;
+    int helper_running, helper_failed;
+    _Atomic uint32_t helper_seq; /* futex word: work for the helper */
+    _Atomic int helper_stop;
     int ptracer_held;
 
     /* Initiator role (session.c). Lock order: pool_lock -> session lock. */

@@ -375,14 +375,37 @@ static void stage_copy(void *dst, const void *src, size_t len)
 }
 #endif
 
+static void *helper_main(void *arg);
+
+/* Have the helper thread copy out slots beside the service thread,
+ * starting it the first time. Service thread only. */
+static void helper_call(kvt__shm_t *shm)
+{
+    if (!shm->helper_running) {
+        if (shm->helper_failed)
+            return;
+        if (pthread_create(&shm->helper, NULL, helper_main, shm) != 0) {
+            shm->helper_failed = 1;
+            return;
+        }
+        shm->helper_running = 1;
+        KVT_LOG_D("shm: stage helper started");
+    }
+    atomic_fetch_add(&shm->helper_seq, 1);
+    kvt__shm_futex_wake(&shm->helper_seq);
+}
+
 /*
  * Copy out the slots the initiator made full: each run is checked against
  * the registry (under its read lock, which the copies also hold, so a
  * range being unregistered is either copied before or refused) and gets
  * its verdict. Everything read from the slot is untrusted: runs and
- * their data must lie within the slot, or the run is refused.
+ * their data must lie within the slot, or the run is refused. Called by
+ * the service thread and by the helper (@helper; under chan_lock): each
+ * slot is taken (full to busy) by one of them. The service thread calls
+ * the helper when it takes a slot and sees another one full.
  */
-static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
+static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
 {
     kvt__shm_chan_t *ch = c->ch;
     kvt__memreg_t *reg = &shm->e->reg;
@@ -392,9 +415,21 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c)
         kvt__shm_slot_t *sl = &ch->stage[k];
         uint32_t nruns;
 
-        if (atomic_load_explicit(&sl->state, memory_order_acquire) !=
-            KVT_SHM_SLOT_FULL)
+        uint32_t full = KVT_SHM_SLOT_FULL;
+
+        if (atomic_load_explicit(&sl->state, memory_order_relaxed) !=
+                KVT_SHM_SLOT_FULL ||
+            !atomic_compare_exchange_strong_explicit(
+                &sl->state, &full, KVT_SHM_SLOT_BUSY, memory_order_acquire,
+                memory_order_relaxed))
             continue;
+        for (uint32_t q = k + 1; !helper && q < KVT_SHM_STAGE_SLOTS; q++)
+            if (atomic_load_explicit(&ch->stage[q].state,
+                                     memory_order_relaxed) ==
+                KVT_SHM_SLOT_FULL) {
+                helper_call(shm);
+                break;
+            }
         nruns = sl->nruns < KVT_SHM_STAGE_RUNS ? sl->nruns
                                                 : KVT_SHM_STAGE_RUNS;
         kvt__memreg_rdlock(reg);
@@ -541,7 +576,7 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
         }
     }
     if (!bad)
-        consume_stage(shm, c);
+        consume_stage(shm, c, 0);
     if (consume_notes(shm, c) != 0) {
         KVT_LOG_W("shm: corrupt notification ring from %s; closing", c->peer);
         bad = 1;
@@ -693,12 +728,35 @@ static void *service_main(void *arg)
              * here. The list is changed by this thread only. */
             for (c = shm->chans; c != NULL; c = next) {
                 next = c->next;
-                consume_stage(shm, c);
+                consume_stage(shm, c, 0);
                 if (consume_notes(shm, c) != 0)
                     chan_close(shm, c);
             }
         }
     }
+}
+
+/*
+ * The helper: copies out full slots of every channel when the service
+ * thread calls it, so that a target written by several initiators (or by
+ * one faster than one thread copies out) copies with two threads. It
+ * holds chan_lock while it looks, so channels cannot go away under it.
+ */
+static void *helper_main(void *arg)
+{
+    kvt__shm_t *shm = arg;
+
+    while (!atomic_load(&shm->helper_stop)) {
+        uint32_t seq = atomic_load(&shm->helper_seq);
+        pthread_mutex_lock(&shm->chan_lock);
+        for (shm_tchan_t *c = shm->chans; c != NULL; c = c->next)
+            if (!c->dead)
+                consume_stage(shm, c, 1);
+        pthread_mutex_unlock(&shm->chan_lock);
+        if (atomic_load(&shm->helper_seq) == seq)
+            kvt__shm_futex_wait(&shm->helper_seq, seq, -1);
+    }
+    return NULL;
 }
 
 /* ---- Lifecycle ----------------------------------------------------------- */
@@ -780,6 +838,13 @@ void kvt__shm_stop(kvt__shm_t *shm)
             (void)0;
         pthread_join(shm->thread, NULL);
         shm->running = 0;
+    }
+    if (shm->helper_running) {
+        atomic_store(&shm->helper_stop, 1);
+        atomic_fetch_add(&shm->helper_seq, 1);
+        kvt__shm_futex_wake(&shm->helper_seq);
+        pthread_join(shm->helper, NULL);
+        shm->helper_running = 0;
     }
     /* Peers see their channels closed and fail what they had in flight. */
     pthread_mutex_lock(&shm->chan_lock);
