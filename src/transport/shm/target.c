@@ -2,8 +2,9 @@
 /*
  * The same-host transport, target side: the abstract Unix socket, one
  * channel per connected initiator, and the service thread that accepts
- * initiators, answers their requests for allocation memfds, and
- * delivers their notifications.
+ * initiators, answers their requests for allocation memfds, copies out
+ * the pieces they stage (with a helper thread when there is more than
+ * one slot to copy), and delivers their notifications.
  *
  * The bounds guarantee. Initiators copy into this process themselves, so
  * the target cannot check each access as the TCP worker does; instead it
