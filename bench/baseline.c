@@ -15,6 +15,13 @@
  *                                      bytes a call, strided (every other
  *                                      piece) in the target, here, or
  *                                      neither: GB/s
+ *   baseline memcpy-pieces MIB PIECE STRIDE
+ *                                      single-thread memcpy of pieces of
+ *                                      PIECE bytes read every STRIDE
+ *                                      bytes into a contiguous buffer
+ *                                      (STRIDE = 2 * PIECE: one half of
+ *                                      every row): GB/s of pieces, best
+ *                                      of three passes
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -252,6 +259,34 @@ int main(int argc, char **argv)
         kill(pid, SIGKILL);
         wait(NULL);
         printf("%.3f\n", (double)total / t0 / 1e9);
+        return 0;
+    }
+    if (argc == 5 && strcmp(argv[1], "memcpy-pieces") == 0) {
+        size_t total = size_arg(argv[2]) << 20, piece = size_arg(argv[3]);
+        size_t stride = size_arg(argv[4]), len = 512ul << 20;
+        char *src, *dst;
+        double best = 0;
+        if (piece == 0 || stride < piece || stride > len / 2)
+            return 2;
+        src = touched(len);
+        dst = touched(len / 2);
+        for (int pass = 0; pass < 3; pass++) {
+            size_t so = 0, dof = 0;
+            double t0 = now(), g;
+            for (size_t done = 0; done < total; done += piece) {
+                memcpy(dst + dof, src + so, piece);
+                so += stride;
+                if (so + stride > len)
+                    so = 0;
+                dof += piece;
+                if (dof + piece > len / 2)
+                    dof = 0;
+            }
+            g = (double)total / (now() - t0) / 1e9;
+            if (g > best)
+                best = g;
+        }
+        printf("%.3f\n", best);
         return 0;
     }
     fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
