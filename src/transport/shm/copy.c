@@ -71,39 +71,6 @@ copy_nt_avx2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss, size_t n,
     }
 }
 
-static void copy_nt_sse2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss,
-                         size_t n, size_t count)
-{
-    for (size_t k = 0; k < count; k++, d += ds, s += ss) {
-        uint8_t *dd = d;
-        const uint8_t *sp = s;
-        size_t m = n, head = (16 - ((uintptr_t)dd & 15)) & 15;
-
-        if (head > m)
-            head = m;
-        if (head > 0) {
-            memcpy(dd, sp, head);
-            dd += head;
-            sp += head;
-            m -= head;
-        }
-        for (; m >= 64; m -= 64, dd += 64, sp += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)sp);
-            __m128i b = _mm_loadu_si128((const __m128i *)(sp + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(sp + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(sp + 48));
-            _mm_stream_si128((__m128i *)dd, a);
-            _mm_stream_si128((__m128i *)(dd + 16), b);
-            _mm_stream_si128((__m128i *)(dd + 32), c);
-            _mm_stream_si128((__m128i *)(dd + 48), e);
-        }
-        for (; m >= 16; m -= 16, dd += 16, sp += 16)
-            _mm_stream_si128((__m128i *)dd,
-                             _mm_loadu_si128((const __m128i *)sp));
-        if (m > 0)
-            memcpy(dd, sp, m);
-    }
-}
 #endif
 
 /* Pieces as for copy_nt_avx2(), streamed, without the fence. */
@@ -111,14 +78,15 @@ static void copy_nt(uint8_t *d, size_t ds, const uint8_t *s, size_t ss,
                     size_t n, size_t count)
 {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2"))
+    if (__builtin_cpu_supports("avx2")) {
         copy_nt_avx2(d, ds, s, ss, n, count);
-    else
-        copy_nt_sse2(d, ds, s, ss, n, count);
-#else
+        return;
+    }
+#endif
+    /* Without AVX2 (x86 CPUs from before 2013, other architectures):
+     * plain stores. */
     for (size_t k = 0; k < count; k++, d += ds, s += ss)
         memcpy(d, s, n);
-#endif
 }
 
 static void nt_fence(void)
