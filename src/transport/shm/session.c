@@ -19,9 +19,10 @@
  * slots for small strided pieces written into memory that is not mapped
  * (after the lease: the target checks those itself), and with
  * process_vm_writev/readv (up to 1024 vectors a call, contiguous pieces
- * merged) otherwise, and release the lease. Success also needs the target alive and not stopped
- * when they ended: a copy into a target that is stopped (SIGSTOP, a
- * tracer) or dead is not a transfer, and times out or fails instead of
+ * merged) otherwise, and release the lease. Success also needs the
+ * target alive and not stopped when they ended: a copy into a target
+ * that is stopped (SIGSTOP, a tracer) or dead is not a transfer, and
+ * times out or fails instead of
  * counting as delivered.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
@@ -1445,9 +1446,9 @@ static void pool_tick(kvt__shm_t *shm)
  * A job for a pool worker, from the sessions in turn: the scan starts
  * after the session the last job was taken from, so that sessions with
  * queued jobs are served alternately rather than the first one in the
- * list until it is empty (a prefill rank writing the heads of one block
- * to two decode ranks then reads that block's rows for both at about the
- * same time). Called with pool_lock held; NULL when nothing is queued.
+ * list until it is empty (a large batch to one peer does not hold back
+ * the transfers to the others). Called with pool_lock held; NULL when
+ * nothing is queued.
  */
 static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
 {
