@@ -22,8 +22,7 @@
  * merged) otherwise, and release the lease. Success also needs the
  * target alive and not stopped when they ended: a copy into a target
  * that is stopped (SIGSTOP, a tracer) or dead is not a transfer, and
- * times out or fails instead of
- * counting as delivered.
+ * times out or fails instead of counting as delivered.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
  * with no other job of the session running, so the target delivers it
