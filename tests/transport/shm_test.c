@@ -159,6 +159,77 @@ KVT_TEST(selection)
     peer_stop(&p);
 }
 
+/*
+ * Sessions are served in turn: with one pool worker, a large batch queued
+ * to one peer does not hold back a small one to another peer until it is
+ * done. Eight 64 MiB writes (64 jobs) go to the peer opened last (first
+ * in the initiator's list), then one 4 KiB write to the other; nothing
+ * waits on a batch (waiting runs a session's jobs in the waiting thread),
+ * so only the worker moves bytes. The small write must land while most
+ * of the large ones are still pending.
+ */
+KVT_TEST(sessions_served_in_turn)
+{
+    enum { BIG = 8 };
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    kvt_engine_params_t ep = {0};
+    kvt_xfer_desc_t d[BIG];
+    kvt_segment_t sa, sb;
+    kvt_batch_h ba, bb;
+    kvt_engine_h e = NULL;
+    uint8_t *buf;
+    peer_t pa, pb;
+    size_t done = 0;
+    double t0;
+
+    CHECK(peer_start(&pb, &o) == 0);
+    CHECK(peer_start(&pa, &o) == 0);
+    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
+    ep.transports = KVT_TRANSPORT_ALL;
+    ep.num_workers = 1;
+    CHECK_OK(kvt_engine_create(&ep, &e));
+    CHECK_OK(kvt_segment_open(e, pb.segment, &sb));
+    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
+    if (!offers_shm(e, sa) || strcmp(kvt__segment_transport(e, sa), "shm"))
+        SKIP("the target engine does not offer shm");
+    buf = map(PEER_MAIN_LEN);
+    memset(buf, 0x5a, PEER_MAIN_LEN);
+    CHECK_OK(kvt_mem_register(e, buf, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW));
+    memset(d, 0, sizeof(d));
+    for (int i = 0; i < BIG; i++) {
+        d[i].opcode = KVT_OP_WRITE;
+        d[i].segment = sa;
+        d[i].local_addr = buf;
+        d[i].remote_addr = pa.main_addr;
+        d[i].length = PEER_MAIN_LEN;
+    }
+    CHECK_OK(kvt_batch_create(e, BIG, &ba));
+    CHECK_OK(kvt_batch_create(e, 1, &bb));
+    CHECK_OK(kvt_batch_submit(ba, d, BIG));
+    d[0].segment = sb;
+    d[0].remote_addr = pb.main_addr;
+    d[0].length = 4096;
+    CHECK_OK(kvt_batch_submit(bb, d, 1));
+    t0 = kvt_test_now();
+    while (kvt_batch_query(bb, NULL) == KVT_INPROGRESS &&
+           kvt_test_now() - t0 < 30)
+        ;
+    for (size_t i = 0; i < BIG; i++)
+        done += kvt_batch_entry(ba, i, NULL) != KVT_INPROGRESS;
+    CHECK_OK(kvt_batch_query(bb, NULL));
+    if (done > BIG / 2)
+        fprintf(stderr, "the small write landed after %zu of %d large ones\n",
+                done, BIG);
+    CHECK(done <= BIG / 2);
+    CHECK_OK(kvt_batch_wait(ba, 30000));
+    CHECK_OK(kvt_batch_free(ba));
+    CHECK_OK(kvt_batch_free(bb));
+    kvt_engine_destroy(e);
+    munmap(buf, PEER_MAIN_LEN);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
 typedef struct {
     kvt_engine_h e;
     kvt_segment_t seg;
@@ -380,6 +451,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(copy_strided_exact, 30),
     KVT_CASE(fallback_to_tcp, 30),
     KVT_CASE(selection, 30),
+    KVT_CASE(sessions_served_in_turn, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),
     KVT_CASE(target_death_while_mapped, 60),
