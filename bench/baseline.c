@@ -72,6 +72,32 @@ static char *touched(size_t n)
     return p;
 }
 
+/* A child process holding @len touched bytes, which it leaves in place
+ * until killed: their address there, or NULL. */
+static void *child_area(size_t len, pid_t *pid_p)
+{
+    int fd[2];
+    void *dst;
+
+    if (pipe(fd))
+        return NULL;
+    *pid_p = fork();
+    if (*pid_p < 0)
+        return NULL;
+    if (*pid_p == 0) {
+        void *p = touched(len);
+        if (write(fd[1], &p, sizeof(p)) != sizeof(p))
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    if (read(fd[0], &dst, sizeof(dst)) != sizeof(dst))
+        return NULL;
+    close(fd[0]);
+    close(fd[1]);
+    return dst;
+}
+
 static int pair(int *a, int *b, int big)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET,
@@ -178,20 +204,9 @@ int main(int argc, char **argv)
             printf("%.3f\n", (double)total / (now() - t0) / 1e9);
             return 0;
         }
-        int fd[2];
         pid_t pid;
-        void *dst;
-        if (pipe(fd))
-            return 2;
-        pid = fork();
-        if (pid == 0) {
-            void *p = touched(len);
-            if (write(fd[1], &p, sizeof(p)) != sizeof(p))
-                _exit(1);
-            pause();
-            _exit(0);
-        }
-        if (read(fd[0], &dst, sizeof(dst)) != sizeof(dst))
+        void *dst = child_area(len, &pid);
+        if (dst == NULL)
             return 2;
         t0 = now();
         for (; done < total; done += blk, off = (off + blk) % (len - blk)) {
@@ -215,21 +230,12 @@ int main(int argc, char **argv)
         int ls = strcmp(argv[4], "local") == 0;
         char *src = touched(len);
         struct iovec l[1024], r[1024];
-        int fd[2], nl, nr;
+        int nl, nr;
         pid_t pid;
         char *dst;
         double t0;
-        if (piece == 0 || span > len || pipe(fd))
-            return 2;
-        pid = fork();
-        if (pid == 0) {
-            void *p = touched(len);
-            if (write(fd[1], &p, sizeof(p)) != sizeof(p))
-                _exit(1);
-            pause();
-            _exit(0);
-        }
-        if (read(fd[0], &dst, sizeof(dst)) != sizeof(dst))
+        if (piece == 0 || span > len ||
+            (dst = child_area(len, &pid)) == NULL)
             return 2;
         t0 = now();
         for (size_t w = 0; done < total; w = (w + 1) % (len / span)) {
