@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/engine_int.h"
@@ -228,6 +229,118 @@ KVT_TEST(sessions_served_in_turn)
     munmap(buf, PEER_MAIN_LEN);
     peer_stop(&pa);
     peer_stop(&pb);
+}
+
+/* Strided write of @count 512-byte pieces, a 1 KiB stride in the target
+ * (staged unless the target memory is mapped), from @local; waits. */
+static kvt_status_t write_staged(kvt_engine_h e, kvt_segment_t seg,
+                                 const uint8_t *local, uint64_t remote,
+                                 uint32_t count)
+{
+    kvt_xfer_desc_t d = {0};
+    kvt_batch_h b;
+    kvt_status_t st;
+
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = (void *)local;
+    d.remote_addr = remote;
+    d.length = 512;
+    d.count = count;
+    d.remote_stride = 1024;
+    if (kvt_batch_create(e, 1, &b) != KVT_OK)
+        return KVT_ERR_NO_MEMORY;
+    st = kvt_batch_submit(b, &d, 1);
+    if (st == KVT_OK)
+        st = kvt_batch_wait(b, 30000);
+    kvt_batch_free(b);
+    return st;
+}
+
+/*
+ * An initiator killed while it stages pieces into this process (a child
+ * writing 8 MiB batches of 512-byte pieces in a loop, killed once its
+ * writes flow): the target's service thread and its helper go on, the
+ * target serves the next initiator (every staged byte checked) and its
+ * engine is destroyed without waiting on the dead one.
+ */
+KVT_TEST(initiator_killed_while_staging)
+{
+    const uint32_t count = 16384; /* 8 MiB of pieces, 16 MiB of span */
+    const size_t span = (size_t)count * 1024;
+    uint8_t *mem = map(span), *local = map(span / 2);
+    char name[128] = {0}, c;
+    kvt_segment_t seg;
+    kvt_engine_h t, e;
+    int up[2], down[2];
+    pid_t pid;
+    double t0;
+
+    /* The child is forked before any engine thread exists here. */
+    CHECK(pipe(up) == 0 && pipe(down) == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        kvt_engine_h ce;
+        kvt_segment_t cs;
+        int told = 0;
+        if (read(down[0], name, sizeof(name) - 1) <= 0)
+            _exit(2);
+        ce = engine_new(KVT_TRANSPORT_ALL, 5000);
+        if (ce == NULL || kvt_segment_open(ce, name, &cs) != KVT_OK ||
+            strcmp(kvt__segment_transport(ce, cs), "shm") != 0 ||
+            kvt_mem_register(ce, local, span / 2, KVT_ACCESS_REMOTE_RW) !=
+                KVT_OK)
+            _exit(3);
+        memset(local, 0x77, span / 2);
+        for (;;) {
+            if (write_staged(ce, cs, local, (uint64_t)(uintptr_t)mem,
+                             count) != KVT_OK)
+                _exit(4);
+            if (!told++ && write(up[1], "x", 1) != 1)
+                _exit(5);
+        }
+    }
+    close(up[1]);
+    close(down[0]);
+    t = engine_new(KVT_TRANSPORT_ALL, 5000);
+    CHECK(t != NULL);
+    CHECK_OK(kvt_mem_register(t, mem, span, KVT_ACCESS_REMOTE_RW));
+    snprintf(name, sizeof(name), "%s", kvt_engine_segment_name(t));
+    CHECK(write(down[1], name, strlen(name)) == (ssize_t)strlen(name));
+    if (read(up[0], &c, 1) != 1) {
+        int status = 0;
+        CHECK(waitpid(pid, &status, 0) == pid);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 3)
+            SKIP("no shm session to this process");
+        CHECK(0);
+    }
+    usleep(30000);
+    CHECK(kill(pid, SIGKILL) == 0);
+    CHECK(waitpid(pid, NULL, 0) == pid);
+    close(up[0]);
+    close(down[1]);
+
+    /* A new initiator (in this process) is served, every byte landing. */
+    e = engine_new(KVT_TRANSPORT_ALL, 5000);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, name, &seg));
+    CHECK_OK(kvt_mem_register(e, local, span / 2, KVT_ACCESS_REMOTE_RW));
+    pattern_fill(local, span / 2, 9, 0);
+    memset(mem, 0, span);
+    CHECK_OK(write_staged(e, seg, local, (uint64_t)(uintptr_t)mem, count));
+    for (uint32_t k = 0; k < count; k++) {
+        CHECK(pattern_check(mem + (size_t)k * 1024, 512, 9,
+                            (uint64_t)k * 512) == 0);
+        for (int q = 512; q < 1024; q++)
+            CHECK(mem[(size_t)k * 1024 + q] == 0);
+    }
+    kvt_engine_destroy(e);
+    t0 = kvt_test_now();
+    kvt_engine_destroy(t);
+    CHECK(kvt_test_now() - t0 < 2);
+    munmap(mem, span);
+    munmap(local, span / 2);
 }
 
 typedef struct {
@@ -452,6 +565,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(fallback_to_tcp, 30),
     KVT_CASE(selection, 30),
     KVT_CASE(sessions_served_in_turn, 60),
+    KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),
     KVT_CASE(target_death_while_mapped, 60),
