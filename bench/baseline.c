@@ -72,6 +72,15 @@ static char *touched(size_t n)
     return p;
 }
 
+/* Stop the child_area() child: the exit status, 0 after a run that
+ * printed its figure (@ok), 2 otherwise. */
+static int child_end(pid_t pid, int ok)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return ok ? 0 : 2;
+}
+
 /* A child process holding @len touched bytes, which it leaves in place
  * until killed: their address there, or NULL. */
 static void *child_area(size_t len, pid_t *pid_p)
@@ -213,15 +222,11 @@ int main(int argc, char **argv)
             struct iovec l = {src + off, blk}, r = {(char *)dst + off, blk};
             if (process_vm_writev(pid, &l, 1, &r, 1, 0) != (ssize_t)blk) {
                 perror("process_vm_writev");
-                kill(pid, SIGKILL);
-                return 2;
+                return child_end(pid, 0);
             }
         }
-        t0 = now() - t0;
-        kill(pid, SIGKILL);
-        wait(NULL);
-        printf("%.3f\n", (double)total / t0 / 1e9);
-        return 0;
+        printf("%.3f\n", (double)total / (now() - t0) / 1e9);
+        return child_end(pid, 1);
     }
     if (argc == 5 && strcmp(argv[1], "cma-pieces") == 0) {
         size_t total = size_arg(argv[2]) << 20, piece = size_arg(argv[3]);
@@ -256,16 +261,12 @@ int main(int argc, char **argv)
             if (process_vm_writev(pid, l, (unsigned long)nl, r,
                                   (unsigned long)nr, 0) != (ssize_t)(1024 * piece)) {
                 perror("process_vm_writev");
-                kill(pid, SIGKILL);
-                return 2;
+                return child_end(pid, 0);
             }
             done += 1024 * piece;
         }
-        t0 = now() - t0;
-        kill(pid, SIGKILL);
-        wait(NULL);
-        printf("%.3f\n", (double)total / t0 / 1e9);
-        return 0;
+        printf("%.3f\n", (double)total / (now() - t0) / 1e9);
+        return child_end(pid, 1);
     }
     if (argc == 5 && strcmp(argv[1], "memcpy-pieces") == 0) {
         size_t total = size_arg(argv[2]) << 20, piece = size_arg(argv[3]);
