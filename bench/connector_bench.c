@@ -163,7 +163,7 @@ static void rank_setup(rank_t *r, uint16_t boot)
     r->table = malloc(pool * sizeof(*r->table));
     {
         uint32_t runs = pool / 4, *perm = malloc(runs * sizeof(*perm));
-        uint64_t s = 88172645463325252ull + r->rank + 17 * r->prefill;
+        uint64_t s = 88172645463325252ull + 17 * r->prefill;
         for (uint32_t i = 0; i < runs; i++)
             perm[i] = i;
         for (uint32_t i = runs - 1; i > 0; i--) {
