@@ -541,12 +541,16 @@ static void *worker_main(void *arg)
 
         c->work = 0;
         busy = kvt__sess_tick(c, now);
+        /* Every room's submissions queued before the engine's workers
+         * wake (kvt__submit_plug()). */
+        kvt__submit_plug();
         for (struct kvt_room *r = c->rooms; r != NULL; r = r->next) {
             if (r->role == KVT_ROLE_PREFILL)
                 busy |= kvt__prefill_tick(c, r, now);
             else
                 busy |= kvt__decode_tick(c, r, now);
         }
+        kvt__submit_unplug();
         kvt__rooms_tick(c, now);
         expire_misc(c, now);
         busy |= kvt__sess_tick(c, now);

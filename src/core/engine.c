@@ -224,6 +224,16 @@ static void publish_stop(kvt_engine_h e)
     e->pub_started = 0;
 }
 
+void kvt__submit_plug(void)
+{
+    kvt__shm_plug();
+}
+
+void kvt__submit_unplug(void)
+{
+    kvt__shm_unplug();
+}
+
 static void regions_changed(kvt_engine_h e)
 {
     /* Same-host peers check against the new registry from now on. */

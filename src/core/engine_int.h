@@ -77,6 +77,21 @@ static inline void kvt__batch_hint(kvt_batch_h b,
  */
 void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg);
 
+/*
+ * The submission plug, in the manner of the block layer's: between
+ * kvt__submit_plug() and the matching kvt__submit_unplug(), the calling
+ * thread's submissions queue their work but leave the same-host workers
+ * asleep; the last unplug wakes them once for all of it. The connector
+ * plugs around one round of its rooms, so that the writes of one request
+ * to several decode ranks are all queued before any of them runs (the
+ * workers copy the parts of one row for two peers in one pass, shm
+ * session.c). Plugs nest and are per thread. The thread must not wait
+ * for its own submissions while plugged, and must not destroy an engine
+ * it submitted to before it unplugs.
+ */
+void kvt__submit_plug(void);
+void kvt__submit_unplug(void);
+
 /* Marks the start and the end of a run of completions on @batch. */
 static inline void kvt__batch_enter(kvt_batch_h b)
 {
@@ -257,6 +272,9 @@ void kvt__shm_destroy(kvt__shm_t *shm);
  * returns. NULL does nothing.
  */
 void kvt__shm_registry_changed(kvt__shm_t *shm);
+/* The shm pool's part of kvt__submit_plug() and kvt__submit_unplug(). */
+void kvt__shm_plug(void);
+void kvt__shm_unplug(void);
 /* Open a same-host session that takes @tcp over (see select.c); on
  * failure *why_p says why, for the log. */
 kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,

@@ -231,6 +231,122 @@ KVT_TEST(sessions_served_in_turn)
     peer_stop(&pb);
 }
 
+/*
+ * One source, two peers, each getting one part of every row (the heads
+ * of one prefill rank split between two decode ranks): rows of two parts
+ * of @len bytes here, part 0 of each row to peer A and part 1 to peer B,
+ * contiguous there, both submitted under the plug so that they are queued
+ * together. Every byte must land, whether the two jobs' rows are copied
+ * in one pass (both peers mapped: the pool's pair path, counted) or not
+ * (plain memory: staged, each alone after the other); a second pair of
+ * batches whose pieces are not parts of the same rows is never paired.
+ */
+static void rows_for_two_peers(int managed, size_t len)
+{
+    enum { MIB = 16 };
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
+    kvt_engine_params_t ep = {0};
+    kvt_xfer_desc_t d[2];
+    kvt_segment_t sa, sb;
+    kvt_batch_h ba, bb;
+    kvt_engine_h e = NULL;
+    uint64_t rows = ((uint64_t)MIB << 20) / len, bytes = rows * len, paired;
+    uint8_t *buf;
+    peer_t pa, pb;
+    char cmd[128];
+    double t0;
+
+    CHECK(peer_start(&pa, &o) == 0);
+    CHECK(peer_start(&pb, &o) == 0);
+    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
+    ep.transports = KVT_TRANSPORT_ALL;
+    ep.num_workers = 1;
+    CHECK_OK(kvt_engine_create(&ep, &e));
+    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
+    CHECK_OK(kvt_segment_open(e, pb.segment, &sb));
+    if (!offers_shm(e, sa) || strcmp(kvt__segment_transport(e, sa), "shm"))
+        SKIP("the target engine does not offer shm");
+    buf = map(2 * bytes);
+    for (uint64_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < len; i++) {
+            buf[2 * r * len + i] = pattern_byte(21, r * len + i);
+            buf[(2 * r + 1) * len + i] = pattern_byte(22, r * len + i);
+        }
+    CHECK_OK(kvt_mem_register(e, buf, 2 * bytes, KVT_ACCESS_REMOTE_RW));
+    /* The first write to each peer maps its memory, when it can be. */
+    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
+
+    for (int siblings = 1; siblings >= 0; siblings--) {
+        memset(d, 0, sizeof(d));
+        for (int k = 0; k < 2; k++) {
+            d[k].opcode = KVT_OP_WRITE;
+            d[k].segment = k ? sb : sa;
+            d[k].local_addr = buf + (size_t)k * len;
+            d[k].local_stride = 2 * len;
+            d[k].remote_addr = k ? pb.main_addr : pa.main_addr;
+            d[k].remote_stride = len;
+            d[k].length = len;
+            d[k].count = (uint32_t)rows;
+        }
+        if (!siblings) {
+            /* Peer B: the same bytes as whole rows of part 1 and part 0
+             * of the next row, never the other part of A's rows. */
+            d[1].local_addr = buf + len + len / 2;
+            d[1].length = len / 2;
+            d[1].local_stride = len;
+            d[1].remote_stride = len / 2;
+            d[1].count = (uint32_t)(2 * rows - 2);
+        }
+        paired = atomic_load(&e->shm->paired);
+        CHECK_OK(kvt_batch_create(e, 1, &ba));
+        CHECK_OK(kvt_batch_create(e, 1, &bb));
+        kvt__submit_plug();
+        CHECK_OK(kvt_batch_submit(ba, &d[0], 1));
+        CHECK_OK(kvt_batch_submit(bb, &d[1], 1));
+        kvt__submit_unplug();
+        /* Polled: a waiting thread would run jobs of its batch alone. */
+        t0 = kvt_test_now();
+        while ((kvt_batch_query(ba, NULL) == KVT_INPROGRESS ||
+                kvt_batch_query(bb, NULL) == KVT_INPROGRESS) &&
+               kvt_test_now() - t0 < 30)
+            usleep(100);
+        CHECK_OK(kvt_batch_query(ba, NULL));
+        CHECK_OK(kvt_batch_query(bb, NULL));
+        CHECK_OK(kvt_batch_free(ba));
+        CHECK_OK(kvt_batch_free(bb));
+        snprintf(cmd, sizeof(cmd), "check %llu %llu 21",
+                 (unsigned long long)pa.main_addr, (unsigned long long)bytes);
+        CHECK(strcmp(peer_cmd(&pa, "%s", cmd), "0") == 0);
+        if (siblings) {
+            snprintf(cmd, sizeof(cmd), "check %llu %llu 22",
+                     (unsigned long long)pb.main_addr,
+                     (unsigned long long)bytes);
+            CHECK(strcmp(peer_cmd(&pb, "%s", cmd), "0") == 0);
+            /* Mapped on both sides: copied in one pass. */
+            CHECK(managed ? atomic_load(&e->shm->paired) > paired
+                          : atomic_load(&e->shm->paired) == paired);
+        } else {
+            CHECK(atomic_load(&e->shm->paired) == paired);
+        }
+    }
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * bytes);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
+KVT_TEST(rows_for_two_peers_mapped)
+{
+    rows_for_two_peers(1, 512);
+    rows_for_two_peers(1, 1000);
+}
+
+KVT_TEST(rows_for_two_peers_staged)
+{
+    rows_for_two_peers(0, 512);
+}
+
 /* Strided write of @count 512-byte pieces, a 1 KiB stride in the target
  * (staged unless the target memory is mapped), from @local; waits. */
 static kvt_status_t write_staged(kvt_engine_h e, kvt_segment_t seg,
@@ -560,11 +676,63 @@ static void test_copy_strided_exact(void)
     free(ref);
 }
 
+/*
+ * kvt__shm_copy_pair() moves exactly both parts of every row: piece
+ * lengths below, at and above the streaming threshold, whole and partial
+ * 128-byte steps, destinations aligned (the vector loop) and not, strided
+ * or contiguous there. Bytes around the pieces stay as they were.
+ */
+static void test_copy_pair_exact(void)
+{
+    static const size_t lens[] = {1, 100, 255, 256, 384, 512, 1000, 1024};
+    static const size_t offs[] = {0, 8, 32};
+    const size_t count = 11;
+    size_t cap = 4 * 1024 * count + 4096;
+    uint8_t *src = malloc(cap), *d0 = aligned_alloc(64, cap),
+            *d1 = aligned_alloc(64, cap), *r0 = malloc(cap), *r1 = malloc(cap);
+
+    CHECK(src && d0 && d1 && r0 && r1);
+    for (size_t i = 0; i < cap; i++)
+        src[i] = (uint8_t)(i * 151 + 3);
+    for (size_t a = 0; a < sizeof(lens) / sizeof(lens[0]); a++) {
+        size_t len = lens[a], ss = 2 * len;
+        for (size_t b = 0; b < sizeof(offs) / sizeof(offs[0]); b++) {
+            for (int spread = 0; spread < 2; spread++) {
+                size_t ds = spread ? len + 64 : len;
+                uint8_t *x = d0 + offs[b], *y = d1 + offs[b];
+                memset(d0, 0xA5, cap);
+                memset(d1, 0x5A, cap);
+                memset(r0, 0xA5, cap);
+                memset(r1, 0x5A, cap);
+                for (size_t k = 0; k < count; k++) {
+                    memcpy(r0 + offs[b] + k * ds, src + k * ss, len);
+                    memcpy(r1 + offs[b] + k * ds, src + k * ss + len, len);
+                }
+                kvt__shm_copy_pair(x, ds, src, y, ds, src + len, ss, len,
+                                   count);
+                if (memcmp(d0, r0, cap) != 0 || memcmp(d1, r1, cap) != 0) {
+                    fprintf(stderr, "len %zu dst+%zu dstride %zu: wrong bytes\n",
+                            len, offs[b], ds);
+                    CHECK(0);
+                }
+            }
+        }
+    }
+    free(src);
+    free(d0);
+    free(d1);
+    free(r0);
+    free(r1);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(copy_strided_exact, 30),
+    KVT_CASE(copy_pair_exact, 30),
     KVT_CASE(fallback_to_tcp, 30),
     KVT_CASE(selection, 30),
     KVT_CASE(sessions_served_in_turn, 60),
+    KVT_CASE(rows_for_two_peers_mapped, 60),
+    KVT_CASE(rows_for_two_peers_staged, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),

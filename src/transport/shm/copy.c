@@ -139,6 +139,70 @@ void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
         memcpy(d, s, len);
 }
 
+#if defined(__x86_64__)
+/* kvt__shm_copy_pair() with whole 128-byte steps into 32-byte aligned
+ * destinations. */
+__attribute__((target("avx2"))) static void
+copy_pair_avx2(uint8_t *a, size_t ds0, const uint8_t *sa, uint8_t *b,
+               size_t ds1, const uint8_t *sb, size_t ss, size_t len,
+               size_t count)
+{
+    for (size_t k = 0; k < count; k++) {
+        const uint8_t *p = sa + k * ss, *q = sb + k * ss;
+        uint8_t *x = a + k * ds0, *y = b + k * ds1;
+        for (size_t m = 0; m < len; m += 128) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + m));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + m + 32));
+            __m256i v2 = _mm256_loadu_si256((const __m256i *)(p + m + 64));
+            __m256i v3 = _mm256_loadu_si256((const __m256i *)(p + m + 96));
+            _mm256_stream_si256((__m256i *)(x + m), v0);
+            _mm256_stream_si256((__m256i *)(x + m + 32), v1);
+            _mm256_stream_si256((__m256i *)(x + m + 64), v2);
+            _mm256_stream_si256((__m256i *)(x + m + 96), v3);
+        }
+        for (size_t m = 0; m < len; m += 128) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(q + m));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(q + m + 32));
+            __m256i v2 = _mm256_loadu_si256((const __m256i *)(q + m + 64));
+            __m256i v3 = _mm256_loadu_si256((const __m256i *)(q + m + 96));
+            _mm256_stream_si256((__m256i *)(y + m), v0);
+            _mm256_stream_si256((__m256i *)(y + m + 32), v1);
+            _mm256_stream_si256((__m256i *)(y + m + 64), v2);
+            _mm256_stream_si256((__m256i *)(y + m + 96), v3);
+        }
+    }
+}
+#endif
+
+void kvt__shm_copy_pair(void *d0, size_t ds0, const void *s0, void *d1,
+                        size_t ds1, const void *s1, size_t sstride,
+                        size_t len, size_t count)
+{
+    uint8_t *a = d0, *b = d1;
+    const uint8_t *sa = s0, *sb = s1;
+
+#if defined(__x86_64__)
+    if (len % 128 == 0 && ((uintptr_t)a | ds0 | (uintptr_t)b | ds1) % 32 == 0 &&
+        __builtin_cpu_supports("avx2")) {
+        copy_pair_avx2(a, ds0, sa, b, ds1, sb, sstride, len, count);
+        nt_fence();
+        return;
+    }
+#endif
+    if (len < NT_PIECE_MIN) {
+        for (size_t k = 0; k < count; k++) {
+            memcpy(a + k * ds0, sa + k * sstride, len);
+            memcpy(b + k * ds1, sb + k * sstride, len);
+        }
+        return;
+    }
+    for (size_t k = 0; k < count; k++) {
+        copy_nt(a + k * ds0, 0, sa + k * sstride, 0, len, 1);
+        copy_nt(b + k * ds1, 0, sb + k * sstride, 0, len, 1);
+    }
+    nt_fence();
+}
+
 int kvt__shm_run_check(const kvt__shm_run_t *r, uint64_t *span_p)
 {
     uint64_t len = r->len, cnt = r->count, stride = r->rstride, span;

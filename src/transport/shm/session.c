@@ -814,42 +814,63 @@ static kvt_status_t target_running(shm_session_t *s, uint64_t deadline)
     }
 }
 
+/* How each segment of a job is copied, and where it lies in a mapping
+ * (HOW_MAP), decided under the lease (rw_begin). */
+typedef struct {
+    uint32_t ncma, nmap, nstage, want_map;
+    uint8_t how[JOB_SEGS];
+    uint8_t *loc[JOB_SEGS];
+} rw_plan_t;
+
 /*
- * Run a READ or WRITE job under the lease. First every segment is checked
- * against the snapshot: one outside the target's registry (or its access
- * rights) fails with KVT_ERR_ACCESS and is not touched; the others are
- * marked for a mapping or for cross-memory attach. After the copies,
- * success needs the target alive and running (target_running()). No
- * target thread takes part: a transfer costs the target no wake-up.
+ * Take the lease and map_lock (read) and check every segment of a READ or
+ * WRITE job against the snapshot: one outside the target's registry (or
+ * its access rights) fails with KVT_ERR_ACCESS and is not touched; the
+ * others are marked for a mapping, the staging slots or cross-memory
+ * attach. 0: both held, @p filled. -1: the lease could not be had (the
+ * job failed, the session killed). With @try, nothing is waited for: 1
+ * when the lease is closed, the mappings are to be reconciled or
+ * map_lock is taken (nothing held, nothing done; run the job alone).
  */
-static void rw_run(shm_session_t *s, job_t *j)
+static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
 {
     kvt__shm_chan_t *ch = s->ch;
     uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
                                             : KVT_ACCESS_REMOTE_READ;
-    uint32_t n, want_map = 0, ncma = 0, nmap = 0, nstage = 0;
-    uint8_t how[JOB_SEGS];
-    uint8_t *loc[JOB_SEGS];
+    uint32_t n;
     kvt_status_t st;
 
-    st = lease_acquire(s, j->deadline);
-    if (st != KVT_OK) {
-        segs_fail(j, 0, j->nsegs, st);
-        session_kill(&s->base, st);
-        return;
+    if (try) {
+        if (session_status(s) != KVT_OK)
+            return 1;
+        atomic_fetch_add(&ch->active, 1);
+        if ((atomic_load(&ch->lease) & 1) == 0 ||
+            ch->snap_seq != atomic_load(&s->map_seq) ||
+            pthread_rwlock_tryrdlock(&s->map_lock) != 0) {
+            lease_release(s);
+            return 1;
+        }
+    } else {
+        st = lease_acquire(s, j->deadline);
+        if (st != KVT_OK) {
+            segs_fail(j, 0, j->nsegs, st);
+            session_kill(&s->base, st);
+            return -1;
+        }
+        if (ch->snap_seq != atomic_load(&s->map_seq))
+            maps_reconcile(s);
+        pthread_rwlock_rdlock(&s->map_lock);
     }
-    if (ch->snap_seq != atomic_load(&s->map_seq))
-        maps_reconcile(s);
+    p->ncma = p->nmap = p->nstage = p->want_map = 0;
     n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
-    pthread_rwlock_rdlock(&s->map_lock);
     for (uint32_t i = 0; i < j->nsegs; i++) {
         seg_t *g = &j->segs[i];
         const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
         const map_t *m = NULL;
         uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
 
-        how[i] = HOW_NONE;
-        loc[i] = NULL;
+        p->how[i] = HOW_NONE;
+        p->loc[i] = NULL;
         /* Without a region for the span, a strided segment may still have
          * each piece in one (never then in one mapping). */
         if (r == NULL &&
@@ -859,27 +880,33 @@ static void rw_run(shm_session_t *s, job_t *j)
         }
         if (r != NULL && r->map_id != 0) {
             m = map_find(s, r->map_id);
-            if (m == NULL && want_map == 0)
-                want_map = r->map_id;
+            if (m == NULL && p->want_map == 0)
+                p->want_map = r->map_id;
         }
         if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
-            loc[i] = m->local + (g->raddr - m->base);
-            how[i] = HOW_MAP;
-            nmap++;
+            p->loc[i] = m->local + (g->raddr - m->base);
+            p->how[i] = HOW_MAP;
+            p->nmap++;
         } else if (j->op == KVT_OP_WRITE && g->count > 1 &&
                    g->len <= STAGE_PIECE_MAX &&
                    (g->rstride != g->len || g->lstride != g->len)) {
-            how[i] = HOW_STAGE;
-            nstage++;
+            p->how[i] = HOW_STAGE;
+            p->nstage++;
         } else {
-            how[i] = HOW_CMA;
-            ncma++;
+            p->how[i] = HOW_CMA;
+            p->ncma++;
         }
     }
-    /* Mapped segments, merged while contiguous on both sides; strided
-     * ones piece by piece. */
-    for (uint32_t i = 0; i < j->nsegs && nmap > 0;) {
+    return 0;
+}
+
+/* The mapped segments of @j not yet copied (loc set), merged while
+ * contiguous on both sides; strided ones as one strided copy each. */
+static void rw_copy_maps(job_t *j, rw_plan_t *p)
+{
+    for (uint32_t i = 0; i < j->nsegs && p->nmap > 0;) {
         const seg_t *g = &j->segs[i];
+        uint8_t **loc = p->loc;
         uint64_t len = g->len;
         uint32_t k;
 
@@ -909,20 +936,108 @@ static void rw_run(shm_session_t *s, job_t *j)
             kvt__shm_copy((void *)(uintptr_t)g->laddr, loc[i], len, 0);
         i = k;
     }
-    if (ncma > 0)
-        st = cma_run(s, j, how);
+}
+
+/*
+ * The rest of a job begun with rw_begin(): cross-memory attach (under
+ * map_lock), then map_lock and the lease are released, the staged
+ * segments written, and success checked: it needs the target alive and
+ * running (target_running()). No target thread takes part in a mapped
+ * or attached copy: it costs the target no wake-up.
+ */
+static void rw_end(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    kvt_status_t st = KVT_OK;
+
+    if (p->ncma > 0)
+        st = cma_run(s, j, p->how);
     pthread_rwlock_unlock(&s->map_lock);
     lease_release(s);
-    if (st == KVT_OK && nstage > 0)
-        st = stage_run(s, j, how);
-    if (st == KVT_OK && ncma + nmap > 0)
+    if (st == KVT_OK && p->nstage > 0)
+        st = stage_run(s, j, p->how);
+    if (st == KVT_OK && p->ncma + p->nmap > 0)
         st = target_running(s, j->deadline);
     if (st != KVT_OK) {
         segs_fail(j, 0, j->nsegs, st);
         session_kill(&s->base, st);
     }
-    if (want_map != 0 && st == KVT_OK)
-        map_request(s, want_map, 0);
+    if (p->want_map != 0 && st == KVT_OK)
+        map_request(s, p->want_map, 0);
+}
+
+/* Run a READ or WRITE job alone. */
+static void rw_run(shm_session_t *s, job_t *j)
+{
+    rw_plan_t p; /* 9 KiB */
+
+    if (rw_begin(s, j, &p, 0) != 0)
+        return;
+    rw_copy_maps(j, &p);
+    rw_end(s, j, &p);
+}
+
+/*
+ * Two pieces of one source row: segments with the same geometry whose
+ * pieces are disjoint parts of the same rows (two peers' heads of this
+ * rank's cache).
+ */
+static int seg_siblings(const seg_t *a, const seg_t *b)
+{
+    uint64_t d = a->laddr > b->laddr ? a->laddr - b->laddr
+                                     : b->laddr - a->laddr;
+
+    return a->count > 1 && a->count == b->count && a->len == b->len &&
+           a->lstride == b->lstride && a->lstride > a->len && d >= a->len &&
+           d + a->len <= a->lstride;
+}
+
+/*
+ * Two WRITE jobs of different sessions taken together (take_pair()):
+ * each source row is read once for both. Segments that are siblings
+ * (seg_siblings()) and mapped on both sides are copied piece by piece in
+ * step, both parts of a row one after the other: reading one part of
+ * every row and later the other costs nearly twice the memory traffic of
+ * reading each row once (the hardware prefetches whole rows). The rest
+ * of each job is run as rw_run() would. The partner's lease and mappings
+ * are only tried: when either is not at hand at once, it runs alone
+ * after the first (holding one lease while waiting for another could
+ * wait on a target that waits on this one).
+ */
+static void rw_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
+                        job_t *j2)
+{
+    rw_plan_t p[2]; /* 18 KiB */
+    int r2;
+
+    if (rw_begin(s, j, &p[0], 0) != 0) {
+        rw_run(s2, j2);
+        return;
+    }
+    r2 = rw_begin(s2, j2, &p[1], 1);
+    if (r2 == 0) {
+        for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
+            const seg_t *a = &j->segs[i], *b = &j2->segs[i];
+            if (p[0].loc[i] == NULL || p[1].loc[i] == NULL ||
+                !seg_siblings(a, b)) {
+                continue;
+            }
+            kvt__shm_copy_pair(p[0].loc[i], a->rstride,
+                               (const void *)(uintptr_t)a->laddr,
+                               p[1].loc[i], b->rstride,
+                               (const void *)(uintptr_t)b->laddr, a->lstride,
+                               a->len, a->count);
+            p[0].loc[i] = p[1].loc[i] = NULL;
+            atomic_fetch_add_explicit(&s->shm->paired, 1,
+                                      memory_order_relaxed);
+        }
+        rw_copy_maps(j2, &p[1]);
+    }
+    rw_copy_maps(j, &p[0]);
+    if (r2 == 0)
+        rw_end(s2, j2, &p[1]);
+    rw_end(s, j, &p[0]);
+    if (r2 != 0)
+        rw_run(s2, j2);
 }
 
 /* Wait (in slices, bounded by @deadline) while *word == @v. */
@@ -1064,20 +1179,12 @@ static void pool_wake(kvt__shm_t *shm, unsigned n)
     pthread_mutex_unlock(&shm->pool_lock);
 }
 
-/* Run a job taken with take_locked() and account for it. */
-static void job_run(shm_session_t *s, job_t *j)
+/* Account for a job that has run: complete it, and release the session
+ * or hand its NOTIFY on when that was the last one in flight. */
+static void job_done(shm_session_t *s, job_t *j)
 {
     int release_now = 0, notify_ready = 0;
 
-    if (j->op == KVT_OP_NOTIFY) {
-        kvt_status_t st = notify_run(s, j);
-        if (st != KVT_OK) {
-            segs_fail(j, 0, j->nsegs, st);
-            session_kill(&s->base, st);
-        }
-    } else {
-        rw_run(s, j);
-    }
     job_complete(j);
     pthread_mutex_lock(&s->lock);
     s->inflight--;
@@ -1092,6 +1199,70 @@ static void job_run(shm_session_t *s, job_t *j)
         release(s);
     if (notify_ready)
         pool_wake(s->shm, 1);
+}
+
+/*
+ * The submission plug (kvt__engine_plug()): while this thread holds it,
+ * its submissions leave the workers asleep and count what they queued;
+ * the last unplug wakes them for all of it. One engine's pool at a time:
+ * a submission to another one wakes the first's workers then.
+ */
+static _Thread_local struct {
+    unsigned depth, n;
+    kvt__shm_t *shm;
+} plug;
+
+void kvt__shm_plug(void)
+{
+    plug.depth++;
+}
+
+void kvt__shm_unplug(void)
+{
+    if (plug.depth == 0 || --plug.depth > 0 || plug.shm == NULL)
+        return;
+    pool_wake(plug.shm, plug.n);
+    plug.shm = NULL;
+    plug.n = 0;
+}
+
+/* Wake workers for @n new jobs, or leave that to the unplug. */
+static void submit_wake(kvt__shm_t *shm, unsigned n)
+{
+    if (plug.depth == 0) {
+        pool_wake(shm, n);
+        return;
+    }
+    if (plug.shm != NULL && plug.shm != shm) {
+        pool_wake(plug.shm, plug.n);
+        plug.n = 0;
+    }
+    plug.shm = shm;
+    plug.n += n;
+}
+
+/* Run a job taken with take_locked() and account for it. */
+static void job_run(shm_session_t *s, job_t *j)
+{
+    if (j->op == KVT_OP_NOTIFY) {
+        kvt_status_t st = notify_run(s, j);
+        if (st != KVT_OK) {
+            segs_fail(j, 0, j->nsegs, st);
+            session_kill(&s->base, st);
+        }
+    } else {
+        rw_run(s, j);
+    }
+    job_done(s, j);
+}
+
+/* Run two jobs taken with take_pair() and account for them. */
+static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
+                         job_t *j2)
+{
+    rw_run_pair(s, j, s2, j2);
+    job_done(s2, j2);
+    job_done(s, j);
 }
 
 /* ---- Submission ---------------------------------------------------------- */
@@ -1305,7 +1476,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
         fail_list(list, dead);
         return KVT_OK;
     }
-    pool_wake(shm, (unsigned)nj);
+    submit_wake(shm, (unsigned)nj);
     return KVT_OK;
 }
 
@@ -1477,6 +1648,58 @@ static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
     return NULL;
 }
 
+/* How far into another session's queue take_pair() looks. */
+#define PAIR_LOOK 8
+
+/*
+ * A job of another session to run with @j (rw_run_pair()): when @j
+ * writes pieces that are parts of rows here (a strided source), the
+ * first job among the next PAIR_LOOK queued in another session, before
+ * any NOTIFY, whose first segment is the sibling of @j's (the other part
+ * of the same rows) is taken too. Jobs of one session may run in any
+ * order; a NOTIFY waits for those taken before it. Called with pool_lock
+ * held; NULL when there is none.
+ */
+static shm_session_t *take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
+                                job_t **j2_p)
+{
+    if (j->op != KVT_OP_WRITE || j->nsegs == 0 || j->segs[0].count < 2 ||
+        j->segs[0].lstride <= j->segs[0].len)
+        return NULL;
+    for (shm_session_t *o = shm->sessions; o != NULL; o = o->next_all) {
+        job_t *prev, *c;
+        unsigned k = 0;
+
+        if (o == s)
+            continue;
+        pthread_mutex_lock(&o->lock);
+        if (atomic_load(&o->base.dead)) {
+            pthread_mutex_unlock(&o->lock);
+            continue;
+        }
+        for (prev = NULL, c = o->head; c != NULL && k < PAIR_LOOK;
+             prev = c, c = c->next, k++) {
+            if (c->op == KVT_OP_NOTIFY)
+                break;
+            if (c->op != KVT_OP_WRITE || c->nsegs != j->nsegs ||
+                !seg_siblings(&j->segs[0], &c->segs[0]))
+                continue;
+            if (prev == NULL)
+                o->head = c->next;
+            else
+                prev->next = c->next;
+            if (o->tail == c)
+                o->tail = prev;
+            o->inflight++;
+            pthread_mutex_unlock(&o->lock);
+            *j2_p = c;
+            return o;
+        }
+        pthread_mutex_unlock(&o->lock);
+    }
+    return NULL;
+}
+
 static void *worker_main(void *arg)
 {
     kvt__shm_t *shm = arg;
@@ -1490,8 +1713,13 @@ static void *worker_main(void *arg)
 
         s = take_next(shm, &j);
         if (j != NULL) {
+            job_t *j2 = NULL;
+            shm_session_t *s2 = take_pair(shm, s, j, &j2);
             pthread_mutex_unlock(&shm->pool_lock);
-            job_run(s, j);
+            if (j2 != NULL)
+                job_run_pair(s, j, s2, j2);
+            else
+                job_run(s, j);
             pthread_mutex_lock(&shm->pool_lock);
             continue;
         }

@@ -191,6 +191,7 @@ struct kvt__shm {
     pthread_cond_t pool_cond;
     shm_session_t *sessions;
     unsigned rr; /* where the workers' next scan starts (take_next) */
+    _Atomic uint64_t paired; /* segments copied two rows' parts at a time */
     pthread_t *workers;
     unsigned nworkers;
     unsigned idle;
@@ -216,6 +217,12 @@ void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
  * from a few hundred bytes up (with the fence). */
 void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
                            size_t sstride, size_t len, size_t count, int nt);
+/* @count pieces of two rows' parts in step: the k-th piece of @len bytes
+ * from s0 + k * sstride to d0 + k * ds0, then from s1 + k * sstride to
+ * d1 + k * ds1; streamed stores (a write into a peer's mapping). */
+void kvt__shm_copy_pair(void *d0, size_t ds0, const void *s0, void *d1,
+                        size_t ds1, const void *s1, size_t sstride,
+                        size_t len, size_t count);
 
 /* A staged run as the target reads it from the slot (untrusted): 1 if
  * its pieces are well formed (count and len at least 1, stride at least
