@@ -143,6 +143,7 @@ struct shm_session {
     pthread_rwlock_t map_lock;
     map_t *maps;
     size_t nmaps, mcap;
+    _Atomic uint32_t mapped; /* nmaps, read without map_lock (take_pair) */
     _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
     uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
     unsigned nnomap;
@@ -299,6 +300,7 @@ static void maps_reconcile(shm_session_t *s)
             }
         }
         s->nmaps = k;
+        atomic_store(&s->mapped, (uint32_t)k);
         s->nnomap = 0;
         atomic_store(&s->map_seq, ch->snap_seq);
     }
@@ -438,6 +440,7 @@ static void map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
     }
     if (p != MAP_FAILED) {
         s->maps[s->nmaps++] = (map_t){id, m.addr, m.length, p};
+        atomic_store(&s->mapped, (uint32_t)s->nmaps);
         KVT_LOG_D("shm: mapped allocation %u of %s (%llu bytes)", id,
                   s->base.name, (unsigned long long)m.length);
     } else if (s->nnomap < NOMAP_MAX) {
@@ -1018,9 +1021,8 @@ static void rw_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
             const seg_t *a = &j->segs[i], *b = &j2->segs[i];
             if (p[0].loc[i] == NULL || p[1].loc[i] == NULL ||
-                !seg_siblings(a, b)) {
+                !seg_siblings(a, b))
                 continue;
-            }
             kvt__shm_copy_pair(p[0].loc[i], a->rstride,
                                (const void *)(uintptr_t)a->laddr,
                                p[1].loc[i], b->rstride,
@@ -1144,6 +1146,7 @@ static void release(shm_session_t *s)
     for (size_t i = 0; i < s->nmaps; i++)
         munmap(s->maps[i].local, s->maps[i].len);
     s->nmaps = 0;
+    atomic_store(&s->mapped, 0);
     pthread_rwlock_unlock(&s->map_lock);
     if (s->ch != NULL)
         munmap(s->ch, s->ch_len);
@@ -1202,7 +1205,7 @@ static void job_done(shm_session_t *s, job_t *j)
 }
 
 /*
- * The submission plug (kvt__engine_plug()): while this thread holds it,
+ * The submission plug (kvt__submit_plug()): while this thread holds it,
  * its submissions leave the workers asleep and count what they queued;
  * the last unplug wakes them for all of it. One engine's pool at a time:
  * a submission to another one wakes the first's workers then.
@@ -1657,20 +1660,25 @@ static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
  * first job among the next PAIR_LOOK queued in another session, before
  * any NOTIFY, whose first segment is the sibling of @j's (the other part
  * of the same rows) is taken too. Jobs of one session may run in any
- * order; a NOTIFY waits for those taken before it. Called with pool_lock
- * held; NULL when there is none.
+ * order; a NOTIFY waits for those taken before it. Only between
+ * sessions that map memory of their targets: staged jobs gain nothing
+ * from running together, and run better side by side on two workers,
+ * each in step with its own target. Called with pool_lock held; NULL when
+ * there is none.
  */
 static shm_session_t *take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
                                 job_t **j2_p)
 {
     if (j->op != KVT_OP_WRITE || j->nsegs == 0 || j->segs[0].count < 2 ||
-        j->segs[0].lstride <= j->segs[0].len)
+        j->segs[0].lstride <= j->segs[0].len ||
+        atomic_load_explicit(&s->mapped, memory_order_relaxed) == 0)
         return NULL;
     for (shm_session_t *o = shm->sessions; o != NULL; o = o->next_all) {
         job_t *prev, *c;
         unsigned k = 0;
 
-        if (o == s)
+        if (o == s ||
+            atomic_load_explicit(&o->mapped, memory_order_relaxed) == 0)
             continue;
         pthread_mutex_lock(&o->lock);
         if (atomic_load(&o->base.dead)) {
