@@ -169,11 +169,32 @@ KVT_TEST(selection)
  * so only the worker moves bytes. The small write must land while most
  * of the large ones are still pending.
  */
+/* Two target peers (B started and opened first) and an initiator engine
+ * with one pool worker reaching both over shm; skips when they do not
+ * offer it. */
+static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
+                              kvt_segment_t *sa, kvt_segment_t *sb)
+{
+    kvt_engine_params_t ep = {0};
+    kvt_engine_h e = NULL;
+
+    CHECK(peer_start(pb, o) == 0);
+    CHECK(peer_start(pa, o) == 0);
+    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
+    ep.transports = KVT_TRANSPORT_ALL;
+    ep.num_workers = 1;
+    CHECK_OK(kvt_engine_create(&ep, &e));
+    CHECK_OK(kvt_segment_open(e, pb->segment, sb));
+    CHECK_OK(kvt_segment_open(e, pa->segment, sa));
+    if (!offers_shm(e, *sa) || strcmp(kvt__segment_transport(e, *sa), "shm"))
+        SKIP("the target engine does not offer shm");
+    return e;
+}
+
 KVT_TEST(sessions_served_in_turn)
 {
     enum { BIG = 8 };
     peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
-    kvt_engine_params_t ep = {0};
     kvt_xfer_desc_t d[BIG];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -183,16 +204,7 @@ KVT_TEST(sessions_served_in_turn)
     size_t done = 0;
     double t0;
 
-    CHECK(peer_start(&pb, &o) == 0);
-    CHECK(peer_start(&pa, &o) == 0);
-    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
-    ep.transports = KVT_TRANSPORT_ALL;
-    ep.num_workers = 1;
-    CHECK_OK(kvt_engine_create(&ep, &e));
-    CHECK_OK(kvt_segment_open(e, pb.segment, &sb));
-    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
-    if (!offers_shm(e, sa) || strcmp(kvt__segment_transport(e, sa), "shm"))
-        SKIP("the target engine does not offer shm");
+    e = two_peers(&pa, &pb, &o, &sa, &sb);
     buf = map(PEER_MAIN_LEN);
     memset(buf, 0x5a, PEER_MAIN_LEN);
     CHECK_OK(kvt_mem_register(e, buf, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW));
@@ -245,7 +257,6 @@ static void rows_for_two_peers(int managed, size_t len)
 {
     enum { MIB = 16 };
     peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
-    kvt_engine_params_t ep = {0};
     kvt_xfer_desc_t d[2];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -256,16 +267,7 @@ static void rows_for_two_peers(int managed, size_t len)
     char cmd[128];
     double t0;
 
-    CHECK(peer_start(&pa, &o) == 0);
-    CHECK(peer_start(&pb, &o) == 0);
-    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
-    ep.transports = KVT_TRANSPORT_ALL;
-    ep.num_workers = 1;
-    CHECK_OK(kvt_engine_create(&ep, &e));
-    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
-    CHECK_OK(kvt_segment_open(e, pb.segment, &sb));
-    if (!offers_shm(e, sa) || strcmp(kvt__segment_transport(e, sa), "shm"))
-        SKIP("the target engine does not offer shm");
+    e = two_peers(&pa, &pb, &o, &sa, &sb);
     buf = map(2 * bytes);
     for (uint64_t r = 0; r < rows; r++)
         for (size_t i = 0; i < len; i++) {

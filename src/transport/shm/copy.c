@@ -33,6 +33,21 @@
 #define NT_RUN_MIN (4u * 1024u)
 
 #if defined(__x86_64__)
+/* 128 bytes from @s (any alignment) to @d (32-byte aligned) with
+ * streaming stores. */
+__attribute__((target("avx2"), always_inline)) static inline void
+stream128(uint8_t *d, const uint8_t *s)
+{
+    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_stream_si256((__m256i *)d, a);
+    _mm256_stream_si256((__m256i *)(d + 32), b);
+    _mm256_stream_si256((__m256i *)(d + 64), c);
+    _mm256_stream_si256((__m256i *)(d + 96), e);
+}
+
 /* Each of @count pieces of @n bytes, the k-th from s + k * ss to
  * d + k * ds, with streaming stores from the first 32-byte boundary of
  * the destination (plain ones for the bytes before it and the tail). */
@@ -53,16 +68,8 @@ copy_nt_avx2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss, size_t n,
             sp += head;
             m -= head;
         }
-        for (; m >= 128; m -= 128, dd += 128, sp += 128) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)sp);
-            __m256i b = _mm256_loadu_si256((const __m256i *)(sp + 32));
-            __m256i c = _mm256_loadu_si256((const __m256i *)(sp + 64));
-            __m256i e = _mm256_loadu_si256((const __m256i *)(sp + 96));
-            _mm256_stream_si256((__m256i *)dd, a);
-            _mm256_stream_si256((__m256i *)(dd + 32), b);
-            _mm256_stream_si256((__m256i *)(dd + 64), c);
-            _mm256_stream_si256((__m256i *)(dd + 96), e);
-        }
+        for (; m >= 128; m -= 128, dd += 128, sp += 128)
+            stream128(dd, sp);
         for (; m >= 32; m -= 32, dd += 32, sp += 32)
             _mm256_stream_si256((__m256i *)dd,
                                 _mm256_loadu_si256((const __m256i *)sp));
@@ -150,26 +157,10 @@ copy_pair_avx2(uint8_t *a, size_t ds0, const uint8_t *sa, uint8_t *b,
     for (size_t k = 0; k < count; k++) {
         const uint8_t *p = sa + k * ss, *q = sb + k * ss;
         uint8_t *x = a + k * ds0, *y = b + k * ds1;
-        for (size_t m = 0; m < len; m += 128) {
-            __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + m));
-            __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + m + 32));
-            __m256i v2 = _mm256_loadu_si256((const __m256i *)(p + m + 64));
-            __m256i v3 = _mm256_loadu_si256((const __m256i *)(p + m + 96));
-            _mm256_stream_si256((__m256i *)(x + m), v0);
-            _mm256_stream_si256((__m256i *)(x + m + 32), v1);
-            _mm256_stream_si256((__m256i *)(x + m + 64), v2);
-            _mm256_stream_si256((__m256i *)(x + m + 96), v3);
-        }
-        for (size_t m = 0; m < len; m += 128) {
-            __m256i v0 = _mm256_loadu_si256((const __m256i *)(q + m));
-            __m256i v1 = _mm256_loadu_si256((const __m256i *)(q + m + 32));
-            __m256i v2 = _mm256_loadu_si256((const __m256i *)(q + m + 64));
-            __m256i v3 = _mm256_loadu_si256((const __m256i *)(q + m + 96));
-            _mm256_stream_si256((__m256i *)(y + m), v0);
-            _mm256_stream_si256((__m256i *)(y + m + 32), v1);
-            _mm256_stream_si256((__m256i *)(y + m + 64), v2);
-            _mm256_stream_si256((__m256i *)(y + m + 96), v3);
-        }
+        for (size_t m = 0; m < len; m += 128)
+            stream128(x + m, p + m);
+        for (size_t m = 0; m < len; m += 128)
+            stream128(y + m, q + m);
     }
 }
 #endif
