@@ -243,99 +243,138 @@ KVT_TEST(sessions_served_in_turn)
     peer_stop(&pb);
 }
 
+/* Rows of two parts of @len bytes here, part 0 of each row for peer A
+ * and part 1 for peer B, contiguous there; one pool worker. */
+typedef struct {
+    peer_t pa, pb;
+    kvt_segment_t sa, sb;
+    kvt_engine_h e;
+    uint8_t *buf;
+    size_t len;
+    uint64_t rows, bytes; /* per peer */
+} rows_t;
+
+static void rows_setup(rows_t *f, int managed, size_t len, uint64_t size)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
+
+    f->e = two_peers(&f->pa, &f->pb, &o, &f->sa, &f->sb);
+    f->len = len;
+    f->rows = size / len;
+    f->bytes = f->rows * len;
+    f->buf = map(2 * f->bytes);
+    for (uint64_t r = 0; r < f->rows; r++)
+        for (size_t i = 0; i < len; i++) {
+            f->buf[2 * r * len + i] = pattern_byte(21, r * len + i);
+            f->buf[(2 * r + 1) * len + i] = pattern_byte(22, r * len + i);
+        }
+    CHECK_OK(kvt_mem_register(f->e, f->buf, 2 * f->bytes,
+                              KVT_ACCESS_REMOTE_RW));
+    /* The first write to each peer maps its memory, when it can be. */
+    CHECK_OK(write1(f->e, f->sa, f->buf, f->pa.main_addr, 4096));
+    CHECK_OK(write1(f->e, f->sb, f->buf, f->pb.main_addr, 4096));
+}
+
+/* Each peer's part of every row, one strided descriptor each. */
+static void rows_descs(const rows_t *f, kvt_xfer_desc_t d[2])
+{
+    memset(d, 0, 2 * sizeof(*d));
+    for (int k = 0; k < 2; k++) {
+        d[k].opcode = KVT_OP_WRITE;
+        d[k].segment = k ? f->sb : f->sa;
+        d[k].local_addr = f->buf + (size_t)k * f->len;
+        d[k].local_stride = 2 * f->len;
+        d[k].remote_addr = k ? f->pb.main_addr : f->pa.main_addr;
+        d[k].remote_stride = f->len;
+        d[k].length = f->len;
+        d[k].count = (uint32_t)f->rows;
+    }
+}
+
+/* Both under the plug, so that they are queued together. */
+static void rows_submit(rows_t *f, const kvt_xfer_desc_t d[2], kvt_batch_h b[2])
+{
+    CHECK_OK(kvt_batch_create(f->e, 1, &b[0]));
+    CHECK_OK(kvt_batch_create(f->e, 1, &b[1]));
+    kvt__submit_plug();
+    CHECK_OK(kvt_batch_submit(b[0], &d[0], 1));
+    CHECK_OK(kvt_batch_submit(b[1], &d[1], 1));
+    kvt__submit_unplug();
+}
+
+/* Poll (a waiting thread would run jobs of its batch alone) until @b has
+ * nothing pending or @secs pass; its status. */
+static kvt_status_t rows_poll(kvt_batch_h b, double secs)
+{
+    double t0 = kvt_test_now();
+
+    while (kvt_batch_query(b, NULL) == KVT_INPROGRESS &&
+           kvt_test_now() - t0 < secs)
+        usleep(100);
+    return kvt_batch_query(b, NULL);
+}
+
+/* Bytes of the peer's main region that are not its part (pattern @seed). */
+static void rows_check(peer_t *p, uint64_t bytes, int seed)
+{
+    CHECK(strcmp(peer_cmd(p, "check %llu %llu %d",
+                          (unsigned long long)p->main_addr,
+                          (unsigned long long)bytes, seed),
+                 "0") == 0);
+}
+
+static void rows_teardown(rows_t *f)
+{
+    kvt_engine_destroy(f->e);
+    munmap(f->buf, 2 * f->bytes);
+    peer_stop(&f->pa);
+    peer_stop(&f->pb);
+}
+
 /*
  * One source, two peers, each getting one part of every row (the heads
- * of one prefill rank split between two decode ranks): rows of two parts
- * of @len bytes here, part 0 of each row to peer A and part 1 to peer B,
- * contiguous there, both submitted under the plug so that they are queued
- * together. Every byte must land, whether the two jobs' rows are copied
- * in one pass (both peers mapped: the pool's pair path, counted) or not
- * (plain memory: staged, each alone after the other); a second pair of
- * batches whose pieces are not parts of the same rows is never paired.
+ * of one prefill rank split between two decode ranks). Every byte must
+ * land, whether the two jobs' rows are copied in one pass (both peers
+ * mapped: the pool's pair path, counted) or not (plain memory: staged,
+ * never paired); a second pair of batches whose pieces are not parts of
+ * the same rows is never paired.
  */
 static void rows_for_two_peers(int managed, size_t len)
 {
-    enum { MIB = 16 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
     kvt_xfer_desc_t d[2];
-    kvt_segment_t sa, sb;
-    kvt_batch_h ba, bb;
-    kvt_engine_h e = NULL;
-    uint64_t rows = ((uint64_t)MIB << 20) / len, bytes = rows * len, paired;
-    uint8_t *buf;
-    peer_t pa, pb;
-    char cmd[128];
-    double t0;
+    kvt_batch_h b[2];
+    uint64_t paired;
+    rows_t f;
 
-    e = two_peers(&pa, &pb, &o, &sa, &sb);
-    buf = map(2 * bytes);
-    for (uint64_t r = 0; r < rows; r++)
-        for (size_t i = 0; i < len; i++) {
-            buf[2 * r * len + i] = pattern_byte(21, r * len + i);
-            buf[(2 * r + 1) * len + i] = pattern_byte(22, r * len + i);
-        }
-    CHECK_OK(kvt_mem_register(e, buf, 2 * bytes, KVT_ACCESS_REMOTE_RW));
-    /* The first write to each peer maps its memory, when it can be. */
-    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
-    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
-
+    rows_setup(&f, managed, len, 16u << 20);
     for (int siblings = 1; siblings >= 0; siblings--) {
-        memset(d, 0, sizeof(d));
-        for (int k = 0; k < 2; k++) {
-            d[k].opcode = KVT_OP_WRITE;
-            d[k].segment = k ? sb : sa;
-            d[k].local_addr = buf + (size_t)k * len;
-            d[k].local_stride = 2 * len;
-            d[k].remote_addr = k ? pb.main_addr : pa.main_addr;
-            d[k].remote_stride = len;
-            d[k].length = len;
-            d[k].count = (uint32_t)rows;
-        }
+        rows_descs(&f, d);
         if (!siblings) {
             /* Peer B: the same bytes as whole rows of part 1 and part 0
              * of the next row, never the other part of A's rows. */
-            d[1].local_addr = buf + len + len / 2;
+            d[1].local_addr = f.buf + len + len / 2;
             d[1].length = len / 2;
             d[1].local_stride = len;
             d[1].remote_stride = len / 2;
-            d[1].count = (uint32_t)(2 * rows - 2);
+            d[1].count = (uint32_t)(2 * f.rows - 2);
         }
-        paired = atomic_load(&e->shm->paired);
-        CHECK_OK(kvt_batch_create(e, 1, &ba));
-        CHECK_OK(kvt_batch_create(e, 1, &bb));
-        kvt__submit_plug();
-        CHECK_OK(kvt_batch_submit(ba, &d[0], 1));
-        CHECK_OK(kvt_batch_submit(bb, &d[1], 1));
-        kvt__submit_unplug();
-        /* Polled: a waiting thread would run jobs of its batch alone. */
-        t0 = kvt_test_now();
-        while ((kvt_batch_query(ba, NULL) == KVT_INPROGRESS ||
-                kvt_batch_query(bb, NULL) == KVT_INPROGRESS) &&
-               kvt_test_now() - t0 < 30)
-            usleep(100);
-        CHECK_OK(kvt_batch_query(ba, NULL));
-        CHECK_OK(kvt_batch_query(bb, NULL));
-        CHECK_OK(kvt_batch_free(ba));
-        CHECK_OK(kvt_batch_free(bb));
-        snprintf(cmd, sizeof(cmd), "check %llu %llu 21",
-                 (unsigned long long)pa.main_addr, (unsigned long long)bytes);
-        CHECK(strcmp(peer_cmd(&pa, "%s", cmd), "0") == 0);
+        paired = atomic_load(&f.e->shm->paired);
+        rows_submit(&f, d, b);
+        CHECK_OK(rows_poll(b[0], 30));
+        CHECK_OK(rows_poll(b[1], 30));
+        CHECK_OK(kvt_batch_free(b[0]));
+        CHECK_OK(kvt_batch_free(b[1]));
+        rows_check(&f.pa, f.bytes, 21);
         if (siblings) {
-            snprintf(cmd, sizeof(cmd), "check %llu %llu 22",
-                     (unsigned long long)pb.main_addr,
-                     (unsigned long long)bytes);
-            CHECK(strcmp(peer_cmd(&pb, "%s", cmd), "0") == 0);
+            rows_check(&f.pb, f.bytes, 22);
             /* Mapped on both sides: copied in one pass. */
-            CHECK(managed ? atomic_load(&e->shm->paired) > paired
-                          : atomic_load(&e->shm->paired) == paired);
+            CHECK(managed ? atomic_load(&f.e->shm->paired) > paired
+                          : atomic_load(&f.e->shm->paired) == paired);
         } else {
-            CHECK(atomic_load(&e->shm->paired) == paired);
+            CHECK(atomic_load(&f.e->shm->paired) == paired);
         }
     }
-    kvt_engine_destroy(e);
-    munmap(buf, 2 * bytes);
-    peer_stop(&pa);
-    peer_stop(&pb);
+    rows_teardown(&f);
 }
 
 KVT_TEST(rows_for_two_peers_mapped)
@@ -347,6 +386,53 @@ KVT_TEST(rows_for_two_peers_mapped)
 KVT_TEST(rows_for_two_peers_staged)
 {
     rows_for_two_peers(0, 512);
+}
+
+/*
+ * A paired job whose target is stopped (SIGSTOP) does not hold back its
+ * partner's: A's rows land and its batch completes while B is stopped
+ * (B's write is copied in the same pass, but is only done once B runs
+ * again); after SIGCONT, B's completes with every byte. Fails when the
+ * pair's ends are taken in a fixed order with the stopped one first.
+ */
+KVT_TEST(rows_for_two_peers_partner_stopped)
+{
+    kvt_xfer_desc_t d[2];
+    kvt_batch_h b[2];
+    uint64_t paired;
+    rows_t f;
+
+    /* 1 MiB a peer: one job each (a larger batch would be cut into
+     * several, and the one worker, holding B's first job until B runs,
+     * would not come to A's second: a stopped target holds the worker
+     * that ran its job). */
+    rows_setup(&f, 1, 512, 1u << 20);
+    rows_descs(&f, d);
+    /* Twice: the worker takes the two sessions' jobs in turn, so B's is
+     * the one taken once and the partner once. */
+    for (int round = 0; round < 2; round++) {
+        CHECK(strcmp(peer_cmd(&f.pa, "fill %llu %llu 7",
+                              (unsigned long long)f.pa.main_addr,
+                              (unsigned long long)f.bytes),
+                     "ok") == 0);
+        CHECK(strcmp(peer_cmd(&f.pb, "fill %llu %llu 7",
+                              (unsigned long long)f.pb.main_addr,
+                              (unsigned long long)f.bytes),
+                     "ok") == 0);
+        paired = atomic_load(&f.e->shm->paired);
+        peer_kill(&f.pb, SIGSTOP);
+        rows_submit(&f, d, b);
+        CHECK_OK(rows_poll(b[0], 5));
+        CHECK(kvt_batch_query(b[1], NULL) == KVT_INPROGRESS);
+        CHECK(atomic_load(&f.e->shm->paired) > paired);
+        rows_check(&f.pa, f.bytes, 21);
+        peer_kill(&f.pb, SIGCONT);
+        CHECK_OK(rows_poll(b[1], 30));
+        rows_check(&f.pb, f.bytes, 22);
+        CHECK_OK(kvt_batch_free(b[0]));
+        CHECK_OK(kvt_batch_free(b[1]));
+    }
+    rows_teardown(&f);
 }
 
 /* Strided write of @count 512-byte pieces, a 1 KiB stride in the target
@@ -735,6 +821,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(sessions_served_in_turn, 60),
     KVT_CASE(rows_for_two_peers_mapped, 60),
     KVT_CASE(rows_for_two_peers_staged, 60),
+    KVT_CASE(rows_for_two_peers_partner_stopped, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),

@@ -821,6 +821,7 @@ static kvt_status_t target_running(shm_session_t *s, uint64_t deadline)
  * (HOW_MAP), decided under the lease (rw_begin). */
 typedef struct {
     uint32_t ncma, nmap, nstage, want_map;
+    kvt_status_t st; /* of the attached copies (rw_release) */
     uint8_t how[JOB_SEGS];
     uint8_t *loc[JOB_SEGS];
 } rw_plan_t;
@@ -941,21 +942,26 @@ static void rw_copy_maps(job_t *j, rw_plan_t *p)
     }
 }
 
-/*
- * The rest of a job begun with rw_begin(): cross-memory attach (under
- * map_lock), then map_lock and the lease are released, the staged
- * segments written, and success checked: it needs the target alive and
- * running (target_running()). No target thread takes part in a mapped
- * or attached copy: it costs the target no wake-up.
- */
-static void rw_end(shm_session_t *s, job_t *j, rw_plan_t *p)
+/* After the mapped copies of a job begun with rw_begin(): cross-memory
+ * attach (under map_lock), then map_lock and the lease are released. */
+static void rw_release(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
-    kvt_status_t st = KVT_OK;
-
-    if (p->ncma > 0)
-        st = cma_run(s, j, p->how);
+    p->st = p->ncma > 0 ? cma_run(s, j, p->how) : KVT_OK;
     pthread_rwlock_unlock(&s->map_lock);
     lease_release(s);
+}
+
+/*
+ * The end of a job after rw_release(): the staged segments are written
+ * and success is checked: it needs the target alive and running
+ * (target_running(), which holds the job while the target is stopped).
+ * No target thread takes part in a mapped or attached copy: it costs the
+ * target no wake-up.
+ */
+static void rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    kvt_status_t st = p->st;
+
     if (st == KVT_OK && p->nstage > 0)
         st = stage_run(s, j, p->how);
     if (st == KVT_OK && p->ncma + p->nmap > 0)
@@ -976,7 +982,8 @@ static void rw_run(shm_session_t *s, job_t *j)
     if (rw_begin(s, j, &p, 0) != 0)
         return;
     rw_copy_maps(j, &p);
-    rw_end(s, j, &p);
+    rw_release(s, j, &p);
+    rw_finish(s, j, &p);
 }
 
 /*
@@ -994,52 +1001,65 @@ static int seg_siblings(const seg_t *a, const seg_t *b)
            d + a->len <= a->lstride;
 }
 
+static void job_done(shm_session_t *s, job_t *j);
+static void job_run(shm_session_t *s, job_t *j);
+
 /*
- * Two WRITE jobs of different sessions taken together (take_pair()):
- * each source row is read once for both. Segments that are siblings
- * (seg_siblings()) and mapped on both sides are copied piece by piece in
- * step, both parts of a row one after the other: reading one part of
- * every row and later the other costs nearly twice the memory traffic of
- * reading each row once (the hardware prefetches whole rows). The rest
- * of each job is run as rw_run() would. The partner's lease and mappings
- * are only tried: when either is not at hand at once, it runs alone
- * after the first (holding one lease while waiting for another could
- * wait on a target that waits on this one).
+ * Run and account for two WRITE jobs of different sessions taken
+ * together (take_pair()): each source row is read once for both.
+ * Segments that are siblings (seg_siblings()) and mapped on both sides
+ * are copied piece by piece in step, both parts of a row one after the
+ * other: reading one part of every row and later the other costs nearly
+ * twice the memory traffic of reading each row once (the hardware
+ * prefetches whole rows). The rest of each job is run as rw_run() would.
+ * The partner's lease and mappings are only tried: when either is not at
+ * hand at once, it runs alone after the first (holding one lease while
+ * waiting for another could wait on a target that waits on this one).
+ * Both leases are released before either job's end, and a job whose
+ * target is stopped ends last, so that it does not hold back the other.
  */
-static void rw_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
-                        job_t *j2)
+static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
+                         job_t *j2)
 {
     rw_plan_t p[2]; /* 18 KiB */
-    int r2;
+    shm_session_t *fs[2] = {s, s2};
+    job_t *fj[2] = {j, j2};
+    int first;
 
     if (rw_begin(s, j, &p[0], 0) != 0) {
-        rw_run(s2, j2);
+        job_done(s, j);
+        job_run(s2, j2);
         return;
     }
-    r2 = rw_begin(s2, j2, &p[1], 1);
-    if (r2 == 0) {
-        for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
-            const seg_t *a = &j->segs[i], *b = &j2->segs[i];
-            if (p[0].loc[i] == NULL || p[1].loc[i] == NULL ||
-                !seg_siblings(a, b))
-                continue;
-            kvt__shm_copy_pair(p[0].loc[i], a->rstride,
-                               (const void *)(uintptr_t)a->laddr,
-                               p[1].loc[i], b->rstride,
-                               (const void *)(uintptr_t)b->laddr, a->lstride,
-                               a->len, a->count);
-            p[0].loc[i] = p[1].loc[i] = NULL;
-            atomic_fetch_add_explicit(&s->shm->paired, 1,
-                                      memory_order_relaxed);
-        }
-        rw_copy_maps(j2, &p[1]);
+    if (rw_begin(s2, j2, &p[1], 1) != 0) {
+        rw_copy_maps(j, &p[0]);
+        rw_release(s, j, &p[0]);
+        rw_finish(s, j, &p[0]);
+        job_done(s, j);
+        job_run(s2, j2);
+        return;
     }
+    for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
+        const seg_t *a = &j->segs[i], *b = &j2->segs[i];
+        if (p[0].loc[i] == NULL || p[1].loc[i] == NULL || !seg_siblings(a, b))
+            continue;
+        kvt__shm_copy_pair(p[0].loc[i], a->rstride,
+                           (const void *)(uintptr_t)a->laddr, p[1].loc[i],
+                           b->rstride, (const void *)(uintptr_t)b->laddr,
+                           a->lstride, a->len, a->count);
+        p[0].loc[i] = p[1].loc[i] = NULL;
+        atomic_fetch_add_explicit(&s->shm->paired, 1, memory_order_relaxed);
+    }
+    rw_copy_maps(j2, &p[1]);
     rw_copy_maps(j, &p[0]);
-    if (r2 == 0)
-        rw_end(s2, j2, &p[1]);
-    rw_end(s, j, &p[0]);
-    if (r2 != 0)
-        rw_run(s2, j2);
+    rw_release(s2, j2, &p[1]);
+    rw_release(s, j, &p[0]);
+    first = target_state(s) == 1 ? 1 : 0;
+    for (int k = 0; k < 2; k++) {
+        int w = k == 0 ? first : 1 - first;
+        rw_finish(fs[w], fj[w], &p[w]);
+        job_done(fs[w], fj[w]);
+    }
 }
 
 /* Wait (in slices, bounded by @deadline) while *word == @v. */
@@ -1256,15 +1276,6 @@ static void job_run(shm_session_t *s, job_t *j)
     } else {
         rw_run(s, j);
     }
-    job_done(s, j);
-}
-
-/* Run two jobs taken with take_pair() and account for them. */
-static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
-                         job_t *j2)
-{
-    rw_run_pair(s, j, s2, j2);
-    job_done(s2, j2);
     job_done(s, j);
 }
 
@@ -1655,7 +1666,7 @@ static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
 #define PAIR_LOOK 8
 
 /*
- * A job of another session to run with @j (rw_run_pair()): when @j
+ * A job of another session to run with @j (job_run_pair()): when @j
  * writes pieces that are parts of rows here (a strided source), the
  * first job among the next PAIR_LOOK queued in another session, before
  * any NOTIFY, whose first segment is the sibling of @j's (the other part
