@@ -232,10 +232,28 @@ static void lease_release(shm_session_t *s)
 }
 
 /*
- * Take the lease: raise the active count, then check the lease is open
- * (sequentially consistent on both words, paired with the target's
- * close-then-drain) and the target alive. Waits for a closed lease to
- * reopen, in slices, until @deadline.
+ * Try the lease once: raise the active count, then check the lease is
+ * open (sequentially consistent on both words, paired with the target's
+ * close-then-drain). 1: taken. 0: closed (*seen_p: the lease word seen),
+ * nothing held.
+ */
+static int lease_try(shm_session_t *s, uint32_t *seen_p)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t l;
+
+    atomic_fetch_add(&ch->active, 1);
+    l = atomic_load(&ch->lease);
+    if (l & 1)
+        return 1;
+    lease_release(s);
+    *seen_p = l;
+    return 0;
+}
+
+/*
+ * Take the lease (lease_try()) with the session usable, waiting for a
+ * closed lease to reopen, in slices, until @deadline.
  */
 static kvt_status_t lease_acquire(shm_session_t *s, uint64_t deadline)
 {
@@ -248,12 +266,9 @@ static kvt_status_t lease_acquire(shm_session_t *s, uint64_t deadline)
 
         if (st != KVT_OK)
             return st;
-        atomic_fetch_add(&ch->active, 1);
-        l = atomic_load(&ch->lease);
-        now = kvt__now_ns();
-        if (l & 1)
+        if (lease_try(s, &l))
             return KVT_OK;
-        lease_release(s);
+        now = kvt__now_ns();
         if (now >= deadline)
             return KVT_ERR_TIMEDOUT;
         atomic_fetch_add(&ch->lease_waiters, 1);
@@ -845,11 +860,10 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
     kvt_status_t st;
 
     if (try) {
-        if (session_status(s) != KVT_OK)
+        uint32_t l;
+        if (session_status(s) != KVT_OK || !lease_try(s, &l))
             return 1;
-        atomic_fetch_add(&ch->active, 1);
-        if ((atomic_load(&ch->lease) & 1) == 0 ||
-            ch->snap_seq != atomic_load(&s->map_seq) ||
+        if (ch->snap_seq != atomic_load(&s->map_seq) ||
             pthread_rwlock_tryrdlock(&s->map_lock) != 0) {
             lease_release(s);
             return 1;
@@ -974,16 +988,21 @@ static void rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
         map_request(s, p->want_map, 0);
 }
 
+/* Everything of a job begun with rw_begin() that is its own. */
+static void rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    rw_copy_maps(j, p);
+    rw_release(s, j, p);
+    rw_finish(s, j, p);
+}
+
 /* Run a READ or WRITE job alone. */
 static void rw_run(shm_session_t *s, job_t *j)
 {
     rw_plan_t p; /* 9 KiB */
 
-    if (rw_begin(s, j, &p, 0) != 0)
-        return;
-    rw_copy_maps(j, &p);
-    rw_release(s, j, &p);
-    rw_finish(s, j, &p);
+    if (rw_begin(s, j, &p, 0) == 0)
+        rw_rest(s, j, &p);
 }
 
 /*
@@ -1032,9 +1051,7 @@ static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         return;
     }
     if (rw_begin(s2, j2, &p[1], 1) != 0) {
-        rw_copy_maps(j, &p[0]);
-        rw_release(s, j, &p[0]);
-        rw_finish(s, j, &p[0]);
+        rw_rest(s, j, &p[0]);
         job_done(s, j);
         job_run(s2, j2);
         return;
