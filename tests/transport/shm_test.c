@@ -389,6 +389,51 @@ KVT_TEST(rows_for_two_peers_staged)
 }
 
 /*
+ * B's registry changes before each pair of batches (its unrelated guard
+ * range registered, then unregistered), so that B's snapshot is newer
+ * than this side's mappings were checked against. When B's job is the
+ * partner, it cannot be taken without waiting (the mappings are to be
+ * reconciled first) and runs alone after A's; when it is the one taken,
+ * it reconciles and A's is paired with it. The worker takes the two
+ * sessions' jobs in turn, so four rounds see both. Every batch completes
+ * and every byte lands.
+ */
+KVT_TEST(rows_for_two_peers_registry_changes)
+{
+    kvt_xfer_desc_t d[2];
+    kvt_batch_h b[2];
+    rows_t f;
+
+    rows_setup(&f, 1, 512, 1u << 20);
+    rows_descs(&f, d);
+    for (int round = 0; round < 4; round++) {
+        for (int k = 0; k < 2; k++)
+            CHECK(strcmp(peer_cmd(k ? &f.pb : &f.pa, "fill %llu %llu 7",
+                                  (unsigned long long)(k ? f.pb.main_addr
+                                                         : f.pa.main_addr),
+                                  (unsigned long long)f.bytes),
+                         "ok") == 0);
+        if (round % 2 == 0)
+            CHECK(strcmp(peer_cmd(&f.pb, "reg %llu %llu",
+                                  (unsigned long long)f.pb.guard_addr,
+                                  (unsigned long long)PEER_SMALL_LEN),
+                         "0") == 0);
+        else
+            CHECK(strcmp(peer_cmd(&f.pb, "unreg %llu",
+                                  (unsigned long long)f.pb.guard_addr),
+                         "0") == 0);
+        rows_submit(&f, d, b);
+        CHECK_OK(rows_poll(b[0], 30));
+        CHECK_OK(rows_poll(b[1], 30));
+        rows_check(&f.pa, f.bytes, 21);
+        rows_check(&f.pb, f.bytes, 22);
+        CHECK_OK(kvt_batch_free(b[0]));
+        CHECK_OK(kvt_batch_free(b[1]));
+    }
+    rows_teardown(&f);
+}
+
+/*
  * A paired job whose target is stopped (SIGSTOP) does not hold back its
  * partner's: A's rows land and its batch completes while B is stopped
  * (B's write is copied in the same pass, but is only done once B runs
@@ -822,6 +867,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(rows_for_two_peers_mapped, 60),
     KVT_CASE(rows_for_two_peers_staged, 60),
     KVT_CASE(rows_for_two_peers_partner_stopped, 60),
+    KVT_CASE(rows_for_two_peers_registry_changes, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),
