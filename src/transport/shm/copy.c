@@ -148,7 +148,11 @@ void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
 
 #if defined(__x86_64__)
 /* kvt__shm_copy_pair() with whole 128-byte steps into 32-byte aligned
- * destinations. */
+ * destinations: no head or tail per piece. Four alternating runs each of
+ * build/bin/kvt_connector_bench --mode=tp --protocol=auto --rounds=9
+ * --memory=managed --layout=token: 1:2 20.4 to 21.5 GB/s against 16.6 to
+ * 21.0 with copy_nt_avx2() per piece, 2:4 13.2 to 18.9 against 14.1 to
+ * 15.4. */
 __attribute__((target("avx2"))) static void
 copy_pair_avx2(uint8_t *a, size_t ds0, const uint8_t *sa, uint8_t *b,
                size_t ds1, const uint8_t *sb, size_t ss, size_t len,
