@@ -22,6 +22,14 @@
  *                                      (STRIDE = 2 * PIECE: one half of
  *                                      every row): GB/s of pieces, best
  *                                      of three passes
+ *   baseline memcpy-rows MIB PIECE     rows of two pieces of PIECE bytes,
+ *                                      each half to its own buffer
+ *                                      (one prefill rank's heads for two
+ *                                      decode ranks), single thread: GB/s
+ *                                      copying the first halves of every
+ *                                      row then the second ones, and GB/s
+ *                                      copying both halves row by row,
+ *                                      best of three passes each
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -294,6 +302,38 @@ int main(int argc, char **argv)
                 best = g;
         }
         printf("%.3f\n", best);
+        return 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "memcpy-rows") == 0) {
+        size_t total = size_arg(argv[2]) << 20, piece = size_arg(argv[3]);
+        size_t len = 512ul << 20, rows;
+        char *src, *dst[2];
+        double best[2] = {0, 0};
+        if (piece == 0 || total > len || total < 2 * piece)
+            return 2;
+        rows = total / (2 * piece);
+        src = touched(len);
+        dst[0] = touched(len / 2);
+        dst[1] = touched(len / 2);
+        for (int pass = 0; pass < 6; pass++) {
+            int whole = pass & 1;
+            double t0 = now(), g;
+            if (whole) {
+                for (size_t r = 0; r < rows; r++)
+                    for (int h = 0; h < 2; h++)
+                        memcpy(dst[h] + r * piece, src + (2 * r + h) * piece,
+                               piece);
+            } else {
+                for (int h = 0; h < 2; h++)
+                    for (size_t r = 0; r < rows; r++)
+                        memcpy(dst[h] + r * piece, src + (2 * r + h) * piece,
+                               piece);
+            }
+            g = (double)(2 * rows * piece) / (now() - t0) / 1e9;
+            if (g > best[whole])
+                best[whole] = g;
+        }
+        printf("%.3f %.3f\n", best[0], best[1]);
         return 0;
     }
     fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
