@@ -447,10 +447,7 @@ KVT_TEST(rows_for_two_peers_partner_stopped)
     uint64_t paired;
     rows_t f;
 
-    /* 1 MiB a peer: one job each (a larger batch would be cut into
-     * several, and the one worker, holding B's first job until B runs,
-     * would not come to A's second: a stopped target holds the worker
-     * that ran its job). */
+    /* 1 MiB a peer: one job each, so that the two are paired. */
     rows_setup(&f, 1, 512, 1u << 20);
     rows_descs(&f, d);
     /* Twice: the worker takes the two sessions' jobs in turn, so B's is
@@ -478,6 +475,126 @@ KVT_TEST(rows_for_two_peers_partner_stopped)
         CHECK_OK(kvt_batch_free(b[1]));
     }
     rows_teardown(&f);
+}
+
+/*
+ * A job copied while its target is stopped (SIGSTOP) is parked rather
+ * than held by the worker that ran it: with one pool worker, four 8 MiB
+ * writes (four jobs) to stopped A, then one to B; nothing waits on a
+ * batch, so only the worker runs jobs. B's lands while A's counts
+ * nothing; after SIGCONT, A's completes with every byte. Fails when the
+ * worker waits for A to run again: B's then waits as long. Then A is
+ * stopped with jobs parked again and killed: they fail with the session
+ * (KVT_ERR_CONN_LOST), and B's session goes on.
+ */
+KVT_TEST(stopped_target_parks)
+{
+    enum { N = 4, PART = 8 << 20 };
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    kvt_xfer_desc_t d[N];
+    kvt_segment_t sa, sb;
+    kvt_batch_h ba, bb;
+    kvt_batch_state_t bs;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+
+    e = two_peers(&pa, &pb, &o, &sa, &sb);
+    buf = map((size_t)N * PART);
+    pattern_fill(buf, (uint64_t)N * PART, 31, 0);
+    CHECK_OK(kvt_mem_register(e, buf, (size_t)N * PART, KVT_ACCESS_REMOTE_RW));
+    /* Both sessions up before the stop. */
+    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
+    peer_kill(&pa, SIGSTOP);
+    memset(d, 0, sizeof(d));
+    for (int i = 0; i < N; i++) {
+        d[i].opcode = KVT_OP_WRITE;
+        d[i].segment = sa;
+        d[i].local_addr = buf + (size_t)i * PART;
+        d[i].remote_addr = pa.main_addr + (uint64_t)i * PART;
+        d[i].length = PART;
+    }
+    CHECK_OK(kvt_batch_create(e, N, &ba));
+    CHECK_OK(kvt_batch_create(e, 1, &bb));
+    CHECK_OK(kvt_batch_submit(ba, d, N));
+    d[0].segment = sb;
+    d[0].remote_addr = pb.main_addr;
+    CHECK_OK(kvt_batch_submit(bb, d, 1));
+    CHECK_OK(rows_poll(bb, 5));
+    CHECK(strcmp(peer_cmd(&pb, "check %llu %llu 31",
+                          (unsigned long long)pb.main_addr,
+                          (unsigned long long)PART),
+                 "0") == 0);
+    CHECK_ST(kvt_batch_query(ba, &bs), KVT_INPROGRESS);
+    CHECK(bs.completed == 0); /* nothing counts while A is stopped */
+    peer_kill(&pa, SIGCONT);
+    CHECK_OK(rows_poll(ba, 30));
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 31",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)N * PART),
+                 "0") == 0);
+    CHECK_OK(kvt_batch_free(ba));
+    CHECK_OK(kvt_batch_free(bb));
+
+    peer_kill(&pa, SIGSTOP);
+    d[0].segment = sa;
+    d[0].remote_addr = pa.main_addr;
+    CHECK_OK(kvt_batch_create(e, N, &ba));
+    CHECK_OK(kvt_batch_submit(ba, d, N));
+    usleep(200 * 1000);
+    CHECK_ST(kvt_batch_query(ba, NULL), KVT_INPROGRESS);
+    peer_kill(&pa, SIGKILL);
+    CHECK_ST(rows_poll(ba, 5), KVT_ERR_CONN_LOST);
+    CHECK_OK(kvt_batch_free(ba));
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, PART));
+    kvt_engine_destroy(e);
+    munmap(buf, (size_t)N * PART);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
+/* The state of a thread from its /proc stat line: stopped, a zombie,
+ * dying (PF_EXITING in field 9, or SIGKILL pending in field 31), running;
+ * a name holding ") " does not mislead it; a short line is unknown. */
+KVT_TEST(thread_state_from_stat)
+{
+    /* Fields 4 to 31 after the state; 9 is the flags, 31 the pending
+     * signals. */
+    static const char tail[] = "1 1 1 0 -1 %s 0 0 0 0 0 0 0 0 20 0 4 0 1 1 1 "
+                               "18446744073709551615 1 1 1 0 0 %s 0 0";
+    char line[512], t[256];
+    struct {
+        const char *name, *state, *flags, *pending;
+        int want;
+    } c[] = {
+        {"peer", "S", "4194368", "0", KVT_SHM_THR_RUNNING},
+        {"peer", "R", "4194368", "0", KVT_SHM_THR_RUNNING},
+        {"peer", "D", "4194368", "0", KVT_SHM_THR_RUNNING},
+        {"peer", "T", "4194368", "0", KVT_SHM_THR_STOPPED},
+        {"peer", "t", "4194368", "0", KVT_SHM_THR_STOPPED},
+        {"peer", "Z", "4228172", "0", KVT_SHM_THR_ZOMBIE},
+        {"peer", "X", "4228172", "0", KVT_SHM_THR_ZOMBIE},
+        {"peer", "R", "4194372", "0", KVT_SHM_THR_DYING},   /* PF_EXITING */
+        {"peer", "R", "4194368", "256", KVT_SHM_THR_DYING}, /* SIGKILL */
+        {"peer", "S", "4194368", "2", KVT_SHM_THR_RUNNING}, /* SIGINT */
+        {"a) T (b", "S", "4194368", "0", KVT_SHM_THR_RUNNING},
+        {"a) R 1 (b", "T", "4194368", "0", KVT_SHM_THR_STOPPED},
+    };
+
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        snprintf(t, sizeof(t), tail, c[i].flags, c[i].pending);
+        snprintf(line, sizeof(line), "4242 (%s) %s %s\n", c[i].name,
+                 c[i].state, t);
+        if (kvt__shm_thread_state(line) != c[i].want)
+            fprintf(stderr, "case %zu: %s", i, line);
+        CHECK(kvt__shm_thread_state(line) == c[i].want);
+    }
+    CHECK(kvt__shm_thread_state("4242 (peer) R 1 1 1 0") ==
+          KVT_SHM_THR_UNKNOWN);
+    CHECK(kvt__shm_thread_state("4242 (peer") == KVT_SHM_THR_UNKNOWN);
+    CHECK(kvt__shm_thread_state("4242 (peer) ") == KVT_SHM_THR_UNKNOWN);
+    CHECK(kvt__shm_thread_state("") == KVT_SHM_THR_UNKNOWN);
 }
 
 /* Strided write of @count 512-byte pieces, a 1 KiB stride in the target
@@ -868,6 +985,8 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(rows_for_two_peers_staged, 60),
     KVT_CASE(rows_for_two_peers_partner_stopped, 60),
     KVT_CASE(rows_for_two_peers_registry_changes, 60),
+    KVT_CASE(stopped_target_parks, 60),
+    KVT_CASE(thread_state_from_stat, 30),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),

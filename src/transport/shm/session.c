@@ -22,7 +22,11 @@
  * merged) otherwise, and release the lease. Success also needs the
  * target alive and not stopped when they ended: a copy into a target
  * that is stopped (SIGSTOP, a tracer) or dead is not a transfer, and
- * times out or fails instead of counting as delivered.
+ * times out or fails instead of counting as delivered. A job copied while
+ * its target is stopped is parked on its session rather than holding its
+ * executor, and a pool worker ends it once the target runs again (or the
+ * job's deadline passes); jobs staged through slots, or waiting for the
+ * lease, still wait for the target in their executor.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
  * with no other job of the session running, so the target delivers it
@@ -33,10 +37,10 @@
  * count is set to the number of jobs holding its segments; each job
  * completes each of its slots exactly once, with the first failure among
  * that slot's segments, whether it ran, timed out or was cancelled by
- * kill(). A job is either queued, or held by the one executor that took
- * it (counted in @inflight): kill() fails the queued ones, executors
- * finish theirs. The session's channel, socket and mappings are released
- * once it is dead and nothing is in flight.
+ * kill(). A job is either queued, held by the one executor that took it,
+ * or parked (both counted in @inflight): kill() fails the queued and the
+ * parked ones, executors finish theirs. The session's channel, socket
+ * and mappings are released once it is dead and nothing is in flight.
  *
  * Locks. Order: pool_lock -> session lock. map_lock (writer-preferring)
  * is held for reading across the copies of a job and for writing while
@@ -44,9 +48,11 @@
  * held only across one bounded request. No lock is held while waiting for
  * the lease, and the lease is never held while waiting for the target.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,8 +141,9 @@ struct shm_session {
     kvt__shm_chan_t *ch;
     size_t ch_len;
 
-    pthread_mutex_t lock; /* the queue, inflight, released */
+    pthread_mutex_t lock; /* the queue, parked, inflight, released */
     job_t *head, *tail;
+    job_t *parked; /* copied, waiting for a stopped target (job_park) */
     unsigned inflight;
     int released;
 
@@ -772,64 +779,138 @@ static kvt_status_t stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
     return st != KVT_OK ? st : cst;
 }
 
-/*
- * The target's state from its /proc/PID/stat (one read, cheaper than a
- * poll): 1 stopped (T or t: a stop signal, a tracer), 0 running, -1
- * unknown (the read failed, or the thread-group leader is a zombie while
- * other threads may live on): the pidfd decides then. The descriptor is
- * bound to the process, not its number, so a reused pid reads as gone.
- */
-static int target_state(shm_session_t *s)
+/* In /proc/PID/stat: PF_EXITING in the flags (field 9), and SIGKILL among
+ * the thread's pending signals (field 31, the first 31 of them). */
+#define STAT_PF_EXITING 0x4ull
+#define STAT_SIGKILL (1ull << (SIGKILL - 1))
+
+int kvt__shm_thread_state(const char *buf)
 {
-    char buf[512];
-    ssize_t n = pread(s->statfd, buf, sizeof(buf) - 1, 0);
-    const char *q;
+    const char *q = strrchr(buf, ')'); /* the name may hold anything */
+    unsigned long long v = 0;
+
+    if (q == NULL || q[1] != ' ' || q[2] == '\0')
+        return KVT_SHM_THR_UNKNOWN;
+    switch (q[2]) {
+    case 'T':
+    case 't':
+        return KVT_SHM_THR_STOPPED;
+    case 'Z':
+    case 'X':
+    case 'x':
+        return KVT_SHM_THR_ZOMBIE;
+    default:
+        break;
+    }
+    q += 3; /* fields 4 on, numbers (some signed: only 9 and 31 count) */
+    for (int f = 4; f <= 31; f++) {
+        char *e;
+        v = strtoull(q, &e, 10);
+        if (e == q)
+            return KVT_SHM_THR_UNKNOWN;
+        if (f == 9 && (v & STAT_PF_EXITING))
+            return KVT_SHM_THR_DYING;
+        q = e;
+    }
+    return (v & STAT_SIGKILL) ? KVT_SHM_THR_DYING : KVT_SHM_THR_RUNNING;
+}
+
+/* Read the stat line of @fd into @buf (@len bytes of room). */
+static int stat_read(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
 
     if (n <= 0)
         return -1;
     buf[n] = '\0';
-    q = strrchr(buf, ')'); /* the command name may hold anything */
-    if (q == NULL || q[1] != ' ')
+    return 0;
+}
+
+/*
+ * A target whose thread-group leader is a zombie lives on while another
+ * of its threads does (the leader called pthread_exit()): 0 when one
+ * runs, 1 when none does (stopped, or all dying: a group being killed),
+ * -1 when none is left to read. The leader, a zombie,
+ * keeps the pid from being reused meanwhile.
+ */
+static int zombie_leader_state(shm_session_t *s)
+{
+    char path[64], buf[1024];
+    struct dirent *de;
+    DIR *dir;
+    int running = 0, seen = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)s->pid);
+    dir = opendir(path);
+    if (dir == NULL)
         return -1;
-    switch (q[2]) {
-    case 'T':
-    case 't':
-        return 1;
-    case 'Z':
-    case 'X':
-    case 'x':
-        return -1;
-    default:
+    while (!running && (de = readdir(dir)) != NULL) {
+        int fd, st;
+        if (de->d_name[0] < '1' || de->d_name[0] > '9' ||
+            atoi(de->d_name) == (int)s->pid)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%.16s/stat", (int)s->pid,
+                 de->d_name);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue; /* gone meanwhile */
+        st = stat_read(fd, buf, sizeof(buf)) == 0 ? kvt__shm_thread_state(buf)
+                                                    : KVT_SHM_THR_UNKNOWN;
+        close(fd);
+        seen++;
+        /* One that cannot be parsed is taken for running. */
+        running |= st == KVT_SHM_THR_RUNNING || st == KVT_SHM_THR_UNKNOWN;
+    }
+    closedir(dir);
+    if (running)
         return 0;
+    return seen > 0 ? 1 : -1;
+}
+
+/*
+ * The target's state from its /proc/PID/stat (one read, cheaper than a
+ * poll): 0 running; 1 not running, stopped or dying (a copy into it is not
+ * delivered, at least not yet); -1 unknown (the read failed: the pidfd
+ * decides). The descriptor is bound to the process, not its number, so a
+ * reused pid reads as gone. Only a zombie leader costs more reads.
+ */
+static int target_state(shm_session_t *s)
+{
+    char buf[1024];
+
+    if (stat_read(s->statfd, buf, sizeof(buf)) != 0)
+        return -1;
+    switch (kvt__shm_thread_state(buf)) {
+    case KVT_SHM_THR_RUNNING:
+        return 0;
+    case KVT_SHM_THR_STOPPED:
+    case KVT_SHM_THR_DYING:
+        return 1;
+    case KVT_SHM_THR_ZOMBIE:
+        return zombie_leader_state(s);
+    default:
+        return -1;
     }
 }
 
 /*
- * After the copies of a job: KVT_OK once the target is alive and running.
- * A stopped target holds the job until it resumes or @deadline passes
- * (KVT_ERR_TIMEDOUT, as over TCP, where a stopped peer answers nothing);
- * a dead one fails it, since nobody will read what landed.
+ * After the copies of a job: whether the target is stopped or dying (1,
+ * target_state()), so that success is not reported yet, or not (0), with
+ * *st_p KVT_OK when it is alive and running. A copy into a target that is stopped is not a
+ * transfer until it runs again (as over TCP, where a stopped peer answers
+ * nothing); into a dead one it fails, since nobody will read what landed.
  */
-static kvt_status_t target_running(shm_session_t *s, uint64_t deadline)
+static int target_check(shm_session_t *s, kvt_status_t *st_p)
 {
-    for (;;) {
-        kvt_status_t st = session_status(s);
-        int state = st == KVT_OK ? target_state(s) : 0;
-        uint64_t now, ns;
-        struct timespec ts;
+    kvt_status_t st = session_status(s);
+    int state = st == KVT_OK ? target_state(s) : 0;
 
-        if (st == KVT_OK && state < 0)
-            st = peer_status(s);
-        if (st != KVT_OK || state <= 0)
-            return st;
-        now = kvt__now_ns();
-        if (now >= deadline)
-            return KVT_ERR_TIMEDOUT;
-        ns = deadline - now < STOPPED_POLL_NS ? deadline - now
-                                              : STOPPED_POLL_NS;
-        ts = (struct timespec){0, (long)ns};
-        nanosleep(&ts, NULL);
-    }
+    /* Not known to run: the pidfd and the socket tell whether it is gone
+     * (a killed target may read as dying until it is reaped). */
+    if (st == KVT_OK && state != 0)
+        st = peer_status(s);
+    *st_p = st;
+    return st == KVT_OK && state > 0;
 }
 
 /* How each segment of a job is copied, and where it lies in a mapping
@@ -968,41 +1049,46 @@ static void rw_release(shm_session_t *s, job_t *j, rw_plan_t *p)
 /*
  * The end of a job after rw_release(): the staged segments are written
  * and success is checked: it needs the target alive and running
- * (target_running(), which holds the job while the target is stopped).
- * No target thread takes part in a mapped or attached copy: it costs the
- * target no wake-up.
+ * (target_check()). No target thread takes part in a mapped or attached
+ * copy: it costs the target no wake-up. Returns 1 when the target is
+ * stopped and the job's deadline has not passed: the job is to be parked
+ * (job_end()) rather than holding its executor until the target runs.
  */
-static void rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
+static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
     kvt_status_t st = p->st;
 
     if (st == KVT_OK && p->nstage > 0)
         st = stage_run(s, j, p->how);
-    if (st == KVT_OK && p->ncma + p->nmap > 0)
-        st = target_running(s, j->deadline);
+    if (st == KVT_OK && p->ncma + p->nmap > 0 && target_check(s, &st)) {
+        if (kvt__now_ns() < j->deadline)
+            return 1;
+        st = KVT_ERR_TIMEDOUT;
+    }
     if (st != KVT_OK) {
         segs_fail(j, 0, j->nsegs, st);
         session_kill(&s->base, st);
     }
     if (p->want_map != 0 && st == KVT_OK)
         map_request(s, p->want_map, 0);
+    return 0;
 }
 
-/* Everything of a job begun with rw_begin() that is its own. */
-static void rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
+/* Everything of a job begun with rw_begin() that is its own; as
+ * rw_finish(). */
+static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
     rw_copy_maps(j, p);
     rw_release(s, j, p);
-    rw_finish(s, j, p);
+    return rw_finish(s, j, p);
 }
 
-/* Run a READ or WRITE job alone. */
-static void rw_run(shm_session_t *s, job_t *j)
+/* Run a READ or WRITE job alone; as rw_finish(). */
+static int rw_run(shm_session_t *s, job_t *j)
 {
     rw_plan_t p; /* 9 KiB */
 
-    if (rw_begin(s, j, &p, 0) == 0)
-        rw_rest(s, j, &p);
+    return rw_begin(s, j, &p, 0) == 0 ? rw_rest(s, j, &p) : 0;
 }
 
 /*
@@ -1021,6 +1107,7 @@ static int seg_siblings(const seg_t *a, const seg_t *b)
 }
 
 static void job_done(shm_session_t *s, job_t *j);
+static void job_end(shm_session_t *s, job_t *j, int park);
 static void job_run(shm_session_t *s, job_t *j);
 
 /*
@@ -1034,16 +1121,14 @@ static void job_run(shm_session_t *s, job_t *j);
  * The partner's lease and mappings are only tried: when either is not at
  * hand at once, it runs alone after the first (holding one lease while
  * waiting for another could wait on a target that waits on this one).
- * Both leases are released before either job's end, and a job whose
- * target is stopped ends last, so that it does not hold back the other.
+ * Both leases are released before either job's end; a job whose target
+ * is stopped is parked (job_end()), so it holds back neither the other
+ * nor the executor.
  */
 static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
                          job_t *j2)
 {
     rw_plan_t p[2]; /* 18 KiB */
-    shm_session_t *fs[2] = {s, s2};
-    job_t *fj[2] = {j, j2};
-    int first;
 
     if (rw_begin(s, j, &p[0], 0) != 0) {
         job_done(s, j);
@@ -1051,8 +1136,7 @@ static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         return;
     }
     if (rw_begin(s2, j2, &p[1], 1) != 0) {
-        rw_rest(s, j, &p[0]);
-        job_done(s, j);
+        job_end(s, j, rw_rest(s, j, &p[0]));
         job_run(s2, j2);
         return;
     }
@@ -1071,12 +1155,8 @@ static void job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
     rw_copy_maps(j, &p[0]);
     rw_release(s2, j2, &p[1]);
     rw_release(s, j, &p[0]);
-    first = target_state(s) == 1 ? 1 : 0;
-    for (int k = 0; k < 2; k++) {
-        int w = k == 0 ? first : 1 - first;
-        rw_finish(fs[w], fj[w], &p[w]);
-        job_done(fs[w], fj[w]);
-    }
+    job_end(s, j, rw_finish(s, j, &p[0]));
+    job_end(s2, j2, rw_finish(s2, j2, &p[1]));
 }
 
 /* Wait (in slices, bounded by @deadline) while *word == @v. */
@@ -1242,6 +1322,52 @@ static void job_done(shm_session_t *s, job_t *j)
 }
 
 /*
+ * Park a job whose copies are done but whose target is stopped: it stays
+ * in flight (a NOTIFY behind it still waits for it) without holding the
+ * thread that ran it; parked_poll() ends it once the target runs again,
+ * is gone, or the job's deadline passes, and session_kill() fails it.
+ */
+static void job_park(shm_session_t *s, job_t *j)
+{
+    kvt_status_t dead;
+
+    pthread_mutex_lock(&s->lock);
+    dead = atomic_load(&s->base.dead);
+    if (dead == KVT_OK) {
+        j->next = s->parked;
+        s->parked = j;
+        atomic_fetch_add(&s->shm->nparked, 1);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (dead != KVT_OK) { /* killed since the check: not delivered */
+        segs_fail(j, 0, j->nsegs, dead);
+        job_done(s, j);
+    }
+}
+
+/* Account for a job that has run, or park it (@park: rw_finish()). */
+static void job_end(shm_session_t *s, job_t *j, int park)
+{
+    if (park)
+        job_park(s, j);
+    else
+        job_done(s, j);
+}
+
+/* End each job of @list (taken off a parked list) with @st. */
+static void parked_end(shm_session_t *s, job_t *list, kvt_status_t st)
+{
+    while (list != NULL) {
+        job_t *next = list->next;
+        atomic_fetch_sub(&s->shm->nparked, 1);
+        if (st != KVT_OK)
+            segs_fail(list, 0, list->nsegs, st);
+        job_done(s, list);
+        list = next;
+    }
+}
+
+/*
  * The submission plug (kvt__submit_plug()): while this thread holds it,
  * its submissions leave the workers asleep and count what they queued;
  * the last unplug wakes them for all of it. One engine's pool at a time:
@@ -1284,6 +1410,8 @@ static void submit_wake(kvt__shm_t *shm, unsigned n)
 /* Run a job taken with take_locked() and account for it. */
 static void job_run(shm_session_t *s, job_t *j)
 {
+    int park = 0;
+
     if (j->op == KVT_OP_NOTIFY) {
         kvt_status_t st = notify_run(s, j);
         if (st != KVT_OK) {
@@ -1291,9 +1419,9 @@ static void job_run(shm_session_t *s, job_t *j)
             session_kill(&s->base, st);
         }
     } else {
-        rw_run(s, j);
+        park = rw_run(s, j);
     }
-    job_done(s, j);
+    job_end(s, j, park);
 }
 
 /* ---- Submission ---------------------------------------------------------- */
@@ -1552,7 +1680,7 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
     shm_session_t *s = (shm_session_t *)base;
     int32_t zero = 0;
     int release_now = 0;
-    job_t *list;
+    job_t *list, *parked;
 
     if (!atomic_compare_exchange_strong(&base->dead, &zero, why))
         return;
@@ -1564,12 +1692,15 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
     pthread_mutex_lock(&s->lock);
     list = s->head;
     s->head = s->tail = NULL;
+    parked = s->parked;
+    s->parked = NULL;
     if (s->inflight == 0 && !s->released) {
         s->released = 1;
         release_now = 1;
     }
     pthread_mutex_unlock(&s->lock);
     fail_list(list, why);
+    parked_end(s, parked, why); /* the last one releases */
     if (release_now)
         release(s);
 }
@@ -1641,6 +1772,55 @@ static void pool_tick(kvt__shm_t *shm)
     pthread_mutex_unlock(&shm->pool_lock);
     for (size_t i = 0; i < nbad; i++)
         session_kill(&bad[i]->base, why[i]);
+}
+
+/*
+ * End the parked jobs (job_park()) whose target runs again (delivered) or
+ * is gone (failed with the session), and those past their deadline
+ * (KVT_ERR_TIMEDOUT, which fails the session, as a job that waited for
+ * the target would have). One pool worker at a time runs it, every
+ * STOPPED_POLL_NS while any job is parked. Sessions leave the list only
+ * with the engine, after the workers, so it is walked a link at a time.
+ */
+static void parked_poll(kvt__shm_t *shm)
+{
+    uint64_t now = kvt__now_ns();
+    shm_session_t *s;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    s = shm->sessions;
+    pthread_mutex_unlock(&shm->pool_lock);
+    while (s != NULL) {
+        job_t *done = NULL, **pp;
+        kvt_status_t st = KVT_OK;
+        int any, stopped = 0;
+
+        pthread_mutex_lock(&s->lock);
+        any = s->parked != NULL;
+        pthread_mutex_unlock(&s->lock);
+        if (any)
+            stopped = target_check(s, &st);
+        pthread_mutex_lock(&s->lock);
+        for (pp = &s->parked; any && *pp != NULL;) {
+            job_t *j = *pp;
+            if (stopped && now < j->deadline) {
+                pp = &j->next;
+                continue;
+            }
+            *pp = j->next;
+            j->next = done;
+            done = j;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (stopped && done != NULL)
+            st = KVT_ERR_TIMEDOUT;
+        parked_end(s, done, st);
+        if (st != KVT_OK)
+            session_kill(&s->base, st);
+        pthread_mutex_lock(&shm->pool_lock);
+        s = s->next_all;
+        pthread_mutex_unlock(&shm->pool_lock);
+    }
 }
 
 /*
@@ -1747,6 +1927,19 @@ static void *worker_main(void *arg)
         job_t *j = NULL;
         uint64_t now;
 
+        /* Parked jobs are looked at between jobs too, so that a busy
+         * pool does not leave them waiting. */
+        now = atomic_load(&shm->nparked) > 0 && !shm->park_polling
+                  ? kvt__now_ns()
+                  : 0;
+        if (now != 0 && now - shm->park_polled >= STOPPED_POLL_NS) {
+            shm->park_polling = 1;
+            shm->park_polled = now;
+            pthread_mutex_unlock(&shm->pool_lock);
+            parked_poll(shm);
+            pthread_mutex_lock(&shm->pool_lock);
+            shm->park_polling = 0;
+        }
         s = take_next(shm, &j);
         if (j != NULL) {
             job_t *j2 = NULL;
@@ -1771,7 +1964,8 @@ static void *worker_main(void *arg)
             struct timespec ts;
             uint64_t ns;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ns = (uint64_t)ts.tv_nsec + TICK_NS;
+            ns = (uint64_t)ts.tv_nsec +
+                 (atomic_load(&shm->nparked) > 0 ? STOPPED_POLL_NS : TICK_NS);
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
             shm->idle++;

@@ -192,6 +192,9 @@ struct kvt__shm {
     shm_session_t *sessions;
     unsigned rr; /* where the workers' next scan starts (take_next) */
     _Atomic uint64_t paired; /* segments copied two rows' parts at a time */
+    _Atomic unsigned nparked; /* jobs waiting for a stopped target */
+    uint64_t park_polled;     /* when parked_poll() last ran */
+    int park_polling;         /* a worker is in parked_poll() */
     pthread_t *workers;
     unsigned nworkers;
     unsigned idle;
@@ -230,6 +233,19 @@ void kvt__shm_copy_pair(void *d0, size_t ds0, const void *s0, void *d1,
  * wrap; then *span_p is the bytes from the first piece's start to the
  * last one's end. */
 int kvt__shm_run_check(const kvt__shm_run_t *r, uint64_t *span_p);
+
+/* A thread's state from its /proc/PID/stat line @line (nul-terminated):
+ * stopped (T or t: a stop signal, a tracer), dying (SIGKILL pending, or
+ * exiting: woken to die, it reads as running until it is gone), a zombie
+ * (Z, X), running, or unknown (unparsable). */
+enum {
+    KVT_SHM_THR_UNKNOWN,
+    KVT_SHM_THR_RUNNING,
+    KVT_SHM_THR_STOPPED,
+    KVT_SHM_THR_DYING,
+    KVT_SHM_THR_ZOMBIE
+};
+int kvt__shm_thread_state(const char *line);
 
 /* Shared (cross-process) futex operations on a channel word. */
 void kvt__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected,
