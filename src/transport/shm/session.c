@@ -830,8 +830,8 @@ static int stat_read(int fd, char *buf, size_t len)
  * A target whose thread-group leader is a zombie lives on while another
  * of its threads does (the leader called pthread_exit()): 0 when one
  * runs, 1 when none does (stopped, or all dying: a group being killed),
- * -1 when none is left to read. The leader, a zombie,
- * keeps the pid from being reused meanwhile.
+ * -1 when none is left to read. The leader, a zombie, keeps the pid from
+ * being reused meanwhile.
  */
 static int zombie_leader_state(shm_session_t *s)
 {
@@ -896,9 +896,10 @@ static int target_state(shm_session_t *s)
 /*
  * After the copies of a job: whether the target is stopped or dying (1,
  * target_state()), so that success is not reported yet, or not (0), with
- * *st_p KVT_OK when it is alive and running. A copy into a target that is stopped is not a
- * transfer until it runs again (as over TCP, where a stopped peer answers
- * nothing); into a dead one it fails, since nobody will read what landed.
+ * *st_p KVT_OK when it is alive and running. A copy into a target that is
+ * stopped is not a transfer until it runs again (as over TCP, where a
+ * stopped peer answers nothing); into a dead one it fails, since nobody
+ * will read what landed.
  */
 static int target_check(shm_session_t *s, kvt_status_t *st_p)
 {
