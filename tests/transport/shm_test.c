@@ -170,10 +170,11 @@ KVT_TEST(selection)
  * of the large ones are still pending.
  */
 /* Two target peers (B started and opened first) and an initiator engine
- * with one pool worker reaching both over shm; skips when they do not
- * offer it. */
-static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
-                              kvt_segment_t *sa, kvt_segment_t *sb)
+ * with @workers pool workers reaching both over shm; skips when they do
+ * not offer it. */
+static kvt_engine_h two_peers_n(peer_t *pa, peer_t *pb, const peer_opts_t *o,
+                                kvt_segment_t *sa, kvt_segment_t *sb,
+                                unsigned workers)
 {
     kvt_engine_params_t ep = {0};
     kvt_engine_h e = NULL;
@@ -182,13 +183,20 @@ static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
     CHECK(peer_start(pa, o) == 0);
     ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_NUM_WORKERS;
     ep.transports = KVT_TRANSPORT_ALL;
-    ep.num_workers = 1;
+    ep.num_workers = workers;
     CHECK_OK(kvt_engine_create(&ep, &e));
     CHECK_OK(kvt_segment_open(e, pb->segment, sb));
     CHECK_OK(kvt_segment_open(e, pa->segment, sa));
     if (!offers_shm(e, *sa) || strcmp(kvt__segment_transport(e, *sa), "shm"))
         SKIP("the target engine does not offer shm");
     return e;
+}
+
+/* As two_peers_n(), with one pool worker. */
+static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
+                              kvt_segment_t *sa, kvt_segment_t *sb)
+{
+    return two_peers_n(pa, pb, o, sa, sb, 1);
 }
 
 KVT_TEST(sessions_served_in_turn)
@@ -550,6 +558,76 @@ KVT_TEST(stopped_target_parks)
     CHECK_OK(write1(e, sb, buf, pb.main_addr, PART));
     kvt_engine_destroy(e);
     munmap(buf, (size_t)N * PART);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
+/*
+ * A staged write waiting for a stopped target holds its session: the
+ * other executors take no more of its jobs (each would only wait as well,
+ * holding its thread). Two pool workers, plain memory (staged): a job
+ * of 512-byte pieces to stopped A, whose worker waits for the target to
+ * empty its slot; then another to A and a write to B. B's lands while A
+ * is stopped (every byte checked); after SIGCONT, A's complete. Fails
+ * when the second worker takes A's next job and waits too: B's then
+ * waits for A.
+ */
+KVT_TEST(stopped_target_holds_session)
+{
+    enum { PIECES = 1024 }; /* 512 KiB of 512-byte pieces: one job */
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t sa, sb;
+    kvt_batch_h a1, a2, b;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+
+    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    buf = map(4 * PIECES * 512);
+    pattern_fill(buf, 4ull * PIECES * 512, 41, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 4 * PIECES * 512, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
+    peer_kill(&pa, SIGSTOP);
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sa;
+    d.local_addr = buf;
+    d.remote_addr = pa.main_addr;
+    d.length = 512;
+    d.count = PIECES;
+    d.remote_stride = 1024;
+    CHECK_OK(kvt_batch_create(e, 1, &a1));
+    CHECK_OK(kvt_batch_submit(a1, &d, 1));
+    usleep(300 * 1000); /* its worker has waited past a slice */
+    d.local_addr = buf + PIECES * 512;
+    d.remote_addr = pa.main_addr + 2ull * PIECES * 512;
+    CHECK_OK(kvt_batch_create(e, 1, &a2));
+    CHECK_OK(kvt_batch_submit(a2, &d, 1));
+    usleep(100 * 1000);
+    memset(&d, 0, sizeof(d));
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sb;
+    d.local_addr = buf;
+    d.remote_addr = pb.main_addr;
+    d.length = 1 << 20;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    CHECK_OK(rows_poll(b, 5));
+    CHECK(strcmp(peer_cmd(&pb, "check %llu %llu 41",
+                          (unsigned long long)pb.main_addr,
+                          (unsigned long long)(1 << 20)),
+                 "0") == 0);
+    CHECK(kvt_batch_query(a1, NULL) == KVT_INPROGRESS);
+    CHECK(kvt_batch_query(a2, NULL) == KVT_INPROGRESS);
+    peer_kill(&pa, SIGCONT);
+    CHECK_OK(rows_poll(a1, 30));
+    CHECK_OK(rows_poll(a2, 30));
+    CHECK_OK(kvt_batch_free(a1));
+    CHECK_OK(kvt_batch_free(a2));
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    munmap(buf, 4 * PIECES * 512);
     peer_stop(&pa);
     peer_stop(&pb);
 }
@@ -987,6 +1065,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(rows_for_two_peers_registry_changes, 60),
     KVT_CASE(stopped_target_parks, 60),
     KVT_CASE(thread_state_from_stat, 30),
+    KVT_CASE(stopped_target_holds_session, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),

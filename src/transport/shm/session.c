@@ -25,8 +25,10 @@
  * times out or fails instead of counting as delivered. A job copied while
  * its target is stopped is parked on its session rather than holding its
  * executor, and a pool worker ends it once the target runs again (or the
- * job's deadline passes); jobs staged through slots, or waiting for the
- * lease, still wait for the target in their executor.
+ * job's deadline passes). Jobs staged through slots, or waiting for the
+ * lease, still wait for the target in their executor; a session whose
+ * staged job waits for a stopped target is held (no executor takes its
+ * other jobs) until the target runs again.
  *
  * Ordering. A NOTIFY job is taken only at the head of its session's queue
  * with no other job of the session running, so the target delivers it
@@ -146,6 +148,7 @@ struct shm_session {
     job_t *parked; /* copied, waiting for a stopped target (job_park) */
     unsigned inflight;
     int released;
+    _Atomic int held; /* the target is stopped: no job is taken */
 
     pthread_rwlock_t map_lock;
     map_t *maps;
@@ -165,6 +168,32 @@ static void session_kill(kvt__session_t *base, kvt_status_t why);
 static void ring_bell(shm_session_t *s);
 static kvt_status_t ring_wait(shm_session_t *s, _Atomic uint32_t *word,
                               uint32_t v, uint64_t deadline);
+static int target_state(shm_session_t *s);
+
+/*
+ * Hold a session whose target is stopped while a job of it waits for the
+ * target (staging slots, the notification ring): executors take no more
+ * of its jobs, which would only wait as well, each holding its thread,
+ * until stopped_poll() sees the target run again (or the session dies).
+ */
+static void session_hold(shm_session_t *s)
+{
+    int zero = 0;
+
+    if (atomic_compare_exchange_strong(&s->held, &zero, 1))
+        atomic_fetch_add(&s->shm->nheld, 1);
+}
+
+/* Let executors take the session's jobs again; 1 if it was held. */
+static int session_unhold(shm_session_t *s)
+{
+    int one = 1;
+
+    if (!atomic_compare_exchange_strong(&s->held, &one, 0))
+        return 0;
+    atomic_fetch_sub(&s->shm->nheld, 1);
+    return 1;
+}
 
 #ifdef KVT_TSAN
 /*
@@ -1176,6 +1205,9 @@ static kvt_status_t ring_wait(shm_session_t *s, _Atomic uint32_t *word,
                         deadline - now < SLICE_NS ? (int64_t)(deadline - now)
                                                   : SLICE_NS);
     atomic_fetch_sub(&s->ch->waiters, 1);
+    /* Nothing moved: the target may be stopped. */
+    if (atomic_load(word) == v && target_state(s) == 1)
+        session_hold(s);
     return KVT_OK;
 }
 
@@ -1282,7 +1314,7 @@ static job_t *take_locked(shm_session_t *s)
 {
     job_t *j = s->head;
 
-    if (j == NULL || atomic_load(&s->base.dead) ||
+    if (j == NULL || atomic_load(&s->base.dead) || atomic_load(&s->held) ||
         (j->op == KVT_OP_NOTIFY && s->inflight > 0))
         return NULL;
     s->head = j->next;
@@ -1325,7 +1357,7 @@ static void job_done(shm_session_t *s, job_t *j)
 /*
  * Park a job whose copies are done but whose target is stopped: it stays
  * in flight (a NOTIFY behind it still waits for it) without holding the
- * thread that ran it; parked_poll() ends it once the target runs again,
+ * thread that ran it; stopped_poll() ends it once the target runs again,
  * is gone, or the job's deadline passes, and session_kill() fails it.
  */
 static void job_park(shm_session_t *s, job_t *j)
@@ -1700,6 +1732,7 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
         release_now = 1;
     }
     pthread_mutex_unlock(&s->lock);
+    session_unhold(s);
     fail_list(list, why);
     parked_end(s, parked, why); /* the last one releases */
     if (release_now)
@@ -1779,11 +1812,13 @@ static void pool_tick(kvt__shm_t *shm)
  * End the parked jobs (job_park()) whose target runs again (delivered) or
  * is gone (failed with the session), and those past their deadline
  * (KVT_ERR_TIMEDOUT, which fails the session, as a job that waited for
- * the target would have). One pool worker at a time runs it, every
- * STOPPED_POLL_NS while any job is parked. Sessions leave the list only
- * with the engine, after the workers, so it is walked a link at a time.
+ * the target would have); let the executors take the jobs of a held
+ * session (session_hold()) whose target runs again. One pool worker at a
+ * time runs it, every STOPPED_POLL_NS while any job is parked or any
+ * session held. Sessions leave the list only with the engine, after the
+ * workers, so it is walked a link at a time.
  */
-static void parked_poll(kvt__shm_t *shm)
+static void stopped_poll(kvt__shm_t *shm)
 {
     uint64_t now = kvt__now_ns();
     shm_session_t *s;
@@ -1799,8 +1834,10 @@ static void parked_poll(kvt__shm_t *shm)
         pthread_mutex_lock(&s->lock);
         any = s->parked != NULL;
         pthread_mutex_unlock(&s->lock);
-        if (any)
+        if (any || atomic_load(&s->held))
             stopped = target_check(s, &st);
+        if (!stopped && st == KVT_OK && session_unhold(s))
+            pool_wake(shm, ~0u); /* every idle worker */
         pthread_mutex_lock(&s->lock);
         for (pp = &s->parked; any && *pp != NULL;) {
             job_t *j = *pp;
@@ -1815,9 +1852,11 @@ static void parked_poll(kvt__shm_t *shm)
         pthread_mutex_unlock(&s->lock);
         if (stopped && done != NULL)
             st = KVT_ERR_TIMEDOUT;
-        parked_end(s, done, st);
+        /* The session dies before its jobs fail, so that whoever sees a
+         * failure and opens the segment again gets a new session. */
         if (st != KVT_OK)
             session_kill(&s->base, st);
+        parked_end(s, done, st);
         pthread_mutex_lock(&shm->pool_lock);
         s = s->next_all;
         pthread_mutex_unlock(&shm->pool_lock);
@@ -1917,6 +1956,12 @@ static shm_session_t *take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
     return NULL;
 }
 
+/* Whether any job is parked or any session held. */
+static int stopped_any(kvt__shm_t *shm)
+{
+    return atomic_load(&shm->nparked) > 0 || atomic_load(&shm->nheld) > 0;
+}
+
 static void *worker_main(void *arg)
 {
     kvt__shm_t *shm = arg;
@@ -1928,16 +1973,14 @@ static void *worker_main(void *arg)
         job_t *j = NULL;
         uint64_t now;
 
-        /* Parked jobs are looked at between jobs too, so that a busy
-         * pool does not leave them waiting. */
-        now = atomic_load(&shm->nparked) > 0 && !shm->park_polling
-                  ? kvt__now_ns()
-                  : 0;
+        /* Parked jobs and held sessions are looked at between jobs too,
+         * so that a busy pool does not leave them waiting. */
+        now = stopped_any(shm) && !shm->park_polling ? kvt__now_ns() : 0;
         if (now != 0 && now - shm->park_polled >= STOPPED_POLL_NS) {
             shm->park_polling = 1;
             shm->park_polled = now;
             pthread_mutex_unlock(&shm->pool_lock);
-            parked_poll(shm);
+            stopped_poll(shm);
             pthread_mutex_lock(&shm->pool_lock);
             shm->park_polling = 0;
         }
@@ -1966,7 +2009,7 @@ static void *worker_main(void *arg)
             uint64_t ns;
             clock_gettime(CLOCK_REALTIME, &ts);
             ns = (uint64_t)ts.tv_nsec +
-                 (atomic_load(&shm->nparked) > 0 ? STOPPED_POLL_NS : TICK_NS);
+                 (stopped_any(shm) ? STOPPED_POLL_NS : TICK_NS);
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
             shm->idle++;

@@ -193,8 +193,9 @@ struct kvt__shm {
     unsigned rr; /* where the workers' next scan starts (take_next) */
     _Atomic uint64_t paired; /* segments copied two rows' parts at a time */
     _Atomic unsigned nparked; /* jobs waiting for a stopped target */
-    uint64_t park_polled;     /* when parked_poll() last ran */
-    int park_polling;         /* a worker is in parked_poll() */
+    _Atomic unsigned nheld;   /* sessions held for one (session_hold) */
+    uint64_t park_polled;     /* when stopped_poll() last ran */
+    int park_polling;         /* a worker is in stopped_poll() */
     pthread_t *workers;
     unsigned nworkers;
     unsigned idle;
