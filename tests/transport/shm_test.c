@@ -192,6 +192,22 @@ static kvt_engine_h two_peers_n(peer_t *pa, peer_t *pb, const peer_opts_t *o,
     return e;
 }
 
+/* Submit @d[0..@n) (writes to peer A) as one batch, then the first of
+ * them sent to peer B instead (@sb at @b_addr, @b_len bytes) as another;
+ * nothing waits on them. */
+static void submit_a_then_b(kvt_engine_h e, kvt_xfer_desc_t *d, size_t n,
+                            kvt_segment_t sb, uint64_t b_addr, uint64_t b_len,
+                            kvt_batch_h *ba, kvt_batch_h *bb)
+{
+    CHECK_OK(kvt_batch_create(e, n, ba));
+    CHECK_OK(kvt_batch_create(e, 1, bb));
+    CHECK_OK(kvt_batch_submit(*ba, d, n));
+    d[0].segment = sb;
+    d[0].remote_addr = b_addr;
+    d[0].length = b_len;
+    CHECK_OK(kvt_batch_submit(*bb, d, 1));
+}
+
 /* As two_peers_n(), with one pool worker. */
 static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
                               kvt_segment_t *sa, kvt_segment_t *sb)
@@ -224,13 +240,7 @@ KVT_TEST(sessions_served_in_turn)
         d[i].remote_addr = pa.main_addr;
         d[i].length = PEER_MAIN_LEN;
     }
-    CHECK_OK(kvt_batch_create(e, BIG, &ba));
-    CHECK_OK(kvt_batch_create(e, 1, &bb));
-    CHECK_OK(kvt_batch_submit(ba, d, BIG));
-    d[0].segment = sb;
-    d[0].remote_addr = pb.main_addr;
-    d[0].length = 4096;
-    CHECK_OK(kvt_batch_submit(bb, d, 1));
+    submit_a_then_b(e, d, BIG, sb, pb.main_addr, 4096, &ba, &bb);
     t0 = kvt_test_now();
     while (kvt_batch_query(bb, NULL) == KVT_INPROGRESS &&
            kvt_test_now() - t0 < 30)
@@ -523,12 +533,7 @@ KVT_TEST(stopped_target_parks)
         d[i].remote_addr = pa.main_addr + (uint64_t)i * PART;
         d[i].length = PART;
     }
-    CHECK_OK(kvt_batch_create(e, N, &ba));
-    CHECK_OK(kvt_batch_create(e, 1, &bb));
-    CHECK_OK(kvt_batch_submit(ba, d, N));
-    d[0].segment = sb;
-    d[0].remote_addr = pb.main_addr;
-    CHECK_OK(kvt_batch_submit(bb, d, 1));
+    submit_a_then_b(e, d, N, sb, pb.main_addr, PART, &ba, &bb);
     CHECK_OK(rows_poll(bb, 5));
     CHECK(strcmp(peer_cmd(&pb, "check %llu %llu 31",
                           (unsigned long long)pb.main_addr,
