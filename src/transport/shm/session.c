@@ -1929,7 +1929,8 @@ static shm_session_t *take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
             atomic_load_explicit(&o->mapped, memory_order_relaxed) == 0)
             continue;
         pthread_mutex_lock(&o->lock);
-        if (atomic_load(&o->base.dead)) {
+        /* As take_locked(): none of a dead or held session. */
+        if (atomic_load(&o->base.dead) || atomic_load(&o->held)) {
             pthread_mutex_unlock(&o->lock);
             continue;
         }
