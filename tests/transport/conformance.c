@@ -66,7 +66,7 @@ static void check_transport(kvt_engine_h e, kvt_segment_t seg)
 
 static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
 {
-    peer_opts_t o = {g_transports, 0, g_managed};
+    peer_opts_t o = {g_transports, 0, g_managed, 0};
     memset(f, 0, sizeof(*f));
     CHECK(peer_start(&f->peer, &o) == 0);
     f->e = engine_new(g_transports, timeout_ms);
@@ -658,7 +658,7 @@ KVT_TEST(other_peer_unaffected)
     enum { N = 256, BLK = 1 << 20 };
     fixture_t f;
     peer_t p2;
-    peer_opts_t o = {g_transports, 0, g_managed};
+    peer_opts_t o = {g_transports, 0, g_managed, 0};
     kvt_segment_t seg2;
     kvt_xfer_desc_t *d1 = calloc(N, sizeof(*d1)), *d2 = calloc(N, sizeof(*d2));
     kvt_batch_h b1, b2;

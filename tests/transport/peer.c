@@ -2,6 +2,7 @@
 #include "peer.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,6 +80,9 @@ static void reply(FILE *out, const char *fmt, ...)
     fputc('\n', out);
     fflush(out);
 }
+
+/* leader_exits: the first thread waits on this pipe, then exits. */
+static int leave_fd[2] = {-1, -1};
 
 /* The child: serve commands until "exit" or EOF. */
 static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
@@ -177,6 +181,14 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
                                                    a - (uint64_t)(uintptr_t)main_)
                                              : 0));
             free(n);
+        } else if (strncmp(line, "leave", 5) == 0) {
+            /* leader_exits: the first thread exits (its reply in its
+             * state, read by the initiator from /proc). */
+            char one = 1;
+            reply(out, "%d", leave_fd[1] >= 0 &&
+                                     write(leave_fd[1], &one, 1) == 1
+                                 ? 0
+                                 : -1);
         } else if (strncmp(line, "exit", 4) == 0) {
             break;
         } else {
@@ -185,6 +197,18 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
     }
     kvt_engine_destroy(e);
     _exit(0);
+}
+
+typedef struct {
+    int in_fd, out_fd;
+    const peer_opts_t *o;
+} peer_args_t;
+
+static void *peer_thread(void *arg)
+{
+    peer_args_t *a = arg;
+    peer_main(a->in_fd, a->out_fd, a->o);
+    return NULL;
 }
 
 int peer_start(peer_t *p, const peer_opts_t *o)
@@ -201,6 +225,18 @@ int peer_start(peer_t *p, const peer_opts_t *o)
     if (p->pid == 0) {
         close(to[1]);
         close(from[0]);
+        if (o->leader_exits) {
+            static peer_args_t args;
+            pthread_t t;
+            char c;
+            args = (peer_args_t){to[0], from[1], o};
+            if (pipe(leave_fd) != 0 ||
+                pthread_create(&t, NULL, peer_thread, &args) != 0)
+                _exit(3);
+            if (read(leave_fd[0], &c, 1) != 1)
+                _exit(3);
+            pthread_exit(NULL); /* peer_main() ends the process */
+        }
         peer_main(to[0], from[1], o);
     }
     close(to[0]);

@@ -32,6 +32,9 @@ typedef struct {
     uint32_t transports;      /* KVT_TRANSPORT_* */
     uint64_t timeout_ms;      /* 0: default */
     int managed;              /* allocate the main region with kvt_mem_alloc */
+    int leader_exits; /* serve from a second thread; the first exits
+                         (pthread_exit(): the leader is a zombie) on
+                         the command "leave" */
 } peer_opts_t;
 
 /* Deterministic content: byte i of a stream with @seed. */

@@ -94,7 +94,7 @@ static int count_in_file(const char *path, const char *what)
  * initiator says so once; an initiator limited to TCP never tries. */
 KVT_TEST(fallback_to_tcp)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 1};
+    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 1, 0};
     char log[] = "/tmp/kvt-shm-test-XXXXXX";
     kvt_segment_t seg, again;
     kvt_engine_h e;
@@ -139,7 +139,7 @@ KVT_TEST(fallback_to_tcp)
  * side, it is TCP. */
 KVT_TEST(selection)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0};
     kvt_segment_t seg;
     kvt_engine_h e;
     peer_t p;
@@ -218,7 +218,7 @@ static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
 KVT_TEST(sessions_served_in_turn)
 {
     enum { BIG = 8 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
     kvt_xfer_desc_t d[BIG];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -274,7 +274,7 @@ typedef struct {
 
 static void rows_setup(rows_t *f, int managed, size_t len, uint64_t size)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0};
 
     f->e = two_peers(&f->pa, &f->pb, &o, &f->sa, &f->sb);
     f->len = len;
@@ -508,7 +508,7 @@ KVT_TEST(rows_for_two_peers_partner_stopped)
 KVT_TEST(stopped_target_parks)
 {
     enum { N = 4, PART = 8 << 20 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
     kvt_xfer_desc_t d[N];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -580,7 +580,7 @@ KVT_TEST(stopped_target_parks)
 KVT_TEST(stopped_target_holds_session)
 {
     enum { PIECES = 1024 }; /* 512 KiB of 512-byte pieces: one job */
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
     kvt_xfer_desc_t d = {0};
     kvt_segment_t sa, sb;
     kvt_batch_h a1, a2, b;
@@ -635,6 +635,73 @@ KVT_TEST(stopped_target_holds_session)
     munmap(buf, 4 * PIECES * 512);
     peer_stop(&pa);
     peer_stop(&pb);
+}
+
+/*
+ * A target whose first thread exits (pthread_exit(): the leader is a
+ * zombie) lives on in its other threads. Its memory is mapped
+ * (kvt_mem_alloc), since cross-memory attach needs the leader's address
+ * space: a write through the mapping is delivered, not taken for one into
+ * a dying process; stopped (SIGSTOP), it is held until SIGCONT. Fails when a
+ * zombie leader reads as not running (the first write times out) or as
+ * running whatever its other threads do (the held one completes).
+ */
+KVT_TEST(zombie_leader_target)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 1};
+    kvt_engine_h e;
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t seg;
+    kvt_batch_h b;
+    uint8_t *buf = map(BLK);
+    char path[64], st[512] = "";
+    FILE *f;
+    peer_t p;
+
+    /* The peer first: forked while this process has one thread. */
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 2000);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    if (!offers_shm(e, seg))
+        SKIP("the target engine does not offer shm");
+    CHECK(strcmp(kvt__segment_transport(e, seg), "shm") == 0);
+    pattern_fill(buf, BLK, 51, 0);
+    CHECK_OK(kvt_mem_register(e, buf, BLK, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, seg, buf, p.main_addr, 4096)); /* maps it */
+    CHECK(strcmp(peer_cmd(&p, "leave"), "0") == 0);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)p.pid);
+    for (int i = 0; i < 1000 && kvt__shm_thread_state(st) !=
+                                    KVT_SHM_THR_ZOMBIE; i++) {
+        f = fopen(path, "r");
+        CHECK(f != NULL);
+        if (fgets(st, sizeof(st), f) == NULL)
+            st[0] = '\0';
+        fclose(f);
+        usleep(1000);
+    }
+    CHECK(kvt__shm_thread_state(st) == KVT_SHM_THR_ZOMBIE);
+    CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
+    CHECK(strcmp(peer_cmd(&p, "check %llu %llu 51",
+                          (unsigned long long)p.main_addr,
+                          (unsigned long long)BLK),
+                 "0") == 0);
+    peer_kill(&p, SIGSTOP);
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = buf;
+    d.remote_addr = p.main_addr;
+    d.length = BLK;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    usleep(300 * 1000);
+    CHECK(kvt_batch_query(b, NULL) == KVT_INPROGRESS);
+    peer_kill(&p, SIGCONT);
+    CHECK_OK(kvt_batch_wait(b, 10000));
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    munmap(buf, BLK);
+    peer_stop(&p);
 }
 
 /* The state of a thread from its /proc stat line: stopped, a zombie,
@@ -835,7 +902,7 @@ static void *writer_main(void *arg)
  */
 static void unregister_while_writing(int managed)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0};
     writer_t w = {0};
     pthread_t th;
     peer_t p;
@@ -898,7 +965,7 @@ KVT_TEST(unregister_while_attached) { unregister_while_writing(0); }
 KVT_TEST(target_death_while_mapped)
 {
     enum { N = 1024 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0};
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t bs;
     kvt_segment_t seg;
@@ -1070,6 +1137,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(rows_for_two_peers_registry_changes, 60),
     KVT_CASE(stopped_target_parks, 60),
     KVT_CASE(thread_state_from_stat, 30),
+    KVT_CASE(zombie_leader_target, 60),
     KVT_CASE(stopped_target_holds_session, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
