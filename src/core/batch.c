@@ -5,7 +5,7 @@
  *
  * Accounting invariant: @pending counts submitted slots that are not final.
  * It is raised by the whole submission before any descriptor can complete,
- * and lowered exactly once per slot by kvt__slot_done() when the slot's
+ * and lowered exactly once per slot by kvt__comp_done() when the slot's
  * last piece completes. A waiter sleeps on @pending as a futex word.
  */
 #include <errno.h>
@@ -14,17 +14,29 @@
 #include <string.h>
 
 #include "core/engine_int.h"
+#include "transport/transport.h"
 #include "util/futex.h"
 #include "util/log.h"
 #include "util/time.h"
 
 #define BATCH_MAX_CAPACITY (1u << 20)
 
-void kvt__slot_done(kvt_batch_h b, uint32_t index, kvt_status_t status)
+/* Marks the start and the end of a run of completions on @batch. */
+static inline void batch_enter(kvt_batch_h b)
 {
-    kvt__slot_t *s = &b->slots[index];
+    atomic_fetch_add_explicit(&b->busy, 1, memory_order_acquire);
+}
+static inline void batch_leave(kvt_batch_h b)
+{
+    atomic_fetch_sub_explicit(&b->busy, 1, memory_order_release);
+}
+
+void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
+{
+    kvt_batch_h b = s->batch;
     int32_t final;
 
+    batch_enter(b);
     if (status != KVT_OK) {
         int32_t zero = 0;
         atomic_compare_exchange_strong_explicit(&s->err, &zero, status,
@@ -32,7 +44,7 @@ void kvt__slot_done(kvt_batch_h b, uint32_t index, kvt_status_t status)
                                                 memory_order_relaxed);
     }
     if (atomic_fetch_sub_explicit(&s->remaining, 1, memory_order_acq_rel) != 1)
-        return;
+        goto out;
     final = atomic_load_explicit(&s->err, memory_order_relaxed);
     atomic_store_explicit(&s->status, final, memory_order_release);
     if (final != KVT_OK) {
@@ -50,6 +62,15 @@ void kvt__slot_done(kvt_batch_h b, uint32_t index, kvt_status_t status)
         if (fn != NULL)
             fn(b->on_idle_arg);
     }
+out:
+    batch_leave(b);
+}
+
+/* A slot failed before any transport took it. */
+static void comp_fail(kvt__comp_t *c, kvt_status_t st)
+{
+    kvt__comp_expect(c, 1);
+    kvt__comp_done(c, st);
 }
 
 kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
@@ -70,6 +91,8 @@ kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
     }
     b->engine = e;
     b->capacity = capacity;
+    for (size_t i = 0; i < capacity; i++)
+        b->slots[i].batch = b;
     pthread_mutex_lock(&e->batch_lock);
     b->next = e->batches;
     if (e->batches)
@@ -80,41 +103,86 @@ kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
     return KVT_OK;
 }
 
-static kvt_status_t validate(kvt_engine_h e, const kvt_xfer_desc_t *d)
+/*
+ * Check @d and write its normalised form into @x (the rules of
+ * kvt_xfer_desc_t, in one place): a known opcode; for READ and WRITE a
+ * non-zero length, a piece count of at least 1, strides of at least the
+ * length (0: packed), neither span wrapping, and the local span inside
+ * one registered region (registry read lock held); for NOTIFY a message
+ * of at most KVT_NOTIFY_MAX bytes.
+ */
+static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
+                              kvt__xfer_t *x)
 {
-    uint64_t span, c;
+    uint64_t c, ls, rs, lspan, rspan;
 
     if (d->opcode == KVT_OP_NOTIFY) {
         if (d->length > KVT_NOTIFY_MAX)
             return KVT_ERR_OVERFLOW;
         if (d->length > 0 && d->local_addr == NULL)
             return KVT_ERR_INVALID_PARAM;
+        *x = (kvt__xfer_t){.op = KVT_OP_NOTIFY,
+                           .count = 1,
+                           .len = d->length,
+                           .laddr = (uint64_t)(uintptr_t)d->local_addr,
+                           .lstride = d->length,
+                           .rstride = d->length};
         return KVT_OK;
     }
     if ((d->opcode != KVT_OP_READ && d->opcode != KVT_OP_WRITE) ||
         d->length == 0 || d->local_addr == NULL)
         return KVT_ERR_INVALID_PARAM;
     c = d->count > 1 ? d->count : 1;
+    ls = rs = d->length;
     if (c > 1) {
-        uint64_t ls = d->local_stride ? d->local_stride : d->length;
-        uint64_t rs = d->remote_stride ? d->remote_stride : d->length;
+        if (d->local_stride)
+            ls = d->local_stride;
+        if (d->remote_stride)
+            rs = d->remote_stride;
         if (ls < d->length || rs < d->length ||
             ls > (UINT64_MAX - d->length) / (c - 1) ||
             rs > (UINT64_MAX - d->length) / (c - 1))
             return KVT_ERR_INVALID_PARAM;
-        span = rs * (c - 1) + d->length;
-        if (d->remote_addr > UINT64_MAX - span)
-            return KVT_ERR_INVALID_PARAM;
-        span = ls * (c - 1) + d->length;
-    } else {
-        span = d->length;
-        if (d->remote_addr > UINT64_MAX - span)
-            return KVT_ERR_INVALID_PARAM;
     }
+    rspan = rs * (c - 1) + d->length;
+    lspan = ls * (c - 1) + d->length;
+    if (d->remote_addr > UINT64_MAX - rspan)
+        return KVT_ERR_INVALID_PARAM;
     if (!kvt__memreg_contains_locked(&e->reg, (uint64_t)(uintptr_t)d->local_addr,
-                                     span, 0))
+                                     lspan, 0))
         return KVT_ERR_NOT_REGISTERED;
+    *x = (kvt__xfer_t){.op = d->opcode,
+                       .count = (uint32_t)c,
+                       .len = d->length,
+                       .laddr = (uint64_t)(uintptr_t)d->local_addr,
+                       .lstride = ls,
+                       .raddr = d->remote_addr,
+                       .rstride = rs};
     return KVT_OK;
+}
+
+/* Record where a session's share of a submission went (kvt__hint_t). */
+static void batch_hint(kvt_batch_h b, kvt__session_t *s, const kvt__hint_t *h)
+{
+    if (h->many || h->where == NULL ||
+        (b->hint != NULL && (b->hint != h->where || b->hint_sess != s)))
+        b->hint_multi = 1;
+    b->hint_sess = s;
+    b->hint = h->where;
+}
+
+/* Hand @n descriptors to their session; a refusal fails them. */
+static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
+                     size_t n)
+{
+    kvt__hint_t h = {NULL, 0};
+
+    if (s->ops->submit(s, x, n, &h) != KVT_OK) {
+        for (size_t j = 0; j < n; j++)
+            comp_fail(x[j].comp, KVT_ERR_NO_MEMORY);
+        h.many = 1;
+    }
+    batch_hint(b, s, &h);
 }
 
 kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
@@ -122,10 +190,11 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 {
     kvt_engine_h e;
     size_t base, nvalid = 0;
-    uint32_t *idx, *grp;
+    kvt__xfer_t *xf, *grp;
     kvt__session_t **sess;
     kvt_segment_t last_id = 0;
     kvt__session_t *last = NULL;
+    int one = 1;
 
     if (b == NULL || (descs == NULL && count > 0))
         return KVT_ERR_INVALID_PARAM;
@@ -134,16 +203,16 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     if (count > b->capacity - b->used)
         return KVT_ERR_NO_SPACE;
     e = b->engine;
-    idx = malloc(count * (2 * sizeof(uint32_t) + sizeof(*sess)));
-    if (idx == NULL)
+    xf = malloc(count * (2 * sizeof(*xf) + sizeof(*sess)));
+    if (xf == NULL)
         return KVT_ERR_NO_MEMORY;
-    grp = idx + count;
+    grp = xf + count;
     sess = (kvt__session_t **)(grp + count);
 
     base = b->used;
     b->used += count;
     for (size_t i = 0; i < count; i++) {
-        kvt__slot_t *s = &b->slots[base + i];
+        kvt__comp_t *s = &b->slots[base + i];
         atomic_store_explicit(&s->status, KVT_INPROGRESS, memory_order_relaxed);
         atomic_store_explicit(&s->err, KVT_OK, memory_order_relaxed);
         atomic_store_explicit(&s->remaining, 0, memory_order_relaxed);
@@ -152,12 +221,13 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     atomic_fetch_add_explicit(&b->pending, (uint32_t)count,
                               memory_order_release);
 
-    /* Validate; fail the bad slots at once; note each good one's session. */
-    kvt__batch_enter(b);
+    /* Validate and normalise; fail the bad slots at once; note each good
+     * one's session. */
     kvt__memreg_rdlock(&e->reg);
     for (size_t i = 0; i < count; i++) {
         const kvt_xfer_desc_t *d = &descs[i];
-        kvt_status_t st = validate(e, d);
+        kvt__xfer_t *x = &xf[nvalid];
+        kvt_status_t st = xfer_init(e, d, x);
         kvt__session_t *s = NULL;
 
         if (st == KVT_OK) {
@@ -172,40 +242,35 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                 st = atomic_load(&s->dead);
         }
         if (st != KVT_OK) {
-            atomic_store_explicit(&b->slots[base + i].remaining, 1,
-                                  memory_order_relaxed);
-            kvt__slot_done(b, (uint32_t)(base + i), st);
+            comp_fail(&b->slots[base + i], st);
             continue;
         }
-        idx[nvalid] = (uint32_t)i;
-        sess[nvalid] = s;
-        nvalid++;
+        x->comp = &b->slots[base + i];
+        if (nvalid > 0 && sess[nvalid - 1] != s)
+            one = 0;
+        sess[nvalid++] = s;
     }
     kvt__memreg_unlock(&e->reg);
-    kvt__batch_leave(b);
 
     /* Hand each session its descriptors, in submission order. */
-    for (size_t i = 0; i < nvalid; i++) {
-        kvt__session_t *s = sess[i];
-        size_t m = 0;
-        if (s == NULL)
-            continue;
-        for (size_t j = i; j < nvalid; j++) {
-            if (sess[j] == s) {
-                grp[m++] = idx[j];
-                sess[j] = NULL;
+    if (nvalid > 0 && one) {
+        dispatch(b, sess[0], xf, nvalid);
+    } else {
+        for (size_t i = 0; i < nvalid; i++) {
+            kvt__session_t *s = sess[i];
+            size_t m = 0;
+            if (s == NULL)
+                continue;
+            for (size_t j = i; j < nvalid; j++) {
+                if (sess[j] == s) {
+                    grp[m++] = xf[j];
+                    sess[j] = NULL;
+                }
             }
-        }
-        if (s->ops->submit(s, b, descs, grp, m, base) != KVT_OK) {
-            kvt__batch_enter(b);
-            for (size_t j = 0; j < m; j++) {
-                atomic_store(&b->slots[base + grp[j]].remaining, 1);
-                kvt__slot_done(b, (uint32_t)(base + grp[j]), KVT_ERR_NO_MEMORY);
-            }
-            kvt__batch_leave(b);
+            dispatch(b, s, grp, m);
         }
     }
-    free(idx);
+    free(xf);
     return KVT_OK;
 }
 
@@ -249,9 +314,11 @@ kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
         return KVT_ERR_INVALID_PARAM;
     if (timeout_ms >= 0)
         deadline = kvt__now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    if (b->hint != NULL && !b->hint_multi && b->hint_ops->wait != NULL &&
+    if (b->hint != NULL && !b->hint_multi &&
+        b->hint_sess->ops->progress != NULL &&
         atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
-        b->hint_ops->wait(b->hint, b, timeout_ms >= 0 ? deadline : 0);
+        b->hint_sess->ops->progress(b->hint_sess, b->hint, &b->pending,
+                                    timeout_ms >= 0 ? deadline : 0);
     for (;;) {
         uint32_t p = atomic_load_explicit(&b->pending, memory_order_acquire);
         int64_t left = -1;
@@ -299,7 +366,7 @@ kvt_status_t kvt_batch_reset(kvt_batch_h b)
     drain_completers(b);
     b->used = 0;
     b->hint = NULL;
-    b->hint_ops = NULL;
+    b->hint_sess = NULL;
     b->hint_multi = 0;
     atomic_store(&b->failed, 0);
     atomic_store(&b->first_error, 0);

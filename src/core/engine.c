@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
+#include "transport/transport.h"
 #include "meta/meta.h"
 #include "util/log.h"
 #include "util/time.h"

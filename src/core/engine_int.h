@@ -14,22 +14,11 @@
 typedef struct kvt__session kvt__session_t;
 typedef struct kvt__transport_ops kvt__transport_ops_t;
 
-/*
- * A batch slot. @status stays KVT_INPROGRESS until the slot is final;
- * @remaining counts the wire pieces still in flight; @err keeps the first
- * error any piece reported. The thread that takes @remaining to zero
- * publishes @status and does the batch's accounting.
- */
-typedef struct {
-    _Atomic int32_t status;
-    _Atomic int32_t err;
-    _Atomic uint32_t remaining;
-    uint64_t user_data;
-} kvt__slot_t;
+typedef struct kvt__comp kvt__comp_t; /* transport/transport.h */
 
 struct kvt_batch {
     kvt_engine_h engine;
-    kvt__slot_t *slots;
+    kvt__comp_t *slots;
     size_t capacity;
     size_t used; /* touched by the submitting thread only */
     _Atomic uint32_t pending; /* futex word: slots not final */
@@ -40,10 +29,10 @@ struct kvt_batch {
     _Atomic uint32_t busy;
     /* Threads asleep on @pending: completers call futex_wake only then. */
     _Atomic uint32_t sleepers;
-    /* Where this batch's frames went, if all to one place: the
-     * transport's wait() can then make progress from the waiting thread.
-     * Touched by the submitting thread only. */
-    const kvt__transport_ops_t *hint_ops;
+    /* Where this batch's work went, if all to one place (kvt__hint_t):
+     * that session's progress() can then be driven from the waiting
+     * thread. Touched by the submitting thread only. */
+    kvt__session_t *hint_sess;
     void *hint;
     int hint_multi;
     /* Called by the completer that takes @pending to 0, inside the run of
@@ -54,21 +43,6 @@ struct kvt_batch {
     void *on_idle_arg;
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
-
-/* Completes @count pieces of slot @index with @status (KVT_OK or error). */
-void kvt__slot_done(kvt_batch_h batch, uint32_t index, kvt_status_t status);
-
-/* Records where a submission went (see struct kvt_batch); NULL ops: the
- * batch must not be waited on through a transport. */
-static inline void kvt__batch_hint(kvt_batch_h b,
-                                   const kvt__transport_ops_t *ops,
-                                   void *hint)
-{
-    if (ops == NULL || (b->hint != NULL && b->hint != hint))
-        b->hint_multi = 1;
-    b->hint_ops = ops;
-    b->hint = hint;
-}
 
 /*
  * Sets (before any submission) or clears the batch's on_idle call. After
@@ -91,56 +65,6 @@ void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg);
  */
 void kvt__submit_plug(void);
 void kvt__submit_unplug(void);
-
-/* Marks the start and the end of a run of completions on @batch. */
-static inline void kvt__batch_enter(kvt_batch_h b)
-{
-    atomic_fetch_add_explicit(&b->busy, 1, memory_order_acquire);
-}
-static inline void kvt__batch_leave(kvt_batch_h b)
-{
-    atomic_fetch_sub_explicit(&b->busy, 1, memory_order_release);
-}
-
-/*
- * A transport's view of one opened remote segment. Every transport embeds
- * this first in its own session structure.
- */
-struct kvt__session {
-    kvt_engine_h engine;
-    const kvt__transport_ops_t *ops;
-    kvt_segment_t id;
-    char name[KVT_WIRE_NAME_MAX + 1];
-    char addr[KVT_WIRE_NAME_MAX + 1]; /* host:port of its listener */
-    /* 0 while usable; the status that ended it otherwise. */
-    _Atomic int32_t dead;
-    int evicted; /* under the engine's sess_lock */
-    int closed;  /* likewise */
-    pthread_mutex_t desc_lock;
-    kvt__segdesc_t desc; /* under desc_lock */
-    kvt__session_t *next; /* engine's list, under sess_lock */
-};
-
-/*
- * The transport interface. Submission gets descriptors already validated
- * against the local registry, all for @s, and the slot of each; it must
- * set every slot's @remaining before the first byte can complete, and
- * complete every slot exactly once per piece.
- */
-struct kvt__transport_ops {
-    const char *name;
-    kvt_status_t (*submit)(kvt__session_t *s, kvt_batch_h batch,
-                           const kvt_xfer_desc_t *descs, const uint32_t *idx,
-                           size_t n, size_t slot_base);
-    /* Optional: make progress from a thread waiting on @batch, whose
-     * frames all went to @hint, until nothing is pending or @deadline_ns
-     * (0: none). KVT_ERR_AGAIN: sleep on the batch instead. */
-    kvt_status_t (*wait)(void *hint, kvt_batch_h batch, uint64_t deadline_ns);
-    /* Fail everything in flight with @why and refuse new work. */
-    void (*kill)(kvt__session_t *s, kvt_status_t why);
-    /* Free the session; the engine calls it once nothing can reach it. */
-    void (*destroy)(kvt__session_t *s);
-};
 
 typedef struct kvt__notify_node {
     struct kvt__notify_node *next;

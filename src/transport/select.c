@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/engine_int.h"
+#include "transport/transport.h"
 #include "util/log.h"
 
 void kvt__transport_select(kvt_engine_h e, kvt__session_t *tcp,

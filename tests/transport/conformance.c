@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/engine_int.h"
+#include "transport/transport.h"
 #include "kvt_test.h"
 #include "peer.h"
 

@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/engine_int.h"
+#include "transport/transport.h"
 #include "kvt_test.h"
 #include "transport/shm/shm.h"
 #include "peer.h"

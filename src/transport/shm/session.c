@@ -10,7 +10,7 @@
  * Jobs queue on their session in submission order.
  *
  * Executors. Whoever takes a job runs it: a pool worker, or the thread
- * waiting on the batch (the ops' wait), so a synchronous transfer costs
+ * waiting on the batch (the ops' progress), so a synchronous transfer costs
  * no wake-up. Several threads run jobs of one session at once; that is
  * how a large submission is split across threads. Running a job: take the
  * channel's lease (target.c explains it), check every segment against the
@@ -100,8 +100,8 @@ typedef struct {
     uint64_t lstride, rstride;
     uint64_t vlo, vhi; /* must lie wholly in one region */
     uint32_t count;
-    uint32_t slot;
     int32_t st;
+    kvt__comp_t *comp; /* of the descriptor it is part of */
 } seg_t;
 
 /* How a segment is copied (rw_run). */
@@ -116,7 +116,6 @@ typedef struct job_block {
 typedef struct job {
     struct job *next;
     job_block_t *blk;
-    kvt_batch_h batch;
     uint32_t op;
     uint32_t nsegs;
     uint64_t deadline;
@@ -1260,21 +1259,18 @@ static void job_unref(job_t *j)
         free(j->blk);
 }
 
-/* Complete each slot of @j once, with the first failure of its run. */
+/* Complete each descriptor of @j once, with the first failure of its
+ * run of segments. */
 static void job_complete(job_t *j)
 {
-    kvt_batch_h b = j->batch;
-
-    kvt__batch_enter(b);
     for (uint32_t i = 0; i < j->nsegs;) {
-        uint32_t slot = j->segs[i].slot;
+        kvt__comp_t *c = j->segs[i].comp;
         kvt_status_t st = KVT_OK;
-        for (; i < j->nsegs && j->segs[i].slot == slot; i++)
+        for (; i < j->nsegs && j->segs[i].comp == c; i++)
             if (st == KVT_OK)
                 st = j->segs[i].st;
-        kvt__slot_done(b, slot, st);
+        kvt__comp_done(c, st);
     }
-    kvt__batch_leave(b);
     job_unref(j);
 }
 
@@ -1467,17 +1463,16 @@ typedef struct {
     int open;
     uint32_t cur_op;
     uint32_t cur_nsegs;
-    uint32_t cur_slot; /* of its last segment */
+    kvt__comp_t *cur_comp; /* of its last segment */
     uint64_t cur_bytes;
     uint32_t *pieces; /* per descriptor of the submission */
 } plan_t;
 
-static void plan_open(plan_t *p, kvt_batch_h b, uint32_t op, uint64_t dl)
+static void plan_open(plan_t *p, uint32_t op, uint64_t dl)
 {
     if (p->jobs != NULL) {
         job_t *j = &p->jobs[p->nj];
         memset(j, 0, sizeof(*j));
-        j->batch = b;
         j->op = op;
         j->deadline = dl;
         j->segs = &p->segs[p->ns];
@@ -1490,17 +1485,17 @@ static void plan_open(plan_t *p, kvt_batch_h b, uint32_t op, uint64_t dl)
     p->cur_bytes = 0;
 }
 
-/* Append a segment to the open job; a slot's pieces are the jobs its
- * segments fall in. */
+/* Append a segment to the open job; a descriptor's pieces are the jobs
+ * its segments fall in. */
 static void plan_add(plan_t *p, size_t i, const seg_t *g)
 {
-    if (p->cur_nsegs == 0 || p->cur_slot != g->slot)
+    if (p->cur_nsegs == 0 || p->cur_comp != g->comp)
         p->pieces[i]++;
     if (p->jobs != NULL) {
         p->cur->segs[p->cur_nsegs] = *g;
         p->cur->nsegs++;
     }
-    p->cur_slot = g->slot;
+    p->cur_comp = g->comp;
     p->cur_nsegs++;
     p->cur_bytes += g->len * g->count;
     p->ns++;
@@ -1513,26 +1508,22 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
  * region (each piece's, for the strided form), so that one crossing a
  * region's end is refused whole even when it is cut across jobs.
  */
-static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
-                     const uint32_t *idx, size_t n, size_t slot_base,
+static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n,
                      uint64_t target, uint64_t dl)
 {
     for (size_t i = 0; i < n; i++) {
-        const kvt_xfer_desc_t *d = &descs[idx[i]];
-        uint32_t slot = (uint32_t)(slot_base + idx[i]);
-        uint32_t c = d->count > 1 ? d->count : 1;
-        uint64_t L = d->length;
-        uint64_t ls = (c > 1 && d->local_stride) ? d->local_stride : L;
-        uint64_t rs = (c > 1 && d->remote_stride) ? d->remote_stride : L;
-        uint64_t la = (uint64_t)(uintptr_t)d->local_addr;
+        const kvt__xfer_t *d = &x[i];
+        kvt__comp_t *comp = d->comp;
+        uint32_t c = d->count;
+        uint64_t L = d->len, ls = d->lstride, rs = d->rstride, la = d->laddr;
 
         p->pieces[i] = 0;
-        if (d->opcode == KVT_OP_NOTIFY) {
-            seg_t g = {.count = 1, .slot = slot, .st = KVT_OK};
-            plan_open(p, b, KVT_OP_NOTIFY, dl);
+        if (d->op == KVT_OP_NOTIFY) {
+            seg_t g = {.count = 1, .st = KVT_OK, .comp = comp};
+            plan_open(p, KVT_OP_NOTIFY, dl);
             if (p->jobs != NULL) {
                 p->cur->nlen = (uint32_t)L;
-                p->cur->msg = (uint8_t *)d->local_addr; /* copied later */
+                p->cur->msg = (uint8_t *)(uintptr_t)la; /* copied later */
             }
             plan_add(p, i, &g);
             p->open = 0;
@@ -1543,42 +1534,42 @@ static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
         for (uint32_t k = 0; c > 1 && L <= PACK_MAX && k < c;) {
             uint64_t room, cnt;
             seg_t g;
-            if (!p->open || p->cur_op != d->opcode ||
+            if (!p->open || p->cur_op != d->op ||
                 p->cur_bytes >= target || p->cur_nsegs >= JOB_SEGS)
-                plan_open(p, b, d->opcode, dl);
+                plan_open(p, d->op, dl);
             room = target - p->cur_bytes;
             cnt = room / L ? room / L : 1;
             if (cnt > c - k)
                 cnt = c - k;
             g = (seg_t){.laddr = la + k * ls,
-                        .raddr = d->remote_addr + k * rs,
+                        .raddr = d->raddr + k * rs,
                         .len = L,
                         .lstride = ls,
                         .rstride = rs,
                         .count = (uint32_t)cnt,
-                        .slot = slot,
-                        .st = KVT_OK};
+                        .st = KVT_OK,
+                        .comp = comp};
             g.vlo = g.raddr;
             g.vhi = g.raddr + (cnt - 1) * rs + L;
             plan_add(p, i, &g);
             k += (uint32_t)cnt;
         }
         for (uint32_t k = 0; !(c > 1 && L <= PACK_MAX) && k < c; k++) {
-            uint64_t ra = d->remote_addr + k * rs, off = 0;
-            uint64_t vlo = c == 1 ? d->remote_addr : ra;
+            uint64_t ra = d->raddr + k * rs, off = 0;
+            uint64_t vlo = c == 1 ? d->raddr : ra;
             while (off < L) {
                 seg_t g;
-                if (!p->open || p->cur_op != d->opcode ||
+                if (!p->open || p->cur_op != d->op ||
                     p->cur_bytes >= target || p->cur_nsegs >= JOB_SEGS)
-                    plan_open(p, b, d->opcode, dl);
+                    plan_open(p, d->op, dl);
                 g = (seg_t){.laddr = la + k * ls + off,
                             .raddr = ra + off,
                             .len = L - off,
                             .count = 1,
                             .vlo = vlo,
                             .vhi = vlo + L,
-                            .slot = slot,
-                            .st = KVT_OK};
+                            .st = KVT_OK,
+                            .comp = comp};
                 if (g.len > target - p->cur_bytes)
                     g.len = target - p->cur_bytes;
                 g.lstride = g.rstride = g.len;
@@ -1589,9 +1580,8 @@ static void plan_run(plan_t *p, kvt_batch_h b, const kvt_xfer_desc_t *descs,
     }
 }
 
-static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
-                               const kvt_xfer_desc_t *descs,
-                               const uint32_t *idx, size_t n, size_t slot_base)
+static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
+                               size_t n, kvt__hint_t *hint)
 {
     shm_session_t *s = (shm_session_t *)base;
     kvt__shm_t *shm = s->shm;
@@ -1607,11 +1597,10 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
     if (p.pieces == NULL)
         return KVT_ERR_NO_MEMORY;
     for (size_t i = 0; i < n; i++) {
-        const kvt_xfer_desc_t *d = &descs[idx[i]];
-        if (d->opcode == KVT_OP_NOTIFY)
-            msgs += d->length;
+        if (x[i].op == KVT_OP_NOTIFY)
+            msgs += x[i].len;
         else
-            total += d->length * (d->count > 1 ? d->count : 1);
+            total += kvt__xfer_bytes(&x[i]);
     }
     /* Spread a large submission over every executor; keep a small one in
      * one job, whose hand-off would cost more than the copy it shares. */
@@ -1620,7 +1609,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
         target = JOB_MAX;
     target = target < JOB_MIN ? JOB_MIN : target > JOB_MAX ? JOB_MAX : target;
     dl = kvt__now_ns() + base->engine->timeout_ns;
-    plan_run(&p, batch, descs, idx, n, slot_base, target, dl);
+    plan_run(&p, x, n, target, dl);
     nj = p.nj;
     ns = p.ns;
     blk = malloc(sizeof(*blk) + nj * sizeof(job_t) + ns * sizeof(seg_t) + msgs);
@@ -1634,7 +1623,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
     mp = (uint8_t *)(p.segs + ns);
     p.nj = p.ns = 0;
     p.open = 0;
-    plan_run(&p, batch, descs, idx, n, slot_base, target, dl);
+    plan_run(&p, x, n, target, dl);
     for (size_t i = 0; i < nj; i++) {
         job_t *j = &p.jobs[i];
         j->blk = blk;
@@ -1645,15 +1634,14 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
             mp += j->nlen;
         }
     }
-    /* Every slot's count is set before any job can complete. */
+    /* Every descriptor's count is set before any job can complete. */
     for (size_t i = 0; i < n; i++)
-        atomic_store_explicit(&batch->slots[slot_base + idx[i]].remaining,
-                              p.pieces[i], memory_order_relaxed);
+        kvt__comp_expect(x[i].comp, p.pieces[i]);
     free(p.pieces);
     if (nj > 0)
         list = &p.jobs[0];
 
-    kvt__batch_hint(batch, &shm_ops, s);
+    kvt__hint_note(hint, s);
     pthread_mutex_lock(&s->lock);
     dead = atomic_load(&s->base.dead);
     if (!dead && list != NULL) {
@@ -1673,15 +1661,17 @@ static kvt_status_t shm_submit(kvt__session_t *base, kvt_batch_h batch,
 }
 
 /*
- * Waiter progress: run this session's jobs from the thread waiting on
- * @b until the batch has nothing pending, the queue offers nothing, or
- * @deadline_ns passes; the caller then sleeps on the batch.
+ * Waiter progress: run this session's jobs from the thread waiting for
+ * them until *@until reads 0, the queue offers nothing, or @deadline_ns
+ * passes; the caller then sleeps on the batch.
  */
-static kvt_status_t shm_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
+static kvt_status_t shm_progress(kvt__session_t *base, void *where,
+                                 const _Atomic uint32_t *until,
+                                 uint64_t deadline_ns)
 {
-    shm_session_t *s = hint;
+    shm_session_t *s = where;
 
-    while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
+    while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         job_t *j;
         if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
             break;
@@ -1699,7 +1689,7 @@ static kvt_status_t shm_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
         uint64_t end = kvt__now_ns() + WAIT_SPIN_NS;
         if (deadline_ns != 0 && deadline_ns < end)
             end = deadline_ns;
-        while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0 &&
+        while (atomic_load_explicit(until, memory_order_acquire) != 0 &&
                kvt__now_ns() < end)
             cpu_relax();
     }
@@ -1768,7 +1758,7 @@ static void session_destroy(kvt__session_t *base)
 static const kvt__transport_ops_t shm_ops = {
     .name = "shm",
     .submit = shm_submit,
-    .wait = shm_wait,
+    .progress = shm_progress,
     .kill = session_kill,
     .destroy = session_destroy,
 };

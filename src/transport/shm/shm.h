@@ -31,7 +31,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "core/engine_int.h"
+#include "transport/transport.h"
 
 #define KVT_SHM_VERSION 3
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */

@@ -48,7 +48,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/engine_int.h"
+#include "transport/transport.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/time.h"
@@ -82,14 +82,13 @@ typedef struct tcp_frame {
     tcp_tx_t tx;
     _Atomic uint32_t refs;
     struct tcp_frame *next_out;
-    kvt_batch_h batch;
     uint8_t type;
     uint64_t req_id;
     uint64_t deadline;
     uint64_t bytes;
     uint32_t npieces;
     uint32_t nlsegs;
-    uint32_t *slots;     /* [npieces] */
+    kvt__comp_t **comps; /* [npieces] */
     uint32_t *piece_seg; /* [npieces + 1]: first local segment of a piece */
     struct iovec *lsegs; /* local segments, in payload order */
     uint64_t snap[MAX_CONNS]; /* NOTIFY: enq_seq of each conn to wait for */
@@ -702,13 +701,9 @@ err_protocol:
 static void frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                            const int32_t *pst)
 {
-    kvt_batch_h b = f->batch;
-
     atomic_fetch_sub_explicit(&c->inflight, f->bytes, memory_order_relaxed);
-    kvt__batch_enter(b);
     for (uint32_t i = 0; i < f->npieces; i++)
-        kvt__slot_done(b, f->slots[i], pst ? pst[i] : st);
-    kvt__batch_leave(b);
+        kvt__comp_done(f->comps[i], pst ? pst[i] : st);
     frame_put(f);
 }
 
@@ -941,18 +936,18 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
 
 /*
  * Read and handle what @c has, until the socket is drained (the worker,
- * edge-triggered) or, when @stop is given, as soon as that batch has
- * nothing pending between two frames (a waiter, which polls: whatever it
+ * edge-triggered) or, when @stop is given, as soon as *@stop reads 0
+ * between two frames (a waiter, which polls: whatever it
  * leaves is reported to the worker when input is watched again).
  */
-static void conn_rx(tcp_conn_t *c, kvt_batch_h stop)
+static void conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
 {
     kvt_status_t fail = KVT_ERR_CONN_LOST;
     int r = 0;
 
     for (;;) {
         if (stop != NULL && c->rx_state == RX_HDR &&
-            atomic_load_explicit(&stop->pending, memory_order_acquire) == 0)
+            atomic_load_explicit(stop, memory_order_acquire) == 0)
             return;
         switch (c->rx_state) {
         case RX_HDR: {
@@ -1485,7 +1480,7 @@ static tcp_conn_t *pick_conn(tcp_session_t *s)
 /* ---- Submission: cutting descriptors into frames ---------------------------- */
 
 typedef struct {
-    uint32_t slot;
+    kvt__comp_t *comp;
     uint32_t count;
     uint64_t len;
     uint64_t raddr, rstride;
@@ -1504,8 +1499,8 @@ static inline uint32_t spec_lsegs(const pspec_t *p)
     return (p->count == 1 || p->lstride == p->len) ? 1 : p->count;
 }
 
-static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
-                                uint8_t type, const pspec_t *ps, size_t np)
+static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
+                                const pspec_t *ps, size_t np)
 {
     kvt__tcp_t *tcp = s->tcp;
     uint32_t nlsegs = 0;
@@ -1521,14 +1516,13 @@ static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
         payload += ps[i].len * ps[i].count;
     }
     niov = 2 + nlsegs;
-    sz = sizeof(*f) + niov * sizeof(struct iovec) + np * 4 + (np + 1) * 4 +
-         table;
+    sz = sizeof(*f) + niov * sizeof(struct iovec) +
+         np * sizeof(kvt__comp_t *) + (np + 1) * 4 + table;
     f = malloc(sz);
     if (f == NULL)
         return NULL;
     memset(f, 0, sizeof(*f));
     atomic_init(&f->refs, 2);
-    f->batch = batch;
     f->type = type;
     f->npieces = (uint32_t)np;
     f->nlsegs = nlsegs;
@@ -1537,8 +1531,8 @@ static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
                                           memory_order_relaxed);
     f->deadline = kvt__now_ns() + tcp->e->timeout_ns;
     p = (uint8_t *)(f->iov + niov);
-    f->slots = (uint32_t *)p;
-    f->piece_seg = f->slots + np;
+    f->comps = (kvt__comp_t **)p;
+    f->piece_seg = (uint32_t *)(f->comps + np);
     f->body = (uint8_t *)(f->piece_seg + np + 1);
     f->lsegs = f->iov + 2;
     for (size_t i = 0; i < np; i++) {
@@ -1546,7 +1540,7 @@ static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
         kvt__wire_piece_t wp = {q->raddr, (uint32_t)q->len, q->count,
                                 q->count > 1 ? q->rstride : q->len};
         kvt__wire_piece_encode(&wp, f->body + i * KVT_WIRE_PIECE_LEN);
-        f->slots[i] = q->slot;
+        f->comps[i] = q->comp;
         f->piece_seg[i] = k;
         if (spec_lsegs(q) == 1) {
             f->lsegs[k++] = (struct iovec){(void *)(uintptr_t)q->laddr,
@@ -1575,14 +1569,13 @@ static tcp_frame_t *frame_build(tcp_session_t *s, kvt_batch_h batch,
 }
 
 /*
- * Cut the READ or WRITE descriptors @idx[0..n) into wire pieces and the
+ * Cut the READ or WRITE descriptors @x[0..n) into wire pieces and the
  * pieces into frames, then enqueue the frames on the least loaded
- * connections. Each slot's remaining count is set before any frame is
+ * connections. Every descriptor's piece count is set before any frame is
  * enqueued.
  */
-static void submit_op(tcp_session_t *s, kvt_batch_h batch, uint8_t type,
-                      const kvt_xfer_desc_t *descs, const uint32_t *idx,
-                      size_t n, size_t slot_base)
+static void submit_op(tcp_session_t *s, uint8_t type,
+                      const kvt__xfer_t *const *x, size_t n, kvt__hint_t *hint)
 {
     kvt_engine_h e = s->base.engine;
     uint64_t slice = e->slice_size, total = 0, target;
@@ -1593,45 +1586,39 @@ static void submit_op(tcp_session_t *s, kvt_batch_h batch, uint8_t type,
     if (n == 0)
         return;
     for (size_t i = 0; i < n; i++) {
-        const kvt_xfer_desc_t *d = &descs[idx[i]];
-        uint32_t c = d->count > 1 ? d->count : 1;
-        total += d->length * c;
-        if (c == 1 || d->length > slice || d->length > UINT32_MAX)
-            cap += c * ((d->length + slice - 1) / slice);
+        const kvt__xfer_t *d = x[i];
+        total += kvt__xfer_bytes(d);
+        if (d->count == 1 || d->len > slice || d->len > UINT32_MAX)
+            cap += d->count * ((d->len + slice - 1) / slice);
         else
-            cap += (c + strided_k(d->length, slice) - 1) /
-                   strided_k(d->length, slice);
+            cap += (d->count + strided_k(d->len, slice) - 1) /
+                   strided_k(d->len, slice);
     }
     ps = malloc(cap * sizeof(*ps));
     if (ps == NULL)
         goto err_fail_all;
     for (size_t i = 0; i < n; i++) {
-        const kvt_xfer_desc_t *d = &descs[idx[i]];
-        uint32_t slot = (uint32_t)(slot_base + idx[i]);
-        uint32_t c = d->count > 1 ? d->count : 1;
-        uint64_t L = d->length;
-        uint64_t ls = (c > 1 && d->local_stride) ? d->local_stride : L;
-        uint64_t rs = (c > 1 && d->remote_stride) ? d->remote_stride : L;
-        uint64_t la = (uint64_t)(uintptr_t)d->local_addr;
+        const kvt__xfer_t *d = x[i];
+        uint32_t c = d->count;
+        uint64_t L = d->len, ls = d->lstride, rs = d->rstride, la = d->laddr;
         size_t first = np;
 
         if (c == 1 || L > slice || L > UINT32_MAX) {
             for (uint32_t j = 0; j < c; j++)
                 for (uint64_t off = 0; off < L; off += slice)
-                    ps[np++] = (pspec_t){slot, 1,
+                    ps[np++] = (pspec_t){d->comp, 1,
                                          L - off < slice ? L - off : slice,
-                                         d->remote_addr + j * rs + off, 0,
+                                         d->raddr + j * rs + off, 0,
                                          la + j * ls + off, 0};
         } else {
             uint64_t k = strided_k(L, slice);
             for (uint64_t j = 0; j < c; j += k) {
                 uint32_t cnt = (uint32_t)(c - j < k ? c - j : k);
-                ps[np++] = (pspec_t){slot, cnt, L, d->remote_addr + j * rs,
-                                     rs, la + j * ls, ls};
+                ps[np++] = (pspec_t){d->comp, cnt, L, d->raddr + j * rs, rs,
+                                     la + j * ls, ls};
             }
         }
-        atomic_store_explicit(&batch->slots[slot].remaining,
-                              (uint32_t)(np - first), memory_order_relaxed);
+        kvt__comp_expect(d->comp, (uint32_t)(np - first));
     }
 
     /* Frame size: spread a submission over the connections, between
@@ -1661,12 +1648,10 @@ static void submit_op(tcp_session_t *s, kvt_batch_h batch, uint8_t type,
             lsegs += spec_lsegs(q);
             end++;
         }
-        f = frame_build(s, batch, type, ps + start, end - start);
+        f = frame_build(s, type, ps + start, end - start);
         if (f == NULL) {
-            kvt__batch_enter(batch);
             for (size_t i = start; i < np; i++)
-                kvt__slot_done(batch, ps[i].slot, KVT_ERR_NO_MEMORY);
-            kvt__batch_leave(batch);
+                kvt__comp_done(ps[i].comp, KVT_ERR_NO_MEMORY);
             break;
         }
         *ftail = f;
@@ -1677,48 +1662,42 @@ static void submit_op(tcp_session_t *s, kvt_batch_h batch, uint8_t type,
     while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
         tcp_conn_t *c = pick_conn(s);
-        kvt__batch_hint(batch, &tcp_ops, c);
+        kvt__hint_note(hint, c);
         conn_enqueue(c, f);
         frames = next;
     }
     return;
 
 err_fail_all:
-    kvt__batch_enter(batch);
     for (size_t i = 0; i < n; i++) {
-        atomic_store(&batch->slots[slot_base + idx[i]].remaining, 1);
-        kvt__slot_done(batch, (uint32_t)(slot_base + idx[i]),
-                       KVT_ERR_NO_MEMORY);
+        kvt__comp_expect(x[i]->comp, 1);
+        kvt__comp_done(x[i]->comp, KVT_ERR_NO_MEMORY);
     }
-    kvt__batch_leave(batch);
 }
 
-static void submit_notify(tcp_session_t *s, kvt_batch_h batch,
-                          const kvt_xfer_desc_t *d, uint32_t slot)
+static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
+                          kvt__hint_t *hint)
 {
-    size_t len = d->length;
-    tcp_frame_t *f = calloc(1, sizeof(*f) + 2 * sizeof(struct iovec) + 4 +
-                                   8 + len);
+    size_t len = d->len;
+    tcp_frame_t *f = calloc(1, sizeof(*f) + 2 * sizeof(struct iovec) +
+                                   2 * sizeof(kvt__comp_t *) + 8 + len);
     kvt__wire_hdr_t h;
     int parked = 0;
 
-    atomic_store_explicit(&batch->slots[slot].remaining, 1,
-                          memory_order_relaxed);
-    kvt__batch_hint(batch, NULL, NULL); /* may be released by a worker */
+    kvt__comp_expect(d->comp, 1);
+    kvt__hint_note(hint, NULL); /* may be released by a worker */
     if (f == NULL) {
-        kvt__batch_enter(batch);
-        kvt__slot_done(batch, slot, KVT_ERR_NO_MEMORY);
-        kvt__batch_leave(batch);
+        kvt__comp_done(d->comp, KVT_ERR_NO_MEMORY);
         return;
     }
     atomic_init(&f->refs, 2);
-    f->batch = batch;
     f->type = KVT_WIRE_NOTIFY;
     f->npieces = 1;
-    f->slots = (uint32_t *)(f->iov + 2);
-    f->slots[0] = slot;
-    f->body = (uint8_t *)(f->slots + 3);
-    memcpy(f->body, d->local_addr, len);
+    f->comps = (kvt__comp_t **)(f->iov + 2);
+    f->comps[0] = d->comp;
+    f->body = (uint8_t *)(f->comps + 2);
+    if (len > 0)
+        memcpy(f->body, (const void *)(uintptr_t)d->laddr, len);
     f->req_id = atomic_fetch_add(&s->tcp->next_req, 1);
     f->deadline = kvt__now_ns() + s->base.engine->timeout_ns;
     hdr_init(&h, KVT_WIRE_NOTIFY, f->req_id);
@@ -1755,13 +1734,11 @@ static void submit_notify(tcp_session_t *s, kvt_batch_h batch,
     }
 }
 
-static kvt_status_t tcp_submit(kvt__session_t *base, kvt_batch_h batch,
-                               const kvt_xfer_desc_t *descs,
-                               const uint32_t *idx, size_t n,
-                               size_t slot_base)
+static kvt_status_t tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
+                               size_t n, kvt__hint_t *hint)
 {
     tcp_session_t *s = (tcp_session_t *)base;
-    uint32_t *w = malloc(2 * n * sizeof(uint32_t)), *r;
+    const kvt__xfer_t **w = malloc(2 * n * sizeof(*w)), **r;
     size_t i = 0;
 
     if (w == NULL)
@@ -1771,17 +1748,16 @@ static kvt_status_t tcp_submit(kvt__session_t *base, kvt_batch_h batch,
      * run before it so that it follows every write submitted earlier. */
     while (i < n) {
         size_t nw = 0, nr = 0;
-        for (; i < n && descs[idx[i]].opcode != KVT_OP_NOTIFY; i++) {
-            if (descs[idx[i]].opcode == KVT_OP_WRITE)
-                w[nw++] = idx[i];
+        for (; i < n && x[i].op != KVT_OP_NOTIFY; i++) {
+            if (x[i].op == KVT_OP_WRITE)
+                w[nw++] = &x[i];
             else
-                r[nr++] = idx[i];
+                r[nr++] = &x[i];
         }
-        submit_op(s, batch, KVT_WIRE_WRITE, descs, w, nw, slot_base);
-        submit_op(s, batch, KVT_WIRE_READ, descs, r, nr, slot_base);
+        submit_op(s, KVT_WIRE_WRITE, w, nw, hint);
+        submit_op(s, KVT_WIRE_READ, r, nr, hint);
         if (i < n) {
-            submit_notify(s, batch, &descs[idx[i]],
-                          (uint32_t)(slot_base + idx[i]));
+            submit_notify(s, &x[i], hint);
             i++;
         }
     }
@@ -1790,14 +1766,16 @@ static kvt_status_t tcp_submit(kvt__session_t *base, kvt_batch_h batch,
 }
 
 /*
- * Waiter progress (see the top of this file): read connection @hint from
- * this thread until the batch has nothing pending or @deadline_ns passes.
- * KVT_ERR_AGAIN when the connection is already dead: the caller sleeps on
- * the batch instead.
+ * Waiter progress (see the top of this file): read connection @where from
+ * this thread until *@until reads 0 or @deadline_ns passes. KVT_ERR_AGAIN
+ * when the connection is already dead: the caller sleeps on the batch
+ * instead.
  */
-static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
+static kvt_status_t tcp_progress(kvt__session_t *base, void *where,
+                                 const _Atomic uint32_t *until,
+                                 uint64_t deadline_ns)
 {
-    tcp_conn_t *c = hint;
+    tcp_conn_t *c = where;
     int fd;
 
     pthread_mutex_lock(&c->rx_lock);
@@ -1818,7 +1796,7 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
     }
     pthread_mutex_unlock(&c->rx_lock);
 
-    while (atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
+    while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int ms = -1;
         if (deadline_ns != 0) {
@@ -1831,7 +1809,7 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
             break;
         pthread_mutex_lock(&c->rx_lock);
         if (!c->rx_dead)
-            conn_rx(c, b);
+            conn_rx(c, until);
         pthread_mutex_unlock(&c->rx_lock);
     }
 
@@ -1857,7 +1835,7 @@ static kvt_status_t tcp_wait(void *hint, kvt_batch_h b, uint64_t deadline_ns)
 static const kvt__transport_ops_t tcp_ops = {
     .name = "tcp",
     .submit = tcp_submit,
-    .wait = tcp_wait,
+    .progress = tcp_progress,
     .kill = session_kill,
     .destroy = session_destroy,
 };
