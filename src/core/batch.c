@@ -52,16 +52,20 @@ void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
         atomic_fetch_add_explicit(&b->failed, 1, memory_order_relaxed);
         atomic_compare_exchange_strong(&b->first_error, &zero, final);
     }
-    /* Sequentially consistent with the waiter's "sleepers++, re-read
-     * pending": either it sees pending at 0, or this sees it asleep. */
-    if (atomic_fetch_sub(&b->pending, 1) == 1) {
+    /* The idle call runs before the last decrement, so that whoever sees
+     * the batch idle (kvt_batch_wait(), kvt_batch_query()) sees it after
+     * the call. This slot is the only one pending when the count reads 1;
+     * a submission racing with it may make the call early (once more). */
+    {
         void (*fn)(void *) = atomic_load_explicit(&b->on_idle,
                                                   memory_order_acquire);
-        if (atomic_load(&b->sleepers))
-            kvt__futex_wake_all(&b->pending);
-        if (fn != NULL)
+        if (fn != NULL && atomic_load(&b->pending) == 1)
             fn(b->on_idle_arg);
     }
+    /* Sequentially consistent with the waiter's "sleepers++, re-read
+     * pending": either it sees pending at 0, or this sees it asleep. */
+    if (atomic_fetch_sub(&b->pending, 1) == 1 && atomic_load(&b->sleepers))
+        kvt__futex_wake_all(&b->pending);
 out:
     batch_leave(b);
 }
@@ -161,14 +165,29 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
     return KVT_OK;
 }
 
-/* Record where a session's share of a submission went (kvt__hint_t). */
+/* Record where a session's share of a submission went (kvt__hint_t).
+ * The batch holds a reference on the session it may drive. */
 static void batch_hint(kvt_batch_h b, kvt__session_t *s, const kvt__hint_t *h)
 {
     if (h->many || h->where == NULL ||
         (b->hint != NULL && (b->hint != h->where || b->hint_sess != s)))
         b->hint_multi = 1;
-    b->hint_sess = s;
+    if (b->hint_sess != s) {
+        kvt__session_hold(s);
+        if (b->hint_sess != NULL)
+            kvt__session_release(b->hint_sess);
+        b->hint_sess = s;
+    }
     b->hint = h->where;
+}
+
+static void batch_unhint(kvt_batch_h b)
+{
+    if (b->hint_sess != NULL)
+        kvt__session_release(b->hint_sess);
+    b->hint_sess = NULL;
+    b->hint = NULL;
+    b->hint_multi = 0;
 }
 
 /* Hand @n descriptors to their session; a refusal fails them. */
@@ -192,8 +211,10 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     size_t base, nvalid = 0;
     kvt__xfer_t *xf, *grp;
     kvt__session_t **sess;
+    kvt__seg_t **held;
     kvt_segment_t last_id = 0;
     kvt__session_t *last = NULL;
+    size_t nheld = 0;
     int one = 1;
 
     if (b == NULL || (descs == NULL && count > 0))
@@ -203,11 +224,12 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     if (count > b->capacity - b->used)
         return KVT_ERR_NO_SPACE;
     e = b->engine;
-    xf = malloc(count * (2 * sizeof(*xf) + sizeof(*sess)));
+    xf = malloc(count * (2 * sizeof(*xf) + sizeof(*sess) + sizeof(*held)));
     if (xf == NULL)
         return KVT_ERR_NO_MEMORY;
     grp = xf + count;
     sess = (kvt__session_t **)(grp + count);
+    held = (kvt__seg_t **)(sess + count);
 
     base = b->used;
     b->used += count;
@@ -222,7 +244,7 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                               memory_order_release);
 
     /* Validate and normalise; fail the bad slots at once; note each good
-     * one's session. */
+     * one's session (its segment held until the end of the call). */
     kvt__memreg_rdlock(&e->reg);
     for (size_t i = 0; i < count; i++) {
         const kvt_xfer_desc_t *d = &descs[i];
@@ -232,8 +254,11 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
         if (st == KVT_OK) {
             if (d->segment != last_id || last == NULL) {
-                last = kvt__engine_find_session(e, d->segment);
+                kvt__seg_t *g = kvt__seg_get(e, d->segment);
+                last = g != NULL ? g->sess : NULL;
                 last_id = d->segment;
+                if (g != NULL)
+                    held[nheld++] = g;
             }
             s = last;
             if (s == NULL)
@@ -270,6 +295,8 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
             dispatch(b, s, grp, m);
         }
     }
+    for (size_t i = 0; i < nheld; i++)
+        kvt__seg_unref(held[i]);
     free(xf);
     return KVT_OK;
 }
@@ -365,9 +392,7 @@ kvt_status_t kvt_batch_reset(kvt_batch_h b)
         return KVT_ERR_BUSY;
     drain_completers(b);
     b->used = 0;
-    b->hint = NULL;
-    b->hint_sess = NULL;
-    b->hint_multi = 0;
+    batch_unhint(b);
     atomic_store(&b->failed, 0);
     atomic_store(&b->first_error, 0);
     return KVT_OK;
@@ -382,6 +407,7 @@ kvt_status_t kvt_batch_free(kvt_batch_h b)
     if (atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
         return KVT_ERR_BUSY;
     drain_completers(b);
+    batch_unhint(b);
     e = b->engine;
     pthread_mutex_lock(&e->batch_lock);
     if (b->prev)

@@ -324,7 +324,6 @@ err_meta:
 
 void kvt_engine_destroy(kvt_engine_h e)
 {
-    kvt__session_t *s, *sn;
     struct kvt_batch *b, *bn;
     kvt__notify_node_t *n, *nn;
 
@@ -340,10 +339,7 @@ void kvt_engine_destroy(kvt_engine_h e)
     kvt__shm_stop(e->shm);
     /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
     kvt__tcp_stop(e->tcp);
-    for (s = e->sessions; s != NULL; s = sn) {
-        sn = s->next;
-        s->ops->destroy(s);
-    }
+    kvt__segs_free_all(e);
     kvt__tcp_destroy(e->tcp);
     kvt__shm_destroy(e->shm);
     for (b = e->batches; b != NULL; b = bn) {
@@ -455,151 +451,6 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
     st = kvt__segdesc_encode(&d, buf_p, len_p);
     kvt__segdesc_clear(&d);
     return st;
-}
-
-/* ---- Segments ------------------------------------------------------------- */
-
-kvt__session_t *kvt__engine_find_session(kvt_engine_h e, kvt_segment_t id)
-{
-    kvt__session_t *s;
-    pthread_mutex_lock(&e->sess_lock);
-    for (s = e->sessions; s != NULL; s = s->next)
-        if (s->id == id)
-            break;
-    if (s != NULL && s->closed)
-        s = NULL;
-    pthread_mutex_unlock(&e->sess_lock);
-    return s;
-}
-
-static kvt__session_t *find_by_name_locked(kvt_engine_h e, const char *name)
-{
-    for (kvt__session_t *s = e->sessions; s != NULL; s = s->next)
-        if (!s->evicted && !atomic_load(&s->dead) &&
-            strcmp(s->name, name) == 0)
-            return s;
-    return NULL;
-}
-
-void kvt__session_evict(kvt__session_t *s)
-{
-    kvt_engine_h e = s->engine;
-    pthread_mutex_lock(&e->sess_lock);
-    s->evicted = 1;
-    pthread_mutex_unlock(&e->sess_lock);
-}
-
-kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
-                              kvt_segment_t *segment_p)
-{
-    char addr[KVT_WIRE_NAME_MAX + 8];
-    kvt__session_t *s, *other;
-    kvt_status_t st;
-
-    if (e == NULL || name == NULL || segment_p == NULL || *name == '\0' ||
-        strlen(name) > KVT_WIRE_NAME_MAX)
-        return KVT_ERR_INVALID_PARAM;
-    if (atomic_load(&e->stopping))
-        return KVT_ERR_CLOSED;
-    pthread_mutex_lock(&e->sess_lock);
-    s = find_by_name_locked(e, name);
-    if (s != NULL) {
-        *segment_p = s->id;
-        pthread_mutex_unlock(&e->sess_lock);
-        return KVT_OK;
-    }
-    pthread_mutex_unlock(&e->sess_lock);
-
-    /* Where to dial: the name itself in p2p mode, else the address the
-     * peer published. */
-    if (e->meta != NULL) {
-        kvt__segdesc_t d;
-        st = kvt__meta_lookup_segdesc(e->meta, name, &d);
-        if (st != KVT_OK) {
-            KVT_LOG_W("segment %s: metadata lookup failed: %s", name,
-                      kvt_status_str(st));
-            return st == KVT_ERR_NOT_FOUND ? KVT_ERR_UNREACHABLE : st;
-        }
-        snprintf(addr, sizeof(addr), strchr(d.host, ':') ? "[%s]:%u" : "%s:%u",
-                 d.host, d.port);
-        kvt__segdesc_clear(&d);
-    } else {
-        snprintf(addr, sizeof(addr), "%s", name);
-    }
-
-    /* Handshake without holding the table lock; another thread may open
-     * the same name meanwhile, and the first to finish wins. */
-    st = kvt__tcp_open(e->tcp, name, addr, &s);
-    if (st != KVT_OK)
-        return st;
-    kvt__transport_select(e, s, &s);
-    pthread_mutex_lock(&e->sess_lock);
-    other = find_by_name_locked(e, name);
-    s->id = ++e->next_seg_id;
-    s->next = e->sessions;
-    e->sessions = s;
-    if (other != NULL) {
-        s->evicted = 1;
-        *segment_p = other->id;
-    } else {
-        *segment_p = s->id;
-    }
-    pthread_mutex_unlock(&e->sess_lock);
-    if (other != NULL)
-        s->ops->kill(s, KVT_ERR_CANCELED);
-    KVT_LOG_D("opened segment %s", name);
-    return KVT_OK;
-}
-
-kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
-                                 int refresh, kvt_remote_region_t *regions,
-                                 size_t max, size_t *count_p)
-{
-    kvt__session_t *s;
-    kvt__segdesc_t fresh;
-    kvt_status_t st;
-
-    if (e == NULL || count_p == NULL || (regions == NULL && max > 0))
-        return KVT_ERR_INVALID_PARAM;
-    s = kvt__engine_find_session(e, segment);
-    if (s == NULL)
-        return KVT_ERR_NOT_FOUND;
-    if (refresh) {
-        st = kvt__tcp_query(e->tcp, s->name, s->addr, &fresh);
-        if (st != KVT_OK)
-            return st;
-        pthread_mutex_lock(&s->desc_lock);
-        kvt__segdesc_clear(&s->desc);
-        s->desc = fresh;
-        pthread_mutex_unlock(&s->desc_lock);
-    }
-    pthread_mutex_lock(&s->desc_lock);
-    for (size_t i = 0; i < max && i < s->desc.nregions; i++)
-        regions[i] = s->desc.regions[i];
-    *count_p = s->desc.nregions;
-    pthread_mutex_unlock(&s->desc_lock);
-    return KVT_OK;
-}
-
-kvt_status_t kvt_segment_close(kvt_engine_h e, kvt_segment_t segment)
-{
-    kvt__session_t *s;
-
-    if (e == NULL)
-        return KVT_ERR_INVALID_PARAM;
-    pthread_mutex_lock(&e->sess_lock);
-    for (s = e->sessions; s != NULL; s = s->next)
-        if (s->id == segment && !s->closed)
-            break;
-    if (s != NULL) {
-        s->closed = 1;
-        s->evicted = 1;
-    }
-    pthread_mutex_unlock(&e->sess_lock);
-    if (s == NULL)
-        return KVT_ERR_NOT_FOUND;
-    s->ops->kill(s, KVT_ERR_CANCELED);
-    return KVT_OK;
 }
 
 /* ---- Notifications -------------------------------------------------------- */

@@ -12,6 +12,8 @@
 #include "core/wire.h"
 
 typedef struct kvt__session kvt__session_t;
+typedef struct kvt__seg kvt__seg_t;
+typedef struct kvt__seg_slot kvt__seg_slot_t;
 typedef struct kvt__transport_ops kvt__transport_ops_t;
 
 typedef struct kvt__comp kvt__comp_t; /* transport/transport.h */
@@ -110,9 +112,15 @@ struct kvt_engine {
     pthread_cond_t pub_cond;
     int pub_dirty, pub_stop;
 
+    /* The segment table (segment.c), under sess_lock: handle slots, the
+     * name index of the live segments, and every segment not yet freed. */
     pthread_mutex_t sess_lock;
-    kvt__session_t *sessions; /* every session ever opened, live or dead */
-    uint64_t next_seg_id;
+    kvt__seg_slot_t *slots;
+    uint32_t nslots, slots_cap;
+    uint32_t free_slot; /* 1 + index of the first free slot; 0: none */
+    kvt__seg_t **names; /* chained hash buckets */
+    uint32_t names_cap, nnames;
+    kvt__seg_t *segs;
 
     pthread_mutex_t nq_lock;
     pthread_cond_t nq_cond;
@@ -135,13 +143,50 @@ struct kvt_engine {
     _Atomic int stopping;
 };
 
-/* Called by a transport when a session failed: evicts it from the name
- * cache so that the next open handshakes afresh. */
-void kvt__session_evict(kvt__session_t *s);
+/* ---- Segments (segment.c) ----------------------------------------------- */
 
-/* The open session behind @id (live or dead), NULL for an unknown or
- * closed handle. Sessions are freed only with their engine. */
-kvt__session_t *kvt__engine_find_session(kvt_engine_h e, kvt_segment_t id);
+/*
+ * An opened remote segment: what a kvt_segment_t names. It holds the
+ * peer's descriptor and the transport session that carries transfers to
+ * it, and is reference counted: one reference for the handle (until
+ * kvt_segment_close() or the engine's end), one held by its transport
+ * session until that session is dead and has nothing in flight
+ * (kvt__session_release()), one by each batch whose waiter may drive the
+ * session, and short ones by calls using it. The last one frees the
+ * session and the segment. A closed segment's handle is refused from then
+ * on, and its slot is reused only with another generation.
+ */
+struct kvt__seg {
+    kvt_engine_h engine;
+    _Atomic uint32_t refs;
+    kvt_segment_t handle; /* 0 once closed; under sess_lock */
+    int named;            /* in the name index; under sess_lock */
+    char name[KVT_WIRE_NAME_MAX + 1];
+    char addr[KVT_WIRE_NAME_MAX + 8]; /* host:port of its listener */
+    pthread_mutex_t desc_lock;
+    kvt__segdesc_t desc; /* under desc_lock */
+    kvt__session_t *sess;
+    kvt__seg_t *name_next;   /* name index chain */
+    kvt__seg_t *prev, *next; /* the engine's list of segments */
+};
+
+/* A handle slot: the segment in it, and the generation that the handle
+ * of that segment carries (handle = generation << 32 | (index + 1)). */
+struct kvt__seg_slot {
+    kvt__seg_t *seg;
+    uint32_t gen;
+    uint32_t next_free;
+};
+
+/* The segment behind @handle with a reference taken, or NULL for a closed
+ * or unknown handle. O(1). */
+kvt__seg_t *kvt__seg_get(kvt_engine_h e, kvt_segment_t handle);
+void kvt__seg_ref(kvt__seg_t *seg);
+void kvt__seg_unref(kvt__seg_t *seg);
+
+/* Engine teardown, after the transports have stopped: free every segment
+ * and its session, whatever still refers to them. */
+void kvt__segs_free_all(kvt_engine_h e);
 
 /* Queue a received notification (target side). */
 void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
@@ -168,8 +213,8 @@ void kvt__tcp_stop(kvt__tcp_t *tcp);
 void kvt__tcp_destroy(kvt__tcp_t *tcp);
 /* Connect to @addr (host:port), handshake and fetch the descriptor: a
  * new session named @name. Blocks at most the connect timeout. */
-kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
-                           const char *addr, kvt__session_t **s_p);
+kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
+                           kvt__session_t **s_p);
 /* Fetch a peer's descriptor over a short-lived control connection. */
 kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
                             const char *addr, kvt__segdesc_t *desc);

@@ -33,11 +33,11 @@ void kvt__transport_select(kvt_engine_h e, kvt__session_t *tcp,
     *s_p = tcp;
     if ((e->transports & KVT_TRANSPORT_SHM) == 0)
         return;
-    pthread_mutex_lock(&tcp->desc_lock);
-    offered = tcp->desc.transports;
-    host_id = tcp->desc.host_id;
-    pid = tcp->desc.pid;
-    pthread_mutex_unlock(&tcp->desc_lock);
+    pthread_mutex_lock(&tcp->seg->desc_lock);
+    offered = tcp->seg->desc.transports;
+    host_id = tcp->seg->desc.host_id;
+    pid = tcp->seg->desc.pid;
+    pthread_mutex_unlock(&tcp->seg->desc_lock);
     if (host_id != e->host_id || pid == 0) {
         KVT_LOG_D("segment %s is on another host: using tcp", tcp->name);
         return;
@@ -67,8 +67,3 @@ uint32_t kvt__transports_offered(kvt_engine_h e)
     return t;
 }
 
-const char *kvt__segment_transport(kvt_engine_h e, kvt_segment_t segment)
-{
-    kvt__session_t *s = kvt__engine_find_session(e, segment);
-    return s != NULL ? s->ops->name : NULL;
-}

@@ -97,22 +97,40 @@ static inline void kvt__hint_note(kvt__hint_t *h, void *where)
 
 /*
  * A transport's view of one opened remote segment. Every transport embeds
- * this first in its own session structure.
+ * this first in its own session structure and sets it up with
+ * kvt__session_init().
+ *
+ * Lifetime. A session returned by open holds one reference on its
+ * segment; the transport drops it with kvt__session_release() exactly
+ * once, when the session is dead and nothing of it is in flight or in the
+ * transport's hands any more (queued, running, parked, a connection still
+ * watched by a worker). The core calls destroy() when the segment's last
+ * reference goes: from any thread, with nothing else using the session.
+ * kvt__session_hold() takes a further reference (a thread that works on a
+ * session it found in a list, say) that kvt__session_release() drops.
  */
 struct kvt__session {
     kvt_engine_h engine;
     const kvt__transport_ops_t *ops;
-    kvt_segment_t id;
-    char name[KVT_WIRE_NAME_MAX + 1];
-    char addr[KVT_WIRE_NAME_MAX + 1]; /* host:port of its listener */
+    kvt__seg_t *seg;
+    char name[KVT_WIRE_NAME_MAX + 1]; /* the peer's segment, for messages */
     /* 0 while usable; the status that ended it otherwise. */
     _Atomic int32_t dead;
-    int evicted; /* under the engine's sess_lock */
-    int closed;  /* likewise */
-    pthread_mutex_t desc_lock;
-    kvt__segdesc_t desc; /* under desc_lock */
-    kvt__session_t *next; /* engine's list, under sess_lock */
 };
+
+/* Bind @s to @seg (taking the transport's reference). */
+void kvt__session_init(kvt__session_t *s, kvt__seg_t *seg,
+                       const kvt__transport_ops_t *ops);
+void kvt__session_hold(kvt__session_t *s);
+void kvt__session_release(kvt__session_t *s);
+
+/* The session failed: its segment leaves the name cache, so that the next
+ * kvt_segment_open() of the name handshakes afresh. */
+void kvt__session_evict(kvt__session_t *s);
+
+/* The peer's descriptor: copied out under its lock by @fn. */
+kvt__segdesc_t *kvt__session_desc_lock(kvt__session_t *s);
+void kvt__session_desc_unlock(kvt__session_t *s);
 
 /*
  * The operations on a session.

@@ -32,13 +32,14 @@ static void *map(size_t len)
 
 static int offers_shm(kvt_engine_h e, kvt_segment_t seg)
 {
-    kvt__session_t *s = kvt__engine_find_session(e, seg);
+    kvt__seg_t *g = kvt__seg_get(e, seg);
     int offered;
 
-    CHECK(s != NULL);
-    pthread_mutex_lock(&s->desc_lock);
-    offered = (s->desc.transports & KVT_TRANSPORT_SHM) != 0;
-    pthread_mutex_unlock(&s->desc_lock);
+    CHECK(g != NULL);
+    pthread_mutex_lock(&g->desc_lock);
+    offered = (g->desc.transports & KVT_TRANSPORT_SHM) != 0;
+    pthread_mutex_unlock(&g->desc_lock);
+    kvt__seg_unref(g);
     return offered;
 }
 

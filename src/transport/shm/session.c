@@ -135,6 +135,7 @@ struct shm_session {
     kvt__shm_t *shm;
     kvt__session_t *tcp;
     shm_session_t *next_all; /* under pool_lock */
+    int linked;              /* on the pool's list, under pool_lock */
     pid_t pid;
     int sock;
     int pidfd;
@@ -1284,9 +1285,8 @@ static void fail_list(job_t *list, kvt_status_t st)
     }
 }
 
-/* Unmap and close everything the session holds on the target. Once dead
- * with nothing in flight, by whoever observes that first. */
-static void release(shm_session_t *s)
+/* Unmap and close everything the session holds on the target. */
+static void release_resources(shm_session_t *s)
 {
     pthread_rwlock_wrlock(&s->map_lock);
     for (size_t i = 0; i < s->nmaps; i++)
@@ -1297,12 +1297,43 @@ static void release(shm_session_t *s)
     if (s->ch != NULL)
         munmap(s->ch, s->ch_len);
     s->ch = NULL;
-    close(s->sock);
+    if (s->sock >= 0)
+        close(s->sock);
     if (s->pidfd >= 0)
         close(s->pidfd);
     if (s->statfd >= 0)
         close(s->statfd);
     s->sock = s->pidfd = s->statfd = -1;
+}
+
+static void pool_unlink(shm_session_t *s)
+{
+    kvt__shm_t *shm = s->shm;
+    shm_session_t **pp;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    for (pp = &shm->sessions; s->linked && *pp != NULL;
+         pp = &(*pp)->next_all) {
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+    }
+    s->linked = 0;
+    pthread_mutex_unlock(&shm->pool_lock);
+}
+
+/*
+ * Once dead with nothing in flight (by whoever observes that first):
+ * release what the session holds on the target, leave the pool's list
+ * and drop the session's reference. The session may be freed before
+ * this returns; the caller does not touch it afterwards.
+ */
+static void release(shm_session_t *s)
+{
+    release_resources(s);
+    pool_unlink(s);
+    kvt__session_release(&s->base);
 }
 
 /* The next job an executor may take, with the session lock held. */
@@ -1332,6 +1363,7 @@ static void pool_wake(kvt__shm_t *shm, unsigned n)
  * or hand its NOTIFY on when that was the last one in flight. */
 static void job_done(shm_session_t *s, job_t *j)
 {
+    kvt__shm_t *shm = s->shm;
     int release_now = 0, notify_ready = 0;
 
     job_complete(j);
@@ -1344,10 +1376,10 @@ static void job_done(shm_session_t *s, job_t *j)
     notify_ready =
         s->inflight == 0 && s->head != NULL && s->head->op == KVT_OP_NOTIFY;
     pthread_mutex_unlock(&s->lock);
+    if (notify_ready)
+        pool_wake(shm, 1);
     if (release_now)
         release(s);
-    if (notify_ready)
-        pool_wake(s->shm, 1);
 }
 
 /*
@@ -1729,29 +1761,23 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
         release(s);
 }
 
+/*
+ * Free the session: it released itself (dead, nothing in flight), or the
+ * engine is being torn down with the pool stopped and every session
+ * killed (kvt__shm_stop()).
+ */
 static void session_destroy(kvt__session_t *base)
 {
     shm_session_t *s = (shm_session_t *)base;
-    kvt__shm_t *shm = s->shm;
-    shm_session_t **pp;
 
-    /* The pool is stopped and every session killed (kvt__shm_stop). */
-    session_kill(base, KVT_ERR_CANCELED);
-    pthread_mutex_lock(&shm->pool_lock);
-    for (pp = &shm->sessions; *pp != NULL; pp = &(*pp)->next_all) {
-        if (*pp == s) {
-            *pp = s->next_all;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&shm->pool_lock);
+    if (!s->released)
+        release_resources(s);
+    pool_unlink(s);
     s->tcp->ops->destroy(s->tcp);
     free(s->maps);
     pthread_mutex_destroy(&s->sock_lock);
     pthread_rwlock_destroy(&s->map_lock);
     pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&base->desc_lock);
-    kvt__segdesc_clear(&base->desc);
     free(s);
 }
 
@@ -1789,13 +1815,48 @@ static void pool_tick(kvt__shm_t *shm)
         }
         pthread_mutex_unlock(&s->lock);
         if (st != KVT_OK) {
+            kvt__session_hold(&s->base);
             bad[nbad] = s;
             why[nbad++] = st;
         }
     }
     pthread_mutex_unlock(&shm->pool_lock);
-    for (size_t i = 0; i < nbad; i++)
+    for (size_t i = 0; i < nbad; i++) {
         session_kill(&bad[i]->base, why[i]);
+        kvt__session_release(&bad[i]->base);
+    }
+}
+
+/*
+ * The sessions on the pool's list, each held (kvt__session_hold()), in a
+ * malloc'd array: a list to walk without pool_lock while sessions leave
+ * it. Every one of them is released with sessions_put().
+ */
+static shm_session_t **sessions_get(kvt__shm_t *shm, size_t *n_p)
+{
+    shm_session_t **v = NULL;
+    size_t n = 0, k = 0;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    for (shm_session_t *s = shm->sessions; s != NULL; s = s->next_all)
+        n++;
+    if (n > 0)
+        v = malloc(n * sizeof(*v));
+    for (shm_session_t *s = shm->sessions; v != NULL && s != NULL;
+         s = s->next_all) {
+        kvt__session_hold(&s->base);
+        v[k++] = s;
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    *n_p = k;
+    return v;
+}
+
+static void sessions_put(shm_session_t **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        kvt__session_release(&v[i]->base);
+    free(v);
 }
 
 /*
@@ -1805,18 +1866,18 @@ static void pool_tick(kvt__shm_t *shm)
  * the target would have); let the executors take the jobs of a held
  * session (session_hold()) whose target runs again. One pool worker at a
  * time runs it, every STOPPED_POLL_NS while any job is parked or any
- * session held. Sessions leave the list only with the engine, after the
- * workers, so it is walked a link at a time.
+ * session held. Sessions may leave the list meanwhile: it walks a held
+ * copy (sessions_get()).
  */
 static void stopped_poll(kvt__shm_t *shm)
 {
     uint64_t now = kvt__now_ns();
-    shm_session_t *s;
+    shm_session_t **all;
+    size_t nall;
 
-    pthread_mutex_lock(&shm->pool_lock);
-    s = shm->sessions;
-    pthread_mutex_unlock(&shm->pool_lock);
-    while (s != NULL) {
+    all = sessions_get(shm, &nall);
+    for (size_t k = 0; k < nall; k++) {
+        shm_session_t *s = all[k];
         job_t *done = NULL, **pp;
         kvt_status_t st = KVT_OK;
         int any, stopped = 0;
@@ -1847,10 +1908,8 @@ static void stopped_poll(kvt__shm_t *shm)
         if (st != KVT_OK)
             session_kill(&s->base, st);
         parked_end(s, done, st);
-        pthread_mutex_lock(&shm->pool_lock);
-        s = s->next_all;
-        pthread_mutex_unlock(&shm->pool_lock);
     }
+    sessions_put(all, nall);
 }
 
 /*
@@ -2034,7 +2093,8 @@ static kvt_status_t pool_start_locked(kvt__shm_t *shm)
 
 void kvt__shm_sessions_stop(kvt__shm_t *shm)
 {
-    shm_session_t *s;
+    shm_session_t **all;
+    size_t nall;
 
     pthread_mutex_lock(&shm->pool_lock);
     shm->stopping = 1;
@@ -2043,9 +2103,10 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm)
     for (unsigned i = 0; i < shm->nworkers; i++)
         pthread_join(shm->workers[i], NULL);
     shm->nworkers = 0;
-    /* Sessions are freed with the engine only, so the list is stable. */
-    for (s = shm->sessions; s != NULL; s = s->next_all)
-        session_kill(&s->base, KVT_ERR_CANCELED);
+    all = sessions_get(shm, &nall);
+    for (size_t k = 0; k < nall; k++)
+        session_kill(&all[k]->base, KVT_ERR_CANCELED);
+    sessions_put(all, nall);
 }
 
 /* ---- Opening a session --------------------------------------------------- */
@@ -2189,12 +2250,12 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     shm_session_t *s;
     kvt_status_t st;
 
-    pthread_mutex_lock(&tcp->desc_lock);
-    memcpy(d.name, tcp->desc.name, sizeof(d.name));
-    d.host_id = tcp->desc.host_id;
-    d.pid = tcp->desc.pid;
-    d.port = tcp->desc.port;
-    pthread_mutex_unlock(&tcp->desc_lock);
+    pthread_mutex_lock(&tcp->seg->desc_lock);
+    memcpy(d.name, tcp->seg->desc.name, sizeof(d.name));
+    d.host_id = tcp->seg->desc.host_id;
+    d.pid = tcp->seg->desc.pid;
+    d.port = tcp->seg->desc.port;
+    pthread_mutex_unlock(&tcp->seg->desc_lock);
 
     s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -2204,20 +2265,12 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     s->sock = s->pidfd = s->statfd = -1;
     s->pid = (pid_t)d.pid;
     s->base.engine = e;
+    s->base.seg = tcp->seg;
     st = chan_connect(s, &d, why);
     if (st != KVT_OK)
         goto err_free;
 
-    s->base.ops = &shm_ops;
     memcpy(s->base.name, tcp->name, sizeof(s->base.name));
-    memcpy(s->base.addr, tcp->addr, sizeof(s->base.addr));
-    pthread_mutex_init(&s->base.desc_lock, NULL);
-    /* The descriptor moves over; the TCP session keeps an empty one. */
-    pthread_mutex_lock(&tcp->desc_lock);
-    s->base.desc = tcp->desc;
-    tcp->desc.regions = NULL;
-    tcp->desc.nregions = 0;
-    pthread_mutex_unlock(&tcp->desc_lock);
     s->shm = shm;
     s->tcp = tcp;
     pthread_mutex_init(&s->lock, NULL);
@@ -2239,22 +2292,20 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     pthread_mutex_lock(&shm->pool_lock);
     st = pool_start_locked(shm);
     if (st == KVT_OK) {
+        kvt__session_init(&s->base, tcp->seg, &shm_ops);
         s->next_all = shm->sessions;
         shm->sessions = s;
+        s->linked = 1;
     }
     pthread_mutex_unlock(&shm->pool_lock);
     if (st != KVT_OK) {
         *why = "cannot start worker threads";
-        pthread_mutex_lock(&tcp->desc_lock);
-        tcp->desc = s->base.desc;
-        pthread_mutex_unlock(&tcp->desc_lock);
         for (size_t i = 0; i < s->nmaps; i++)
             munmap(s->maps[i].local, s->maps[i].len);
         free(s->maps);
         pthread_rwlock_destroy(&s->map_lock);
         pthread_mutex_destroy(&s->sock_lock);
         pthread_mutex_destroy(&s->lock);
-        pthread_mutex_destroy(&s->base.desc_lock);
         goto err_free;
     }
     *s_p = &s->base;

@@ -176,8 +176,10 @@ struct tcp_conn {
     tcp_frame_t *rx_frame;
 
     int hello_done;
+    int attached; /* outbound: handed to its worker (worker_attach()) */
     char peer[KVT_WIRE_NAME_MAX + 1];
     tcp_conn_t *wnext; /* worker's list */
+    tcp_conn_t *dnext; /* worker's reap list (outbound, failed) */
 };
 
 struct tcp_worker {
@@ -186,8 +188,9 @@ struct tcp_worker {
     pthread_t thread;
     int epfd;
     int evfd;
-    pthread_mutex_t lock; /* guards the conn list */
+    pthread_mutex_t lock; /* guards the conn list and the reap list */
     tcp_conn_t *conns;
+    tcp_conn_t *reap; /* failed outbound connections (worker_reap()) */
     uint8_t *scratch;
     uint64_t last_tick;
 };
@@ -201,6 +204,9 @@ struct tcp_session {
     tcp_frame_t *parked_head, *parked_tail;
     _Atomic uint32_t nparked;
     _Atomic uint32_t rr;
+    /* Connections not yet reaped by their worker: the last reap releases
+     * the session (kvt__session_release()). */
+    _Atomic uint32_t unreaped;
 };
 
 struct kvt__tcp {
@@ -218,6 +224,7 @@ struct kvt__tcp {
 static const kvt__transport_ops_t tcp_ops;
 
 static void conn_fail(tcp_conn_t *c, kvt_status_t st);
+static void worker_reap_later(tcp_worker_t *w, tcp_conn_t *c);
 static void session_kill(kvt__session_t *base, kvt_status_t why);
 static void release_parked(tcp_session_t *s);
 
@@ -1100,6 +1107,7 @@ static int worker_attach(tcp_worker_t *w, tcp_conn_t *c)
 {
     struct epoll_event ev = {.events = CONN_EVENTS, .data.ptr = c};
     c->ev_mask = CONN_EVENTS;
+    c->attached = 1;
     pthread_mutex_lock(&w->lock);
     c->wnext = w->conns;
     w->conns = c;
@@ -1127,6 +1135,44 @@ static void worker_detach(tcp_worker_t *w, tcp_conn_t *c)
         }
     }
     pthread_mutex_unlock(&w->lock);
+}
+
+/*
+ * A failed outbound connection goes on its worker's reap list; the worker
+ * takes it off between two rounds of events (worker_reap()), when no
+ * event of its last round can still name it, and the last connection of
+ * a session reaped releases the session. Called with the connection out
+ * of the epoll set already.
+ */
+static void worker_reap_later(tcp_worker_t *w, tcp_conn_t *c)
+{
+    int other = !pthread_equal(pthread_self(), w->thread);
+
+    pthread_mutex_lock(&w->lock);
+    c->dnext = w->reap;
+    w->reap = c;
+    pthread_mutex_unlock(&w->lock);
+    if (other) {
+        uint64_t one = 1;
+        if (write(w->evfd, &one, sizeof(one)) < 0)
+            (void)0;
+    }
+}
+
+static void worker_reap(tcp_worker_t *w)
+{
+    tcp_conn_t *c, *next;
+
+    pthread_mutex_lock(&w->lock);
+    c = w->reap;
+    w->reap = NULL;
+    pthread_mutex_unlock(&w->lock);
+    for (; c != NULL; c = next) {
+        tcp_session_t *s = c->sess;
+        next = c->dnext;
+        if (atomic_fetch_sub(&s->unreaped, 1) == 1)
+            kvt__session_release(&s->base);
+    }
 }
 
 /*
@@ -1190,6 +1236,8 @@ static void conn_fail(tcp_conn_t *c, kvt_status_t st)
         c->rx_pstatus = NULL;
         c->rx_body = NULL;
         c->rx_body_cap = 0;
+        if (c->w != NULL && c->attached)
+            worker_reap_later(c->w, c);
     } else {
         KVT_LOG_D("inbound connection from %s closed: %s", c->peer,
                   kvt_status_str(st));
@@ -1274,8 +1322,11 @@ static void *worker_main(void *arg)
     struct epoll_event evs[64];
 
     while (!atomic_load_explicit(&tcp->stopping, memory_order_acquire)) {
-        int n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
+        int n;
         uint64_t now;
+
+        worker_reap(w);
+        n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
 
         if (n > 0) {
             /* Pairs with the unlock in worker_attach(): whatever the
@@ -1369,6 +1420,11 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
     }
 }
 
+/*
+ * Free the session: every connection is reaped (the session released
+ * itself), or the workers have stopped (engine teardown), so no worker
+ * and no waiter uses any of them.
+ */
 static void session_destroy(kvt__session_t *base)
 {
     tcp_session_t *s = (tcp_session_t *)base;
@@ -1376,7 +1432,7 @@ static void session_destroy(kvt__session_t *base)
         if (s->conns[i] == NULL)
             continue;
         if (s->conns[i]->fd >= 0) {
-            /* Never attached to a worker, or workers already stopped. */
+            /* Workers already stopped. */
             pthread_mutex_lock(&s->conns[i]->rx_lock);
             conn_fail(s->conns[i], KVT_ERR_CANCELED);
             pthread_mutex_unlock(&s->conns[i]->rx_lock);
@@ -1384,8 +1440,6 @@ static void session_destroy(kvt__session_t *base)
         conn_free(s->conns[i]);
     }
     pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&base->desc_lock);
-    kvt__segdesc_clear(&base->desc);
     free(s);
 }
 
@@ -1986,24 +2040,21 @@ kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
     return st;
 }
 
-kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
-                           const char *addr, kvt__session_t **s_p)
+kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
+                           kvt__session_t **s_p)
 {
     kvt_engine_h e = tcp->e;
+    const char *name = seg->name, *addr = seg->addr;
     uint64_t deadline = kvt__now_ns() + e->connect_timeout_ms * 1000000;
     uint64_t sid = ((uint64_t)getpid() << 32) ^ kvt__now_ns();
     tcp_session_t *s;
     kvt_status_t st;
     unsigned i;
 
+    *s_p = NULL;
     s = calloc(1, sizeof(*s));
     if (s == NULL)
         return KVT_ERR_NO_MEMORY;
-    s->base.engine = e;
-    s->base.ops = &tcp_ops;
-    snprintf(s->base.name, sizeof(s->base.name), "%s", name);
-    snprintf(s->base.addr, sizeof(s->base.addr), "%s", addr);
-    pthread_mutex_init(&s->base.desc_lock, NULL);
     pthread_mutex_init(&s->lock, NULL);
     s->tcp = tcp;
     s->nconns = e->conns_per_peer;
@@ -2014,7 +2065,14 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
         if (st != KVT_OK)
             goto err_close;
         if (i == 0) {
-            st = query_desc(fd, name, deadline, &s->base.desc);
+            kvt__segdesc_t d;
+            st = query_desc(fd, name, deadline, &d);
+            if (st == KVT_OK) {
+                pthread_mutex_lock(&seg->desc_lock);
+                kvt__segdesc_clear(&seg->desc);
+                seg->desc = d;
+                pthread_mutex_unlock(&seg->desc_lock);
+            }
             if (st != KVT_OK) {
                 close(fd);
                 goto err_close;
@@ -2030,7 +2088,11 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
         s->conns[i]->index = i;
         snprintf(s->conns[i]->peer, sizeof(s->conns[i]->peer), "%s", name);
     }
-    /* Hand the connections to the workers. */
+    /* Hand the connections to the workers. A connection that cannot be
+     * attached fails the session; its worker-less connections are failed
+     * here, the attached ones by their workers. */
+    kvt__session_init(&s->base, seg, &tcp_ops);
+    atomic_store(&s->unreaped, s->nconns);
     {
         unsigned base = atomic_fetch_add(&tcp->rr, 1);
         for (i = 0; i < s->nconns; i++) {
@@ -2039,15 +2101,27 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, const char *name,
             kvt__sock_set_nonblock(c->fd, 1);
         }
         for (i = 0; i < s->nconns; i++) {
-            if (worker_attach(s->conns[i]->w, s->conns[i]) != 0) {
-                st = KVT_ERR_IO;
-                session_kill(&s->base, st);
+            if (worker_attach(s->conns[i]->w, s->conns[i]) != 0)
                 break;
+        }
+        if (i < s->nconns) {
+            unsigned left = s->nconns - i;
+            worker_detach(s->conns[i]->w, s->conns[i]);
+            s->conns[i]->attached = 0;
+            session_kill(&s->base, KVT_ERR_IO);
+            for (; i < s->nconns; i++) {
+                pthread_mutex_lock(&s->conns[i]->rx_lock);
+                conn_fail(s->conns[i], KVT_ERR_IO);
+                pthread_mutex_unlock(&s->conns[i]->rx_lock);
             }
+            *s_p = &s->base;
+            if (atomic_fetch_sub(&s->unreaped, left) == left)
+                kvt__session_release(&s->base);
+            return KVT_ERR_IO;
         }
     }
     *s_p = &s->base;
-    return atomic_load(&s->base.dead) ? KVT_ERR_IO : KVT_OK;
+    return KVT_OK;
 
 err_close:
     for (unsigned j = 0; j < i; j++) {
@@ -2055,8 +2129,6 @@ err_close:
         conn_free(s->conns[j]);
     }
     pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&s->base.desc_lock);
-    kvt__segdesc_clear(&s->base.desc);
     free(s);
     return st;
 }

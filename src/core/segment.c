@@ -1,0 +1,437 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The segment table: opened remote segments by handle and by name.
+ *
+ * Handles. A kvt_segment_t is generation << 32 | (slot index + 1). Closing
+ * a segment frees its slot and bumps the slot's generation, so a stale
+ * handle is refused (KVT_ERR_NOT_FOUND) even once the slot holds another
+ * segment; lookups are an index and a compare.
+ *
+ * Names. The live segments (opened, neither closed nor failed) are indexed
+ * by name in a chained hash table, so that kvt_segment_open() of a name
+ * already open returns its handle at once. A segment whose session fails
+ * leaves the index (kvt__session_evict()) but keeps its handle until it is
+ * closed: transfers on it fail with the reason.
+ *
+ * Lifetime: see struct kvt__seg. Everything here is under sess_lock,
+ * except the reference counts (atomics) and the descriptor (desc_lock);
+ * no lock is held while calling into a transport.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/engine_int.h"
+#include "meta/meta.h"
+#include "transport/transport.h"
+#include "util/log.h"
+
+#define SLOTS_MAX (1u << 30)
+
+static uint32_t name_hash(const char *name)
+{
+    uint32_t h = 2166136261u;
+    for (; *name; name++) {
+        h ^= (uint8_t)*name;
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static kvt__seg_t *names_find_locked(kvt_engine_h e, const char *name)
+{
+    kvt__seg_t *g;
+
+    if (e->names_cap == 0)
+        return NULL;
+    g = e->names[name_hash(name) & (e->names_cap - 1)];
+    for (; g != NULL; g = g->name_next)
+        if (strcmp(g->name, name) == 0)
+            return g;
+    return NULL;
+}
+
+static kvt_status_t names_add_locked(kvt_engine_h e, kvt__seg_t *g)
+{
+    uint32_t b;
+
+    if (e->nnames + 1 > e->names_cap) {
+        uint32_t cap = e->names_cap ? 2 * e->names_cap : 64;
+        kvt__seg_t **n = calloc(cap, sizeof(*n));
+        if (n == NULL)
+            return KVT_ERR_NO_MEMORY;
+        for (uint32_t i = 0; i < e->names_cap; i++) {
+            kvt__seg_t *x = e->names[i], *next;
+            for (; x != NULL; x = next) {
+                next = x->name_next;
+                b = name_hash(x->name) & (cap - 1);
+                x->name_next = n[b];
+                n[b] = x;
+            }
+        }
+        free(e->names);
+        e->names = n;
+        e->names_cap = cap;
+    }
+    b = name_hash(g->name) & (e->names_cap - 1);
+    g->name_next = e->names[b];
+    e->names[b] = g;
+    g->named = 1;
+    e->nnames++;
+    return KVT_OK;
+}
+
+static void names_remove_locked(kvt_engine_h e, kvt__seg_t *g)
+{
+    kvt__seg_t **pp;
+
+    if (!g->named)
+        return;
+    pp = &e->names[name_hash(g->name) & (e->names_cap - 1)];
+    for (; *pp != NULL; pp = &(*pp)->name_next) {
+        if (*pp == g) {
+            *pp = g->name_next;
+            break;
+        }
+    }
+    g->named = 0;
+    e->nnames--;
+}
+
+/* Take a free slot for @g and set its handle. */
+static kvt_status_t slot_take_locked(kvt_engine_h e, kvt__seg_t *g)
+{
+    uint32_t i;
+
+    if (e->free_slot != 0) {
+        i = e->free_slot - 1;
+        e->free_slot = e->slots[i].next_free;
+    } else {
+        if (e->nslots == e->slots_cap) {
+            uint32_t cap = e->slots_cap ? 2 * e->slots_cap : 64;
+            kvt__seg_slot_t *n;
+            if (cap > SLOTS_MAX)
+                return KVT_ERR_NO_SPACE;
+            n = realloc(e->slots, cap * sizeof(*n));
+            if (n == NULL)
+                return KVT_ERR_NO_MEMORY;
+            e->slots = n;
+            e->slots_cap = cap;
+        }
+        i = e->nslots++;
+        e->slots[i].gen = 1;
+    }
+    e->slots[i].seg = g;
+    e->slots[i].next_free = 0;
+    g->handle = ((uint64_t)e->slots[i].gen << 32) | (i + 1);
+    return KVT_OK;
+}
+
+/* The slot of a live handle, or NULL. */
+static kvt__seg_slot_t *slot_of_locked(kvt_engine_h e, kvt_segment_t handle)
+{
+    uint64_t i = (handle & 0xffffffffu);
+    kvt__seg_slot_t *sl;
+
+    if (i == 0 || i > e->nslots)
+        return NULL;
+    sl = &e->slots[i - 1];
+    if (sl->seg == NULL || sl->gen != (uint32_t)(handle >> 32))
+        return NULL;
+    return sl;
+}
+
+static void slot_free_locked(kvt_engine_h e, kvt__seg_slot_t *sl)
+{
+    uint32_t i = (uint32_t)(sl - e->slots);
+
+    sl->seg->handle = 0;
+    sl->seg = NULL;
+    if (++sl->gen == 0) /* a handle is never 0 */
+        sl->gen = 1;
+    sl->next_free = e->free_slot;
+    e->free_slot = i + 1;
+}
+
+kvt__seg_t *kvt__seg_get(kvt_engine_h e, kvt_segment_t handle)
+{
+    kvt__seg_slot_t *sl;
+    kvt__seg_t *g = NULL;
+
+    pthread_mutex_lock(&e->sess_lock);
+    sl = slot_of_locked(e, handle);
+    if (sl != NULL) {
+        g = sl->seg;
+        atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+    return g;
+}
+
+void kvt__seg_ref(kvt__seg_t *g)
+{
+    atomic_fetch_add_explicit(&g->refs, 1, memory_order_relaxed);
+}
+
+static void seg_free(kvt__seg_t *g)
+{
+    if (g->sess != NULL)
+        g->sess->ops->destroy(g->sess);
+    pthread_mutex_destroy(&g->desc_lock);
+    kvt__segdesc_clear(&g->desc);
+    free(g);
+}
+
+void kvt__seg_unref(kvt__seg_t *g)
+{
+    kvt_engine_h e = g->engine;
+
+    if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_mutex_lock(&e->sess_lock);
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        e->segs = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    pthread_mutex_unlock(&e->sess_lock);
+    seg_free(g);
+}
+
+void kvt__segs_free_all(kvt_engine_h e)
+{
+    kvt__seg_t *g, *next;
+
+    for (g = e->segs; g != NULL; g = next) {
+        next = g->next;
+        seg_free(g);
+    }
+    e->segs = NULL;
+    free(e->slots);
+    free(e->names);
+    e->slots = NULL;
+    e->names = NULL;
+    e->nslots = e->slots_cap = e->free_slot = 0;
+    e->names_cap = e->nnames = 0;
+}
+
+/* ---- What transports call ------------------------------------------------ */
+
+void kvt__session_init(kvt__session_t *s, kvt__seg_t *seg,
+                       const kvt__transport_ops_t *ops)
+{
+    s->engine = seg->engine;
+    s->ops = ops;
+    s->seg = seg;
+    memcpy(s->name, seg->name, sizeof(s->name));
+    atomic_store(&s->dead, 0);
+    kvt__seg_ref(seg);
+}
+
+void kvt__session_hold(kvt__session_t *s)
+{
+    kvt__seg_ref(s->seg);
+}
+
+void kvt__session_release(kvt__session_t *s)
+{
+    kvt__seg_unref(s->seg);
+}
+
+void kvt__session_evict(kvt__session_t *s)
+{
+    kvt_engine_h e = s->engine;
+
+    pthread_mutex_lock(&e->sess_lock);
+    names_remove_locked(e, s->seg);
+    pthread_mutex_unlock(&e->sess_lock);
+}
+
+kvt__segdesc_t *kvt__session_desc_lock(kvt__session_t *s)
+{
+    pthread_mutex_lock(&s->seg->desc_lock);
+    return &s->seg->desc;
+}
+
+void kvt__session_desc_unlock(kvt__session_t *s)
+{
+    pthread_mutex_unlock(&s->seg->desc_lock);
+}
+
+/* ---- The public calls ---------------------------------------------------- */
+
+/* A live segment of that name: opened, not closed, its session usable. */
+static kvt__seg_t *live_by_name_locked(kvt_engine_h e, const char *name)
+{
+    kvt__seg_t *g = names_find_locked(e, name);
+
+    if (g != NULL && atomic_load(&g->sess->dead) != 0)
+        return NULL;
+    return g;
+}
+
+/* Where to dial: the name itself in p2p mode, else the address the peer
+ * published. */
+static kvt_status_t resolve(kvt_engine_h e, const char *name, char *addr,
+                            size_t cap)
+{
+    kvt__segdesc_t d;
+    kvt_status_t st;
+
+    if (e->meta == NULL) {
+        snprintf(addr, cap, "%s", name);
+        return KVT_OK;
+    }
+    st = kvt__meta_lookup_segdesc(e->meta, name, &d);
+    if (st != KVT_OK) {
+        KVT_LOG_W("segment %s: metadata lookup failed: %s", name,
+                  kvt_status_str(st));
+        return st == KVT_ERR_NOT_FOUND ? KVT_ERR_UNREACHABLE : st;
+    }
+    snprintf(addr, cap, strchr(d.host, ':') ? "[%s]:%u" : "%s:%u", d.host,
+             d.port);
+    kvt__segdesc_clear(&d);
+    return KVT_OK;
+}
+
+kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
+                              kvt_segment_t *segment_p)
+{
+    kvt__seg_t *g, *other;
+    kvt__session_t *s;
+    kvt_status_t st;
+
+    if (e == NULL || name == NULL || segment_p == NULL || *name == '\0' ||
+        strlen(name) > KVT_WIRE_NAME_MAX)
+        return KVT_ERR_INVALID_PARAM;
+    if (atomic_load(&e->stopping))
+        return KVT_ERR_CLOSED;
+    pthread_mutex_lock(&e->sess_lock);
+    g = live_by_name_locked(e, name);
+    if (g != NULL) {
+        *segment_p = g->handle;
+        pthread_mutex_unlock(&e->sess_lock);
+        return KVT_OK;
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+
+    g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        return KVT_ERR_NO_MEMORY;
+    g->engine = e;
+    atomic_init(&g->refs, 1); /* the handle's, once it has one */
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    pthread_mutex_init(&g->desc_lock, NULL);
+    pthread_mutex_lock(&e->sess_lock);
+    g->next = e->segs;
+    if (e->segs)
+        e->segs->prev = g;
+    e->segs = g;
+    pthread_mutex_unlock(&e->sess_lock);
+    st = resolve(e, name, g->addr, sizeof(g->addr));
+    if (st != KVT_OK)
+        goto err_unref;
+
+    /* Handshake without holding the table lock; another thread may open
+     * the same name meanwhile, and the first to finish wins. */
+    s = NULL;
+    st = kvt__tcp_open(e->tcp, g, &s);
+    g->sess = s; /* a failed session stays with the segment until freed */
+    if (st != KVT_OK)
+        goto err_unref;
+    kvt__transport_select(e, s, &s);
+    g->sess = s;
+
+    pthread_mutex_lock(&e->sess_lock);
+    other = live_by_name_locked(e, name);
+    if (other != NULL) {
+        *segment_p = other->handle;
+    } else {
+        st = slot_take_locked(e, g);
+        if (st == KVT_OK && names_add_locked(e, g) != KVT_OK) {
+            slot_free_locked(e, slot_of_locked(e, g->handle));
+            st = KVT_ERR_NO_MEMORY;
+        }
+        *segment_p = g->handle;
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+    if (other != NULL || st != KVT_OK) {
+        /* Lost the race (or no room): this one is dropped. */
+        s->ops->kill(s, KVT_ERR_CANCELED);
+        kvt__seg_unref(g);
+        return st;
+    }
+    KVT_LOG_D("opened segment %s", name);
+    return KVT_OK;
+
+err_unref:
+    kvt__seg_unref(g);
+    return st;
+}
+
+kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
+                                 int refresh, kvt_remote_region_t *regions,
+                                 size_t max, size_t *count_p)
+{
+    kvt__segdesc_t fresh;
+    kvt__seg_t *g;
+    kvt_status_t st = KVT_OK;
+
+    if (e == NULL || count_p == NULL || (regions == NULL && max > 0))
+        return KVT_ERR_INVALID_PARAM;
+    g = kvt__seg_get(e, segment);
+    if (g == NULL)
+        return KVT_ERR_NOT_FOUND;
+    if (refresh) {
+        st = kvt__tcp_query(e->tcp, g->name, g->addr, &fresh);
+        if (st != KVT_OK)
+            goto out;
+        pthread_mutex_lock(&g->desc_lock);
+        kvt__segdesc_clear(&g->desc);
+        g->desc = fresh;
+        pthread_mutex_unlock(&g->desc_lock);
+    }
+    pthread_mutex_lock(&g->desc_lock);
+    for (size_t i = 0; i < max && i < g->desc.nregions; i++)
+        regions[i] = g->desc.regions[i];
+    *count_p = g->desc.nregions;
+    pthread_mutex_unlock(&g->desc_lock);
+out:
+    kvt__seg_unref(g);
+    return st;
+}
+
+kvt_status_t kvt_segment_close(kvt_engine_h e, kvt_segment_t segment)
+{
+    kvt__seg_slot_t *sl;
+    kvt__seg_t *g = NULL;
+
+    if (e == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&e->sess_lock);
+    sl = slot_of_locked(e, segment);
+    if (sl != NULL) {
+        g = sl->seg;
+        names_remove_locked(e, g);
+        slot_free_locked(e, sl);
+    }
+    pthread_mutex_unlock(&e->sess_lock);
+    if (g == NULL)
+        return KVT_ERR_NOT_FOUND;
+    g->sess->ops->kill(g->sess, KVT_ERR_CANCELED);
+    kvt__seg_unref(g); /* the handle's reference */
+    return KVT_OK;
+}
+
+const char *kvt__segment_transport(kvt_engine_h e, kvt_segment_t segment)
+{
+    kvt__seg_t *g = kvt__seg_get(e, segment);
+    const char *name;
+
+    if (g == NULL)
+        return NULL;
+    name = g->sess->ops->name;
+    kvt__seg_unref(g);
+    return name;
+}
