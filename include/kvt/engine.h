@@ -217,8 +217,10 @@ typedef uint64_t kvt_segment_t;
 typedef struct {
     uint64_t addr;
     uint64_t length;
-    uint32_t access;
-    uint32_t kind;
+    uint32_t access; /* KVT_ACCESS_* */
+    uint32_t kind;   /* kvt_mem_kind_t */
+    int32_t device;  /* device ordinal of a device kind; -1 for host memory */
+    uint32_t reserved;
 } kvt_remote_region_t;
 
 /*

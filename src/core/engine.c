@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
+#include "ctrl/ctrl.h"
 #include "transport/transport.h"
 #include "meta/meta.h"
 #include "util/log.h"
@@ -280,20 +281,31 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     pthread_cond_init(&e->pub_cond, &ca);
     pthread_condattr_destroy(&ca);
 
-    st = kvt__tcp_create(e, &e->tcp);
+    st = kvt__ctrl_create(e, e->host, e->port, &e->port, &e->ctrl);
     if (st != KVT_OK)
         goto err_locks;
     if (e->seg_name[0] == '\0')
         snprintf(e->seg_name, sizeof(e->seg_name),
                  strchr(e->host, ':') ? "[%s]:%u" : "%s:%u", e->host, e->port);
+    st = kvt__tcp_create(e, &e->tcp);
+    if (st != KVT_OK)
+        goto err_ctrl;
+    {
+        kvt__ctrl_taker_t t = {KVT_TRANSPORT_TCP, e->tcp, kvt__tcp_accept};
+        kvt__ctrl_add_taker(e->ctrl, &t);
+    }
     /* Same-host peers (before any worker can describe this engine to a
      * peer); without it they use TCP, so a failure is not fatal. */
     if (e->transports & KVT_TRANSPORT_SHM)
         kvt__shm_create(e, &e->shm);
-    /* The name is final before any worker can answer a peer. */
     st = kvt__tcp_start(e->tcp);
     if (st != KVT_OK)
         goto err_tcp;
+    /* The name is final and the transports run before the control plane
+     * answers anyone. */
+    st = kvt__ctrl_start(e->ctrl);
+    if (st != KVT_OK)
+        goto err_tcp_stop;
     if (e->meta != NULL)
         publish_start(e);
     KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
@@ -303,10 +315,14 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     *engine_p = e;
     return KVT_OK;
 
+err_tcp_stop:
+    kvt__tcp_stop(e->tcp);
 err_tcp:
     kvt__shm_stop(e->shm);
     kvt__shm_destroy(e->shm);
     kvt__tcp_destroy(e->tcp);
+err_ctrl:
+    kvt__ctrl_destroy(e->ctrl);
 err_locks:
     pthread_cond_destroy(&e->pub_cond);
     pthread_mutex_destroy(&e->pub_lock);
@@ -335,13 +351,16 @@ void kvt_engine_destroy(kvt_engine_h e)
     publish_stop(e);
     kvt__meta_destroy(e->meta);
     e->meta = NULL;
-    /* Same-host peers lose their channels; queued shm work is canceled. */
+    /* No new peers; then same-host peers lose their channels and queued
+     * shm work is canceled. */
+    kvt__ctrl_stop(e->ctrl);
     kvt__shm_stop(e->shm);
     /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
     kvt__tcp_stop(e->tcp);
     kvt__segs_free_all(e);
     kvt__tcp_destroy(e->tcp);
     kvt__shm_destroy(e->shm);
+    kvt__ctrl_destroy(e->ctrl);
     for (b = e->batches; b != NULL; b = bn) {
         bn = b->next;
         free(b->slots);
@@ -429,14 +448,20 @@ kvt_status_t kvt_mem_unregister_batch(kvt_engine_h e, void *const *addrs,
 
 kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
 {
+    kvt_status_t st;
+
     memset(d, 0, sizeof(*d));
     snprintf(d->name, sizeof(d->name), "%s", e->seg_name);
     snprintf(d->host, sizeof(d->host), "%s", e->host);
     d->port = e->port;
-    d->transports = kvt__transports_offered(e);
     d->host_id = e->host_id;
     d->pid = (uint32_t)getpid();
-    return kvt__memreg_snapshot(&e->reg, &d->regions, &d->nregions);
+    st = kvt__transport_sections(e, d);
+    if (st == KVT_OK)
+        st = kvt__memreg_snapshot(&e->reg, &d->regions, &d->nregions);
+    if (st != KVT_OK)
+        kvt__segdesc_clear(d);
+    return st;
 }
 
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,

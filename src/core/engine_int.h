@@ -75,6 +75,7 @@ typedef struct kvt__notify_node {
 
 typedef struct kvt__tcp kvt__tcp_t;
 typedef struct kvt__shm kvt__shm_t;
+typedef struct kvt__ctrl kvt__ctrl_t; /* src/ctrl/ctrl.h */
 typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 
 /* A kvt_mem_alloc() allocation. */
@@ -99,6 +100,7 @@ struct kvt_engine {
     uint64_t host_id;
 
     kvt__memreg_t reg;
+    kvt__ctrl_t *ctrl; /* the listener and the handshake */
     kvt__tcp_t *tcp;
     kvt__shm_t *shm; /* NULL: no same-host transport */
 
@@ -204,20 +206,18 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
 
 /* ---- TCP transport (src/transport/tcp) ---------------------------------- */
 
-/* Binds the listener (e->port is set to the bound port); no thread runs
- * until kvt__tcp_start(). */
+/* No thread runs until kvt__tcp_start(). */
 kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p);
 kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp);
 /* Stops the workers after failing everything with KVT_ERR_CANCELED. */
 void kvt__tcp_stop(kvt__tcp_t *tcp);
 void kvt__tcp_destroy(kvt__tcp_t *tcp);
-/* Connect to @addr (host:port), handshake and fetch the descriptor: a
- * new session named @name. Blocks at most the connect timeout. */
+/* Dial the peer's data connections: a new session for @seg. Blocks at
+ * most the connect timeout. */
 kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
                            kvt__session_t **s_p);
-/* Fetch a peer's descriptor over a short-lived control connection. */
-kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
-                            const char *addr, kvt__segdesc_t *desc);
+/* A data connection handed over by the control plane (kvt__ctrl_taker_t). */
+kvt_status_t kvt__tcp_accept(void *tcp, int fd, const kvt__wire_hello_t *hello);
 
 /* ---- Same-host transport (src/transport/shm) ---------------------------- */
 
@@ -244,26 +244,27 @@ void kvt__shm_registry_changed(kvt__shm_t *shm);
 /* The shm pool's part of kvt__submit_plug() and kvt__submit_unplug(). */
 void kvt__shm_plug(void);
 void kvt__shm_unplug(void);
-/* Open a same-host session that takes @tcp over (see select.c); on
- * failure *why_p says why, for the log. */
-kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
+/* Open a same-host session to @seg (see select.c); on failure *why_p says
+ * why, for the log. */
+kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
                            kvt__session_t **s_p, const char **why_p);
+/* This engine's shm section of its descriptor: the socket's name. */
+kvt_status_t kvt__shm_section(kvt__shm_t *shm, kvt__segdesc_t *d);
 
 /* ---- Transport selection (src/transport/select.c) ----------------------- */
 
 /*
- * Given a freshly opened TCP session @tcp to a peer (its descriptor
- * fetched), choose the transport the engine will use for it and return
- * the session to register in *s_p: @tcp itself, or a session of another
- * transport that takes @tcp over (and destroys it with itself). Never
- * fails the open: a transport that cannot be set up falls back to TCP
- * and says so once in the log.
+ * Given @seg with the peer's descriptor, choose the transport the engine
+ * will use for it and open a session with it: shm for a same-host peer
+ * that offers it, tcp otherwise. A transport that cannot be set up falls
+ * back to the next and says so once in the log. On failure *s_p may hold
+ * a failed session, which stays with the segment until it is freed.
  */
-void kvt__transport_select(kvt_engine_h e, kvt__session_t *tcp,
-                           kvt__session_t **s_p);
+kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg,
+                                 kvt__session_t **s_p);
 
-/* The transports this engine offers in its segment descriptor. */
-uint32_t kvt__transports_offered(kvt_engine_h e);
+/* Add this engine's transport sections to its descriptor @d. */
+kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d);
 
 /* The name of the transport carrying @segment ("tcp", "shm"), or NULL for
  * an unknown handle. */

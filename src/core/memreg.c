@@ -198,6 +198,7 @@ kvt_status_t kvt__memreg_snapshot(kvt__memreg_t *reg,
             out[i].length = reg->regions[i].end - reg->regions[i].start;
             out[i].access = reg->regions[i].access;
             out[i].kind = reg->regions[i].kind;
+            out[i].device = -1;
         }
     }
     pthread_rwlock_unlock(&reg->lock);

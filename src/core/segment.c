@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/engine_int.h"
+#include "ctrl/ctrl.h"
 #include "meta/meta.h"
 #include "transport/transport.h"
 #include "util/log.h"
@@ -335,13 +336,14 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
 
     /* Handshake without holding the table lock; another thread may open
      * the same name meanwhile, and the first to finish wins. */
+    st = kvt__ctrl_fetch(e, name, g->addr, &g->desc);
+    if (st != KVT_OK)
+        goto err_unref;
     s = NULL;
-    st = kvt__tcp_open(e->tcp, g, &s);
+    st = kvt__transport_open(e, g, &s);
     g->sess = s; /* a failed session stays with the segment until freed */
     if (st != KVT_OK)
         goto err_unref;
-    kvt__transport_select(e, s, &s);
-    g->sess = s;
 
     pthread_mutex_lock(&e->sess_lock);
     other = live_by_name_locked(e, name);
@@ -384,12 +386,11 @@ kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
     if (g == NULL)
         return KVT_ERR_NOT_FOUND;
     if (refresh) {
-        st = kvt__tcp_query(e->tcp, g->name, g->addr, &fresh);
+        st = kvt__ctrl_fetch(e, g->name, g->addr, &fresh);
         if (st != KVT_OK)
             goto out;
         pthread_mutex_lock(&g->desc_lock);
-        kvt__segdesc_clear(&g->desc);
-        g->desc = fresh;
+        kvt__segdesc_move(&g->desc, &fresh);
         pthread_mutex_unlock(&g->desc_lock);
     }
     pthread_mutex_lock(&g->desc_lock);

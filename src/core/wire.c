@@ -4,41 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Little-endian helpers; the compiler turns these into plain loads and
- * stores on little-endian machines. */
-static inline void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static inline void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static inline uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static inline uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#include "util/le.h"
+
+#define put16 kvt__put16
+#define put32 kvt__put32
+#define put64 kvt__put64
+#define get16 kvt__get16
+#define get32 kvt__get32
+#define get64 kvt__get64
 
 void kvt__wire_hdr_encode(const kvt__wire_hdr_t *hdr,
                           uint8_t out[KVT_WIRE_HDR_LEN])
@@ -148,7 +121,7 @@ kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
     return KVT_OK;
 }
 
-static size_t put_str(uint8_t *out, const char *s)
+size_t kvt__wire_put_str(uint8_t *out, const char *s)
 {
     size_t n = strlen(s);
     put16(out, (uint16_t)n);
@@ -158,7 +131,7 @@ static size_t put_str(uint8_t *out, const char *s)
 
 /* Reads a length-prefixed string of at most KVT_WIRE_NAME_MAX bytes with
  * no NUL inside. Returns bytes consumed, 0 on error. */
-static size_t get_str(const uint8_t *buf, size_t len, char *out)
+size_t kvt__wire_get_str(const uint8_t *buf, size_t len, char *out)
 {
     size_t n;
     if (len < 2)
@@ -174,128 +147,32 @@ static size_t get_str(const uint8_t *buf, size_t len, char *out)
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap)
 {
-    if (cap < 16 + 2 + strlen(h->name))
+    if (cap < 20 + 2 + strlen(h->name))
         return 0;
     put64(out, h->session_id);
     put32(out + 8, h->conn_index);
     put32(out + 12, h->nconns);
-    return 16 + put_str(out + 16, h->name);
+    put32(out + 16, h->transport);
+    return 20 + kvt__wire_put_str(out + 20, h->name);
 }
 
 kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
                                     kvt__wire_hello_t *h)
 {
     size_t n;
-    if (len < 18)
+    if (len < 22)
         return KVT_ERR_PROTOCOL;
     h->session_id = get64(buf);
     h->conn_index = get32(buf + 8);
     h->nconns = get32(buf + 12);
-    n = get_str(buf + 16, len - 16, h->name);
-    if (n == 0 || 16 + n != len || h->nconns == 0 || h->nconns > 64 ||
-        h->conn_index >= h->nconns)
+    h->transport = get32(buf + 16);
+    n = kvt__wire_get_str(buf + 20, len - 20, h->name);
+    /* The transport is 0 (control) or one bit. */
+    if (n == 0 || 20 + n != len || h->nconns == 0 || h->nconns > 64 ||
+        h->conn_index >= h->nconns ||
+        (h->transport & (h->transport - 1)) != 0)
         return KVT_ERR_PROTOCOL;
     return KVT_OK;
-}
-
-/*
- * Segment descriptor layout: u32 format version (1), name, host (u16
- * length + bytes), u16 port, u32 transports, u64 host id, u32 pid,
- * u32 region count, then per region u64 addr, u64 length, u32 access,
- * u32 kind.
- */
-#define SEGDESC_FORMAT 1
-#define SEGDESC_REGION_LEN 24
-
-kvt_status_t kvt__segdesc_encode(const kvt__segdesc_t *d, uint8_t **buf_p,
-                                 size_t *len_p)
-{
-    size_t len = 4 + 2 + strlen(d->name) + 2 + strlen(d->host) + 2 + 4 + 8 +
-                 4 + 4 + (size_t)d->nregions * SEGDESC_REGION_LEN;
-    uint8_t *buf, *p;
-
-    if (d->nregions > KVT_SEGDESC_MAX_REGIONS)
-        return KVT_ERR_OVERFLOW;
-    buf = malloc(len);
-    if (buf == NULL)
-        return KVT_ERR_NO_MEMORY;
-    p = buf;
-    put32(p, SEGDESC_FORMAT);
-    p += 4;
-    p += put_str(p, d->name);
-    p += put_str(p, d->host);
-    put16(p, d->port);
-    put32(p + 2, d->transports);
-    put64(p + 6, d->host_id);
-    put32(p + 14, d->pid);
-    put32(p + 18, d->nregions);
-    p += 22;
-    for (uint32_t i = 0; i < d->nregions; i++, p += SEGDESC_REGION_LEN) {
-        put64(p, d->regions[i].addr);
-        put64(p + 8, d->regions[i].length);
-        put32(p + 16, d->regions[i].access);
-        put32(p + 20, d->regions[i].kind);
-    }
-    *buf_p = buf;
-    *len_p = len;
-    return KVT_OK;
-}
-
-kvt_status_t kvt__segdesc_decode(const uint8_t *buf, size_t len,
-                                 kvt__segdesc_t *d)
-{
-    const uint8_t *p = buf, *end = buf + len;
-    size_t n;
-
-    memset(d, 0, sizeof(*d));
-    if (len < 4 || get32(p) != SEGDESC_FORMAT)
-        return KVT_ERR_PROTOCOL;
-    p += 4;
-    if ((n = get_str(p, (size_t)(end - p), d->name)) == 0)
-        return KVT_ERR_PROTOCOL;
-    p += n;
-    if ((n = get_str(p, (size_t)(end - p), d->host)) == 0)
-        return KVT_ERR_PROTOCOL;
-    p += n;
-    if ((size_t)(end - p) < 22)
-        return KVT_ERR_PROTOCOL;
-    d->port = get16(p);
-    d->transports = get32(p + 2);
-    d->host_id = get64(p + 6);
-    d->pid = get32(p + 14);
-    d->nregions = get32(p + 18);
-    p += 22;
-    if (d->nregions > KVT_SEGDESC_MAX_REGIONS ||
-        (size_t)(end - p) != (size_t)d->nregions * SEGDESC_REGION_LEN) {
-        d->nregions = 0;
-        return KVT_ERR_PROTOCOL;
-    }
-    if (d->nregions == 0)
-        return KVT_OK;
-    d->regions = calloc(d->nregions, sizeof(*d->regions));
-    if (d->regions == NULL) {
-        d->nregions = 0;
-        return KVT_ERR_NO_MEMORY;
-    }
-    for (uint32_t i = 0; i < d->nregions; i++, p += SEGDESC_REGION_LEN) {
-        kvt_remote_region_t *r = &d->regions[i];
-        r->addr = get64(p);
-        r->length = get64(p + 8);
-        r->access = get32(p + 16);
-        r->kind = get32(p + 20);
-        if (r->length == 0 || r->addr > UINT64_MAX - r->length) {
-            kvt__segdesc_clear(d);
-            return KVT_ERR_PROTOCOL;
-        }
-    }
-    return KVT_OK;
-}
-
-void kvt__segdesc_clear(kvt__segdesc_t *d)
-{
-    free(d->regions);
-    d->regions = NULL;
-    d->nregions = 0;
 }
 
 const char *kvt__wire_type_name(unsigned type)

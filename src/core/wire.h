@@ -14,8 +14,10 @@
 #include <kvt/engine.h>
 #include <kvt/status.h>
 
+#include "core/segdesc.h"
+
 #define KVT_WIRE_MAGIC 0x544b /* "KT" on the wire */
-#define KVT_WIRE_VERSION_MAJOR 1
+#define KVT_WIRE_VERSION_MAJOR 2
 #define KVT_WIRE_VERSION_MINOR 0
 #define KVT_WIRE_HDR_LEN 32
 #define KVT_WIRE_MAX_BODY (256u * 1024u)
@@ -105,41 +107,30 @@ kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
                                                kvt_status_t status),
                                     void *arg);
 
-/* HELLO body: session id, this connection's index and the count, and the
- * sender's segment name. */
+/* HELLO body: session id, this connection's index and the count, what
+ * the connection is for (0: the control plane; else the KVT_TRANSPORT_*
+ * bit of the data transport that takes it over), and the sender's
+ * segment name. */
 typedef struct {
     uint64_t session_id;
     uint32_t conn_index;
     uint32_t nconns;
+    uint32_t transport;
     char name[KVT_WIRE_NAME_MAX + 1];
 } kvt__wire_hello_t;
+
+#define KVT_WIRE_HELLO_MAX (4 + 16 + 2 + KVT_WIRE_NAME_MAX)
 
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap);
 kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
                                     kvt__wire_hello_t *h);
 
-/* A segment descriptor: what a peer needs to address an engine. */
-typedef struct {
-    char name[KVT_WIRE_NAME_MAX + 1];
-    char host[KVT_WIRE_NAME_MAX + 1];
-    uint16_t port;
-    uint32_t transports;
-    uint64_t host_id; /* boot id and pid namespace, hashed */
-    uint32_t pid;
-    uint32_t nregions;
-    kvt_remote_region_t *regions; /* owned; free with segdesc_clear */
-} kvt__segdesc_t;
-
-#define KVT_SEGDESC_MAX_REGIONS 65536u
-
-/* Encode into a malloc'd buffer (*buf_p, *len_p). */
-kvt_status_t kvt__segdesc_encode(const kvt__segdesc_t *d, uint8_t **buf_p,
-                                 size_t *len_p);
-/* Decode and check; on success @d owns a malloc'd region array. */
-kvt_status_t kvt__segdesc_decode(const uint8_t *buf, size_t len,
-                                 kvt__segdesc_t *d);
-void kvt__segdesc_clear(kvt__segdesc_t *d);
+/* A u16 length and that many bytes (a name: at most KVT_WIRE_NAME_MAX,
+ * no NUL). put returns the bytes written; get the bytes read, or 0 for
+ * a malformed string. */
+size_t kvt__wire_put_str(uint8_t *out, const char *s);
+size_t kvt__wire_get_str(const uint8_t *buf, size_t len, char *out);
 
 const char *kvt__wire_type_name(unsigned type);
 

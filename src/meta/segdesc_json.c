@@ -10,6 +10,7 @@
  *    "transports": [{"name": "tcp", "port": 15000}, {"name": "shm"}],
  *    "regions": [{"addr": 140000000000, "length": 4096,
  *                 "access": ["write", "read"], "kind": "host",
+ *                 (for device memory: "kind": "cuda", "device": 0)
  *                 "keys": {}}]}
  *
  * The decoder is the trust boundary for descriptors read from a shared
@@ -100,6 +101,8 @@ static json_object *region_json(const kvt_remote_region_t *r, int *oom)
         push(acc, json_object_new_string("read"), oom);
     add(o, "access", acc, oom);
     add(o, "kind", json_object_new_string(kind_names[r->kind]), oom);
+    if (r->kind != KVT_MEM_HOST)
+        add(o, "device", json_object_new_int(r->device), oom);
     add(o, "keys", json_object_new_object(), oom);
     return o;
 }
@@ -251,6 +254,14 @@ static const char *parse_region(json_object *o, kvt_remote_region_t *r)
             r->kind = i;
     if (r->kind == UINT32_MAX)
         return "region kind is unknown";
+    r->device = -1;
+    if (r->kind != KVT_MEM_HOST) {
+        uint64_t dev = 0;
+        if (json_object_object_get_ex(o, "device", &v) &&
+            (kvt__json_u64(v, &dev) != 0 || dev > 65534))
+            return "region device is not a device ordinal";
+        r->device = (int32_t)dev;
+    }
     if (json_object_object_get_ex(o, "keys", &v)) {
         if (!json_object_is_type(v, json_type_object))
             return "region keys is not an object";

@@ -118,8 +118,9 @@ static inline void ms_segdesc(const char *uri)
 {
     kvt__meta_t *m = ms_open(uri, 10);
     kvt_remote_region_t regs[2] = {
-        {0x7f0000001000ull, 4096, KVT_ACCESS_REMOTE_RW, KVT_MEM_HOST},
-        {0x7f0000100000ull, 1 << 20, KVT_ACCESS_REMOTE_WRITE, KVT_MEM_HOST},
+        {0x7f0000001000ull, 4096, KVT_ACCESS_REMOTE_RW, KVT_MEM_HOST, -1, 0},
+        {0x7f0000100000ull, 1 << 20, KVT_ACCESS_REMOTE_WRITE, KVT_MEM_HOST, -1,
+         0},
     };
     kvt__segdesc_t d = {0}, got;
     char key[256];

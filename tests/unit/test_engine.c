@@ -452,7 +452,7 @@ static int read_until_eof(int fd, int32_t *status_p)
 
 static void hello(int fd)
 {
-    kvt__wire_hello_t h = {1, 0, 1, "rawpeer:1"};
+    kvt__wire_hello_t h = {1, 0, 1, KVT_TRANSPORT_TCP, "rawpeer:1"};
     uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
     size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
     kvt__wire_hdr_t rh;
@@ -531,10 +531,28 @@ KVT_TEST(malformed_frames)
     int32_t st;
     int fd;
 
-    /* Garbage instead of a header. */
+    /* Garbage instead of a header: the control plane answers ERROR. */
     fd = dial_engine(e);
     CHECK(send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n1234", 32, 0) == 32);
-    CHECK(read_until_eof(fd, &st) == -1);
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR && st == KVT_ERR_PROTOCOL);
+    close(fd);
+    /* A HELLO for a transport this engine does not serve. */
+    fd = dial_engine(e);
+    {
+        kvt__wire_hello_t h = {1, 0, 1, 1u << 20, "rawpeer:1"};
+        uint8_t body[64];
+        size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
+        send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
+        CHECK(send(fd, body, n, 0) == (ssize_t)n);
+    }
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR &&
+          st == KVT_ERR_NOT_SUPPORTED);
+    close(fd);
+    /* A descriptor query on a data connection. */
+    fd = dial_engine(e);
+    hello(fd);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_SEG_QUERY, 0, 0);
+    CHECK(read_until_eof(fd, &st) == KVT_WIRE_ERROR && st == KVT_ERR_PROTOCOL);
     close(fd);
     /* A transfer before HELLO. */
     fd = dial_engine(e);

@@ -137,14 +137,22 @@ KVT_TEST(fail_list)
 
 KVT_TEST(hello)
 {
-    kvt__wire_hello_t h = {42, 1, 3, "127.0.0.1:5555"}, g;
+    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, "127.0.0.1:5555"}, g;
     uint8_t buf[256];
     size_t n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
-    CHECK(n == 16 + 2 + 14);
+    CHECK(n == 20 + 2 + 14);
     CHECK_OK(kvt__wire_hello_decode(buf, n, &g));
     CHECK(g.session_id == 42 && g.conn_index == 1 && g.nconns == 3 &&
-          strcmp(g.name, h.name) == 0);
+          g.transport == KVT_TRANSPORT_TCP && strcmp(g.name, h.name) == 0);
     CHECK_ST(kvt__wire_hello_decode(buf, n - 1, &g), KVT_ERR_PROTOCOL);
+    h.transport = 0; /* a control connection */
+    n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
+    CHECK_OK(kvt__wire_hello_decode(buf, n, &g));
+    CHECK(g.transport == 0);
+    h.transport = 3; /* two transports at once */
+    n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
+    CHECK_ST(kvt__wire_hello_decode(buf, n, &g), KVT_ERR_PROTOCOL);
+    h.transport = 1;
     h.conn_index = 3; /* index >= count */
     n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
     CHECK_ST(kvt__wire_hello_decode(buf, n, &g), KVT_ERR_PROTOCOL);
@@ -153,25 +161,121 @@ KVT_TEST(hello)
 
 KVT_TEST(segdesc)
 {
-    kvt_remote_region_t regs[2] = {{0x7f0000000000ull, 1 << 20, 3, 0},
-                                   {0x7f0000200000ull, 4096, 1, 0}};
-    kvt__segdesc_t d = {"node:1234", "10.0.0.1", 1234, 1, 0xabcdef, 77, 2,
-                        regs},
-                   g;
+    kvt_remote_region_t regs[3] = {
+        {0x7f0000000000ull, 1 << 20, 3, KVT_MEM_HOST, -1, 0},
+        {0x7f0000200000ull, 4096, 1, KVT_MEM_HOST, -1, 0},
+        {0x7e0000000000ull, 1 << 30, 2, KVT_MEM_CUDA, 3, 0}};
+    kvt__segdesc_key_t keys[2] = {{0, 3, (const uint8_t *)"abc"},
+                                  {2, 5, (const uint8_t *)"vwxyz"}};
+    kvt__segdesc_t d = {0}, g;
+    const kvt__segdesc_tl_t *tl;
+    const uint8_t *k;
+    uint32_t klen;
     uint8_t *buf;
     size_t len;
+
+    snprintf(d.name, sizeof(d.name), "node:1234");
+    snprintf(d.host, sizeof(d.host), "10.0.0.1");
+    d.port = 1234;
+    d.host_id = 0xabcdef;
+    d.pid = 77;
+    d.nregions = 3;
+    d.regions = regs;
+    CHECK_OK(kvt__segdesc_add_tl(&d, KVT_TRANSPORT_TCP, "tcp", 1, NULL, 0));
+    CHECK_OK(kvt__segdesc_add_tl(&d, 1u << 7, "other", 9, "opaque", 6));
+    d.tl[1].nkeys = 2;
+    d.tl[1].keys = keys;
+    CHECK(d.transports == (KVT_TRANSPORT_TCP | (1u << 7)));
     CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
     CHECK_OK(kvt__segdesc_decode(buf, len, &g));
     CHECK(strcmp(g.name, "node:1234") == 0 && strcmp(g.host, "10.0.0.1") == 0);
     CHECK(g.port == 1234 && g.host_id == 0xabcdef && g.pid == 77);
-    CHECK(g.nregions == 2 && memcmp(g.regions, regs, sizeof(regs)) == 0);
+    CHECK(g.nregions == 3 && memcmp(g.regions, regs, sizeof(regs)) == 0);
+    CHECK(g.ntl == 2 && g.transports == d.transports);
+    tl = kvt__segdesc_tl(&g, 1u << 7);
+    CHECK(tl != NULL && tl->version == 9 && strcmp(tl->name, "other") == 0);
+    CHECK(tl->len == 6 && memcmp(tl->body, "opaque", 6) == 0);
+    k = kvt__segdesc_key(tl, 2, &klen);
+    CHECK(k != NULL && klen == 5 && memcmp(k, "vwxyz", 5) == 0);
+    CHECK(kvt__segdesc_key(tl, 1, &klen) == NULL);
+    CHECK(kvt__segdesc_tl(&g, KVT_TRANSPORT_TCP)->len == 0);
     kvt__segdesc_clear(&g);
     for (size_t cut = 0; cut < len; cut++)
         CHECK(kvt__segdesc_decode(buf, cut, &g) != KVT_OK);
-    buf[len - 20] ^= 0xff; /* region length byte: still valid or caught */
-    if (kvt__segdesc_decode(buf, len, &g) == KVT_OK)
-        kvt__segdesc_clear(&g);
+    buf[0] = 1; /* the format of kvt 0.1 */
+    CHECK_ST(kvt__segdesc_decode(buf, len, &g), KVT_ERR_VERSION);
     free(buf);
+    /* Keys out of order, or for a region that does not exist. */
+    keys[0].region = 2;
+    CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
+    CHECK_ST(kvt__segdesc_decode(buf, len, &g), KVT_ERR_PROTOCOL);
+    free(buf);
+    keys[0].region = 0;
+    keys[1].region = 3;
+    CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
+    CHECK_ST(kvt__segdesc_decode(buf, len, &g), KVT_ERR_PROTOCOL);
+    free(buf);
+    keys[1].region = 2;
+    /* One transport twice. */
+    d.tl[1].id = KVT_TRANSPORT_TCP;
+    CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
+    CHECK_ST(kvt__segdesc_decode(buf, len, &g), KVT_ERR_PROTOCOL);
+    free(buf);
+    d.tl[1].nkeys = 0;
+    d.tl[1].keys = NULL;
+    d.tl[1].id = 1u << 7;
+    d.regions = NULL; /* on the stack */
+    kvt__segdesc_clear(&d);
+}
+
+/* A section of a type this build does not know is skipped. */
+KVT_TEST(segdesc_unknown_section)
+{
+    kvt__segdesc_t d = {0}, g;
+    uint8_t *buf, *big;
+    size_t len;
+
+    snprintf(d.name, sizeof(d.name), "n:1");
+    snprintf(d.host, sizeof(d.host), "h");
+    d.port = 1;
+    CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
+    big = malloc(len + 12);
+    memcpy(big, buf, len);
+    big[4] = 3; /* one more section */
+    memcpy(big + len, "\x63\x00\x01\x00\x04\x00\x00\x00zzzz", 12);
+    CHECK_OK(kvt__segdesc_decode(big, len + 12, &g));
+    CHECK(strcmp(g.name, "n:1") == 0 && g.nregions == 0 && g.ntl == 0);
+    kvt__segdesc_clear(&g);
+    big[len + 5] = 9; /* its length runs past the end */
+    CHECK_ST(kvt__segdesc_decode(big, len + 12, &g), KVT_ERR_PROTOCOL);
+    free(big);
+    free(buf);
+}
+
+/* 65,536 regions (a paged KV cache) and more fit; 2^20 + 1 do not. */
+KVT_TEST(segdesc_many_regions)
+{
+    uint32_t n = KVT_SEGDESC_MAX_REGIONS;
+    kvt_remote_region_t *regs = calloc(n + 1, sizeof(*regs));
+    kvt__segdesc_t d = {0}, g;
+    uint8_t *buf;
+    size_t len;
+
+    snprintf(d.name, sizeof(d.name), "n:1");
+    snprintf(d.host, sizeof(d.host), "h");
+    for (uint32_t i = 0; i <= n; i++)
+        regs[i] = (kvt_remote_region_t){0x100000000ull + 64ull * i, 64, 3,
+                                        KVT_MEM_HOST, -1, 0};
+    d.regions = regs;
+    d.nregions = n;
+    CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
+    CHECK_OK(kvt__segdesc_decode(buf, len, &g));
+    CHECK(g.nregions == n && g.regions[n - 1].addr == regs[n - 1].addr);
+    kvt__segdesc_clear(&g);
+    free(buf);
+    d.nregions = n + 1;
+    CHECK_ST(kvt__segdesc_encode(&d, &buf, &len), KVT_ERR_OVERFLOW);
+    free(regs);
 }
 
 KVT_TEST(status_strings)
@@ -187,4 +291,6 @@ KVT_TEST(status_strings)
 KVT_TEST_MAIN(KVT_CASE(header_roundtrip, 10), KVT_CASE(header_rejects, 10),
               KVT_CASE(pieces, 10), KVT_CASE(pieces_reject_overflow, 10),
               KVT_CASE(fail_list, 10), KVT_CASE(hello, 10),
-              KVT_CASE(segdesc, 10), KVT_CASE(status_strings, 10))
+              KVT_CASE(segdesc, 10), KVT_CASE(segdesc_unknown_section, 10),
+              KVT_CASE(segdesc_many_regions, 30),
+              KVT_CASE(status_strings, 10))

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The same-host transport, initiator side: a session to a target on this
- * host, which takes over the TCP session it was selected from (kept for
- * liveness, descriptor refreshes and teardown).
+ * host, met on the abstract socket its descriptor's shm section names.
+ * Its liveness comes from the target process itself (a pidfd, its
+ * /proc state) and the socket.
  *
  * Jobs. A submission is cut into jobs, runs of segments of one opcode of
  * at most JOB_MAX bytes and JOB_SEGS segments, sized so that a large
@@ -133,7 +134,6 @@ typedef struct {
 struct shm_session {
     kvt__session_t base;
     kvt__shm_t *shm;
-    kvt__session_t *tcp;
     shm_session_t *next_all; /* under pool_lock */
     int linked;              /* on the pool's list, under pool_lock */
     pid_t pid;
@@ -235,7 +235,7 @@ static kvt_status_t session_status(shm_session_t *s)
         return d;
     if (atomic_load(&s->ch->closed) != 0)
         return KVT_ERR_CONN_LOST;
-    return atomic_load(&s->tcp->dead);
+    return KVT_OK;
 }
 
 /* session_status(), and the target process alive (a system call). */
@@ -1743,7 +1743,6 @@ static void session_kill(kvt__session_t *base, kvt_status_t why)
     if (why != KVT_ERR_CANCELED)
         KVT_LOG_W("shm session to %s failed: %s", base->name,
                   kvt_status_str(why));
-    s->tcp->ops->kill(s->tcp, why);
     pthread_mutex_lock(&s->lock);
     list = s->head;
     s->head = s->tail = NULL;
@@ -1773,7 +1772,6 @@ static void session_destroy(kvt__session_t *base)
     if (!s->released)
         release_resources(s);
     pool_unlink(s);
-    s->tcp->ops->destroy(s->tcp);
     free(s->maps);
     pthread_mutex_destroy(&s->sock_lock);
     pthread_rwlock_destroy(&s->map_lock);
@@ -2117,7 +2115,7 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm)
  * that this process may attach to it. On failure *why says what to log.
  */
 static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
-                                 const char **why)
+                                 const char *path, size_t nl, const char **why)
 {
     kvt_engine_h e = s->base.engine;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -2128,10 +2126,9 @@ static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     kvt__shm_msg_t m;
     uint64_t probe = 0;
     struct iovec lv = {&probe, sizeof(probe)}, rv;
-    size_t nl;
     int memfd = -1;
 
-    nl = kvt__shm_sock_name(sa.sun_path, d->host_id, d->pid, d->port);
+    memcpy(sa.sun_path, path, nl);
     s->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s->sock < 0) {
         *why = "cannot create a socket";
@@ -2196,9 +2193,9 @@ static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     }
     s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     {
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
-        s->statfd = open(path, O_RDONLY | O_CLOEXEC);
+        char statpath[64];
+        snprintf(statpath, sizeof(statpath), "/proc/%d/stat", (int)s->pid);
+        s->statfd = open(statpath, O_RDONLY | O_CLOEXEC);
     }
     if (s->statfd < 0) {
         *why = "cannot read the peer's state in /proc";
@@ -2240,22 +2237,50 @@ static void maps_prefetch(shm_session_t *s, uint64_t deadline)
         map_request(s, ids[i], deadline);
 }
 
-kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
+/*
+ * The peer's shm section: version 1, the name of its abstract socket (a
+ * u16 length and the name, without the leading NUL). 0 when sound.
+ */
+static int section_sock(const kvt__segdesc_tl_t *tl, char *path, size_t *len_p)
+{
+    uint16_t n;
+
+    if (tl == NULL || tl->version != 1 || tl->len < 2)
+        return -1;
+    n = (uint16_t)(tl->body[0] | (tl->body[1] << 8));
+    if (n == 0 || n > KVT_SHM_SOCK_MAX || (uint32_t)n + 2 != tl->len ||
+        memchr(tl->body + 2, 0, n) != NULL)
+        return -1;
+    path[0] = '\0'; /* abstract namespace */
+    memcpy(path + 1, tl->body + 2, n);
+    *len_p = 1 + (size_t)n;
+    return 0;
+}
+
+kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
                            kvt__session_t **s_p, const char **why)
 {
     kvt_engine_h e = shm->e;
     uint64_t t0 = kvt__now_ns();
     kvt__segdesc_t d = {0};
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    size_t plen = 0;
     pthread_rwlockattr_t ra;
     shm_session_t *s;
     kvt_status_t st;
+    int bad;
 
-    pthread_mutex_lock(&tcp->seg->desc_lock);
-    memcpy(d.name, tcp->seg->desc.name, sizeof(d.name));
-    d.host_id = tcp->seg->desc.host_id;
-    d.pid = tcp->seg->desc.pid;
-    d.port = tcp->seg->desc.port;
-    pthread_mutex_unlock(&tcp->seg->desc_lock);
+    pthread_mutex_lock(&seg->desc_lock);
+    memcpy(d.name, seg->desc.name, sizeof(d.name));
+    d.host_id = seg->desc.host_id;
+    d.pid = seg->desc.pid;
+    bad = section_sock(kvt__segdesc_tl(&seg->desc, KVT_TRANSPORT_SHM), path,
+                       &plen);
+    pthread_mutex_unlock(&seg->desc_lock);
+    if (bad) {
+        *why = "the peer's shm section is malformed";
+        return KVT_ERR_PROTOCOL;
+    }
 
     s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -2265,14 +2290,13 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     s->sock = s->pidfd = s->statfd = -1;
     s->pid = (pid_t)d.pid;
     s->base.engine = e;
-    s->base.seg = tcp->seg;
-    st = chan_connect(s, &d, why);
+    s->base.seg = seg;
+    st = chan_connect(s, &d, path, plen, why);
     if (st != KVT_OK)
         goto err_free;
 
-    memcpy(s->base.name, tcp->name, sizeof(s->base.name));
+    memcpy(s->base.name, seg->name, sizeof(s->base.name));
     s->shm = shm;
-    s->tcp = tcp;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->sock_lock, NULL);
     pthread_rwlockattr_init(&ra);
@@ -2292,7 +2316,7 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__session_t *tcp,
     pthread_mutex_lock(&shm->pool_lock);
     st = pool_start_locked(shm);
     if (st == KVT_OK) {
-        kvt__session_init(&s->base, tcp->seg, &shm_ops);
+        kvt__session_init(&s->base, seg, &shm_ops);
         s->next_all = shm->sessions;
         shm->sessions = s;
         s->linked = 1;

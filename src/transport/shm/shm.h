@@ -171,6 +171,8 @@ struct kvt__shm {
 
     /* Target role (target.c). */
     int listen_fd;
+    char sock_name[108]; /* the abstract socket's, with its leading NUL */
+    size_t sock_len;
     int epfd;
     int evfd;
     pthread_t thread;
@@ -201,6 +203,9 @@ struct kvt__shm {
     unsigned idle;
     int stopping;
 };
+
+/* The longest socket name a descriptor's shm section may carry. */
+#define KVT_SHM_SOCK_MAX 106
 
 /* The abstract socket name of the engine (@host_id, @pid, @port) into
  * @out (room for 108 bytes, sun_path); returns its length. */

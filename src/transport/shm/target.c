@@ -781,6 +781,8 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p)
     pthread_cond_init(&shm->pool_cond, NULL);
     nl = kvt__shm_sock_name(sa.sun_path, e->host_id, (uint32_t)getpid(),
                             e->port);
+    memcpy(shm->sock_name, sa.sun_path, nl);
+    shm->sock_len = nl;
     shm->listen_fd =
         socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (shm->listen_fd < 0 ||
@@ -825,6 +827,18 @@ err_free:
     pthread_mutex_destroy(&shm->chan_lock);
     free(shm);
     return KVT_ERR_IO;
+}
+
+kvt_status_t kvt__shm_section(kvt__shm_t *shm, kvt__segdesc_t *d)
+{
+    uint8_t body[2 + KVT_SHM_SOCK_MAX];
+    size_t n = shm->sock_len - 1; /* without the leading NUL */
+
+    body[0] = (uint8_t)n;
+    body[1] = (uint8_t)(n >> 8);
+    memcpy(body + 2, shm->sock_name + 1, n);
+    return kvt__segdesc_add_tl(d, KVT_TRANSPORT_SHM, "shm", 1, body,
+                               (uint32_t)(2 + n));
 }
 
 void kvt__shm_stop(kvt__shm_t *shm)

@@ -48,6 +48,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "ctrl/ctrl.h"
 #include "transport/transport.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -175,7 +176,6 @@ struct tcp_conn {
     uint32_t rx_npieces;
     tcp_frame_t *rx_frame;
 
-    int hello_done;
     int attached; /* outbound: handed to its worker (worker_attach()) */
     char peer[KVT_WIRE_NAME_MAX + 1];
     tcp_conn_t *wnext; /* worker's list */
@@ -213,7 +213,6 @@ struct kvt__tcp {
     kvt_engine_h e;
     unsigned nworkers;
     tcp_worker_t *workers;
-    int listen_fd;
     _Atomic unsigned rr;
     _Atomic uint64_t next_req;
     _Atomic int stopping;
@@ -608,29 +607,6 @@ static void handle_read(tcp_conn_t *c)
     send_resp(c, r);
 }
 
-static void handle_hello(tcp_conn_t *c)
-{
-    kvt_engine_h e = c->w->tcp->e;
-    kvt__wire_hello_t hello;
-    uint8_t body[2 + KVT_WIRE_NAME_MAX];
-    size_t n = strlen(e->seg_name);
-
-    if (kvt__wire_hello_decode(c->rx_body, c->rx_hdr.body_len, &hello) !=
-        KVT_OK) {
-        KVT_LOG_W("malformed HELLO from a peer; closing");
-        send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id, KVT_ERR_PROTOCOL,
-                    "malformed HELLO", 15);
-        shutdown(c->fd, SHUT_RDWR);
-        return;
-    }
-    snprintf(c->peer, sizeof(c->peer), "%s", hello.name);
-    c->hello_done = 1;
-    body[0] = (uint8_t)n;
-    body[1] = (uint8_t)(n >> 8);
-    memcpy(body + 2, e->seg_name, n);
-    send_simple(c, KVT_WIRE_HELLO_ACK, c->rx_hdr.req_id, KVT_OK, body, 2 + n);
-}
-
 /* A complete request header and body are in; act on it. Returns 0 to go on
  * reading, -1 after the connection was shut down. */
 static int inbound_dispatch(tcp_conn_t *c)
@@ -640,27 +616,6 @@ static int inbound_dispatch(tcp_conn_t *c)
     uint32_t nsegs;
 
     switch (h->type) {
-    case KVT_WIRE_HELLO:
-        handle_hello(c);
-        return 0;
-    case KVT_WIRE_SEG_QUERY: {
-        uint8_t *buf;
-        size_t len;
-        if (kvt__engine_segdesc(e, &buf, &len) != KVT_OK) {
-            send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_ERR_NO_MEMORY,
-                        NULL, 0);
-            return 0;
-        }
-        if (len > KVT_WIRE_MAX_BODY) {
-            free(buf);
-            send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_ERR_OVERFLOW,
-                        NULL, 0);
-            return 0;
-        }
-        send_simple(c, KVT_WIRE_SEG_DESC, h->req_id, KVT_OK, buf, len);
-        free(buf);
-        return 0;
-    }
     case KVT_WIRE_WRITE:
     case KVT_WIRE_READ:
         if (ensure_rx_arrays(c) != 0 ||
@@ -985,16 +940,6 @@ static void conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
                 fail = KVT_ERR_PROTOCOL;
                 goto fail;
             }
-            if (!c->outbound && !c->hello_done &&
-                c->rx_hdr.type != KVT_WIRE_HELLO) {
-                /* Refuse at the header: no reason to wait for a body. */
-                KVT_LOG_W("peer sent %s before HELLO; closing",
-                          kvt__wire_type_name(c->rx_hdr.type));
-                send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id,
-                            KVT_ERR_PROTOCOL, "HELLO expected", 14);
-                fail = KVT_ERR_PROTOCOL;
-                goto fail;
-            }
             if (c->rx_hdr.body_len > c->rx_body_cap) {
                 uint8_t *nb = realloc(c->rx_body, c->rx_hdr.body_len);
                 if (nb == NULL) {
@@ -1248,32 +1193,30 @@ static void conn_fail(tcp_conn_t *c, kvt_status_t st)
 
 /* ---- Workers --------------------------------------------------------------- */
 
-static void accept_all(kvt__tcp_t *tcp)
+/*
+ * A data connection the control plane accepted (its HELLO answered): it
+ * goes to the next worker in turn, which owns it from then on.
+ */
+kvt_status_t kvt__tcp_accept(void *arg, int fd, const kvt__wire_hello_t *hello)
 {
-    for (;;) {
-        int fd = accept4(tcp->listen_fd, NULL, NULL,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-        tcp_worker_t *w;
-        tcp_conn_t *c;
+    kvt__tcp_t *tcp = arg;
+    tcp_worker_t *w;
+    tcp_conn_t *c;
 
-        if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                KVT_LOG_W("accept: %s", strerror(errno));
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            return;
-        }
-        kvt__sock_tune(fd, tcp->e->timeout_ns / 1000000);
-        w = &tcp->workers[atomic_fetch_add(&tcp->rr, 1) % tcp->nworkers];
-        c = conn_new(w, fd, 0);
-        if (c == NULL || worker_attach(w, c) != 0) {
-            if (c) {
-                worker_detach(w, c);
-                conn_free(c);
-            }
-            close(fd);
-        }
+    w = &tcp->workers[atomic_fetch_add(&tcp->rr, 1) % tcp->nworkers];
+    c = conn_new(w, fd, 0);
+    if (c == NULL) {
+        close(fd);
+        return KVT_ERR_NO_MEMORY;
     }
+    snprintf(c->peer, sizeof(c->peer), "%s", hello->name);
+    if (worker_attach(w, c) != 0) {
+        worker_detach(w, c);
+        conn_free(c);
+        close(fd);
+        return KVT_ERR_IO;
+    }
+    return KVT_OK;
 }
 
 static void check_timeouts(tcp_worker_t *w, uint64_t now)
@@ -1338,9 +1281,7 @@ static void *worker_main(void *arg)
 
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
-            if (p == (void *)tcp) {
-                accept_all(tcp);
-            } else if (p == (void *)w) {
+            if (p == (void *)w) {
                 uint64_t v;
                 if (read(w->evfd, &v, sizeof(v)) < 0)
                     (void)0;
@@ -1894,151 +1835,7 @@ static const kvt__transport_ops_t tcp_ops = {
     .destroy = session_destroy,
 };
 
-/* ---- Opening a session: blocking handshake --------------------------------- */
-
-/* Send one request and read its response on a blocking control socket. On
- * success *body_p holds a malloc'd body (or NULL when empty). */
-static kvt_status_t ctl_call(int fd, uint8_t type, const void *body,
-                             size_t len, uint8_t expect, uint64_t deadline,
-                             const char *peer, uint8_t **body_p,
-                             size_t *len_p)
-{
-    uint8_t hb[KVT_WIRE_HDR_LEN], *rb = NULL;
-    kvt__wire_hdr_t h;
-    kvt_status_t st;
-
-    hdr_init(&h, type, 0);
-    h.body_len = (uint32_t)len;
-    kvt__wire_hdr_encode(&h, hb);
-    st = kvt__sock_send_all(fd, hb, sizeof(hb), deadline);
-    if (st == KVT_OK && len)
-        st = kvt__sock_send_all(fd, body, len, deadline);
-    if (st == KVT_OK)
-        st = kvt__sock_recv_all(fd, hb, sizeof(hb), deadline);
-    if (st != KVT_OK)
-        goto err;
-    st = kvt__wire_hdr_decode(hb, sizeof(hb), &h);
-    if (st == KVT_ERR_VERSION) {
-        KVT_LOG_E("peer %s speaks kvt protocol %u.%u, this engine %d.%d",
-                  peer, h.ver_major, h.ver_minor, KVT_WIRE_VERSION_MAJOR,
-                  KVT_WIRE_VERSION_MINOR);
-        return st;
-    }
-    if (st != KVT_OK)
-        goto err;
-    if (h.body_len) {
-        rb = malloc(h.body_len + 1);
-        if (rb == NULL)
-            return KVT_ERR_NO_MEMORY;
-        st = kvt__sock_recv_all(fd, rb, h.body_len, deadline);
-        if (st != KVT_OK)
-            goto err_free;
-        rb[h.body_len] = '\0';
-    }
-    if (h.type == KVT_WIRE_ERROR) {
-        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
-        KVT_LOG_E("peer %s refused the connection: %s%s%s", peer,
-                  kvt_status_str(st), rb ? ": " : "",
-                  rb ? (const char *)rb : "");
-        goto err_free;
-    }
-    if (h.type != expect || h.payload_len != 0) {
-        st = KVT_ERR_PROTOCOL;
-        goto err_free;
-    }
-    if (h.status != KVT_OK) {
-        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
-        goto err_free;
-    }
-    *body_p = rb;
-    *len_p = h.body_len;
-    return KVT_OK;
-
-err_free:
-    free(rb);
-err:
-    if (st == KVT_ERR_CONN_LOST)
-        KVT_LOG_W("peer %s closed the connection during the handshake",
-                  peer);
-    return st;
-}
-
-/* Connect to @addr ("host:port") and handshake; @name is the peer's
- * segment name, for messages. */
-static kvt_status_t dial(kvt__tcp_t *tcp, const char *name, const char *addr,
-                         uint64_t session, uint32_t index, uint32_t nconns,
-                         uint64_t deadline, int *fd_p)
-{
-    kvt_engine_h e = tcp->e;
-    char host[KVT_WIRE_NAME_MAX + 1];
-    uint8_t hb[16 + 2 + KVT_WIRE_NAME_MAX], *body = NULL;
-    kvt__wire_hello_t hello = {session, index, nconns, {0}};
-    uint64_t now = kvt__now_ns();
-    size_t blen, hl;
-    uint16_t port;
-    kvt_status_t st;
-    int fd;
-
-    st = kvt__sock_split_hostport(addr, host, sizeof(host), &port);
-    if (st != KVT_OK) {
-        KVT_LOG_E("address '%s' of segment '%s' is not host:port", addr,
-                  name);
-        return st;
-    }
-    if (now >= deadline)
-        return KVT_ERR_TIMEDOUT;
-    st = kvt__sock_connect(host, port, (deadline - now) / 1000000 + 1, &fd);
-    if (st != KVT_OK) {
-        KVT_LOG_W("cannot connect to %s (%s): %s", name, addr,
-                  kvt_status_str(st));
-        return st;
-    }
-    kvt__sock_tune(fd, e->timeout_ns / 1000000);
-    snprintf(hello.name, sizeof(hello.name), "%s", e->seg_name);
-    hl = kvt__wire_hello_encode(&hello, hb, sizeof(hb));
-    st = ctl_call(fd, KVT_WIRE_HELLO, hb, hl, KVT_WIRE_HELLO_ACK, deadline,
-                  name, &body, &blen);
-    free(body);
-    if (st != KVT_OK) {
-        close(fd);
-        return st;
-    }
-    *fd_p = fd;
-    return KVT_OK;
-}
-
-static kvt_status_t query_desc(int fd, const char *name, uint64_t deadline,
-                               kvt__segdesc_t *desc)
-{
-    uint8_t *body = NULL;
-    size_t blen = 0;
-    kvt_status_t st;
-
-    st = ctl_call(fd, KVT_WIRE_SEG_QUERY, NULL, 0, KVT_WIRE_SEG_DESC,
-                  deadline, name, &body, &blen);
-    if (st != KVT_OK)
-        return st;
-    st = kvt__segdesc_decode(body, blen, desc);
-    free(body);
-    if (st != KVT_OK)
-        KVT_LOG_E("malformed segment descriptor from %s", name);
-    return st;
-}
-
-kvt_status_t kvt__tcp_query(kvt__tcp_t *tcp, const char *name,
-                            const char *addr, kvt__segdesc_t *desc)
-{
-    uint64_t deadline = kvt__now_ns() + tcp->e->connect_timeout_ms * 1000000;
-    kvt_status_t st;
-    int fd;
-
-    st = dial(tcp, name, addr, 0, 0, 1, deadline, &fd);
-    if (st != KVT_OK)
-        return st;
-    st = query_desc(fd, name, deadline, desc);
-    close(fd);
-    return st;
-}
+/* ---- Opening a session ---------------------------------------------------- */
 
 kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
                            kvt__session_t **s_p)
@@ -2060,24 +1857,11 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
     s->nconns = e->conns_per_peer;
 
     for (i = 0; i < s->nconns; i++) {
+        kvt__wire_hello_t hello = {sid, i, s->nconns, KVT_TRANSPORT_TCP, {0}};
         int fd;
-        st = dial(tcp, name, addr, sid, i, s->nconns, deadline, &fd);
+        st = kvt__ctrl_dial(e, name, addr, &hello, deadline, &fd);
         if (st != KVT_OK)
             goto err_close;
-        if (i == 0) {
-            kvt__segdesc_t d;
-            st = query_desc(fd, name, deadline, &d);
-            if (st == KVT_OK) {
-                pthread_mutex_lock(&seg->desc_lock);
-                kvt__segdesc_clear(&seg->desc);
-                seg->desc = d;
-                pthread_mutex_unlock(&seg->desc_lock);
-            }
-            if (st != KVT_OK) {
-                close(fd);
-                goto err_close;
-            }
-        }
         s->conns[i] = conn_new(NULL, fd, 1);
         if (s->conns[i] == NULL) {
             close(fd);
@@ -2154,13 +1938,10 @@ kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
         st = KVT_ERR_NO_MEMORY;
         goto err_free;
     }
-    st = kvt__sock_listen(e->host, e->port, &tcp->listen_fd, &e->port);
-    if (st != KVT_OK)
-        goto err_unmap;
     tcp->workers = calloc(tcp->nworkers, sizeof(*tcp->workers));
     if (tcp->workers == NULL) {
         st = KVT_ERR_NO_MEMORY;
-        goto err_listen;
+        goto err_unmap;
     }
     for (i = 0; i < tcp->nworkers; i++) {
         tcp_worker_t *w = &tcp->workers[i];
@@ -2176,11 +1957,6 @@ kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
         }
         ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = w};
         epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev);
-    }
-    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = tcp};
-    if (epoll_ctl(tcp->workers[0].epfd, EPOLL_CTL_ADD, tcp->listen_fd, &ev)) {
-        st = KVT_ERR_IO;
-        goto err_workers;
     }
     *tcp_p = tcp;
     return KVT_OK;
@@ -2198,8 +1974,6 @@ err_workers:
         pthread_mutex_destroy(&w->lock);
     }
     free(tcp->workers);
-err_listen:
-    close(tcp->listen_fd);
 err_unmap:
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
 err_free:
@@ -2252,7 +2026,6 @@ void kvt__tcp_destroy(kvt__tcp_t *tcp)
         pthread_mutex_destroy(&w->lock);
     }
     free(tcp->workers);
-    close(tcp->listen_fd);
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
     free(tcp);
 }

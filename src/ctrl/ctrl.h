@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_CTRL_CTRL_H
+#define KVT_CTRL_CTRL_H
+
+/*
+ * The control plane: the engine's listener, the handshake, and segment
+ * descriptors (docs/protocol.md). Every connection to an engine's port
+ * starts with HELLO. A control connection (HELLO for transport 0) asks
+ * for the descriptor (SEG_QUERY, answered by SEG_DESC with the
+ * descriptor as payload) or pings; a data connection (HELLO naming a
+ * data transport) is answered HELLO_ACK and handed to that transport,
+ * which owns the socket from then on. The server is one thread: it
+ * accepts, reads handshakes and requests without blocking, bounds how
+ * long a connection may take to say HELLO or sit idle, and how many
+ * connections may wait at once.
+ *
+ * The client side dials a peer (blocking, bounded by a deadline): for the
+ * descriptor, or for a data transport's connections.
+ */
+#include <stdint.h>
+
+#include <kvt/kvt.h>
+
+#include "core/segdesc.h"
+#include "core/wire.h"
+
+typedef struct kvt__ctrl kvt__ctrl_t;
+
+/*
+ * A data transport that takes connections on the engine's listener:
+ * @accept gets the socket (non-blocking, tuned) and the HELLO that opened
+ * it, after HELLO_ACK was sent; it owns the socket on KVT_OK and closes it
+ * on failure.
+ */
+typedef struct {
+    uint32_t id; /* KVT_TRANSPORT_* bit */
+    void *arg;
+    kvt_status_t (*accept)(void *arg, int fd, const kvt__wire_hello_t *hello);
+} kvt__ctrl_taker_t;
+
+/* Bind the listener on the engine's host and port (@port_p: the one
+ * bound); no thread runs until kvt__ctrl_start(). KVT_ERR_IO (logged),
+ * KVT_ERR_NO_MEMORY. */
+kvt_status_t kvt__ctrl_create(kvt_engine_h e, const char *host, uint16_t port,
+                              uint16_t *port_p, kvt__ctrl_t **ctrl_p);
+/* Who takes data connections for transport @t->id (before start). */
+kvt_status_t kvt__ctrl_add_taker(kvt__ctrl_t *ctrl, const kvt__ctrl_taker_t *t);
+kvt_status_t kvt__ctrl_start(kvt__ctrl_t *ctrl);
+/* Stop serving: close the listener and every connection not handed over,
+ * join the thread. NULL does nothing. */
+void kvt__ctrl_stop(kvt__ctrl_t *ctrl);
+void kvt__ctrl_destroy(kvt__ctrl_t *ctrl);
+
+/* ---- Client side --------------------------------------------------------- */
+
+/*
+ * Connect to @addr ("host:port") and handshake with @hello (its name is
+ * set to this engine's), until @deadline (kvt__now_ns() clock). On success
+ * *fd_p is a blocking socket right after HELLO_ACK. @name is the peer's
+ * segment name, for messages. KVT_ERR_INVALID_PARAM (not host:port),
+ * KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_VERSION, KVT_ERR_PROTOCOL,
+ * KVT_ERR_CONN_LOST, or the status of the peer's ERROR (logged).
+ */
+kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
+                            const char *addr, kvt__wire_hello_t *hello,
+                            uint64_t deadline, int *fd_p);
+
+/* Fetch the peer's descriptor over a control connection of its own, bounded
+ * by the connect timeout. On success @desc owns what it holds. */
+kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name,
+                             const char *addr, kvt__segdesc_t *desc);
+
+#endif
