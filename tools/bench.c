@@ -23,7 +23,6 @@
 #include <kvt/kvt.h>
 
 #include "cli.h"
-#include "core/engine_int.h"
 
 typedef struct {
     const char *mode, *local, *segment, *protocol, *op, *buffer;
@@ -350,8 +349,8 @@ static int run_initiator(const bench_opts_t *o)
         kvt_engine_destroy(e);
         return 1;
     }
-    proto = kvt__segment_transport(e, seg);
-    if (proto == NULL)
+    if (kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &proto) !=
+        KVT_OK)
         proto = "?";
     if (strcmp(o->protocol, "auto") != 0 && strcmp(o->protocol, proto) != 0)
         fprintf(stderr, "kvt bench: %s was asked for, but the segment is "

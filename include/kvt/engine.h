@@ -24,12 +24,46 @@ extern "C" {
  */
 typedef struct kvt_engine *kvt_engine_h;
 
-/* Transports, as a bit set. */
+/* Transports, as a bit set: one bit each (kvt_transports() lists those
+ * built in). */
 enum {
     KVT_TRANSPORT_TCP = 1u << 0,
     KVT_TRANSPORT_SHM = 1u << 1,
     KVT_TRANSPORT_ALL = 0xffffffffu,
 };
+
+/* Flags of a transport (kvt_transport_info_t.flags). */
+enum {
+    /* Reaches only peers on the same host (same boot, same pid
+     * namespace). */
+    KVT_TRANSPORT_F_SAME_HOST = 1u << 0,
+    /* Moves strided descriptors; a transport without it refuses them
+     * with KVT_ERR_NOT_SUPPORTED. */
+    KVT_TRANSPORT_F_STRIDED = 1u << 1,
+};
+
+/* A transport built into this library. */
+typedef struct {
+    const char *name;    /* "tcp", "shm", ...; static */
+    uint32_t id;         /* its KVT_TRANSPORT_* bit */
+    uint32_t flags;      /* KVT_TRANSPORT_F_* */
+    uint32_t local_mem;  /* memory kinds it moves here: 1 << kvt_mem_kind_t */
+    uint32_t remote_mem; /* memory kinds it reaches in a peer */
+    int priority;        /* the highest that can serve a peer is chosen */
+    uint32_t reserved[3];
+} kvt_transport_info_t;
+
+/*
+ * kvt_transports() - the transports built into this library, in no
+ * particular order: up to @max of them into @out, and how many there are
+ * into *count_p. Whether an engine runs one also depends on its
+ * parameters and on the machine (see kvt_segment_transport()).
+ *
+ * Thread-safe, does not block. Returns KVT_OK, or KVT_ERR_INVALID_PARAM
+ * when @count_p is NULL or @out is NULL with @max > 0.
+ */
+KVT_API kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
+                                    size_t *count_p);
 
 /* Bits of kvt_engine_params_t.field_mask: a field is read only when set. */
 enum {
@@ -129,11 +163,13 @@ enum {
     KVT_ACCESS_REMOTE_RW = KVT_ACCESS_REMOTE_WRITE | KVT_ACCESS_REMOTE_READ,
 };
 
-/* Memory kinds. Only host memory is supported by the core transports. */
+/* Memory kinds. */
 typedef enum {
     KVT_MEM_HOST = 0,
     KVT_MEM_CUDA = 1,
 } kvt_mem_kind_t;
+
+#define KVT_MEM_KINDS 2
 
 /* One region, for the batched calls. */
 typedef struct {
@@ -255,10 +291,44 @@ KVT_API kvt_status_t kvt_segment_regions(kvt_engine_h engine,
                                          kvt_remote_region_t *regions,
                                          size_t max, size_t *count_p);
 
+/* What an engine knows of an opened segment (kvt_segment_info()). */
+typedef struct {
+    uint32_t offered;  /* KVT_TRANSPORT_* the peer offers */
+    uint32_t nregions; /* regions in its cached descriptor */
+    int same_host;     /* the peer runs on this host */
+    uint32_t reserved[5];
+} kvt_segment_info_t;
+
+/*
+ * kvt_segment_info() - what the segment's cached descriptor says, into
+ * *info_p. Does not block on the network; thread-safe. Returns KVT_OK,
+ * KVT_ERR_NOT_FOUND (unknown or closed handle), KVT_ERR_INVALID_PARAM.
+ */
+KVT_API kvt_status_t kvt_segment_info(kvt_engine_h engine,
+                                      kvt_segment_t segment,
+                                      kvt_segment_info_t *info_p);
+
+/*
+ * kvt_segment_transport() - the name of the transport that carries
+ * transfers between @local memory here and @remote memory of the segment
+ * ("tcp", "shm"; a static string) into *name_p. Chosen when the segment
+ * was opened, from what both engines run and the peer offers; it does not
+ * change. Does not block; thread-safe. Returns KVT_OK, KVT_ERR_NOT_FOUND
+ * (unknown or closed handle), KVT_ERR_NOT_SUPPORTED (no transport serves
+ * that pair of memory kinds), KVT_ERR_INVALID_PARAM.
+ */
+KVT_API kvt_status_t kvt_segment_transport(kvt_engine_h engine,
+                                           kvt_segment_t segment,
+                                           kvt_mem_kind_t local,
+                                           kvt_mem_kind_t remote,
+                                           const char **name_p);
+
 /*
  * kvt_segment_close() - drop the handle's session and evict it from the
  * cache. Transfers in flight on it end in KVT_ERR_CANCELED. Later use of
- * the handle returns KVT_ERR_NOT_FOUND.
+ * the handle returns KVT_ERR_NOT_FOUND, also once its slot holds another
+ * segment; the session's memory is freed when the last transfer on it has
+ * ended.
  */
 KVT_API kvt_status_t kvt_segment_close(kvt_engine_h engine,
                                        kvt_segment_t segment);

@@ -165,9 +165,53 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
     return KVT_OK;
 }
 
-/* Record where a session's share of a submission went (kvt__hint_t).
+/*
+ * The submission plug (kvt__submit_plug()): per thread, the depth and the
+ * engines whose transports were handed plugged submissions; the last
+ * unplug flushes their transports. A submission to a fifth engine while
+ * plugged is not held back.
+ */
+#define PLUG_ENGINES 4
+static _Thread_local struct {
+    unsigned depth, n;
+    kvt_engine_h e[PLUG_ENGINES];
+} plug;
+
+void kvt__submit_plug(void)
+{
+    plug.depth++;
+}
+
+void kvt__submit_unplug(void)
+{
+    if (plug.depth == 0 || --plug.depth > 0)
+        return;
+    for (unsigned k = 0; k < plug.n; k++) {
+        kvt_engine_h e = plug.e[k];
+        for (unsigned i = 0; i < e->ntl; i++)
+            if (e->tl[i]->ops->flush != NULL)
+                e->tl[i]->ops->flush(e->tl[i]);
+    }
+    plug.n = 0;
+}
+
+/* Whether this thread's submission to @e may be held back. */
+static int plugged(kvt_engine_h e)
+{
+    if (plug.depth == 0)
+        return 0;
+    for (unsigned k = 0; k < plug.n; k++)
+        if (plug.e[k] == e)
+            return 1;
+    if (plug.n == PLUG_ENGINES)
+        return 0;
+    plug.e[plug.n++] = e;
+    return 1;
+}
+
+/* Record where a session's share of a submission went (kvt__sub_t).
  * The batch holds a reference on the session it may drive. */
-static void batch_hint(kvt_batch_h b, kvt__session_t *s, const kvt__hint_t *h)
+static void batch_hint(kvt_batch_h b, kvt__session_t *s, const kvt__sub_t *h)
 {
     if (h->many || h->where == NULL ||
         (b->hint != NULL && (b->hint != h->where || b->hint_sess != s)))
@@ -194,7 +238,7 @@ static void batch_unhint(kvt_batch_h b)
 static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
                      size_t n)
 {
-    kvt__hint_t h = {NULL, 0};
+    kvt__sub_t h = {plugged(b->engine), NULL, 0};
 
     if (s->ops->submit(s, x, n, &h) != KVT_OK) {
         for (size_t j = 0; j < n; j++)
@@ -265,6 +309,9 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                 st = KVT_ERR_NOT_FOUND;
             else if (atomic_load(&s->dead))
                 st = atomic_load(&s->dead);
+            else if (x->count > 1 &&
+                     (s->ops->caps.flags & KVT__TL_STRIDED) == 0)
+                st = KVT_ERR_NOT_SUPPORTED;
         }
         if (st != KVT_OK) {
             comp_fail(&b->slots[base + i], st);

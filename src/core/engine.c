@@ -72,23 +72,23 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
     const char *host = "127.0.0.1";
     uint64_t timeout_ms = 0;
 
-    e->num_workers = 2;
-    e->conns_per_peer = 2;
+    e->cfg.num_workers = 2;
+    e->cfg.conns_per_peer = 2;
     e->transports = KVT_TRANSPORT_ALL;
-    e->slice_size = 1u << 20;
-    e->connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
+    e->cfg.slice_size = 1u << 20;
+    e->cfg.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
 
     if ((m & KVT_ENGINE_PARAM_LOCAL_HOST) && p->local_host && *p->local_host)
         host = p->local_host;
     if (strlen(host) > KVT_WIRE_NAME_MAX - 8)
         return KVT_ERR_INVALID_PARAM;
-    snprintf(e->host, sizeof(e->host), "%s", host);
+    snprintf(e->cfg.host, sizeof(e->cfg.host), "%s", host);
     if (m & KVT_ENGINE_PARAM_PORT)
-        e->port = p->port;
+        e->cfg.port = p->port;
     if (m & KVT_ENGINE_PARAM_NUM_WORKERS) {
         if (p->num_workers < 1 || p->num_workers > 64)
             return KVT_ERR_INVALID_PARAM;
-        e->num_workers = p->num_workers;
+        e->cfg.num_workers = p->num_workers;
     }
     if ((m & KVT_ENGINE_PARAM_METADATA_URI) && p->metadata_uri) {
         kvt__meta_params_t mp = {0};
@@ -112,14 +112,14 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
             e->meta = meta;
     }
     if (m & KVT_ENGINE_PARAM_TRANSPORTS) {
-        if ((p->transports & KVT_TRANSPORT_TCP) == 0)
-            return KVT_ERR_NOT_SUPPORTED;
+        if (p->transports == 0)
+            return KVT_ERR_INVALID_PARAM;
         e->transports = p->transports;
     }
     if (m & KVT_ENGINE_PARAM_CONNS_PER_PEER) {
         if (p->conns_per_peer < 1 || p->conns_per_peer > 16)
             return KVT_ERR_INVALID_PARAM;
-        e->conns_per_peer = p->conns_per_peer;
+        e->cfg.conns_per_peer = p->conns_per_peer;
     }
     if (m & KVT_ENGINE_PARAM_TRANSFER_TIMEOUT) {
         if (p->transfer_timeout_ms == 0)
@@ -132,24 +132,24 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
         timeout_ms = env_seconds_ms("MC_TRANSFER_TIMEOUT");
     if (timeout_ms == 0)
         timeout_ms = DEFAULT_TIMEOUT_MS;
-    e->timeout_ns = timeout_ms * 1000000ull;
+    e->cfg.timeout_ns = timeout_ms * 1000000ull;
     if (m & KVT_ENGINE_PARAM_SLICE_SIZE) {
         if (p->slice_size < 4096 || p->slice_size > KVT_WIRE_MAX_PAYLOAD)
             return KVT_ERR_INVALID_PARAM;
-        e->slice_size = p->slice_size;
+        e->cfg.slice_size = p->slice_size;
     }
     if (m & KVT_ENGINE_PARAM_CONNECT_TIMEOUT) {
         if (p->connect_timeout_ms == 0)
             return KVT_ERR_INVALID_PARAM;
-        e->connect_timeout_ms = p->connect_timeout_ms;
+        e->cfg.connect_timeout_ms = p->connect_timeout_ms;
     }
-    if (e->connect_timeout_ms > timeout_ms)
-        e->connect_timeout_ms = timeout_ms;
+    if (e->cfg.connect_timeout_ms > timeout_ms)
+        e->cfg.connect_timeout_ms = timeout_ms;
     if ((m & KVT_ENGINE_PARAM_SEGMENT_NAME) && p->segment_name &&
         *p->segment_name) {
         if (strlen(p->segment_name) > KVT_WIRE_NAME_MAX)
             return KVT_ERR_INVALID_PARAM;
-        snprintf(e->seg_name, sizeof(e->seg_name), "%s", p->segment_name);
+        snprintf(e->cfg.seg_name, sizeof(e->cfg.seg_name), "%s", p->segment_name);
     }
     return KVT_OK;
 }
@@ -188,7 +188,7 @@ static void *publisher_main(void *arg)
         st = publish_now(e);
         if (st != KVT_OK)
             KVT_LOG_W("publishing segment %s: %s (the heartbeat retries)",
-                      e->seg_name, kvt_status_str(st));
+                      e->cfg.seg_name, kvt_status_str(st));
         pthread_mutex_lock(&e->pub_lock);
     }
     pthread_mutex_unlock(&e->pub_lock);
@@ -204,7 +204,7 @@ static void publish_start(kvt_engine_h e)
     if (st != KVT_OK)
         KVT_LOG_E("cannot publish segment %s to the metadata backend: %s; "
                   "retrying in the background",
-                  e->seg_name, kvt_status_str(st));
+                  e->cfg.seg_name, kvt_status_str(st));
     st = kvt__meta_heartbeat_start(e->meta);
     if (st != KVT_OK)
         KVT_LOG_E("metadata heartbeat: %s", kvt_status_str(st));
@@ -226,26 +226,105 @@ static void publish_stop(kvt_engine_h e)
     e->pub_started = 0;
 }
 
-void kvt__submit_plug(void)
-{
-    kvt__shm_plug();
-}
-
-void kvt__submit_unplug(void)
-{
-    kvt__shm_unplug();
-}
-
 static void regions_changed(kvt_engine_h e)
 {
-    /* Same-host peers check against the new registry from now on. */
-    kvt__shm_registry_changed(e->shm);
+    /* Peers that check against a copy of the registry (same-host ones)
+     * see the new one from now on. */
+    for (unsigned i = 0; i < e->ntl; i++)
+        if (e->tl[i]->ops->mem_changed != NULL)
+            e->tl[i]->ops->mem_changed(e->tl[i]);
     if (e->meta == NULL)
         return;
     pthread_mutex_lock(&e->pub_lock);
     e->pub_dirty = 1;
     pthread_cond_signal(&e->pub_cond);
     pthread_mutex_unlock(&e->pub_lock);
+}
+
+/* ---- Transports ---------------------------------------------------------- */
+
+/*
+ * Create and start an instance of every transport built in that the user
+ * allows. One that cannot be set up is left out and said so (its peers
+ * use the others); none at all fails the engine.
+ */
+static kvt_status_t transports_create(kvt_engine_h e)
+{
+    const kvt__tl_ops_t *ops;
+
+    for (size_t i = 0; (ops = kvt__tl_registered(i)) != NULL; i++) {
+        kvt__tl_t *tl = NULL;
+        kvt_status_t st;
+
+        if ((e->transports & ops->id) == 0 || e->ntl == KVT__TL_MAX ||
+            !kvt__tl_ops_sound(ops))
+            continue;
+        st = ops->create(e, &tl);
+        if (st == KVT_OK && ops->start != NULL) {
+            st = ops->start(tl);
+            if (st != KVT_OK)
+                ops->destroy(tl);
+        }
+        if (st != KVT_OK) {
+            KVT_LOG_W("transport %s is not available: %s", ops->name,
+                      kvt_status_str(st));
+            continue;
+        }
+        tl->index = e->ntl;
+        e->tl[e->ntl++] = tl;
+        if (ops->accept != NULL)
+            kvt__ctrl_add_taker(e->ctrl, tl);
+    }
+    if (e->ntl == 0) {
+        KVT_LOG_E("no transport is available (allowed: %#x)", e->transports);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    return KVT_OK;
+}
+
+static void transports_stop(kvt_engine_h e)
+{
+    for (unsigned i = e->ntl; i-- > 0;)
+        if (e->tl[i]->ops->stop != NULL)
+            e->tl[i]->ops->stop(e->tl[i]);
+}
+
+static void transports_destroy(kvt_engine_h e)
+{
+    for (unsigned i = e->ntl; i-- > 0;)
+        e->tl[i]->ops->destroy(e->tl[i]);
+    e->ntl = 0;
+}
+
+kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d)
+{
+    for (unsigned i = 0; i < e->ntl; i++) {
+        const kvt__tl_ops_t *ops = e->tl[i]->ops;
+        kvt_status_t st =
+            ops->describe != NULL
+                ? ops->describe(e->tl[i], d)
+                : kvt__segdesc_add_tl(d, ops->id, ops->name, 1, NULL, 0);
+        if (st != KVT_OK)
+            return st;
+    }
+    return KVT_OK;
+}
+
+/* ---- What transports read of the engine --------------------------------- */
+
+const kvt__engine_cfg_t *kvt__engine_cfg(kvt_engine_h e)
+{
+    return &e->cfg;
+}
+
+kvt__memreg_t *kvt__engine_reg(kvt_engine_h e)
+{
+    return &e->reg;
+}
+
+void kvt__engine_landed(kvt_engine_h e)
+{
+    atomic_fetch_add_explicit(&e->landed, 1, memory_order_release);
 }
 
 kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
@@ -266,7 +345,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
         KVT_LOG_E("engine parameters: %s", kvt_status_str(st));
         goto err_meta;
     }
-    e->host_id = host_identity();
+    e->cfg.host_id = host_identity();
     st = kvt__memreg_init(&e->reg);
     if (st != KVT_OK)
         goto err_meta;
@@ -281,46 +360,34 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     pthread_cond_init(&e->pub_cond, &ca);
     pthread_condattr_destroy(&ca);
 
-    st = kvt__ctrl_create(e, e->host, e->port, &e->port, &e->ctrl);
+    st = kvt__ctrl_create(e, e->cfg.host, e->cfg.port, &e->cfg.port,
+                          &e->ctrl);
     if (st != KVT_OK)
         goto err_locks;
-    if (e->seg_name[0] == '\0')
-        snprintf(e->seg_name, sizeof(e->seg_name),
-                 strchr(e->host, ':') ? "[%s]:%u" : "%s:%u", e->host, e->port);
-    st = kvt__tcp_create(e, &e->tcp);
+    if (e->cfg.seg_name[0] == '\0')
+        snprintf(e->cfg.seg_name, sizeof(e->cfg.seg_name),
+                 strchr(e->cfg.host, ':') ? "[%s]:%u" : "%s:%u", e->cfg.host,
+                 e->cfg.port);
+    st = transports_create(e);
     if (st != KVT_OK)
         goto err_ctrl;
-    {
-        kvt__ctrl_taker_t t = {KVT_TRANSPORT_TCP, e->tcp, kvt__tcp_accept};
-        kvt__ctrl_add_taker(e->ctrl, &t);
-    }
-    /* Same-host peers (before any worker can describe this engine to a
-     * peer); without it they use TCP, so a failure is not fatal. */
-    if (e->transports & KVT_TRANSPORT_SHM)
-        kvt__shm_create(e, &e->shm);
-    st = kvt__tcp_start(e->tcp);
-    if (st != KVT_OK)
-        goto err_tcp;
     /* The name is final and the transports run before the control plane
      * answers anyone. */
     st = kvt__ctrl_start(e->ctrl);
     if (st != KVT_OK)
-        goto err_tcp_stop;
+        goto err_transports;
     if (e->meta != NULL)
         publish_start(e);
     KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
               "transfer timeout %.1f s",
-              e->seg_name, e->num_workers, e->conns_per_peer,
-              (double)e->timeout_ns / 1e9);
+              e->cfg.seg_name, e->cfg.num_workers, e->cfg.conns_per_peer,
+              (double)e->cfg.timeout_ns / 1e9);
     *engine_p = e;
     return KVT_OK;
 
-err_tcp_stop:
-    kvt__tcp_stop(e->tcp);
-err_tcp:
-    kvt__shm_stop(e->shm);
-    kvt__shm_destroy(e->shm);
-    kvt__tcp_destroy(e->tcp);
+err_transports:
+    transports_stop(e);
+    transports_destroy(e);
 err_ctrl:
     kvt__ctrl_destroy(e->ctrl);
 err_locks:
@@ -351,15 +418,12 @@ void kvt_engine_destroy(kvt_engine_h e)
     publish_stop(e);
     kvt__meta_destroy(e->meta);
     e->meta = NULL;
-    /* No new peers; then same-host peers lose their channels and queued
-     * shm work is canceled. */
+    /* No new peers; then each transport fails everything in flight with
+     * KVT_ERR_CANCELED and stops its threads, and the sessions go. */
     kvt__ctrl_stop(e->ctrl);
-    kvt__shm_stop(e->shm);
-    /* Workers fail everything in flight with KVT_ERR_CANCELED and exit. */
-    kvt__tcp_stop(e->tcp);
+    transports_stop(e);
     kvt__segs_free_all(e);
-    kvt__tcp_destroy(e->tcp);
-    kvt__shm_destroy(e->shm);
+    transports_destroy(e);
     kvt__ctrl_destroy(e->ctrl);
     for (b = e->batches; b != NULL; b = bn) {
         bn = b->next;
@@ -384,12 +448,12 @@ void kvt_engine_destroy(kvt_engine_h e)
 
 const char *kvt_engine_segment_name(kvt_engine_h e)
 {
-    return e ? e->seg_name : "";
+    return e ? e->cfg.seg_name : "";
 }
 
 uint16_t kvt_engine_rpc_port(kvt_engine_h e)
 {
-    return e ? e->port : 0;
+    return e ? e->cfg.port : 0;
 }
 
 /* ---- Memory --------------------------------------------------------------- */
@@ -451,10 +515,10 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
     kvt_status_t st;
 
     memset(d, 0, sizeof(*d));
-    snprintf(d->name, sizeof(d->name), "%s", e->seg_name);
-    snprintf(d->host, sizeof(d->host), "%s", e->host);
-    d->port = e->port;
-    d->host_id = e->host_id;
+    snprintf(d->name, sizeof(d->name), "%s", e->cfg.seg_name);
+    snprintf(d->host, sizeof(d->host), "%s", e->cfg.host);
+    d->port = e->cfg.port;
+    d->host_id = e->cfg.host_id;
     d->pid = (uint32_t)getpid();
     st = kvt__transport_sections(e, d);
     if (st == KVT_OK)

@@ -10,13 +10,9 @@
 
 #include "core/memreg.h"
 #include "core/wire.h"
+#include "transport/transport.h"
 
-typedef struct kvt__session kvt__session_t;
-typedef struct kvt__seg kvt__seg_t;
 typedef struct kvt__seg_slot kvt__seg_slot_t;
-typedef struct kvt__transport_ops kvt__transport_ops_t;
-
-typedef struct kvt__comp kvt__comp_t; /* transport/transport.h */
 
 struct kvt_batch {
     kvt_engine_h engine;
@@ -56,14 +52,11 @@ void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg);
 /*
  * The submission plug, in the manner of the block layer's: between
  * kvt__submit_plug() and the matching kvt__submit_unplug(), the calling
- * thread's submissions queue their work but leave the same-host workers
- * asleep; the last unplug wakes them once for all of it. The connector
- * plugs around one round of its rooms, so that the writes of one request
- * to several decode ranks are all queued before any of them runs (the
- * workers copy the parts of one row for two peers in one pass, shm
- * session.c). Plugs nest and are per thread. The thread must not wait
- * for its own submissions while plugged, and must not destroy an engine
- * it submitted to before it unplugs.
+ * thread's submissions queue their work but may leave the transports'
+ * workers asleep; the last unplug wakes them (each transport's flush())
+ * once for all of it. Plugs nest and are per thread. The thread must not
+ * wait for its own submissions while plugged, and must not destroy an
+ * engine it submitted to before it unplugs.
  */
 void kvt__submit_plug(void);
 void kvt__submit_unplug(void);
@@ -73,8 +66,6 @@ typedef struct kvt__notify_node {
     kvt_notify_t n;
 } kvt__notify_node_t;
 
-typedef struct kvt__tcp kvt__tcp_t;
-typedef struct kvt__shm kvt__shm_t;
 typedef struct kvt__ctrl kvt__ctrl_t; /* src/ctrl/ctrl.h */
 typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 
@@ -88,21 +79,15 @@ typedef struct kvt__alloc {
 } kvt__alloc_t;
 
 struct kvt_engine {
-    char host[KVT_WIRE_NAME_MAX + 1];
-    char seg_name[KVT_WIRE_NAME_MAX + 1];
-    uint16_t port;
-    unsigned num_workers;
-    unsigned conns_per_peer;
-    uint32_t transports;
-    uint64_t timeout_ns;
-    uint64_t connect_timeout_ms;
-    size_t slice_size;
-    uint64_t host_id;
+    kvt__engine_cfg_t cfg;
+    uint32_t transports; /* KVT_TRANSPORT_* the user allows */
 
     kvt__memreg_t reg;
     kvt__ctrl_t *ctrl; /* the listener and the handshake */
-    kvt__tcp_t *tcp;
-    kvt__shm_t *shm; /* NULL: no same-host transport */
+    /* The transports this engine runs (created, started), in the
+     * registry's order; tl[i]->index == i. */
+    kvt__tl_t *tl[KVT__TL_MAX];
+    unsigned ntl;
 
     /* Metadata backend; NULL in p2p mode. A publisher thread stores this
      * engine's descriptor again whenever its regions change (pub_dirty);
@@ -167,7 +152,7 @@ struct kvt__seg {
     char addr[KVT_WIRE_NAME_MAX + 8]; /* host:port of its listener */
     pthread_mutex_t desc_lock;
     kvt__segdesc_t desc; /* under desc_lock */
-    kvt__session_t *sess;
+    kvt__session_t *sess;    /* the session that carries its transfers */
     kvt__seg_t *name_next;   /* name index chain */
     kvt__seg_t *prev, *next; /* the engine's list of segments */
 };
@@ -190,9 +175,6 @@ void kvt__seg_unref(kvt__seg_t *seg);
  * and its session, whatever still refers to them. */
 void kvt__segs_free_all(kvt_engine_h e);
 
-/* Queue a received notification (target side). */
-void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
-                      size_t len);
 
 /* Free every kvt_mem_alloc() allocation (engine teardown). */
 void kvt__alloc_free_all(kvt_engine_h e);
@@ -204,70 +186,30 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d);
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
                                  size_t *len_p);
 
-/* ---- TCP transport (src/transport/tcp) ---------------------------------- */
-
-/* No thread runs until kvt__tcp_start(). */
-kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p);
-kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp);
-/* Stops the workers after failing everything with KVT_ERR_CANCELED. */
-void kvt__tcp_stop(kvt__tcp_t *tcp);
-void kvt__tcp_destroy(kvt__tcp_t *tcp);
-/* Dial the peer's data connections: a new session for @seg. Blocks at
- * most the connect timeout. */
-kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
-                           kvt__session_t **s_p);
-/* A data connection handed over by the control plane (kvt__ctrl_taker_t). */
-kvt_status_t kvt__tcp_accept(void *tcp, int fd, const kvt__wire_hello_t *hello);
-
-/* ---- Same-host transport (src/transport/shm) ---------------------------- */
-
-/*
- * Start serving same-host peers: an abstract Unix socket named after the
- * engine's host id, pid and port, and a service thread. Called once the
- * listener's port is known; a failure is logged and leaves *shm_p NULL
- * (peers then use TCP). The initiator side needs the same object.
- */
-kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p);
-/* Engine teardown, before the TCP workers stop: sever every channel,
- * stop the threads, cancel what is queued. NULL does nothing. */
-void kvt__shm_stop(kvt__shm_t *shm);
-/* After every session is destroyed. NULL does nothing. */
-void kvt__shm_destroy(kvt__shm_t *shm);
-/*
- * The registry changed (called after every successful register and
- * unregister, without the registry lock). Returns once every same-host
- * peer sees the new registry: no copy validated against the old one is
- * still running, so an unregistered range is not touched after this
- * returns. NULL does nothing.
- */
-void kvt__shm_registry_changed(kvt__shm_t *shm);
-/* The shm pool's part of kvt__submit_plug() and kvt__submit_unplug(). */
-void kvt__shm_plug(void);
-void kvt__shm_unplug(void);
-/* Open a same-host session to @seg (see select.c); on failure *why_p says
- * why, for the log. */
-kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
-                           kvt__session_t **s_p, const char **why_p);
-/* This engine's shm section of its descriptor: the socket's name. */
-kvt_status_t kvt__shm_section(kvt__shm_t *shm, kvt__segdesc_t *d);
-
 /* ---- Transport selection (src/transport/select.c) ----------------------- */
 
 /*
- * Given @seg with the peer's descriptor, choose the transport the engine
- * will use for it and open a session with it: shm for a same-host peer
- * that offers it, tcp otherwise. A transport that cannot be set up falls
- * back to the next and says so once in the log. On failure *s_p may hold
- * a failed session, which stays with the segment until it is freed.
+ * Open a session to @seg (its descriptor fetched) with the transport that
+ * serves it best for host memory on both sides (kvt__tl_select()); one
+ * that cannot be set up falls back to the next, said once in the log. On
+ * failure *s_p may hold a failed session, which stays with the segment
+ * until it is freed.
  */
 kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg,
                                  kvt__session_t **s_p);
 
+/*
+ * The transports of @e that can move @local memory here to and from
+ * @remote memory of the peer described by @d, best first: allowed here,
+ * offered by the peer, capable of both kinds, and reachable. Their
+ * indices go to @order (room for KVT__TL_MAX); returns how many. Those
+ * left out for a reason worth telling get it in @why[index] (else NULL).
+ */
+unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
+                        kvt_mem_kind_t local, kvt_mem_kind_t remote,
+                        unsigned *order, const char **why);
+
 /* Add this engine's transport sections to its descriptor @d. */
 kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d);
-
-/* The name of the transport carrying @segment ("tcp", "shm"), or NULL for
- * an unknown handle. */
-const char *kvt__segment_transport(kvt_engine_h e, kvt_segment_t segment);
 
 #endif

@@ -155,3 +155,60 @@ void kvt__alloc_free_all(kvt_engine_h e)
     }
     e->allocs = NULL;
 }
+
+kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
+                             size_t *n_p)
+{
+    kvt__alloc_ref_t *v = NULL;
+    size_t n = 0, k = 0;
+
+    pthread_mutex_lock(&e->alloc_lock);
+    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
+        n++;
+    if (n > 0) {
+        v = malloc(n * sizeof(*v));
+        if (v == NULL) {
+            pthread_mutex_unlock(&e->alloc_lock);
+            return KVT_ERR_NO_MEMORY;
+        }
+    }
+    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
+        v[k++] = (kvt__alloc_ref_t){(uint64_t)(uintptr_t)a->addr, a->length,
+                                    a->id};
+    pthread_mutex_unlock(&e->alloc_lock);
+    *refs_p = v;
+    *n_p = n;
+    return KVT_OK;
+}
+
+/* Lock order: the registry's read lock, then alloc_lock (as every path
+ * that takes both). */
+kvt_status_t kvt__alloc_export(kvt_engine_h e, uint32_t id, int *fd_p,
+                               uint64_t *addr_p, uint64_t *length_p)
+{
+    kvt_status_t st = KVT_ERR_NOT_FOUND;
+
+    kvt__memreg_rdlock(&e->reg);
+    pthread_mutex_lock(&e->alloc_lock);
+    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next) {
+        uint64_t start = (uint64_t)(uintptr_t)a->addr;
+        int fd;
+        if (a->id != id)
+            continue;
+        if (!kvt__memreg_overlaps_locked(&e->reg, start, start + a->length))
+            break;
+        fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            st = KVT_ERR_IO;
+            break;
+        }
+        *fd_p = fd;
+        *addr_p = start;
+        *length_p = a->length;
+        st = KVT_OK;
+        break;
+    }
+    pthread_mutex_unlock(&e->alloc_lock);
+    kvt__memreg_unlock(&e->reg);
+    return st;
+}

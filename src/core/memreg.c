@@ -45,7 +45,8 @@ static size_t lower_bound(const kvt__memreg_t *reg, uint64_t addr)
     return lo;
 }
 
-static int overlaps(const kvt__memreg_t *reg, uint64_t start, uint64_t end)
+int kvt__memreg_overlaps_locked(const kvt__memreg_t *reg, uint64_t start,
+                                uint64_t end)
 {
     size_t i = lower_bound(reg, start);
     return i < reg->count && reg->regions[i].start < end;
@@ -95,7 +96,7 @@ kvt_status_t kvt__memreg_add(kvt__memreg_t *reg,
 
     pthread_rwlock_wrlock(&reg->lock);
     for (size_t i = 0; i < count; i++) {
-        if (overlaps(reg, tmp[i].start, tmp[i].end)) {
+        if (kvt__memreg_overlaps_locked(reg, tmp[i].start, tmp[i].end)) {
             KVT_LOG_W("register: %#lx+%lu overlaps a registered region",
                       (unsigned long)tmp[i].start,
                       (unsigned long)(tmp[i].end - tmp[i].start));
@@ -205,4 +206,15 @@ kvt_status_t kvt__memreg_snapshot(kvt__memreg_t *reg,
     *regions_p = out;
     *count_p = (uint32_t)n;
     return KVT_OK;
+}
+
+size_t kvt__memreg_count_locked(const kvt__memreg_t *reg)
+{
+    return reg->count;
+}
+
+const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg,
+                                           size_t i)
+{
+    return &reg->regions[i];
 }

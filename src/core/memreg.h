@@ -57,6 +57,16 @@ static inline void kvt__memreg_unlock(kvt__memreg_t *reg)
 int kvt__memreg_contains_locked(const kvt__memreg_t *reg, uint64_t addr,
                                 uint64_t len, uint32_t access);
 
+/* With the read lock held: does some region overlap [start, end)? */
+int kvt__memreg_overlaps_locked(const kvt__memreg_t *reg, uint64_t start,
+                                uint64_t end);
+
+/* With the read lock held: how many regions, and the i-th in address
+ * order (valid until the lock is released). */
+size_t kvt__memreg_count_locked(const kvt__memreg_t *reg);
+const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg,
+                                           size_t i);
+
 /* Takes the read lock itself. */
 int kvt__memreg_contains(kvt__memreg_t *reg, uint64_t addr, uint64_t len,
                          uint32_t access);

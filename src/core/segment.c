@@ -177,7 +177,7 @@ void kvt__seg_ref(kvt__seg_t *g)
 static void seg_free(kvt__seg_t *g)
 {
     if (g->sess != NULL)
-        g->sess->ops->destroy(g->sess);
+        g->sess->ops->destroy_session(g->sess);
     pthread_mutex_destroy(&g->desc_lock);
     kvt__segdesc_clear(&g->desc);
     free(g);
@@ -219,11 +219,14 @@ void kvt__segs_free_all(kvt_engine_h e)
 
 /* ---- What transports call ------------------------------------------------ */
 
-void kvt__session_init(kvt__session_t *s, kvt__seg_t *seg,
-                       const kvt__transport_ops_t *ops)
+void kvt__session_init(kvt__session_t *s, kvt__tl_t *tl,
+                       const kvt__tl_peer_t *peer)
 {
+    kvt__seg_t *seg = peer->seg;
+
     s->engine = seg->engine;
-    s->ops = ops;
+    s->tl = tl;
+    s->ops = tl->ops;
     s->seg = seg;
     memcpy(s->name, seg->name, sizeof(s->name));
     atomic_store(&s->dead, 0);
@@ -247,17 +250,6 @@ void kvt__session_evict(kvt__session_t *s)
     pthread_mutex_lock(&e->sess_lock);
     names_remove_locked(e, s->seg);
     pthread_mutex_unlock(&e->sess_lock);
-}
-
-kvt__segdesc_t *kvt__session_desc_lock(kvt__session_t *s)
-{
-    pthread_mutex_lock(&s->seg->desc_lock);
-    return &s->seg->desc;
-}
-
-void kvt__session_desc_unlock(kvt__session_t *s)
-{
-    pthread_mutex_unlock(&s->seg->desc_lock);
 }
 
 /* ---- The public calls ---------------------------------------------------- */
@@ -425,14 +417,43 @@ kvt_status_t kvt_segment_close(kvt_engine_h e, kvt_segment_t segment)
     return KVT_OK;
 }
 
-const char *kvt__segment_transport(kvt_engine_h e, kvt_segment_t segment)
+kvt_status_t kvt_segment_info(kvt_engine_h e, kvt_segment_t segment,
+                              kvt_segment_info_t *info_p)
 {
-    kvt__seg_t *g = kvt__seg_get(e, segment);
-    const char *name;
+    kvt__seg_t *g;
 
+    if (e == NULL || info_p == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    g = kvt__seg_get(e, segment);
     if (g == NULL)
-        return NULL;
-    name = g->sess->ops->name;
+        return KVT_ERR_NOT_FOUND;
+    memset(info_p, 0, sizeof(*info_p));
+    pthread_mutex_lock(&g->desc_lock);
+    info_p->offered = g->desc.transports;
+    info_p->nregions = g->desc.nregions;
+    info_p->same_host = g->desc.host_id == e->cfg.host_id && g->desc.pid != 0;
+    pthread_mutex_unlock(&g->desc_lock);
     kvt__seg_unref(g);
-    return name;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_segment_transport(kvt_engine_h e, kvt_segment_t segment,
+                                   kvt_mem_kind_t local, kvt_mem_kind_t remote,
+                                   const char **name_p)
+{
+    kvt__seg_t *g;
+    kvt_status_t st = KVT_OK;
+
+    if (e == NULL || name_p == NULL || (unsigned)local >= KVT_MEM_KINDS ||
+        (unsigned)remote >= KVT_MEM_KINDS)
+        return KVT_ERR_INVALID_PARAM;
+    g = kvt__seg_get(e, segment);
+    if (g == NULL)
+        return KVT_ERR_NOT_FOUND;
+    if (local == KVT_MEM_HOST && remote == KVT_MEM_HOST && g->sess != NULL)
+        *name_p = g->sess->ops->name;
+    else
+        st = KVT_ERR_NOT_SUPPORTED;
+    kvt__seg_unref(g);
+    return st;
 }

@@ -132,8 +132,8 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
                   kvt_status_str(st));
         return st;
     }
-    kvt__sock_tune(fd, e->timeout_ns / 1000000);
-    snprintf(hello->name, sizeof(hello->name), "%s", e->seg_name);
+    kvt__sock_tune(fd, e->cfg.timeout_ns / 1000000);
+    snprintf(hello->name, sizeof(hello->name), "%s", e->cfg.seg_name);
     hl = kvt__wire_hello_encode(hello, hb, sizeof(hb));
     st = call(fd, KVT_WIRE_HELLO, hb, hl, KVT_WIRE_HELLO_ACK, deadline, name,
               &body, &blen, NULL, NULL);
@@ -149,7 +149,7 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
 kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name,
                              const char *addr, kvt__segdesc_t *desc)
 {
-    uint64_t deadline = kvt__now_ns() + e->connect_timeout_ms * 1000000ull;
+    uint64_t deadline = kvt__now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
     kvt__wire_hello_t hello = {0, 0, 1, 0, {0}};
     uint8_t *body = NULL, *payload = NULL;
     size_t blen = 0, plen = 0;

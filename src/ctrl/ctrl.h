@@ -23,28 +23,20 @@
 
 #include "core/segdesc.h"
 #include "core/wire.h"
+#include "transport/transport.h"
 
 typedef struct kvt__ctrl kvt__ctrl_t;
 
-/*
- * A data transport that takes connections on the engine's listener:
- * @accept gets the socket (non-blocking, tuned) and the HELLO that opened
- * it, after HELLO_ACK was sent; it owns the socket on KVT_OK and closes it
- * on failure.
- */
-typedef struct {
-    uint32_t id; /* KVT_TRANSPORT_* bit */
-    void *arg;
-    kvt_status_t (*accept)(void *arg, int fd, const kvt__wire_hello_t *hello);
-} kvt__ctrl_taker_t;
 
 /* Bind the listener on the engine's host and port (@port_p: the one
  * bound); no thread runs until kvt__ctrl_start(). KVT_ERR_IO (logged),
  * KVT_ERR_NO_MEMORY. */
 kvt_status_t kvt__ctrl_create(kvt_engine_h e, const char *host, uint16_t port,
                               uint16_t *port_p, kvt__ctrl_t **ctrl_p);
-/* Who takes data connections for transport @t->id (before start). */
-kvt_status_t kvt__ctrl_add_taker(kvt__ctrl_t *ctrl, const kvt__ctrl_taker_t *t);
+/* A transport that takes data connections (its accept()), before start:
+ * the socket (non-blocking, tuned) and the HELLO that opened it, after
+ * HELLO_ACK was sent. */
+kvt_status_t kvt__ctrl_add_taker(kvt__ctrl_t *ctrl, kvt__tl_t *tl);
 kvt_status_t kvt__ctrl_start(kvt__ctrl_t *ctrl);
 /* Stop serving: close the listener and every connection not handed over,
  * join the thread. NULL does nothing. */

@@ -69,7 +69,7 @@ struct kvt__ctrl {
     uint64_t paused_until; /* listener paused (EMFILE) until then */
     uint64_t last_warn;
     unsigned ntakers;
-    kvt__ctrl_taker_t takers[MAX_TAKERS];
+    kvt__tl_t *takers[MAX_TAKERS];
 };
 
 /* A warning about a peer, at most once a second. */
@@ -156,7 +156,7 @@ static int conn_respond(kvt__ctrl_t *ctrl, cconn_t *c, uint8_t type,
     c->out = out;
     c->out_len = KVT_WIRE_HDR_LEN + blen + plen;
     c->out_off = 0;
-    c->deadline = kvt__now_ns() + ctrl->e->timeout_ns;
+    c->deadline = kvt__now_ns() + ctrl->e->cfg.timeout_ns;
     return conn_flush(ctrl, c) < 0 ? -1 : 0;
 }
 
@@ -169,17 +169,17 @@ static int conn_refuse(kvt__ctrl_t *ctrl, cconn_t *c, kvt_status_t st,
                         0);
 }
 
-static const kvt__ctrl_taker_t *taker_of(kvt__ctrl_t *ctrl, uint32_t id)
+static kvt__tl_t *taker_of(kvt__ctrl_t *ctrl, uint32_t id)
 {
     for (unsigned i = 0; i < ctrl->ntakers; i++)
-        if (ctrl->takers[i].id == id)
-            return &ctrl->takers[i];
+        if (ctrl->takers[i]->ops->id == id)
+            return ctrl->takers[i];
     return NULL;
 }
 
 static int send_hello_ack(kvt__ctrl_t *ctrl, cconn_t *c)
 {
-    const char *name = ctrl->e->seg_name;
+    const char *name = ctrl->e->cfg.seg_name;
     uint8_t body[2 + KVT_WIRE_NAME_MAX];
     size_t n = kvt__wire_put_str(body, name);
 
@@ -191,7 +191,7 @@ static int send_hello_ack(kvt__ctrl_t *ctrl, cconn_t *c)
  * it was handed over, 0 to go on. */
 static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
 {
-    const kvt__ctrl_taker_t *t;
+    kvt__tl_t *t;
     kvt__wire_hello_t hello;
     int fd;
 
@@ -223,9 +223,9 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
     epoll_ctl(ctrl->epfd, EPOLL_CTL_DEL, fd, NULL);
     c->fd = -1;
     conn_close(ctrl, c);
-    if (t->accept(t->arg, fd, &hello) != KVT_OK)
-        KVT_LOG_W("control: transport %#x could not take a connection",
-                  hello.transport);
+    if (t->ops->accept(t, fd, &hello) != KVT_OK)
+        KVT_LOG_W("control: transport %s could not take a connection",
+                  t->ops->name);
     return 1;
 }
 
@@ -374,7 +374,7 @@ static void accept_all(kvt__ctrl_t *ctrl)
             close(fd);
             continue;
         }
-        kvt__sock_tune(fd, ctrl->e->timeout_ns / 1000000);
+        kvt__sock_tune(fd, ctrl->e->cfg.timeout_ns / 1000000);
         c->fd = fd;
         c->deadline = kvt__now_ns() + HELLO_NS;
         ev = (struct epoll_event){.events = EPOLLIN | EPOLLRDHUP,
@@ -483,11 +483,11 @@ err_free:
     return st;
 }
 
-kvt_status_t kvt__ctrl_add_taker(kvt__ctrl_t *ctrl, const kvt__ctrl_taker_t *t)
+kvt_status_t kvt__ctrl_add_taker(kvt__ctrl_t *ctrl, kvt__tl_t *tl)
 {
-    if (ctrl->ntakers == MAX_TAKERS || taker_of(ctrl, t->id) != NULL)
+    if (ctrl->ntakers == MAX_TAKERS || taker_of(ctrl, tl->ops->id) != NULL)
         return KVT_ERR_EXISTS;
-    ctrl->takers[ctrl->ntakers++] = *t;
+    ctrl->takers[ctrl->ntakers++] = tl;
     return KVT_OK;
 }
 

@@ -1,71 +1,121 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Which transport carries a session, once the peer's descriptor is in:
+ * Which transport carries a peer's transfers: one function over the
+ * transports' capabilities and the peer's descriptor, with the user's
+ * choice (the engine's `transports`) as the override.
  *
- *  - shm, when both engines allow it (KVT_TRANSPORT_SHM in their
- *    transports: the peer's descriptor has an shm section when it serves
- *    same-host peers) and the descriptor's host id, a hash of the boot id
- *    and the pid namespace, is this engine's own. The shm session
- *    verifies the rest (the socket's owner is the descriptor's pid; this
- *    process may attach to it) before it is used;
- *  - tcp otherwise.
+ * A transport can serve a pair (memory kind here, memory kind there) when
+ * this engine runs it (the user allowed it and it could be set up), the
+ * peer offers it (its descriptor has the transport's section), it moves
+ * both kinds, and it can reach the peer: a same-host transport only a
+ * peer whose host id (a hash of the boot id and the pid namespace) is this
+ * engine's own, then its own reachable() check. Of those, the highest
+ * priority is tried first and the next on failure.
  *
- * A peer on another host takes tcp silently (at debug level). Anything
- * else that keeps a session off shm, with shm allowed on this side, is
- * said once, when the session opens; transfers never switch transport.
+ * A peer on another host takes a network transport silently (at debug
+ * level). Anything else that keeps a better transport off a peer is said
+ * once, when the session opens; transfers never switch transport.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/engine_int.h"
 #include "transport/transport.h"
 #include "util/log.h"
 
+unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
+                        kvt_mem_kind_t local, kvt_mem_kind_t remote,
+                        unsigned *order, const char **why)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < e->ntl; i++) {
+        const kvt__tl_ops_t *ops = e->tl[i]->ops;
+        const char *w = NULL;
+        int ok;
+
+        why[i] = NULL;
+        if ((ops->caps.local_mem & KVT__MEM_BIT(local)) == 0 ||
+            (ops->caps.remote_mem & KVT__MEM_BIT(remote)) == 0)
+            ok = 0; /* not a transport for this memory: nothing to say */
+        else if ((ops->caps.flags & KVT__TL_SAME_HOST) &&
+                 (d->host_id != e->cfg.host_id || d->pid == 0))
+            ok = 0; /* another host: nothing to say either */
+        else if (kvt__segdesc_tl(d, ops->id) == NULL)
+            ok = 0, w = "the peer does not offer it";
+        else
+            ok = ops->reachable == NULL || ops->reachable(e->tl[i], d, &w);
+        if (!ok) {
+            why[i] = w;
+            continue;
+        }
+        /* Insertion by priority; the registry's order breaks ties. */
+        {
+            unsigned k = n++;
+            while (k > 0 && e->tl[order[k - 1]]->ops->caps.priority <
+                                ops->caps.priority) {
+                order[k] = order[k - 1];
+                k--;
+            }
+            order[k] = i;
+        }
+    }
+    return n;
+}
+
+/* The transports that lost to the chosen one for a reason worth telling,
+ * in @buf. */
+static void reasons(kvt_engine_h e, const char *const *why, unsigned chosen,
+                    char *buf, size_t cap)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (unsigned i = 0; i < e->ntl && used < cap; i++) {
+        if (why[i] == NULL ||
+            e->tl[i]->ops->caps.priority <= e->tl[chosen]->ops->caps.priority)
+            continue;
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s is not available (%s)",
+                                 used ? "; " : "", e->tl[i]->ops->name, why[i]);
+    }
+}
+
 kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg,
                                  kvt__session_t **s_p)
 {
-    kvt__session_t *s = NULL;
-    const char *why = NULL;
-    uint32_t offered;
-    uint64_t host_id;
-    uint32_t pid;
+    unsigned order[KVT__TL_MAX], n;
+    const char *why[KVT__TL_MAX];
+    kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
+    kvt_status_t st = KVT_ERR_NOT_SUPPORTED;
 
-    pthread_mutex_lock(&seg->desc_lock);
-    offered = seg->desc.transports;
-    host_id = seg->desc.host_id;
-    pid = seg->desc.pid;
-    pthread_mutex_unlock(&seg->desc_lock);
-    if ((e->transports & KVT_TRANSPORT_SHM) == 0) {
-        /* tcp only */
-    } else if (host_id != e->host_id || pid == 0) {
-        KVT_LOG_D("segment %s is on another host: using tcp", seg->name);
-    } else {
-        if (e->shm == NULL)
-            why = "this engine does not run the shm transport";
-        else if ((offered & KVT_TRANSPORT_SHM) == 0)
-            why = "the peer does not offer shm";
-        else if (kvt__shm_open(e->shm, seg, &s, &why) == KVT_OK) {
-            KVT_LOG_I("segment %s: using shm", seg->name);
+    *s_p = NULL;
+    n = kvt__tl_select(e, &seg->desc, KVT_MEM_HOST, KVT_MEM_HOST, order, why);
+    for (unsigned k = 0; k < n; k++) {
+        kvt__tl_t *tl = e->tl[order[k]];
+        const char *w = NULL;
+        kvt__session_t *s = NULL;
+
+        st = tl->ops->open(tl, &peer, &s, &w);
+        if (st == KVT_OK) {
+            char told[256];
+            reasons(e, why, order[k], told, sizeof(told));
+            if (told[0] != '\0')
+                KVT_LOG_W("segment %s: %s: falling back to %s", seg->name,
+                          told, tl->ops->name);
+            else
+                KVT_LOG_I("segment %s: using %s", seg->name, tl->ops->name);
             *s_p = s;
             return KVT_OK;
         }
-        KVT_LOG_W("segment %s is on this host but shm is not available "
-                  "(%s): falling back to tcp",
-                  seg->name, why);
+        if (s != NULL) {
+            /* A failed session: it goes once quiescent. */
+            *s_p = s;
+            return st;
+        }
+        why[order[k]] = w != NULL ? w : kvt_status_str(st);
     }
-    if ((offered & KVT_TRANSPORT_TCP) == 0) {
-        KVT_LOG_E("segment %s offers no transport this engine uses",
+    if (n == 0)
+        KVT_LOG_E("segment %s offers no transport this engine runs",
                   seg->name);
-        return KVT_ERR_NOT_SUPPORTED;
-    }
-    return kvt__tcp_open(e->tcp, seg, s_p);
-}
-
-kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d)
-{
-    kvt_status_t st = kvt__segdesc_add_tl(d, KVT_TRANSPORT_TCP, "tcp", 1,
-                                          NULL, 0);
-
-    if (st == KVT_OK && e->shm != NULL && (e->transports & KVT_TRANSPORT_SHM))
-        st = kvt__shm_section(e->shm, d);
     return st;
 }

@@ -3,8 +3,19 @@
 #define KVT_TRANSPORT_TRANSPORT_H
 
 /*
- * What a transport sees of the core, and what the core asks of a
- * transport. docs/architecture.md walks through it.
+ * The interface between the core and its transports: what a transport
+ * sees of the engine, and the table of operations it registers. A
+ * transport includes this header (with util/, core/wire.h and its own
+ * headers) and nothing else of the core; the core names no transport.
+ * docs/architecture.md walks through it with tcp as the example.
+ *
+ * A transport is one static table (kvt__tl_ops_t) registered with
+ * KVT_TRANSPORT_REGISTER() and listed by the build (src/CMakeLists.txt,
+ * kvt_add_transport()). Each engine creates an instance of every
+ * transport it may use (kvt__tl_t), asks each to describe itself in the
+ * segment descriptor, tells each about memory registrations, and for each
+ * peer picks the transport that serves it best (transport/select.c),
+ * which opens a session (kvt__session_t) that transfers go to.
  *
  * Descriptors reach a transport validated and normalised (kvt__xfer_t):
  * opcode known, piece count at least 1, strides resolved, every range
@@ -13,11 +24,69 @@
  * (kvt__comp_t) and never sees a batch.
  */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <kvt/kvt.h>
 
-#include "core/engine_int.h"
+#include "core/memreg.h"
+#include "core/segdesc.h"
+#include "core/wire.h"
+
+#define KVT__TL_MAX 8 /* transports one engine runs */
+
+typedef struct kvt__tl kvt__tl_t;
+typedef struct kvt__tl_ops kvt__tl_ops_t;
+typedef struct kvt__session kvt__session_t;
+typedef struct kvt__seg kvt__seg_t; /* the core's segment; opaque here */
+
+/* ---- The engine, as a transport sees it ---------------------------------- */
+
+/* Settings of an engine, fixed before any transport is created. */
+typedef struct {
+    char host[KVT_WIRE_NAME_MAX + 1];     /* listen host, as advertised */
+    char seg_name[KVT_WIRE_NAME_MAX + 1]; /* this engine's segment name */
+    uint16_t port;                        /* the control plane's listener */
+    unsigned num_workers;
+    unsigned conns_per_peer;
+    uint64_t timeout_ns; /* per transfer */
+    uint64_t connect_timeout_ms;
+    size_t slice_size;
+    uint64_t host_id; /* boot id and pid namespace, hashed */
+} kvt__engine_cfg_t;
+
+const kvt__engine_cfg_t *kvt__engine_cfg(kvt_engine_h e);
+
+/* The registry of local memory (core/memreg.h): a target checks every
+ * remote access against it. */
+kvt__memreg_t *kvt__engine_reg(kvt_engine_h e);
+
+/* Queue a received notification (target side), from @from. */
+void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
+                      size_t len);
+
+/* An inbound write has landed in this engine's memory: orders it before
+ * what kvt_notify_recv() returns from now on. */
+void kvt__engine_landed(kvt_engine_h e);
+
+/* kvt_mem_alloc() allocations, for transports that map them into peers:
+ * [addr, addr + length) of allocation @id (never 0). */
+typedef struct {
+    uint64_t addr;
+    uint64_t length;
+    uint32_t id;
+} kvt__alloc_ref_t;
+
+/* Every allocation, in a malloc'd array (*n_p entries, *refs_p NULL when
+ * none); called with the registry read lock held or not. */
+kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
+                             size_t *n_p);
+
+/* A duplicate of allocation @id's memfd, and where it lies, when it
+ * exists and some registered region lies in it. KVT_ERR_NOT_FOUND
+ * otherwise. The caller closes *fd_p. */
+kvt_status_t kvt__alloc_export(kvt_engine_h e, uint32_t id, int *fd_p,
+                               uint64_t *addr_p, uint64_t *length_p);
 
 /* ---- Completion objects ------------------------------------------------- */
 
@@ -72,25 +141,29 @@ static inline int kvt__xfer_rpacked(const kvt__xfer_t *x)
     return x->count == 1 || x->rstride == x->len;
 }
 
-/* ---- Waiter progress ----------------------------------------------------- */
+/* ---- A submission -------------------------------------------------------- */
 
 /*
- * Where a submission went, so that a thread waiting on the batch can make
- * progress itself (the transport's progress()) instead of sleeping until
- * a worker completes it. submit() notes each place it hands work to with
- * kvt__hint_note(): one place for the whole submission lets the waiter
- * drive it; NULL, or two different places, mean it cannot.
+ * What submit() is told and tells back. @plugged: the submitting thread
+ * holds the submission plug (kvt_submit_plug()): the transport may leave
+ * its workers asleep, and wakes them in flush(). @where, @many: where the
+ * work went, so that a thread waiting on the batch can make progress
+ * itself (progress()) instead of sleeping until a worker completes it;
+ * submit() notes each place it hands work to with kvt__sub_note(). One
+ * place for the whole submission lets the waiter drive it; NULL, or two
+ * different places, mean it cannot.
  */
 typedef struct {
+    int plugged;
     void *where;
     int many;
-} kvt__hint_t;
+} kvt__sub_t;
 
-static inline void kvt__hint_note(kvt__hint_t *h, void *where)
+static inline void kvt__sub_note(kvt__sub_t *sub, void *where)
 {
-    if (where == NULL || (h->where != NULL && h->where != where))
-        h->many = 1;
-    h->where = where;
+    if (where == NULL || (sub->where != NULL && sub->where != where))
+        sub->many = 1;
+    sub->where = where;
 }
 
 /* ---- Sessions -------------------------------------------------------------- */
@@ -100,27 +173,37 @@ static inline void kvt__hint_note(kvt__hint_t *h, void *where)
  * this first in its own session structure and sets it up with
  * kvt__session_init().
  *
- * Lifetime. A session returned by open holds one reference on its
+ * Lifetime. A session returned by open() holds one reference on its
  * segment; the transport drops it with kvt__session_release() exactly
  * once, when the session is dead and nothing of it is in flight or in the
  * transport's hands any more (queued, running, parked, a connection still
- * watched by a worker). The core calls destroy() when the segment's last
- * reference goes: from any thread, with nothing else using the session.
- * kvt__session_hold() takes a further reference (a thread that works on a
- * session it found in a list, say) that kvt__session_release() drops.
+ * watched by a worker). The core calls the table's destroy_session() when
+ * the segment's last reference goes: from any thread, with nothing else
+ * using the session. kvt__session_hold() takes a further reference (a
+ * thread that works on a session it found in a list, say) that
+ * kvt__session_release() drops.
  */
 struct kvt__session {
     kvt_engine_h engine;
-    const kvt__transport_ops_t *ops;
+    kvt__tl_t *tl;
+    const kvt__tl_ops_t *ops;
     kvt__seg_t *seg;
     char name[KVT_WIRE_NAME_MAX + 1]; /* the peer's segment, for messages */
     /* 0 while usable; the status that ended it otherwise. */
     _Atomic int32_t dead;
 };
 
-/* Bind @s to @seg (taking the transport's reference). */
-void kvt__session_init(kvt__session_t *s, kvt__seg_t *seg,
-                       const kvt__transport_ops_t *ops);
+/* The peer a session is opened to. */
+typedef struct {
+    kvt__seg_t *seg;            /* for kvt__session_init() */
+    const char *name;           /* its segment name */
+    const char *addr;           /* host:port of its listener */
+    const kvt__segdesc_t *desc; /* its descriptor; valid during open() */
+} kvt__tl_peer_t;
+
+/* Bind @s to @peer's segment (taking the transport's reference). */
+void kvt__session_init(kvt__session_t *s, kvt__tl_t *tl,
+                       const kvt__tl_peer_t *peer);
 void kvt__session_hold(kvt__session_t *s);
 void kvt__session_release(kvt__session_t *s);
 
@@ -128,40 +211,134 @@ void kvt__session_release(kvt__session_t *s);
  * kvt_segment_open() of the name handshakes afresh. */
 void kvt__session_evict(kvt__session_t *s);
 
-/* The peer's descriptor: copied out under its lock by @fn. */
-kvt__segdesc_t *kvt__session_desc_lock(kvt__session_t *s);
-void kvt__session_desc_unlock(kvt__session_t *s);
+/* ---- The transport table ------------------------------------------------ */
+
+/* Memory kinds as a bit set (kvt_mem_kind_t). */
+#define KVT__MEM_BIT(kind) (1u << (kind))
+
+/* Capability flags. */
+enum {
+    /* Reaches only peers on this host (same boot and pid namespace). */
+    KVT__TL_SAME_HOST = 1u << 0,
+    /* Takes strided descriptors as they are; without it the core hands
+     * it one contiguous descriptor per piece. */
+    KVT__TL_STRIDED = 1u << 1,
+};
+
+typedef struct {
+    uint32_t local_mem;  /* kinds it moves from and into here */
+    uint32_t remote_mem; /* kinds it reaches in the peer */
+    uint32_t flags;      /* KVT__TL_* */
+    int priority;        /* of those that can serve a pair, the highest wins */
+} kvt__tl_caps_t;
+
+/* An engine's instance of a transport; a transport embeds it first in its
+ * own per-engine structure. */
+struct kvt__tl {
+    const kvt__tl_ops_t *ops;
+    kvt_engine_h engine;
+    unsigned index; /* in the engine's list */
+};
 
 /*
- * The operations on a session.
+ * The table. Required: name, id, create, destroy, open, submit, kill,
+ * destroy_session. Everything else may be left out.
  *
- * submit() takes @n descriptors for @s, in submission order. It calls
+ * Engine lifetime. create() allocates the instance (and sets its base:
+ * kvt__tl_init()); no thread runs until start(). A create() that fails
+ * leaves the engine without that transport (logged once). stop() fails
+ * everything in flight with KVT_ERR_CANCELED and stops its threads; then
+ * the core frees every session; then destroy().
+ *
+ * Control plane. describe() adds the transport's section to this
+ * engine's descriptor (kvt__segdesc_add_tl()); without it the section is
+ * empty, of version 1. accept() takes a data connection that came to the
+ * engine's listener with a HELLO naming this transport (ctrl/ctrl.h), after
+ * HELLO_ACK; it owns the socket, and closes it on failure.
+ *
+ * Memory. mem_changed() is called after every registration and
+ * unregistration, without locks held; when it returns, no peer of this
+ * transport may touch memory by an older registry (it may wait for peers
+ * that copy themselves).
+ *
+ * Peers. reachable() says whether a peer, by its descriptor (its section
+ * of this transport is there), can be served, and why not in *why_p (NULL
+ * for "another host", which is not worth telling). open() opens a session
+ * to it, blocking at most the connect timeout; on failure *why_p says why,
+ * and *s_p may hold a failed session (which keeps its reference until it
+ * is quiescent).
+ *
+ * Submission. submit(), progress(), kill(): see struct kvt__session.
+ * submit() takes @n descriptors for @s, in submission order; it calls
  * kvt__comp_expect() on each before any of its pieces can complete, and
- * completes every piece exactly once (kvt__comp_done()), whatever
- * happens: sent and answered, refused, timed out, cancelled by kill().
- * It never blocks on the network. It notes where the work went in
- * @hint. KVT_ERR_NO_MEMORY before anything was taken: the core fails
- * the descriptors.
- *
- * progress() (optional) makes progress from a thread waiting for the
- * descriptors noted at @where, until *@until reads 0 or @deadline_ns
- * passes (0: no deadline); KVT_ERR_AGAIN when it cannot now (the caller
- * sleeps instead).
- *
- * kill() fails everything in flight with @why and refuses new work; it
- * may be called more than once. destroy() frees the session once nothing
- * can reach it.
+ * completes every piece exactly once, whatever happens: answered,
+ * refused, timed out, cancelled by kill(). It never blocks on the
+ * network. KVT_ERR_NO_MEMORY before anything was taken: the core fails
+ * the descriptors. progress() makes progress from a thread waiting for
+ * the work noted at @where, until *@until reads 0 or @deadline_ns passes
+ * (0: no deadline); KVT_ERR_AGAIN when it cannot now. flush() wakes what
+ * plugged submissions left asleep. kill() fails everything in flight with
+ * @why and refuses new work; it may be called more than once.
  */
-struct kvt__transport_ops {
+struct kvt__tl_ops {
     const char *name;
+    uint32_t id; /* its KVT_TRANSPORT_* bit */
+    kvt__tl_caps_t caps;
+
+    kvt_status_t (*create)(kvt_engine_h e, kvt__tl_t **tl_p);
+    kvt_status_t (*start)(kvt__tl_t *tl);
+    void (*stop)(kvt__tl_t *tl);
+    void (*destroy)(kvt__tl_t *tl);
+
+    kvt_status_t (*describe)(kvt__tl_t *tl, kvt__segdesc_t *d);
+    kvt_status_t (*accept)(kvt__tl_t *tl, int fd,
+                           const kvt__wire_hello_t *hello);
+
+    void (*mem_changed)(kvt__tl_t *tl);
+
+    int (*reachable)(kvt__tl_t *tl, const kvt__segdesc_t *peer,
+                     const char **why_p);
+    kvt_status_t (*open)(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                         kvt__session_t **s_p, const char **why_p);
+
     kvt_status_t (*submit)(kvt__session_t *s, const kvt__xfer_t *x, size_t n,
-                           kvt__hint_t *hint);
+                           kvt__sub_t *sub);
     kvt_status_t (*progress)(kvt__session_t *s, void *where,
                              const _Atomic uint32_t *until,
                              uint64_t deadline_ns);
+    void (*flush)(kvt__tl_t *tl);
     void (*kill)(kvt__session_t *s, kvt_status_t why);
-    void (*destroy)(kvt__session_t *s);
+    void (*destroy_session)(kvt__session_t *s);
 };
+
+/* Set the base of a new instance. */
+static inline void kvt__tl_init(kvt__tl_t *tl, const kvt__tl_ops_t *ops,
+                                kvt_engine_h e)
+{
+    tl->ops = ops;
+    tl->engine = e;
+    tl->index = 0;
+}
+
+/*
+ * KVT_TRANSPORT_REGISTER(tcp, { .name = "tcp", ... }) defines the table
+ * kvt__tl_tcp; the build lists it (kvt_add_transport() in
+ * src/CMakeLists.txt) in the registry (transport/registry.c), so the core
+ * finds it without naming it.
+ */
+#define KVT_TRANSPORT_REGISTER(short_name, ...)                                \
+    __attribute__((visibility("hidden")))                                      \
+    const kvt__tl_ops_t kvt__tl_##short_name = __VA_ARGS__
+
+/* ---- The registry (registry.c) --------------------------------------------- */
+
+/* The transports built in, in build order; NULL past the last. */
+const kvt__tl_ops_t *kvt__tl_registered(size_t i);
+/* By name or id; NULL when not built in. */
+const kvt__tl_ops_t *kvt__tl_by_name(const char *name);
+const kvt__tl_ops_t *kvt__tl_by_id(uint32_t id);
+/* Whether a table has what the core requires of it (logged when not). */
+int kvt__tl_ops_sound(const kvt__tl_ops_t *ops);
 
 /* ---- Inline parts --------------------------------------------------------- */
 

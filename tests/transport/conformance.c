@@ -13,7 +13,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "transport/transport.h"
 #include "kvt_test.h"
 #include "peer.h"
 
@@ -65,25 +64,12 @@ static void *map(size_t len)
  */
 static void check_transport(kvt_engine_h e, kvt_segment_t seg)
 {
-    const char *t = kvt__segment_transport(e, seg);
-    kvt_remote_region_t r;
-    size_t n;
+    const char *t = seg_transport(e, seg);
 
-    CHECK(t != NULL);
     if (!(g_transports & KVT_TRANSPORT_SHM) || strcmp(t, "shm") == 0)
         return;
-    CHECK_OK(kvt_segment_regions(e, seg, 0, &r, 0, &n));
-    {
-        kvt__seg_t *g = kvt__seg_get(e, seg);
-        int offered;
-        CHECK(g != NULL);
-        pthread_mutex_lock(&g->desc_lock);
-        offered = (g->desc.transports & KVT_TRANSPORT_SHM) != 0;
-        pthread_mutex_unlock(&g->desc_lock);
-        kvt__seg_unref(g);
-        if (!offered)
-            SKIP("the target engine does not offer shm");
-    }
+    if (!seg_offers(e, seg, KVT_TRANSPORT_SHM))
+        SKIP("the target engine does not offer shm");
     fprintf(stderr, "the target offers shm, but the session uses %s\n", t);
     CHECK(0);
 }

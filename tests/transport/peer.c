@@ -55,6 +55,25 @@ uint64_t pattern_check(const void *buf, uint64_t len, uint64_t seed,
     return bad;
 }
 
+const char *seg_transport(kvt_engine_h e, kvt_segment_t seg)
+{
+    const char *name = NULL;
+
+    if (kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &name) !=
+        KVT_OK)
+        return "(none)";
+    return name;
+}
+
+int seg_offers(kvt_engine_h e, kvt_segment_t seg, uint32_t transport)
+{
+    kvt_segment_info_t info;
+
+    if (kvt_segment_info(e, seg, &info) != KVT_OK)
+        return 0;
+    return (info.offered & transport) != 0;
+}
+
 kvt_engine_h engine_new(uint32_t transports, uint64_t timeout_ms)
 {
     kvt_engine_params_t p = {0};

@@ -56,6 +56,11 @@ const char *peer_cmd(peer_t *p, const char *fmt, ...)
 void peer_stop(peer_t *p);
 void peer_kill(peer_t *p, int sig);
 
+/* The transport carrying host memory to @seg ("(none)" if none). */
+const char *seg_transport(kvt_engine_h e, kvt_segment_t seg);
+/* Whether the peer behind @seg offers @transport (a KVT_TRANSPORT_* bit). */
+int seg_offers(kvt_engine_h e, kvt_segment_t seg, uint32_t transport);
+
 /* An initiator engine with the given options. */
 kvt_engine_h engine_new(uint32_t transports, uint64_t timeout_ms);
 

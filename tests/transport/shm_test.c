@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "transport/transport.h"
+#include "core/engine_int.h"
 #include "kvt_test.h"
 #include "transport/shm/shm.h"
 #include "peer.h"
@@ -30,17 +30,19 @@ static void *map(size_t len)
     return p;
 }
 
+/* The engine's shm transport (white box: its pairing counter). */
+static kvt__shm_t *shm_of(kvt_engine_h e)
+{
+    for (unsigned i = 0; i < e->ntl; i++)
+        if (e->tl[i]->ops->id == KVT_TRANSPORT_SHM)
+            return (kvt__shm_t *)e->tl[i];
+    CHECK(0);
+    return NULL;
+}
+
 static int offers_shm(kvt_engine_h e, kvt_segment_t seg)
 {
-    kvt__seg_t *g = kvt__seg_get(e, seg);
-    int offered;
-
-    CHECK(g != NULL);
-    pthread_mutex_lock(&g->desc_lock);
-    offered = (g->desc.transports & KVT_TRANSPORT_SHM) != 0;
-    pthread_mutex_unlock(&g->desc_lock);
-    kvt__seg_unref(g);
-    return offered;
+    return seg_offers(e, seg, KVT_TRANSPORT_SHM);
 }
 
 static kvt_status_t write1(kvt_engine_h e, kvt_segment_t seg, void *local,
@@ -110,7 +112,7 @@ KVT_TEST(fallback_to_tcp)
     e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
     CHECK(e != NULL);
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
-    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    CHECK(strcmp(seg_transport(e, seg), "tcp") == 0);
     CHECK(!offers_shm(e, seg));
     buf = map(BLK);
     memset(buf, 0x42, BLK);
@@ -127,7 +129,7 @@ KVT_TEST(fallback_to_tcp)
     e = engine_new(KVT_TRANSPORT_TCP, 0);
     CHECK(e != NULL);
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
-    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    CHECK(strcmp(seg_transport(e, seg), "tcp") == 0);
     kvt_engine_destroy(e);
     CHECK(count_in_file(log, "shm") == 0);
     unlink(log);
@@ -151,12 +153,12 @@ KVT_TEST(selection)
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     if (!offers_shm(e, seg))
         SKIP("the target engine does not offer shm");
-    CHECK(strcmp(kvt__segment_transport(e, seg), "shm") == 0);
+    CHECK(strcmp(seg_transport(e, seg), "shm") == 0);
     kvt_engine_destroy(e);
     e = engine_new(KVT_TRANSPORT_TCP, 0);
     CHECK(e != NULL);
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
-    CHECK(strcmp(kvt__segment_transport(e, seg), "tcp") == 0);
+    CHECK(strcmp(seg_transport(e, seg), "tcp") == 0);
     kvt_engine_destroy(e);
     peer_stop(&p);
 }
@@ -188,7 +190,7 @@ static kvt_engine_h two_peers_n(peer_t *pa, peer_t *pb, const peer_opts_t *o,
     CHECK_OK(kvt_engine_create(&ep, &e));
     CHECK_OK(kvt_segment_open(e, pb->segment, sb));
     CHECK_OK(kvt_segment_open(e, pa->segment, sa));
-    if (!offers_shm(e, *sa) || strcmp(kvt__segment_transport(e, *sa), "shm"))
+    if (!offers_shm(e, *sa) || strcmp(seg_transport(e, *sa), "shm"))
         SKIP("the target engine does not offer shm");
     return e;
 }
@@ -377,7 +379,7 @@ static void rows_for_two_peers(int managed, size_t len)
             d[1].remote_stride = len / 2;
             d[1].count = (uint32_t)(2 * f.rows - 2);
         }
-        paired = atomic_load(&f.e->shm->paired);
+        paired = atomic_load(&shm_of(f.e)->paired);
         rows_submit(&f, d, b);
         CHECK_OK(rows_poll(b[0], 30));
         CHECK_OK(rows_poll(b[1], 30));
@@ -387,10 +389,10 @@ static void rows_for_two_peers(int managed, size_t len)
         if (siblings) {
             rows_check(&f.pb, f.bytes, 22);
             /* Mapped on both sides: copied in one pass. */
-            CHECK(managed ? atomic_load(&f.e->shm->paired) > paired
-                          : atomic_load(&f.e->shm->paired) == paired);
+            CHECK(managed ? atomic_load(&shm_of(f.e)->paired) > paired
+                          : atomic_load(&shm_of(f.e)->paired) == paired);
         } else {
-            CHECK(atomic_load(&f.e->shm->paired) == paired);
+            CHECK(atomic_load(&shm_of(f.e)->paired) == paired);
         }
     }
     rows_teardown(&f);
@@ -480,12 +482,12 @@ KVT_TEST(rows_for_two_peers_partner_stopped)
                               (unsigned long long)f.pb.main_addr,
                               (unsigned long long)f.bytes),
                      "ok") == 0);
-        paired = atomic_load(&f.e->shm->paired);
+        paired = atomic_load(&shm_of(f.e)->paired);
         peer_kill(&f.pb, SIGSTOP);
         rows_submit(&f, d, b);
         CHECK_OK(rows_poll(b[0], 5));
         CHECK(kvt_batch_query(b[1], NULL) == KVT_INPROGRESS);
-        CHECK(atomic_load(&f.e->shm->paired) > paired);
+        CHECK(atomic_load(&shm_of(f.e)->paired) > paired);
         rows_check(&f.pa, f.bytes, 21);
         peer_kill(&f.pb, SIGCONT);
         CHECK_OK(rows_poll(b[1], 30));
@@ -666,7 +668,7 @@ KVT_TEST(zombie_leader_target)
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     if (!offers_shm(e, seg))
         SKIP("the target engine does not offer shm");
-    CHECK(strcmp(kvt__segment_transport(e, seg), "shm") == 0);
+    CHECK(strcmp(seg_transport(e, seg), "shm") == 0);
     pattern_fill(buf, BLK, 51, 0);
     CHECK_OK(kvt_mem_register(e, buf, BLK, KVT_ACCESS_REMOTE_RW));
     CHECK_OK(write1(e, seg, buf, p.main_addr, 4096)); /* maps it */
@@ -805,7 +807,7 @@ KVT_TEST(initiator_killed_while_staging)
             _exit(2);
         ce = engine_new(KVT_TRANSPORT_ALL, 5000);
         if (ce == NULL || kvt_segment_open(ce, name, &cs) != KVT_OK ||
-            strcmp(kvt__segment_transport(ce, cs), "shm") != 0 ||
+            strcmp(seg_transport(ce, cs), "shm") != 0 ||
             kvt_mem_register(ce, local, span / 2, KVT_ACCESS_REMOTE_RW) !=
                 KVT_OK)
             _exit(3);
@@ -916,7 +918,7 @@ static void unregister_while_writing(int managed)
     CHECK_OK(kvt_segment_open(w.e, p.segment, &w.seg));
     if (!offers_shm(w.e, w.seg))
         SKIP("the target engine does not offer shm");
-    CHECK(strcmp(kvt__segment_transport(w.e, w.seg), "shm") == 0);
+    CHECK(strcmp(seg_transport(w.e, w.seg), "shm") == 0);
     w.local = map(4 * BLK);
     memset(w.local, 0x11, 4 * BLK);
     CHECK_OK(kvt_mem_register(w.e, w.local, 4 * BLK, KVT_ACCESS_REMOTE_RW));

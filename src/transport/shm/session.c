@@ -162,7 +162,6 @@ struct shm_session {
     uint64_t req_seq;
 };
 
-static const kvt__transport_ops_t shm_ops;
 
 static void session_kill(kvt__session_t *base, kvt_status_t why);
 static void ring_bell(shm_session_t *s);
@@ -1429,43 +1428,26 @@ static void parked_end(shm_session_t *s, job_t *list, kvt_status_t st)
 }
 
 /*
- * The submission plug (kvt__submit_plug()): while this thread holds it,
- * its submissions leave the workers asleep and count what they queued;
- * the last unplug wakes them for all of it. One engine's pool at a time:
- * a submission to another one wakes the first's workers then.
+ * Wake workers for @n new jobs, or, for a plugged submission, count them
+ * for flush() at the submitter's last unplug (kvt_submit_plug()): the
+ * jobs of one round to several peers are then all queued before any of
+ * them runs, and the workers can pair them (take_pair()).
  */
-static _Thread_local struct {
-    unsigned depth, n;
-    kvt__shm_t *shm;
-} plug;
-
-void kvt__shm_plug(void)
+static void submit_wake(kvt__shm_t *shm, unsigned n, int plugged)
 {
-    plug.depth++;
-}
-
-void kvt__shm_unplug(void)
-{
-    if (plug.depth == 0 || --plug.depth > 0 || plug.shm == NULL)
-        return;
-    pool_wake(plug.shm, plug.n);
-    plug.shm = NULL;
-    plug.n = 0;
-}
-
-/* Wake workers for @n new jobs, or leave that to the unplug. */
-static void submit_wake(kvt__shm_t *shm, unsigned n)
-{
-    if (plug.depth == 0) {
+    if (plugged)
+        atomic_fetch_add(&shm->deferred, n);
+    else
         pool_wake(shm, n);
-        return;
-    }
-    if (plug.shm != NULL && plug.shm != shm) {
-        pool_wake(plug.shm, plug.n);
-        plug.n = 0;
-    }
-    plug.shm = shm;
-    plug.n += n;
+}
+
+static void shm_flush(kvt__tl_t *tl)
+{
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
+    unsigned n = atomic_exchange(&shm->deferred, 0);
+
+    if (n > 0)
+        pool_wake(shm, n);
 }
 
 /* Run a job taken with take_locked() and account for it. */
@@ -1613,7 +1595,7 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n,
 }
 
 static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
-                               size_t n, kvt__hint_t *hint)
+                               size_t n, kvt__sub_t *hint)
 {
     shm_session_t *s = (shm_session_t *)base;
     kvt__shm_t *shm = s->shm;
@@ -1640,7 +1622,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
     if (total < SPLIT_MIN)
         target = JOB_MAX;
     target = target < JOB_MIN ? JOB_MIN : target > JOB_MAX ? JOB_MAX : target;
-    dl = kvt__now_ns() + base->engine->timeout_ns;
+    dl = kvt__now_ns() + shm->cfg->timeout_ns;
     plan_run(&p, x, n, target, dl);
     nj = p.nj;
     ns = p.ns;
@@ -1673,7 +1655,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
     if (nj > 0)
         list = &p.jobs[0];
 
-    kvt__hint_note(hint, s);
+    kvt__sub_note(hint, s);
     pthread_mutex_lock(&s->lock);
     dead = atomic_load(&s->base.dead);
     if (!dead && list != NULL) {
@@ -1688,7 +1670,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
         fail_list(list, dead);
         return KVT_OK;
     }
-    submit_wake(shm, (unsigned)nj);
+    submit_wake(shm, (unsigned)nj, hint->plugged);
     return KVT_OK;
 }
 
@@ -1779,13 +1761,6 @@ static void session_destroy(kvt__session_t *base)
     free(s);
 }
 
-static const kvt__transport_ops_t shm_ops = {
-    .name = "shm",
-    .submit = shm_submit,
-    .progress = shm_progress,
-    .kill = session_kill,
-    .destroy = session_destroy,
-};
 
 /* ---- The worker pool ----------------------------------------------------- */
 
@@ -2072,7 +2047,7 @@ static void *worker_main(void *arg)
 /* Start the workers with the first session. Called with pool_lock held. */
 static kvt_status_t pool_start_locked(kvt__shm_t *shm)
 {
-    unsigned n = shm->e->num_workers;
+    unsigned n = shm->cfg->num_workers;
 
     if (shm->workers != NULL)
         return KVT_OK;
@@ -2117,9 +2092,9 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm)
 static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
                                  const char *path, size_t nl, const char **why)
 {
-    kvt_engine_h e = s->base.engine;
+    const kvt__engine_cfg_t *cfg = s->shm->cfg;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    uint64_t ms = e->connect_timeout_ms;
+    uint64_t ms = cfg->connect_timeout_ms;
     struct timeval tv = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000};
     struct ucred cred;
     socklen_t cl = sizeof(cred);
@@ -2148,7 +2123,7 @@ static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     }
     msg_init(&m, KVT_SHM_HELLO);
     m.pid = (uint32_t)getpid();
-    snprintf(m.name, sizeof(m.name), "%s", e->seg_name);
+    snprintf(m.name, sizeof(m.name), "%s", cfg->seg_name);
     if (send(s->sock, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m) ||
         recv_msg(s->sock, &m, &memfd) != (ssize_t)sizeof(m) ||
         m.magic != KVT_SHM_MAGIC || m.type != KVT_SHM_HELLO_ACK) {
@@ -2160,7 +2135,7 @@ static kvt_status_t chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
                                             : "the peer refused the channel";
         goto err_fd;
     }
-    if (m.pid != d->pid || m.host_id != e->host_id || memfd < 0 ||
+    if (m.pid != d->pid || m.host_id != cfg->host_id || memfd < 0 ||
         m.length < KVT_SHM_CHAN_SIZE || !memfd_sound(memfd, m.length)) {
         *why = "the peer's channel does not check out";
         goto err_fd;
@@ -2257,10 +2232,10 @@ static int section_sock(const kvt__segdesc_tl_t *tl, char *path, size_t *len_p)
     return 0;
 }
 
-kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
-                           kvt__session_t **s_p, const char **why)
+static kvt_status_t shm_session_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                             kvt__session_t **s_p, const char **why)
 {
-    kvt_engine_h e = shm->e;
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
     uint64_t t0 = kvt__now_ns();
     kvt__segdesc_t d = {0};
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -2270,13 +2245,11 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
     kvt_status_t st;
     int bad;
 
-    pthread_mutex_lock(&seg->desc_lock);
-    memcpy(d.name, seg->desc.name, sizeof(d.name));
-    d.host_id = seg->desc.host_id;
-    d.pid = seg->desc.pid;
-    bad = section_sock(kvt__segdesc_tl(&seg->desc, KVT_TRANSPORT_SHM), path,
+    memcpy(d.name, peer->desc->name, sizeof(d.name));
+    d.host_id = peer->desc->host_id;
+    d.pid = peer->desc->pid;
+    bad = section_sock(kvt__segdesc_tl(peer->desc, KVT_TRANSPORT_SHM), path,
                        &plen);
-    pthread_mutex_unlock(&seg->desc_lock);
     if (bad) {
         *why = "the peer's shm section is malformed";
         return KVT_ERR_PROTOCOL;
@@ -2289,14 +2262,12 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
     }
     s->sock = s->pidfd = s->statfd = -1;
     s->pid = (pid_t)d.pid;
-    s->base.engine = e;
-    s->base.seg = seg;
+    s->shm = shm;
+    snprintf(s->base.name, sizeof(s->base.name), "%s", peer->name);
     st = chan_connect(s, &d, path, plen, why);
     if (st != KVT_OK)
         goto err_free;
 
-    memcpy(s->base.name, seg->name, sizeof(s->base.name));
-    s->shm = shm;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->sock_lock, NULL);
     pthread_rwlockattr_init(&ra);
@@ -2308,7 +2279,7 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
     /* Half of what is left of the connect timeout at most. */
     {
         uint64_t now = kvt__now_ns();
-        uint64_t end = t0 + e->connect_timeout_ms * 1000000ull;
+        uint64_t end = t0 + shm->cfg->connect_timeout_ms * 1000000ull;
         if (now < end)
             maps_prefetch(s, now + (end - now) / 2);
     }
@@ -2316,7 +2287,7 @@ kvt_status_t kvt__shm_open(kvt__shm_t *shm, kvt__seg_t *seg,
     pthread_mutex_lock(&shm->pool_lock);
     st = pool_start_locked(shm);
     if (st == KVT_OK) {
-        kvt__session_init(&s->base, seg, &shm_ops);
+        kvt__session_init(&s->base, tl, peer);
         s->next_all = shm->sessions;
         shm->sessions = s;
         s->linked = 1;
@@ -2347,3 +2318,40 @@ err_free:
     free(s);
     return st;
 }
+
+/* A peer is reachable when its shm section names a socket (the open then
+ * checks that the process behind it is the one the descriptor names). */
+static int shm_reachable(kvt__tl_t *tl, const kvt__segdesc_t *d,
+                         const char **why_p)
+{
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    size_t len;
+
+    (void)tl;
+    if (section_sock(kvt__segdesc_tl(d, KVT_TRANSPORT_SHM), path, &len) != 0) {
+        *why_p = "the peer's shm section is malformed";
+        return 0;
+    }
+    return 1;
+}
+
+KVT_TRANSPORT_REGISTER(shm, {
+    .name = "shm",
+    .id = KVT_TRANSPORT_SHM,
+    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED,
+             .priority = 100},
+    .create = kvt__shm_create,
+    .stop = kvt__shm_stop,
+    .destroy = kvt__shm_destroy,
+    .describe = kvt__shm_describe,
+    .mem_changed = kvt__shm_registry_changed,
+    .reachable = shm_reachable,
+    .open = shm_session_open,
+    .submit = shm_submit,
+    .progress = shm_progress,
+    .flush = shm_flush,
+    .kill = session_kill,
+    .destroy_session = session_destroy,
+});

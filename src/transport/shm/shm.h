@@ -166,8 +166,13 @@ typedef struct shm_tchan shm_tchan_t;
 typedef struct shm_session shm_session_t;
 
 /* Engine-wide state of the transport, both roles. */
+typedef struct kvt__shm kvt__shm_t;
+
 struct kvt__shm {
+    kvt__tl_t base;
     kvt_engine_h e;
+    const kvt__engine_cfg_t *cfg;
+    kvt__memreg_t *reg;
 
     /* Target role (target.c). */
     int listen_fd;
@@ -202,7 +207,25 @@ struct kvt__shm {
     unsigned nworkers;
     unsigned idle;
     int stopping;
+    /* Jobs queued by plugged submissions, for flush() to wake workers for. */
+    _Atomic unsigned deferred;
 };
+
+extern const kvt__tl_ops_t kvt__tl_shm;
+
+/* target.c: the transport's life in an engine, and its target role. */
+kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p);
+void kvt__shm_stop(kvt__tl_t *tl);
+void kvt__shm_destroy(kvt__tl_t *tl);
+kvt_status_t kvt__shm_describe(kvt__tl_t *tl, kvt__segdesc_t *d);
+/*
+ * The registry changed (called after every successful register and
+ * unregister, without the registry lock). Returns once every same-host
+ * peer sees the new registry: no copy validated against the old one is
+ * still running, so an unregistered range is not touched after this
+ * returns.
+ */
+void kvt__shm_registry_changed(kvt__tl_t *tl);
 
 /* The longest socket name a descriptor's shm section may carry. */
 #define KVT_SHM_SOCK_MAX 106

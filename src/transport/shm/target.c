@@ -114,15 +114,10 @@ size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
 
 /* ---- Snapshots and leases ------------------------------------------------ */
 
-typedef struct {
-    uint64_t start, end;
-    uint32_t id;
-} alloc_ref_t;
-
 static int cmp_alloc(const void *a, const void *b)
 {
-    const alloc_ref_t *x = a, *y = b;
-    return (x->start > y->start) - (x->start < y->start);
+    const kvt__alloc_ref_t *x = a, *y = b;
+    return (x->addr > y->addr) - (x->addr < y->addr);
 }
 
 /*
@@ -134,53 +129,40 @@ static int cmp_alloc(const void *a, const void *b)
 static void snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
                        uint32_t *n_p, uint32_t *trunc_p)
 {
-    kvt_engine_h e = shm->e;
     kvt__shm_region_t *regs = NULL;
-    alloc_ref_t *al = NULL;
+    kvt__alloc_ref_t *al = NULL;
     size_t n, na = 0;
 
-    kvt__memreg_rdlock(&e->reg);
-    n = e->reg.count;
+    kvt__memreg_rdlock(shm->reg);
+    n = kvt__memreg_count_locked(shm->reg);
     *trunc_p = n > KVT_SHM_MAX_REGIONS;
     if (n > KVT_SHM_MAX_REGIONS)
         n = KVT_SHM_MAX_REGIONS;
     regs = malloc((n ? n : 1) * sizeof(*regs));
     if (regs == NULL)
         goto out_unlock;
-    pthread_mutex_lock(&e->alloc_lock);
-    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
-        na++;
-    al = malloc((na ? na : 1) * sizeof(*al));
-    if (al != NULL) {
-        size_t k = 0;
-        for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next, k++)
-            al[k] =
-                (alloc_ref_t){(uint64_t)(uintptr_t)a->addr,
-                              (uint64_t)(uintptr_t)a->addr + a->length, a->id};
-    }
-    pthread_mutex_unlock(&e->alloc_lock);
-    if (al == NULL) {
+    if (kvt__alloc_list(shm->e, &al, &na) != KVT_OK) {
         free(regs);
         regs = NULL;
         goto out_unlock;
     }
     qsort(al, na, sizeof(*al), cmp_alloc);
     for (size_t i = 0; i < n; i++) {
-        const kvt__region_t *r = &e->reg.regions[i];
+        const kvt__region_t *r = kvt__memreg_at_locked(shm->reg, i);
         size_t lo = 0, hi = na;
         regs[i] = (kvt__shm_region_t){r->start, r->end, r->access, 0};
         while (lo < hi) { /* last allocation starting at or below */
             size_t mid = lo + (hi - lo) / 2;
-            if (al[mid].start <= r->start)
+            if (al[mid].addr <= r->start)
                 lo = mid + 1;
             else
                 hi = mid;
         }
-        if (lo > 0 && r->end <= al[lo - 1].end)
+        if (lo > 0 && r->end <= al[lo - 1].addr + al[lo - 1].length)
             regs[i].map_id = al[lo - 1].id;
     }
 out_unlock:
-    kvt__memreg_unlock(&e->reg);
+    kvt__memreg_unlock(shm->reg);
     free(al);
     if (regs == NULL) {
         KVT_LOG_E("shm: out of memory for a registry snapshot; same-host "
@@ -254,9 +236,9 @@ static void drain(shm_tchan_t *c)
 static int registry_nonempty(kvt__shm_t *shm)
 {
     int n;
-    kvt__memreg_rdlock(&shm->e->reg);
-    n = shm->e->reg.count > 0;
-    kvt__memreg_unlock(&shm->e->reg);
+    kvt__memreg_rdlock(shm->reg);
+    n = kvt__memreg_count_locked(shm->reg) > 0;
+    kvt__memreg_unlock(shm->reg);
     return n;
 }
 
@@ -265,14 +247,13 @@ static int registry_nonempty(kvt__shm_t *shm)
  * throughout, so that two changes and a channel being set up are
  * serialised; blocks at most KVT_SHM_DRAIN_NS per stalled initiator.
  */
-void kvt__shm_registry_changed(kvt__shm_t *shm)
+void kvt__shm_registry_changed(kvt__tl_t *tl)
 {
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
     kvt__shm_region_t *regs;
     uint32_t n, trunc;
     shm_tchan_t *c;
 
-    if (shm == NULL)
-        return;
     pthread_mutex_lock(&shm->chan_lock);
     if (shm->chans == NULL)
         goto out;
@@ -350,7 +331,7 @@ static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
         memcpy(buf, nt->data, len);
         /* Every write the notification vouches for landed before the
          * initiator queued it; pair with kvt_notify_recv(). */
-        atomic_fetch_add_explicit(&shm->e->landed, 1, memory_order_release);
+        kvt__engine_landed(shm->e);
         kvt__notify_push(shm->e, c->peer, buf, len);
         c->head++;
         atomic_store_explicit(&ch->nq_head, c->head, memory_order_release);
@@ -409,7 +390,7 @@ static void helper_call(kvt__shm_t *shm)
 static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
 {
     kvt__shm_chan_t *ch = c->ch;
-    kvt__memreg_t *reg = &shm->e->reg;
+    kvt__memreg_t *reg = shm->reg;
     int any = 0;
 
     for (uint32_t k = 0; k < KVT_SHM_STAGE_SLOTS; k++) {
@@ -479,21 +460,10 @@ static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
         kvt__shm_futex_wake(&ch->stage_seq);
 }
 
-/* Is some registered region inside [start, end)? Read lock held. */
-static int registered_within(const kvt__memreg_t *reg, uint64_t start,
-                             uint64_t end)
-{
-    for (size_t i = 0; i < reg->count; i++)
-        if (reg->regions[i].start < end && reg->regions[i].end > start)
-            return 1;
-    return 0;
-}
-
 /* Answer a MAP request with a duplicate of the allocation's memfd, if it
  * exists and some of it is registered. */
 static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
 {
-    kvt_engine_h e = shm->e;
     kvt__shm_msg_t m;
     int fd = -1, rc;
 
@@ -501,23 +471,10 @@ static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
     m.id = req->id;
     m.seq = req->seq;
     m.status = KVT_ERR_NOT_FOUND;
-    kvt__memreg_rdlock(&e->reg);
-    pthread_mutex_lock(&e->alloc_lock);
-    for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next) {
-        uint64_t start = (uint64_t)(uintptr_t)a->addr;
-        if (a->id != req->id)
-            continue;
-        if (registered_within(&e->reg, start, start + a->length))
-            fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
-        if (fd >= 0) {
-            m.status = KVT_OK;
-            m.addr = start;
-            m.length = a->length;
-        }
-        break;
-    }
-    pthread_mutex_unlock(&e->alloc_lock);
-    kvt__memreg_unlock(&e->reg);
+    if (req->id <= UINT32_MAX &&
+        kvt__alloc_export(shm->e, (uint32_t)req->id, &fd, &m.addr,
+                          &m.length) == KVT_OK)
+        m.status = KVT_OK;
     rc = send_msg(c->fd, &m, fd) == KVT_OK ? 0 : -1;
     if (fd >= 0)
         close(fd);
@@ -593,7 +550,6 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
  */
 static void chan_open(kvt__shm_t *shm, int fd)
 {
-    kvt_engine_h e = shm->e;
     struct timeval tv = {1, 0};
     struct ucred cred;
     socklen_t cl = sizeof(cred);
@@ -606,7 +562,7 @@ static void chan_open(kvt__shm_t *shm, int fd)
 
     msg_init(&ack, KVT_SHM_HELLO_ACK);
     ack.pid = (uint32_t)getpid();
-    ack.host_id = e->host_id;
+    ack.host_id = shm->cfg->host_id;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     got = recv(fd, &m, sizeof(m), 0);
@@ -762,25 +718,27 @@ static void *helper_main(void *arg)
 
 /* ---- Lifecycle ----------------------------------------------------------- */
 
-kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p)
+kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct epoll_event ev;
     kvt__shm_t *shm;
     size_t nl;
 
-    *shm_p = NULL;
     shm = calloc(1, sizeof(*shm));
     if (shm == NULL)
         return KVT_ERR_NO_MEMORY;
+    kvt__tl_init(&shm->base, &kvt__tl_shm, e);
     shm->e = e;
+    shm->cfg = kvt__engine_cfg(e);
+    shm->reg = kvt__engine_reg(e);
     shm->evfd = -1;
     shm->epfd = -1;
     pthread_mutex_init(&shm->chan_lock, NULL);
     pthread_mutex_init(&shm->pool_lock, NULL);
     pthread_cond_init(&shm->pool_cond, NULL);
-    nl = kvt__shm_sock_name(sa.sun_path, e->host_id, (uint32_t)getpid(),
-                            e->port);
+    nl = kvt__shm_sock_name(sa.sun_path, shm->cfg->host_id,
+                            (uint32_t)getpid(), shm->cfg->port);
     memcpy(shm->sock_name, sa.sun_path, nl);
     shm->sock_len = nl;
     shm->listen_fd =
@@ -812,7 +770,7 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__shm_t **shm_p)
                   "attach to this process and will use tcp",
                   yama_scope());
     KVT_LOG_D("shm: serving same-host peers on @%s", sa.sun_path + 1);
-    *shm_p = shm;
+    *tl_p = &shm->base;
     return KVT_OK;
 
 err_free:
@@ -829,8 +787,9 @@ err_free:
     return KVT_ERR_IO;
 }
 
-kvt_status_t kvt__shm_section(kvt__shm_t *shm, kvt__segdesc_t *d)
+kvt_status_t kvt__shm_describe(kvt__tl_t *tl, kvt__segdesc_t *d)
 {
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
     uint8_t body[2 + KVT_SHM_SOCK_MAX];
     size_t n = shm->sock_len - 1; /* without the leading NUL */
 
@@ -841,13 +800,12 @@ kvt_status_t kvt__shm_section(kvt__shm_t *shm, kvt__segdesc_t *d)
                                (uint32_t)(2 + n));
 }
 
-void kvt__shm_stop(kvt__shm_t *shm)
+void kvt__shm_stop(kvt__tl_t *tl)
 {
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
     shm_tchan_t *c;
     uint64_t one = 1;
 
-    if (shm == NULL)
-        return;
     if (shm->running) {
         if (write(shm->evfd, &one, sizeof(one)) < 0)
             (void)0;
@@ -877,10 +835,10 @@ void kvt__shm_stop(kvt__shm_t *shm)
     kvt__shm_sessions_stop(shm);
 }
 
-void kvt__shm_destroy(kvt__shm_t *shm)
+void kvt__shm_destroy(kvt__tl_t *tl)
 {
-    if (shm == NULL)
-        return;
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
+
     close(shm->epfd);
     close(shm->evfd);
     free(shm->workers);

@@ -60,6 +60,7 @@
 #define SCRATCH_LEN (256u * 1024u)
 #define MIN_FRAME (64u * 1024u)
 
+typedef struct kvt__tcp kvt__tcp_t;
 typedef struct tcp_conn tcp_conn_t;
 typedef struct tcp_worker tcp_worker_t;
 typedef struct tcp_session tcp_session_t;
@@ -210,7 +211,10 @@ struct tcp_session {
 };
 
 struct kvt__tcp {
+    kvt__tl_t base;
     kvt_engine_h e;
+    const kvt__engine_cfg_t *cfg;
+    kvt__memreg_t *reg;
     unsigned nworkers;
     tcp_worker_t *workers;
     _Atomic unsigned rr;
@@ -220,7 +224,7 @@ struct kvt__tcp {
     void *zeros; /* read-only zero pages: payload of refused read pieces */
 };
 
-static const kvt__transport_ops_t tcp_ops;
+extern const kvt__tl_ops_t kvt__tl_tcp;
 
 static void conn_fail(tcp_conn_t *c, kvt_status_t st);
 static void worker_reap_later(tcp_worker_t *w, tcp_conn_t *c);
@@ -268,7 +272,7 @@ static void tx_free(tcp_tx_t *t)
  */
 static void resp_revalidate(kvt__tcp_t *tcp, tcp_resp_t *r)
 {
-    kvt__memreg_t *reg = &tcp->e->reg;
+    kvt__memreg_t *reg = tcp->reg;
     uint64_t gen = atomic_load_explicit(&reg->gen, memory_order_acquire);
     int cur;
 
@@ -318,7 +322,7 @@ static kvt_status_t flush_locked(tcp_conn_t *c, int head_only)
         int locked = 0;
 
         if (t->is_resp && ((tcp_resp_t *)t)->seg_addr != NULL) {
-            kvt__memreg_rdlock(&tcp->e->reg);
+            kvt__memreg_rdlock(tcp->reg);
             locked = 1;
             resp_revalidate(tcp, (tcp_resp_t *)t);
         }
@@ -326,7 +330,7 @@ static kvt_status_t flush_locked(tcp_conn_t *c, int head_only)
         mh.msg_iovlen = (size_t)(t->cnt > IOV_MAX ? IOV_MAX : t->cnt);
         n = payload_sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (locked)
-            kvt__memreg_unlock(&tcp->e->reg);
+            kvt__memreg_unlock(tcp->reg);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return KVT_OK;
@@ -480,7 +484,7 @@ static int ensure_rx_arrays(tcp_conn_t *c)
  * the segments. Refused pieces get KVT_ERR_ACCESS and invalid segments. */
 static void layout_pieces(tcp_conn_t *c, uint32_t need)
 {
-    kvt__memreg_t *reg = &c->w->tcp->e->reg;
+    kvt__memreg_t *reg = c->w->tcp->reg;
     uint32_t s = 0;
 
     kvt__memreg_rdlock(reg);
@@ -834,7 +838,7 @@ static void rx_advance(tcp_conn_t *c, uint64_t got)
  */
 static int rx_payload(tcp_conn_t *c)
 {
-    kvt__memreg_t *reg = &c->w->tcp->e->reg;
+    kvt__memreg_t *reg = c->w->tcp->reg;
     int check = !c->outbound;
 
     while (c->rx_seg < c->rx_nsegs) {
@@ -992,8 +996,7 @@ static void conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
                 c->rx_have = 0;
             } else {
                 c->rx_state = RX_HDR;
-                atomic_fetch_add_explicit(&c->w->tcp->e->landed, 1,
-                                          memory_order_release);
+                kvt__engine_landed(c->w->tcp->e);
                 send_write_ack(c);
             }
             break;
@@ -1197,9 +1200,10 @@ static void conn_fail(tcp_conn_t *c, kvt_status_t st)
  * A data connection the control plane accepted (its HELLO answered): it
  * goes to the next worker in turn, which owns it from then on.
  */
-kvt_status_t kvt__tcp_accept(void *arg, int fd, const kvt__wire_hello_t *hello)
+static kvt_status_t tcp_accept(kvt__tl_t *tl, int fd,
+                               const kvt__wire_hello_t *hello)
 {
-    kvt__tcp_t *tcp = arg;
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
     tcp_worker_t *w;
     tcp_conn_t *c;
 
@@ -1237,7 +1241,7 @@ static void check_timeouts(tcp_worker_t *w, uint64_t now)
     for (size_t i = 0; i < n; i++) {
         KVT_LOG_W("transfer to %s timed out after %.1f s",
                   expired[i]->sess->base.name,
-                  (double)w->tcp->e->timeout_ns / 1e9);
+                  (double)w->tcp->cfg->timeout_ns / 1e9);
         pthread_mutex_lock(&expired[i]->rx_lock);
         conn_fail(expired[i], KVT_ERR_TIMEDOUT);
         pthread_mutex_unlock(&expired[i]->rx_lock);
@@ -1524,7 +1528,7 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     f->bytes = payload;
     f->req_id = atomic_fetch_add_explicit(&tcp->next_req, 1,
                                           memory_order_relaxed);
-    f->deadline = kvt__now_ns() + tcp->e->timeout_ns;
+    f->deadline = kvt__now_ns() + tcp->cfg->timeout_ns;
     p = (uint8_t *)(f->iov + niov);
     f->comps = (kvt__comp_t **)p;
     f->piece_seg = (uint32_t *)(f->comps + np);
@@ -1570,10 +1574,9 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
  * enqueued.
  */
 static void submit_op(tcp_session_t *s, uint8_t type,
-                      const kvt__xfer_t *const *x, size_t n, kvt__hint_t *hint)
+                      const kvt__xfer_t *const *x, size_t n, kvt__sub_t *hint)
 {
-    kvt_engine_h e = s->base.engine;
-    uint64_t slice = e->slice_size, total = 0, target;
+    uint64_t slice = s->tcp->cfg->slice_size, total = 0, target;
     size_t cap = 0, np = 0, start;
     pspec_t *ps = NULL;
     tcp_frame_t *frames = NULL, **ftail = &frames;
@@ -1657,7 +1660,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
     while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
         tcp_conn_t *c = pick_conn(s);
-        kvt__hint_note(hint, c);
+        kvt__sub_note(hint, c);
         conn_enqueue(c, f);
         frames = next;
     }
@@ -1671,7 +1674,7 @@ err_fail_all:
 }
 
 static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
-                          kvt__hint_t *hint)
+                          kvt__sub_t *hint)
 {
     size_t len = d->len;
     tcp_frame_t *f = calloc(1, sizeof(*f) + 2 * sizeof(struct iovec) +
@@ -1680,7 +1683,7 @@ static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
     int parked = 0;
 
     kvt__comp_expect(d->comp, 1);
-    kvt__hint_note(hint, NULL); /* may be released by a worker */
+    kvt__sub_note(hint, NULL); /* may be released by a worker */
     if (f == NULL) {
         kvt__comp_done(d->comp, KVT_ERR_NO_MEMORY);
         return;
@@ -1694,7 +1697,7 @@ static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
     if (len > 0)
         memcpy(f->body, (const void *)(uintptr_t)d->laddr, len);
     f->req_id = atomic_fetch_add(&s->tcp->next_req, 1);
-    f->deadline = kvt__now_ns() + s->base.engine->timeout_ns;
+    f->deadline = kvt__now_ns() + s->tcp->cfg->timeout_ns;
     hdr_init(&h, KVT_WIRE_NOTIFY, f->req_id);
     h.body_len = (uint32_t)len;
     kvt__wire_hdr_encode(&h, f->hdr);
@@ -1730,7 +1733,7 @@ static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
 }
 
 static kvt_status_t tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
-                               size_t n, kvt__hint_t *hint)
+                               size_t n, kvt__sub_t *hint)
 {
     tcp_session_t *s = (tcp_session_t *)base;
     const kvt__xfer_t **w = malloc(2 * n * sizeof(*w)), **r;
@@ -1827,22 +1830,16 @@ static kvt_status_t tcp_progress(kvt__session_t *base, void *where,
     return KVT_OK;
 }
 
-static const kvt__transport_ops_t tcp_ops = {
-    .name = "tcp",
-    .submit = tcp_submit,
-    .progress = tcp_progress,
-    .kill = session_kill,
-    .destroy = session_destroy,
-};
-
 /* ---- Opening a session ---------------------------------------------------- */
 
-kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
-                           kvt__session_t **s_p)
+static kvt_status_t tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                             kvt__session_t **s_p, const char **why_p)
 {
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
     kvt_engine_h e = tcp->e;
-    const char *name = seg->name, *addr = seg->addr;
-    uint64_t deadline = kvt__now_ns() + e->connect_timeout_ms * 1000000;
+    const char *name = peer->name, *addr = peer->addr;
+    uint64_t deadline =
+        kvt__now_ns() + tcp->cfg->connect_timeout_ms * 1000000;
     uint64_t sid = ((uint64_t)getpid() << 32) ^ kvt__now_ns();
     tcp_session_t *s;
     kvt_status_t st;
@@ -1854,7 +1851,7 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
         return KVT_ERR_NO_MEMORY;
     pthread_mutex_init(&s->lock, NULL);
     s->tcp = tcp;
-    s->nconns = e->conns_per_peer;
+    s->nconns = tcp->cfg->conns_per_peer;
 
     for (i = 0; i < s->nconns; i++) {
         kvt__wire_hello_t hello = {sid, i, s->nconns, KVT_TRANSPORT_TCP, {0}};
@@ -1875,7 +1872,7 @@ kvt_status_t kvt__tcp_open(kvt__tcp_t *tcp, kvt__seg_t *seg,
     /* Hand the connections to the workers. A connection that cannot be
      * attached fails the session; its worker-less connections are failed
      * here, the attached ones by their workers. */
-    kvt__session_init(&s->base, seg, &tcp_ops);
+    kvt__session_init(&s->base, tl, peer);
     atomic_store(&s->unreaped, s->nconns);
     {
         unsigned base = atomic_fetch_add(&tcp->rr, 1);
@@ -1919,7 +1916,7 @@ err_close:
 
 /* ---- Transport lifecycle -------------------------------------------------- */
 
-kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
+static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
     struct epoll_event ev;
     kvt__tcp_t *tcp;
@@ -1929,8 +1926,11 @@ kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
     tcp = calloc(1, sizeof(*tcp));
     if (tcp == NULL)
         return KVT_ERR_NO_MEMORY;
+    kvt__tl_init(&tcp->base, &kvt__tl_tcp, e);
     tcp->e = e;
-    tcp->nworkers = e->num_workers;
+    tcp->cfg = kvt__engine_cfg(e);
+    tcp->reg = kvt__engine_reg(e);
+    tcp->nworkers = tcp->cfg->num_workers;
     atomic_store(&tcp->next_req, 1);
     tcp->zeros = mmap(NULL, KVT_WIRE_MAX_PAYLOAD, PROT_READ,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1958,7 +1958,7 @@ kvt_status_t kvt__tcp_create(kvt_engine_h e, kvt__tcp_t **tcp_p)
         ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = w};
         epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev);
     }
-    *tcp_p = tcp;
+    *tl_p = &tcp->base;
     return KVT_OK;
 
 err_workers:
@@ -1981,8 +1981,10 @@ err_free:
     return st;
 }
 
-kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp)
+static kvt_status_t tcp_start(kvt__tl_t *tl)
 {
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
+
     for (unsigned i = 0; i < tcp->nworkers; i++) {
         if (pthread_create(&tcp->workers[i].thread, NULL, worker_main,
                            &tcp->workers[i]) != 0) {
@@ -2001,9 +2003,11 @@ kvt_status_t kvt__tcp_start(kvt__tcp_t *tcp)
     return KVT_OK;
 }
 
-void kvt__tcp_stop(kvt__tcp_t *tcp)
+static void tcp_stop(kvt__tl_t *tl)
 {
-    if (tcp == NULL || !tcp->started || atomic_exchange(&tcp->stopping, 1))
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
+
+    if (!tcp->started || atomic_exchange(&tcp->stopping, 1))
         return;
     for (unsigned i = 0; i < tcp->nworkers; i++) {
         uint64_t one = 1;
@@ -2014,10 +2018,10 @@ void kvt__tcp_stop(kvt__tcp_t *tcp)
         pthread_join(tcp->workers[i].thread, NULL);
 }
 
-void kvt__tcp_destroy(kvt__tcp_t *tcp)
+static void tcp_destroy(kvt__tl_t *tl)
 {
-    if (tcp == NULL)
-        return;
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
+
     for (unsigned i = 0; i < tcp->nworkers; i++) {
         tcp_worker_t *w = &tcp->workers[i];
         close(w->epfd);
@@ -2029,3 +2033,22 @@ void kvt__tcp_destroy(kvt__tcp_t *tcp)
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
     free(tcp);
 }
+
+KVT_TRANSPORT_REGISTER(tcp, {
+    .name = "tcp",
+    .id = KVT_TRANSPORT_TCP,
+    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .flags = KVT__TL_STRIDED,
+             .priority = 10},
+    .create = tcp_create,
+    .start = tcp_start,
+    .stop = tcp_stop,
+    .destroy = tcp_destroy,
+    .accept = tcp_accept,
+    .open = tcp_open,
+    .submit = tcp_submit,
+    .progress = tcp_progress,
+    .kill = session_kill,
+    .destroy_session = session_destroy,
+});

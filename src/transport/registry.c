@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transports built in. The build writes transport_list.h, one
+ * KVT__TL(name) line per transport added with kvt_add_transport()
+ * (src/CMakeLists.txt); each defines kvt__tl_<name> with
+ * KVT_TRANSPORT_REGISTER(). Nothing else names a transport.
+ */
+#include <string.h>
+
+#include "transport/transport.h"
+#include "util/log.h"
+
+#define KVT__TL(n) extern const kvt__tl_ops_t kvt__tl_##n;
+#include "transport_list.h"
+#undef KVT__TL
+
+static const kvt__tl_ops_t *const registered[] = {
+#define KVT__TL(n) &kvt__tl_##n,
+#include "transport_list.h"
+#undef KVT__TL
+    NULL};
+
+const kvt__tl_ops_t *kvt__tl_registered(size_t i)
+{
+    return i < sizeof(registered) / sizeof(registered[0]) ? registered[i]
+                                                          : NULL;
+}
+
+const kvt__tl_ops_t *kvt__tl_by_name(const char *name)
+{
+    for (size_t i = 0; registered[i] != NULL; i++)
+        if (strcmp(registered[i]->name, name) == 0)
+            return registered[i];
+    return NULL;
+}
+
+const kvt__tl_ops_t *kvt__tl_by_id(uint32_t id)
+{
+    for (size_t i = 0; registered[i] != NULL; i++)
+        if (registered[i]->id == id)
+            return registered[i];
+    return NULL;
+}
+
+int kvt__tl_ops_sound(const kvt__tl_ops_t *o)
+{
+    const char *missing = NULL;
+
+    if (o->name == NULL || o->name[0] == '\0' ||
+        strlen(o->name) > KVT_SEGDESC_TL_NAME_MAX)
+        missing = "a name";
+    else if (o->id == 0 || (o->id & (o->id - 1)) != 0)
+        missing = "an id of one bit";
+    else if (o->create == NULL || o->destroy == NULL)
+        missing = "create() and destroy()";
+    else if (o->open == NULL || o->submit == NULL || o->kill == NULL ||
+             o->destroy_session == NULL)
+        missing = "open(), submit(), kill() and destroy_session()";
+    else if (o->caps.local_mem == 0 || o->caps.remote_mem == 0)
+        missing = "the memory kinds it moves";
+    if (missing != NULL)
+        KVT_LOG_E("transport %s is not usable: it lacks %s",
+                  o->name ? o->name : "(unnamed)", missing);
+    return missing == NULL;
+}
+
+kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
+                            size_t *count_p)
+{
+    size_t n = 0;
+
+    if (count_p == NULL || (out == NULL && max > 0))
+        return KVT_ERR_INVALID_PARAM;
+    for (size_t i = 0; registered[i] != NULL; i++) {
+        const kvt__tl_ops_t *o = registered[i];
+        if (n < max) {
+            kvt_transport_info_t *t = &out[n];
+            memset(t, 0, sizeof(*t));
+            t->name = o->name;
+            t->id = o->id;
+            t->flags = ((o->caps.flags & KVT__TL_SAME_HOST)
+                            ? KVT_TRANSPORT_F_SAME_HOST
+                            : 0) |
+                       ((o->caps.flags & KVT__TL_STRIDED)
+                            ? KVT_TRANSPORT_F_STRIDED
+                            : 0);
+            t->local_mem = o->caps.local_mem;
+            t->remote_mem = o->caps.remote_mem;
+            t->priority = o->caps.priority;
+        }
+        n++;
+    }
+    *count_p = n;
+    return KVT_OK;
+}
