@@ -163,21 +163,51 @@ enum {
     KVT_ACCESS_REMOTE_RW = KVT_ACCESS_REMOTE_WRITE | KVT_ACCESS_REMOTE_READ,
 };
 
-/* Memory kinds. */
+/* Memory kinds. KVT_MEM_AUTO, at registration: tell the kind from the
+ * memory itself. */
 typedef enum {
     KVT_MEM_HOST = 0,
     KVT_MEM_CUDA = 1,
+    KVT_MEM_AUTO = 0xff,
 } kvt_mem_kind_t;
 
 #define KVT_MEM_KINDS 2
 
-/* One region, for the batched calls. */
+/* One region, for the batched calls. @kind KVT_MEM_AUTO: told from the
+ * memory (as kvt_mem_register_ex() without KVT_MEM_PARAM_KIND); @device:
+ * the device of a device kind (ignored for host memory). */
 typedef struct {
     void *addr;
     size_t length;
     uint32_t access; /* KVT_ACCESS_* */
     kvt_mem_kind_t kind;
+    int32_t device;
+    uint32_t reserved;
 } kvt_mem_region_t;
+
+/* Bits of kvt_mem_params_t.field_mask: a field is read only when set. */
+enum {
+    KVT_MEM_PARAM_ACCESS = 1u << 0,
+    KVT_MEM_PARAM_KIND = 1u << 1,
+    KVT_MEM_PARAM_DEVICE = 1u << 2,
+};
+
+/*
+ * How to register a range (kvt_mem_register_ex()). Zero-initialise, set
+ * the fields you need and their bits; the rest take their defaults.
+ */
+typedef struct {
+    uint64_t field_mask;
+    /* KVT_ACCESS_* rights granted to peers. Default KVT_ACCESS_REMOTE_RW. */
+    uint32_t access;
+    /* The memory's kind. Default: told from the memory itself (device
+     * memory a memory domain of this build recognises, host memory
+     * otherwise). */
+    kvt_mem_kind_t kind;
+    /* The device of a device kind (its ordinal). Default 0; ignored for
+     * host memory. */
+    int32_t device;
+} kvt_mem_params_t;
 
 /*
  * kvt_mem_register() - expose [addr, addr+length) to peers with @access
@@ -196,8 +226,26 @@ KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
                                       size_t length, uint32_t access);
 
 /*
- * kvt_mem_register_batch() - register @count regions at once. Either all
- * are registered or none is (the first failure's status is returned).
+ * kvt_mem_register_ex() - kvt_mem_register() with the memory's kind and
+ * device stated or left to detection, and the access rights, in @params
+ * (NULL: all defaults; read during the call only).
+ *
+ * A range of a kind this build has no memory domain for is refused with
+ * KVT_ERR_NOT_SUPPORTED, as is one its domain says is not of that kind
+ * (logged). Otherwise as kvt_mem_register(): KVT_OK, KVT_ERR_EXISTS,
+ * KVT_ERR_INVALID_PARAM (zero length, NULL address, unknown field or
+ * access bits), KVT_ERR_NO_MEMORY, or the failure of a transport that
+ * could not register the memory (logged). kvt_mem_register() is the
+ * shorthand for host memory. Thread-safe; may wait as it does.
+ */
+KVT_API kvt_status_t kvt_mem_register_ex(kvt_engine_h engine, void *addr,
+                                         size_t length,
+                                         const kvt_mem_params_t *params);
+
+/*
+ * kvt_mem_register_batch() - register @count regions at once, each as
+ * kvt_mem_register_ex() would. Either all are registered or none is (the
+ * first failure's status is returned).
  */
 KVT_API kvt_status_t kvt_mem_register_batch(kvt_engine_h engine,
                                             const kvt_mem_region_t *regions,

@@ -183,7 +183,7 @@ static PyObject *m_register_memory(PyObject *self, PyObject *const *args,
                                          "location"};
     PyObject *a[3];
     uint64_t addr, len;
-    kvt_mem_region_t r;
+    kvt_mem_region_t r = {0};
     kvt_mem_kind_t kind;
 
     if (kvtpy_args("register_memory", args, nargs, kwnames, params, 2, 3, a) <

@@ -116,8 +116,10 @@ kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
  * of at most KVT_NOTIFY_MAX bytes.
  */
 static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
-                              kvt__xfer_t *x)
+                              kvt__xfer_t *x, unsigned *lkind_p,
+                              uint64_t *rspan_p)
 {
+    const kvt__region_t *lr;
     uint64_t c, ls, rs, lspan, rspan;
 
     if (d->opcode == KVT_OP_NOTIFY) {
@@ -131,6 +133,8 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
                            .laddr = (uint64_t)(uintptr_t)d->local_addr,
                            .lstride = d->length,
                            .rstride = d->length};
+        *lkind_p = KVT_MEM_HOST;
+        *rspan_p = 0;
         return KVT_OK;
     }
     if ((d->opcode != KVT_OP_READ && d->opcode != KVT_OP_WRITE) ||
@@ -152,9 +156,12 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
     lspan = ls * (c - 1) + d->length;
     if (d->remote_addr > UINT64_MAX - rspan)
         return KVT_ERR_INVALID_PARAM;
-    if (!kvt__memreg_contains_locked(&e->reg, (uint64_t)(uintptr_t)d->local_addr,
-                                     lspan, 0))
+    lr = kvt__memreg_find_locked(&e->reg, (uint64_t)(uintptr_t)d->local_addr,
+                                 lspan);
+    if (lr == NULL)
         return KVT_ERR_NOT_REGISTERED;
+    *lkind_p = lr->kind;
+    *rspan_p = rspan;
     *x = (kvt__xfer_t){.op = d->opcode,
                        .count = (uint32_t)c,
                        .len = d->length,
@@ -257,7 +264,7 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     kvt__session_t **sess;
     kvt__seg_t **held;
     kvt_segment_t last_id = 0;
-    kvt__session_t *last = NULL;
+    kvt__seg_t *last = NULL;
     size_t nheld = 0;
     int one = 1;
 
@@ -293,20 +300,24 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     for (size_t i = 0; i < count; i++) {
         const kvt_xfer_desc_t *d = &descs[i];
         kvt__xfer_t *x = &xf[nvalid];
-        kvt_status_t st = xfer_init(e, d, x);
+        unsigned lkind = KVT_MEM_HOST;
+        uint64_t rspan = 0;
+        kvt_status_t st = xfer_init(e, d, x, &lkind, &rspan);
         kvt__session_t *s = NULL;
 
         if (st == KVT_OK) {
             if (d->segment != last_id || last == NULL) {
-                kvt__seg_t *g = kvt__seg_get(e, d->segment);
-                last = g != NULL ? g->sess : NULL;
+                last = kvt__seg_get(e, d->segment);
                 last_id = d->segment;
-                if (g != NULL)
-                    held[nheld++] = g;
+                if (last != NULL)
+                    held[nheld++] = last;
             }
-            s = last;
-            if (s == NULL)
+            if (last != NULL)
+                s = kvt__seg_route(last, lkind, x->raddr, rspan);
+            if (last == NULL)
                 st = KVT_ERR_NOT_FOUND;
+            else if (s == NULL)
+                st = KVT_ERR_NOT_SUPPORTED;
             else if (atomic_load(&s->dead))
                 st = atomic_load(&s->dead);
             else if (x->count > 1 &&

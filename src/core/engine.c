@@ -226,13 +226,8 @@ static void publish_stop(kvt_engine_h e)
     e->pub_started = 0;
 }
 
-static void regions_changed(kvt_engine_h e)
+void kvt__engine_publish_soon(kvt_engine_h e)
 {
-    /* Peers that check against a copy of the registry (same-host ones)
-     * see the new one from now on. */
-    for (unsigned i = 0; i < e->ntl; i++)
-        if (e->tl[i]->ops->mem_changed != NULL)
-            e->tl[i]->ops->mem_changed(e->tl[i]);
     if (e->meta == NULL)
         return;
     pthread_mutex_lock(&e->pub_lock);
@@ -423,6 +418,7 @@ void kvt_engine_destroy(kvt_engine_h e)
     kvt__ctrl_stop(e->ctrl);
     transports_stop(e);
     kvt__segs_free_all(e);
+    kvt__mem_release_all(e);
     transports_destroy(e);
     kvt__ctrl_destroy(e->ctrl);
     for (b = e->batches; b != NULL; b = bn) {
@@ -458,58 +454,6 @@ uint16_t kvt_engine_rpc_port(kvt_engine_h e)
 
 /* ---- Memory --------------------------------------------------------------- */
 
-kvt_status_t kvt_mem_register(kvt_engine_h e, void *addr, size_t length,
-                              uint32_t access)
-{
-    kvt_mem_region_t r = {addr, length, access, KVT_MEM_HOST};
-    if (e == NULL)
-        return KVT_ERR_INVALID_PARAM;
-    return kvt_mem_register_batch(e, &r, 1);
-}
-
-kvt_status_t kvt_mem_register_batch(kvt_engine_h e,
-                                    const kvt_mem_region_t *regions,
-                                    size_t count)
-{
-    kvt_status_t st;
-
-    if (e == NULL)
-        return KVT_ERR_INVALID_PARAM;
-    for (size_t i = 0; i < count; i++)
-        if (regions[i].kind != KVT_MEM_HOST)
-            return KVT_ERR_NOT_SUPPORTED;
-    st = kvt__memreg_add(&e->reg, regions, count);
-    if (st == KVT_OK)
-        regions_changed(e);
-    return st;
-}
-
-kvt_status_t kvt_mem_unregister(kvt_engine_h e, void *addr)
-{
-    kvt_status_t st;
-
-    if (e == NULL || addr == NULL)
-        return KVT_ERR_INVALID_PARAM;
-    st = kvt__memreg_remove(&e->reg, (uint64_t)(uintptr_t)addr);
-    if (st == KVT_OK)
-        regions_changed(e);
-    return st;
-}
-
-kvt_status_t kvt_mem_unregister_batch(kvt_engine_h e, void *const *addrs,
-                                      size_t count)
-{
-    kvt_status_t first = KVT_OK;
-    if (e == NULL || (addrs == NULL && count > 0))
-        return KVT_ERR_INVALID_PARAM;
-    for (size_t i = 0; i < count; i++) {
-        kvt_status_t st = kvt_mem_unregister(e, addrs[i]);
-        if (st != KVT_OK && first == KVT_OK)
-            first = st;
-    }
-    return first;
-}
-
 kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
 {
     kvt_status_t st;
@@ -522,7 +466,7 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
     d->pid = (uint32_t)getpid();
     st = kvt__transport_sections(e, d);
     if (st == KVT_OK)
-        st = kvt__memreg_snapshot(&e->reg, &d->regions, &d->nregions);
+        st = kvt__mem_describe(e, d);
     if (st != KVT_OK)
         kvt__segdesc_clear(d);
     return st;

@@ -152,7 +152,14 @@ struct kvt__seg {
     char addr[KVT_WIRE_NAME_MAX + 8]; /* host:port of its listener */
     pthread_mutex_t desc_lock;
     kvt__segdesc_t desc; /* under desc_lock */
-    kvt__session_t *sess;    /* the session that carries its transfers */
+    /* The sessions of the transports that carry its transfers (set when
+     * it opens), and which one carries each pair of memory kinds (here,
+     * there); NULL where none can. */
+    unsigned nsess;
+    kvt__session_t *sess[KVT__TL_MAX];
+    kvt__session_t *route[KVT_MEM_KINDS][KVT_MEM_KINDS];
+    /* Kinds of the peer's regions, a bit set (written under desc_lock). */
+    _Atomic uint32_t rkinds;
     kvt__seg_t *name_next;   /* name index chain */
     kvt__seg_t *prev, *next; /* the engine's list of segments */
 };
@@ -176,6 +183,16 @@ void kvt__seg_unref(kvt__seg_t *seg);
 void kvt__segs_free_all(kvt_engine_h e);
 
 
+/* The registry changed: publish the descriptor again (metadata backends),
+ * off this thread. */
+void kvt__engine_publish_soon(kvt_engine_h e);
+
+/* mem.c: this engine's regions and keys into a descriptor whose transport
+ * sections are there; and, at teardown, every transport's registrations
+ * dropped. */
+kvt_status_t kvt__mem_describe(kvt_engine_h e, kvt__segdesc_t *d);
+void kvt__mem_release_all(kvt_engine_h e);
+
 /* Free every kvt_mem_alloc() allocation (engine teardown). */
 void kvt__alloc_free_all(kvt_engine_h e);
 
@@ -189,14 +206,19 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
 /* ---- Transport selection (src/transport/select.c) ----------------------- */
 
 /*
- * Open a session to @seg (its descriptor fetched) with the transport that
- * serves it best for host memory on both sides (kvt__tl_select()); one
- * that cannot be set up falls back to the next, said once in the log. On
- * failure *s_p may hold a failed session, which stays with the segment
- * until it is freed.
+ * Open the sessions of @seg (its descriptor fetched): for every pair of
+ * memory kinds (here, there) the transport that serves it best
+ * (kvt__tl_select()), one session per transport, into seg->sess and
+ * seg->route; one that cannot be set up falls back to the next, said once
+ * in the log. Fails when no pair has a transport, or a transport's open
+ * fails with a session (which stays with the segment until freed).
  */
-kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg,
-                                 kvt__session_t **s_p);
+kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg);
+
+/* The session that carries a transfer between @lkind memory here and the
+ * peer's memory at [raddr, raddr + span), or NULL. */
+kvt__session_t *kvt__seg_route(kvt__seg_t *seg, unsigned lkind,
+                               uint64_t raddr, uint64_t span);
 
 /*
  * The transports of @e that can move @local memory here to and from

@@ -27,6 +27,13 @@ kvt_status_t kvt__memreg_init(kvt__memreg_t *reg)
 void kvt__memreg_fini(kvt__memreg_t *reg)
 {
     pthread_rwlock_destroy(&reg->lock);
+    for (size_t i = 0; i < reg->count; i++) {
+        if (reg->regions[i].keys == NULL)
+            continue;
+        for (unsigned k = 0; k < KVT_MEMREG_KEYS; k++)
+            free(reg->regions[i].keys[k].rkey);
+        free(reg->regions[i].keys);
+    }
     free(reg->regions);
     reg->regions = NULL;
 }
@@ -58,8 +65,8 @@ static int cmp_region(const void *a, const void *b)
     return (x->start > y->start) - (x->start < y->start);
 }
 
-kvt_status_t kvt__memreg_add(kvt__memreg_t *reg,
-                             const kvt_mem_region_t *regions, size_t count)
+kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,
+                             size_t count)
 {
     kvt_status_t st = KVT_OK;
     kvt__region_t *tmp = NULL;
@@ -72,19 +79,16 @@ kvt_status_t kvt__memreg_add(kvt__memreg_t *reg,
     if (tmp == NULL)
         return KVT_ERR_NO_MEMORY;
     for (size_t i = 0; i < count; i++) {
-        uint64_t a = (uint64_t)(uintptr_t)regions[i].addr;
-        if (regions[i].addr == NULL || regions[i].length == 0 ||
-            a > UINT64_MAX - regions[i].length ||
-            (regions[i].access & ~(uint32_t)KVT_ACCESS_REMOTE_RW) != 0) {
-            KVT_LOG_W("register: invalid region %p+%zu access %#x",
-                      regions[i].addr, regions[i].length, regions[i].access);
+        const kvt__region_t *g = &regions[i];
+        if (g->start == 0 || g->end <= g->start ||
+            (g->access & ~(uint32_t)KVT_ACCESS_REMOTE_RW) != 0) {
+            KVT_LOG_W("register: invalid region %#llx+%llu access %#x",
+                      (unsigned long long)g->start,
+                      (unsigned long long)(g->end - g->start), g->access);
             st = KVT_ERR_INVALID_PARAM;
             goto out_free;
         }
-        tmp[i].start = a;
-        tmp[i].end = a + regions[i].length;
-        tmp[i].access = regions[i].access;
-        tmp[i].kind = (uint32_t)regions[i].kind;
+        tmp[i] = *g;
     }
     qsort(tmp, count, sizeof(*tmp), cmp_region);
     for (size_t i = 1; i < count; i++) {
@@ -135,7 +139,8 @@ out_free:
     return st;
 }
 
-kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start)
+kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start,
+                                kvt__region_t *out)
 {
     kvt_status_t st = KVT_ERR_NOT_FOUND;
     size_t i;
@@ -143,6 +148,7 @@ kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start)
     pthread_rwlock_wrlock(&reg->lock);
     i = lower_bound(reg, start);
     if (i < reg->count && reg->regions[i].start == start) {
+        *out = reg->regions[i];
         memmove(&reg->regions[i], &reg->regions[i + 1],
                 (reg->count - i - 1) * sizeof(reg->regions[0]));
         reg->count--;
@@ -151,6 +157,21 @@ kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start)
     }
     pthread_rwlock_unlock(&reg->lock);
     return st;
+}
+
+const kvt__region_t *kvt__memreg_find_locked(const kvt__memreg_t *reg,
+                                             uint64_t addr, uint64_t len)
+{
+    size_t i;
+    const kvt__region_t *r;
+
+    if (len == 0 || addr > UINT64_MAX - len)
+        return NULL;
+    i = lower_bound(reg, addr);
+    if (i >= reg->count)
+        return NULL;
+    r = &reg->regions[i];
+    return r->start <= addr && addr + len <= r->end ? r : NULL;
 }
 
 int kvt__memreg_contains_locked(const kvt__memreg_t *reg, uint64_t addr,
@@ -177,35 +198,6 @@ int kvt__memreg_contains(kvt__memreg_t *reg, uint64_t addr, uint64_t len,
     ok = kvt__memreg_contains_locked(reg, addr, len, access);
     pthread_rwlock_unlock(&reg->lock);
     return ok;
-}
-
-kvt_status_t kvt__memreg_snapshot(kvt__memreg_t *reg,
-                                  kvt_remote_region_t **regions_p,
-                                  uint32_t *count_p)
-{
-    kvt_remote_region_t *out = NULL;
-    size_t n;
-
-    pthread_rwlock_rdlock(&reg->lock);
-    n = reg->count;
-    if (n > 0) {
-        out = calloc(n, sizeof(*out));
-        if (out == NULL) {
-            pthread_rwlock_unlock(&reg->lock);
-            return KVT_ERR_NO_MEMORY;
-        }
-        for (size_t i = 0; i < n; i++) {
-            out[i].addr = reg->regions[i].start;
-            out[i].length = reg->regions[i].end - reg->regions[i].start;
-            out[i].access = reg->regions[i].access;
-            out[i].kind = reg->regions[i].kind;
-            out[i].device = -1;
-        }
-    }
-    pthread_rwlock_unlock(&reg->lock);
-    *regions_p = out;
-    *count_p = (uint32_t)n;
-    return KVT_OK;
 }
 
 size_t kvt__memreg_count_locked(const kvt__memreg_t *reg)

@@ -18,11 +18,27 @@
  * ranges under an older generation validates them again before touching
  * memory.
  */
+/* Transports one engine runs, and so keys a region may have. */
+#define KVT_MEMREG_KEYS 8
+
+/* What one transport keeps for a region it registered (mem_reg()): its
+ * own handle, and the packed key a peer needs to address the region
+ * through it (malloc'd; NULL when none), which the descriptor carries. */
+typedef struct {
+    void *memh;
+    uint8_t *rkey;
+    uint32_t rkey_len;
+} kvt__tl_key_t;
+
 typedef struct {
     uint64_t start;
     uint64_t end; /* exclusive */
     uint32_t access;
-    uint32_t kind;
+    uint16_t kind;  /* kvt_mem_kind_t */
+    int16_t device; /* of a device kind; -1 for host memory */
+    /* Per transport (by its index in the engine), or NULL when no
+     * transport keeps anything for the region; owned by the registry. */
+    kvt__tl_key_t *keys;
 } kvt__region_t;
 
 typedef struct {
@@ -36,10 +52,25 @@ typedef struct {
 kvt_status_t kvt__memreg_init(kvt__memreg_t *reg);
 void kvt__memreg_fini(kvt__memreg_t *reg);
 
-/* All-or-nothing insert of @count regions. */
-kvt_status_t kvt__memreg_add(kvt__memreg_t *reg,
-                             const kvt_mem_region_t *regions, size_t count);
-kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start);
+/*
+ * All-or-nothing insert of @count regions (start, end, access, kind,
+ * device and keys set): KVT_ERR_INVALID_PARAM for an empty, wrapping or
+ * badly accessed one, KVT_ERR_EXISTS when one overlaps another or a
+ * registered region, KVT_ERR_NO_MEMORY. On success the registry owns
+ * their keys.
+ */
+kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,
+                             size_t count);
+/* Remove the region starting at @start into *out (the caller then owns
+ * its keys). KVT_ERR_NOT_FOUND. */
+kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start,
+                                kvt__region_t *out);
+
+/* The registry's generation: bumped by every removal. */
+static inline uint64_t kvt__memreg_gen(kvt__memreg_t *reg)
+{
+    return atomic_load_explicit(&reg->gen, memory_order_acquire);
+}
 
 static inline void kvt__memreg_rdlock(kvt__memreg_t *reg)
 {
@@ -67,13 +98,13 @@ size_t kvt__memreg_count_locked(const kvt__memreg_t *reg);
 const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg,
                                            size_t i);
 
+/* With the read lock held: the region that holds all of [addr,
+ * addr+len), or NULL. */
+const kvt__region_t *kvt__memreg_find_locked(const kvt__memreg_t *reg,
+                                             uint64_t addr, uint64_t len);
+
 /* Takes the read lock itself. */
 int kvt__memreg_contains(kvt__memreg_t *reg, uint64_t addr, uint64_t len,
                          uint32_t access);
-
-/* Copy the regions into a malloc'd array for a segment descriptor. */
-kvt_status_t kvt__memreg_snapshot(kvt__memreg_t *reg,
-                                  kvt_remote_region_t **regions_p,
-                                  uint32_t *count_p);
 
 #endif

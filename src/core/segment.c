@@ -176,8 +176,8 @@ void kvt__seg_ref(kvt__seg_t *g)
 
 static void seg_free(kvt__seg_t *g)
 {
-    if (g->sess != NULL)
-        g->sess->ops->destroy_session(g->sess);
+    for (unsigned i = 0; i < g->nsess; i++)
+        g->sess[i]->ops->destroy_session(g->sess[i]);
     pthread_mutex_destroy(&g->desc_lock);
     kvt__segdesc_clear(&g->desc);
     free(g);
@@ -243,13 +243,78 @@ void kvt__session_release(kvt__session_t *s)
     kvt__seg_unref(s->seg);
 }
 
+/* Kill every session of @g; each may release @g's last reference only
+ * once the caller's own is gone. */
+static void kill_all(kvt__seg_t *g, kvt_status_t why)
+{
+    for (unsigned i = 0; i < g->nsess; i++)
+        g->sess[i]->ops->kill(g->sess[i], why);
+}
+
+/*
+ * A session failed: the segment leaves the name index, and its other
+ * sessions die with it (one peer, one fate: a peer that lost one
+ * transport is not trusted with the others). A dead session's kill()
+ * returns at once, so this does not recurse more than once.
+ */
 void kvt__session_evict(kvt__session_t *s)
 {
     kvt_engine_h e = s->engine;
+    kvt__seg_t *g = s->seg;
+    kvt_status_t why = atomic_load(&s->dead);
 
     pthread_mutex_lock(&e->sess_lock);
-    names_remove_locked(e, s->seg);
+    names_remove_locked(e, g);
     pthread_mutex_unlock(&e->sess_lock);
+    for (unsigned i = 0; i < g->nsess; i++)
+        if (g->sess[i] != s)
+            g->sess[i]->ops->kill(g->sess[i],
+                                  why != KVT_OK ? why : KVT_ERR_CONN_LOST);
+}
+
+/* The kinds of memory a descriptor's regions are. */
+static uint32_t remote_kinds(const kvt__segdesc_t *d)
+{
+    uint32_t k = 0;
+
+    for (uint32_t i = 0; i < d->nregions; i++)
+        if (d->regions[i].kind < 32)
+            k |= 1u << d->regions[i].kind;
+    return k;
+}
+
+kvt__session_t *kvt__seg_route(kvt__seg_t *g, unsigned lkind, uint64_t raddr,
+                               uint64_t span)
+{
+    unsigned rkind = KVT_MEM_HOST;
+
+    if (lkind >= KVT_MEM_KINDS)
+        return NULL;
+    if ((atomic_load_explicit(&g->rkinds, memory_order_relaxed) &
+         ~KVT__MEM_BIT(KVT_MEM_HOST)) == 0)
+        return g->route[lkind][KVT_MEM_HOST];
+    pthread_mutex_lock(&g->desc_lock);
+    {
+        /* The peer has device memory: look the range up. A range in no
+         * region the descriptor lists (stale, or wrong) goes as host
+         * memory; the target refuses what it does not hold. */
+        uint32_t lo = 0, hi = g->desc.nregions;
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            const kvt_remote_region_t *x = &g->desc.regions[mid];
+            if (x->addr + x->length <= raddr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < g->desc.nregions && g->desc.regions[lo].addr <= raddr &&
+            raddr + span <= g->desc.regions[lo].addr +
+                                g->desc.regions[lo].length &&
+            g->desc.regions[lo].kind < KVT_MEM_KINDS)
+            rkind = g->desc.regions[lo].kind;
+    }
+    pthread_mutex_unlock(&g->desc_lock);
+    return g->route[lkind][rkind];
 }
 
 /* ---- The public calls ---------------------------------------------------- */
@@ -259,8 +324,9 @@ static kvt__seg_t *live_by_name_locked(kvt_engine_h e, const char *name)
 {
     kvt__seg_t *g = names_find_locked(e, name);
 
-    if (g != NULL && atomic_load(&g->sess->dead) != 0)
-        return NULL;
+    for (unsigned i = 0; g != NULL && i < g->nsess; i++)
+        if (atomic_load(&g->sess[i]->dead) != 0)
+            return NULL;
     return g;
 }
 
@@ -292,7 +358,6 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
                               kvt_segment_t *segment_p)
 {
     kvt__seg_t *g, *other;
-    kvt__session_t *s;
     kvt_status_t st;
 
     if (e == NULL || name == NULL || segment_p == NULL || *name == '\0' ||
@@ -331,11 +396,10 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
     st = kvt__ctrl_fetch(e, name, g->addr, &g->desc);
     if (st != KVT_OK)
         goto err_unref;
-    s = NULL;
-    st = kvt__transport_open(e, g, &s);
-    g->sess = s; /* a failed session stays with the segment until freed */
+    atomic_store(&g->rkinds, remote_kinds(&g->desc));
+    st = kvt__transport_open(e, g);
     if (st != KVT_OK)
-        goto err_unref;
+        goto err_kill;
 
     pthread_mutex_lock(&e->sess_lock);
     other = live_by_name_locked(e, name);
@@ -352,13 +416,15 @@ kvt_status_t kvt_segment_open(kvt_engine_h e, const char *name,
     pthread_mutex_unlock(&e->sess_lock);
     if (other != NULL || st != KVT_OK) {
         /* Lost the race (or no room): this one is dropped. */
-        s->ops->kill(s, KVT_ERR_CANCELED);
+        kill_all(g, KVT_ERR_CANCELED);
         kvt__seg_unref(g);
         return st;
     }
     KVT_LOG_D("opened segment %s", name);
     return KVT_OK;
 
+err_kill:
+    kill_all(g, st);
 err_unref:
     kvt__seg_unref(g);
     return st;
@@ -383,6 +449,7 @@ kvt_status_t kvt_segment_regions(kvt_engine_h e, kvt_segment_t segment,
             goto out;
         pthread_mutex_lock(&g->desc_lock);
         kvt__segdesc_move(&g->desc, &fresh);
+        atomic_store(&g->rkinds, remote_kinds(&g->desc));
         pthread_mutex_unlock(&g->desc_lock);
     }
     pthread_mutex_lock(&g->desc_lock);
@@ -412,7 +479,7 @@ kvt_status_t kvt_segment_close(kvt_engine_h e, kvt_segment_t segment)
     pthread_mutex_unlock(&e->sess_lock);
     if (g == NULL)
         return KVT_ERR_NOT_FOUND;
-    g->sess->ops->kill(g->sess, KVT_ERR_CANCELED);
+    kill_all(g, KVT_ERR_CANCELED);
     kvt__seg_unref(g); /* the handle's reference */
     return KVT_OK;
 }
@@ -450,8 +517,8 @@ kvt_status_t kvt_segment_transport(kvt_engine_h e, kvt_segment_t segment,
     g = kvt__seg_get(e, segment);
     if (g == NULL)
         return KVT_ERR_NOT_FOUND;
-    if (local == KVT_MEM_HOST && remote == KVT_MEM_HOST && g->sess != NULL)
-        *name_p = g->sess->ops->name;
+    if (g->route[local][remote] != NULL)
+        *name_p = g->route[local][remote]->ops->name;
     else
         st = KVT_ERR_NOT_SUPPORTED;
     kvt__seg_unref(g);

@@ -80,42 +80,85 @@ static void reasons(kvt_engine_h e, const char *const *why, unsigned chosen,
     }
 }
 
-kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg,
-                                 kvt__session_t **s_p)
+/* The session of @seg with transport @tl, if one is open. */
+static kvt__session_t *sess_of(kvt__seg_t *seg, kvt__tl_t *tl)
+{
+    for (unsigned i = 0; i < seg->nsess; i++)
+        if (seg->sess[i]->tl == tl)
+            return seg->sess[i];
+    return NULL;
+}
+
+/*
+ * The best transport for one pair of kinds: one already open for the
+ * segment, or the first of the candidates that opens. Returns the
+ * session, or NULL with *st_p the last failure (KVT_ERR_NOT_SUPPORTED
+ * when no transport can serve the pair at all).
+ */
+static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg,
+                                 unsigned l, unsigned r, kvt_status_t *st_p)
 {
     unsigned order[KVT__TL_MAX], n;
     const char *why[KVT__TL_MAX];
     kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
-    kvt_status_t st = KVT_ERR_NOT_SUPPORTED;
 
-    *s_p = NULL;
-    n = kvt__tl_select(e, &seg->desc, KVT_MEM_HOST, KVT_MEM_HOST, order, why);
+    *st_p = KVT_ERR_NOT_SUPPORTED;
+    n = kvt__tl_select(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r,
+                       order, why);
     for (unsigned k = 0; k < n; k++) {
         kvt__tl_t *tl = e->tl[order[k]];
+        kvt__session_t *s = sess_of(seg, tl);
         const char *w = NULL;
-        kvt__session_t *s = NULL;
 
-        st = tl->ops->open(tl, &peer, &s, &w);
-        if (st == KVT_OK) {
+        if (s == NULL) {
+            kvt_status_t st = tl->ops->open(tl, &peer, &s, &w);
+            if (s != NULL)
+                seg->sess[seg->nsess++] = s; /* failed or not, it stays */
+            if (st != KVT_OK) {
+                *st_p = st;
+                if (s != NULL)
+                    return NULL; /* a failed session: the open fails */
+                why[order[k]] = w != NULL ? w : kvt_status_str(st);
+                continue;
+            }
+        }
+        {
             char told[256];
             reasons(e, why, order[k], told, sizeof(told));
             if (told[0] != '\0')
                 KVT_LOG_W("segment %s: %s: falling back to %s", seg->name,
                           told, tl->ops->name);
-            else
+            else if (l == KVT_MEM_HOST && r == KVT_MEM_HOST)
                 KVT_LOG_I("segment %s: using %s", seg->name, tl->ops->name);
-            *s_p = s;
-            return KVT_OK;
         }
-        if (s != NULL) {
-            /* A failed session: it goes once quiescent. */
-            *s_p = s;
-            return st;
-        }
-        why[order[k]] = w != NULL ? w : kvt_status_str(st);
+        *st_p = KVT_OK;
+        return s;
     }
-    if (n == 0)
+    return NULL;
+}
+
+kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
+{
+    kvt_status_t first = KVT_ERR_NOT_SUPPORTED;
+    int any = 0;
+
+    for (unsigned l = 0; l < KVT_MEM_KINDS; l++) {
+        for (unsigned r = 0; r < KVT_MEM_KINDS; r++) {
+            kvt_status_t st;
+            seg->route[l][r] = route_one(e, seg, l, r, &st);
+            if (seg->route[l][r] != NULL) {
+                any = 1;
+            } else if (st != KVT_ERR_NOT_SUPPORTED) {
+                return st; /* a transport that should serve it failed */
+            } else if (l == KVT_MEM_HOST && r == KVT_MEM_HOST) {
+                first = st;
+            }
+        }
+    }
+    if (!any) {
         KVT_LOG_E("segment %s offers no transport this engine runs",
                   seg->name);
-    return st;
+        return first;
+    }
+    return KVT_OK;
 }

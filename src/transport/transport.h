@@ -33,7 +33,7 @@
 #include "core/segdesc.h"
 #include "core/wire.h"
 
-#define KVT__TL_MAX 8 /* transports one engine runs */
+#define KVT__TL_MAX KVT_MEMREG_KEYS /* transports one engine runs */
 
 typedef struct kvt__tl kvt__tl_t;
 typedef struct kvt__tl_ops kvt__tl_ops_t;
@@ -256,10 +256,18 @@ struct kvt__tl {
  * engine's listener with a HELLO naming this transport (ctrl/ctrl.h), after
  * HELLO_ACK; it owns the socket, and closes it on failure.
  *
- * Memory. mem_changed() is called after every registration and
- * unregistration, without locks held; when it returns, no peer of this
- * transport may touch memory by an older registry (it may wait for peers
- * that copy themselves).
+ * Memory. mem_reg() is called for every region registered whose kind the
+ * transport moves (caps.local_mem), before the region is in the registry:
+ * it fills @key with its handle of the registration and, when peers need
+ * one to address the region through this transport, the packed remote key
+ * (malloc'd; the descriptor's KEYS section carries it). Its failure fails
+ * the registration (logged by the transport). mem_dereg() undoes it, after
+ * the region has left the registry and mem_changed() has run: no
+ * transfer of this engine starts on it any more, and the transport keeps
+ * the handle alive for those still in flight. mem_changed() is called
+ * after every registration and unregistration, without locks held; when it
+ * returns, no peer of this transport may touch memory by an older registry
+ * (it may wait for peers that copy themselves).
  *
  * Peers. reachable() says whether a peer, by its descriptor (its section
  * of this transport is there), can be served, and why not in *why_p (NULL
@@ -294,6 +302,10 @@ struct kvt__tl_ops {
     kvt_status_t (*accept)(kvt__tl_t *tl, int fd,
                            const kvt__wire_hello_t *hello);
 
+    kvt_status_t (*mem_reg)(kvt__tl_t *tl, const kvt__region_t *r,
+                            kvt__tl_key_t *key);
+    void (*mem_dereg)(kvt__tl_t *tl, const kvt__region_t *r,
+                      kvt__tl_key_t *key);
     void (*mem_changed)(kvt__tl_t *tl);
 
     int (*reachable)(kvt__tl_t *tl, const kvt__segdesc_t *peer,

@@ -66,9 +66,13 @@ KVT_TEST(memory_api)
 {
     kvt_engine_h e = mk();
     static char buf[1 << 16];
-    kvt_mem_region_t r[2] = {{buf, 4096, 3, KVT_MEM_HOST},
-                             {buf + 8192, 4096, 1, KVT_MEM_HOST}};
+    kvt_mem_region_t r[2] = {{buf, 4096, 3, KVT_MEM_HOST, -1, 0},
+                             {buf + 8192, 4096, 1, KVT_MEM_HOST, -1, 0}};
     void *addrs[2] = {buf, buf + 8192};
+    kvt_mem_params_t mp = {0};
+    kvt_remote_region_t rr[2];
+    kvt_segment_t self;
+    size_t n;
     void *m;
 
     CHECK_OK(kvt_mem_register_batch(e, r, 2));
@@ -77,6 +81,35 @@ KVT_TEST(memory_api)
     CHECK_ST(kvt_mem_unregister(e, buf), KVT_ERR_NOT_FOUND);
     r[1].kind = KVT_MEM_CUDA;
     CHECK_ST(kvt_mem_register_batch(e, r, 2), KVT_ERR_NOT_SUPPORTED);
+    CHECK_OK(kvt_mem_register(e, buf, 4096, 3)); /* nothing of it stayed */
+    CHECK_OK(kvt_mem_unregister(e, buf));
+    r[1].kind = KVT_MEM_AUTO; /* host memory, told from the memory */
+    CHECK_OK(kvt_mem_register_batch(e, r, 2));
+    CHECK_OK(kvt_mem_unregister_batch(e, addrs, 2));
+    /* The params form: defaults (detected kind, read-write), a stated
+     * kind this build has no domain for, an unknown field. */
+    CHECK_OK(kvt_mem_register_ex(e, buf, 4096, NULL));
+    mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
+    mp.kind = KVT_MEM_CUDA;
+    mp.device = 0;
+    CHECK_ST(kvt_mem_register_ex(e, buf + 8192, 4096, &mp),
+             KVT_ERR_NOT_SUPPORTED);
+    mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_ACCESS;
+    mp.kind = KVT_MEM_HOST;
+    mp.access = KVT_ACCESS_REMOTE_READ;
+    CHECK_OK(kvt_mem_register_ex(e, buf + 8192, 4096, &mp));
+    mp.field_mask = 1u << 20;
+    CHECK_ST(kvt_mem_register_ex(e, buf + 16384, 4096, &mp),
+             KVT_ERR_INVALID_PARAM);
+    /* The engine's own descriptor, as a peer sees it. */
+    CHECK_OK(kvt_segment_open(e, kvt_engine_segment_name(e), &self));
+    CHECK_OK(kvt_segment_regions(e, self, 0, rr, 2, &n));
+    CHECK(n == 2 && rr[0].addr == (uint64_t)(uintptr_t)buf &&
+          rr[0].access == KVT_ACCESS_REMOTE_RW &&
+          rr[0].kind == KVT_MEM_HOST && rr[0].device == -1 &&
+          rr[1].access == KVT_ACCESS_REMOTE_READ);
+    CHECK_OK(kvt_segment_close(e, self));
+    CHECK_OK(kvt_mem_unregister_batch(e, addrs, 2));
     CHECK_OK(kvt_mem_alloc(e, 3 << 20, KVT_ACCESS_REMOTE_RW, &m));
     CHECK(((uintptr_t)m & 4095) == 0);
     memset(m, 1, 3 << 20);
@@ -86,6 +119,123 @@ KVT_TEST(memory_api)
     CHECK_ST(kvt_mem_alloc(e, 0, 3, &m), KVT_ERR_INVALID_PARAM);
     CHECK_OK(kvt_mem_alloc(e, 100, 3, &m)); /* left for destroy to free */
     kvt_engine_destroy(e);
+}
+
+/*
+ * A transport that keeps a key per region (as an RDMA transport keeps a
+ * memory registration and a remote key), put into an engine by hand: its
+ * keys reach the descriptor's KEYS section for the right regions; a
+ * registration it refuses fails the whole batch and undoes the others;
+ * unregistering (and the engine's end) drops each.
+ */
+#define FAKE_ID (1u << 20)
+#define FAKE_REFUSED_LEN 12345
+static int fake_regs, fake_deregs;
+
+static kvt_status_t fake_create(kvt_engine_h e, kvt__tl_t **tl_p)
+{
+    return KVT_ERR_NOT_SUPPORTED;
+}
+static void fake_destroy(kvt__tl_t *tl)
+{
+}
+static kvt_status_t fake_describe(kvt__tl_t *tl, kvt__segdesc_t *d)
+{
+    return kvt__segdesc_add_tl(d, FAKE_ID, "fake", 3, "body", 4);
+}
+static kvt_status_t fake_reg(kvt__tl_t *tl, const kvt__region_t *r,
+                             kvt__tl_key_t *key)
+{
+    if (r->end - r->start == FAKE_REFUSED_LEN)
+        return KVT_ERR_IO;
+    key->memh = (void *)(uintptr_t)r->start;
+    key->rkey = malloc(8);
+    memcpy(key->rkey, &r->start, 8);
+    key->rkey_len = 8;
+    fake_regs++;
+    return KVT_OK;
+}
+static void fake_dereg(kvt__tl_t *tl, const kvt__region_t *r,
+                       kvt__tl_key_t *key)
+{
+    CHECK(key->memh == (void *)(uintptr_t)r->start);
+    fake_deregs++;
+}
+static kvt_status_t fake_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                              kvt__session_t **s_p, const char **why_p)
+{
+    *why_p = "a test transport opens nothing";
+    return KVT_ERR_NOT_SUPPORTED;
+}
+static kvt_status_t fake_submit(kvt__session_t *s, const kvt__xfer_t *x,
+                                size_t n, kvt__sub_t *sub)
+{
+    return KVT_ERR_NOT_SUPPORTED;
+}
+static void fake_kill(kvt__session_t *s, kvt_status_t why)
+{
+}
+static const kvt__tl_ops_t fake_ops = {
+    .name = "fake",
+    .id = FAKE_ID,
+    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .priority = -1},
+    .create = fake_create,
+    .destroy = fake_destroy,
+    .describe = fake_describe,
+    .mem_reg = fake_reg,
+    .mem_dereg = fake_dereg,
+    .open = fake_open,
+    .submit = fake_submit,
+    .kill = fake_kill,
+    .destroy_session = NULL,
+};
+
+KVT_TEST(transport_keys)
+{
+    kvt_engine_h e = mk();
+    static char buf[1 << 16];
+    static kvt__tl_t fake;
+    kvt_mem_region_t batch[2] = {{buf + 8192, 4096, 3, KVT_MEM_HOST, -1, 0},
+                                 {buf + 16384, FAKE_REFUSED_LEN, 3,
+                                  KVT_MEM_HOST, -1, 0}};
+    const kvt__segdesc_tl_t *tl;
+    const uint8_t *k;
+    uint32_t klen;
+    uint64_t want;
+    kvt_segment_t self;
+    kvt__seg_t *g;
+
+    CHECK(kvt__tl_ops_sound(&fake_ops) == 0); /* no destroy_session */
+    kvt__tl_init(&fake, &fake_ops, e);
+    fake.index = e->ntl;
+    e->tl[e->ntl++] = &fake;
+    CHECK_OK(kvt_mem_register(e, buf, 4096, 3));
+    CHECK(fake_regs == 1);
+    CHECK_ST(kvt_mem_register_batch(e, batch, 2), KVT_ERR_IO);
+    CHECK(fake_regs == 2 && fake_deregs == 1); /* the first one undone */
+    CHECK_OK(kvt_mem_register(e, buf + 8192, 4096, 1)); /* it was not kept */
+    CHECK(fake_regs == 3);
+    /* A peer (here the engine itself) reads the keys by region. */
+    CHECK_OK(kvt_segment_open(e, kvt_engine_segment_name(e), &self));
+    g = kvt__seg_get(e, self);
+    CHECK(g != NULL);
+    tl = kvt__segdesc_tl(&g->desc, FAKE_ID);
+    CHECK(tl != NULL && tl->version == 3 && tl->len == 4 &&
+          strcmp(tl->name, "fake") == 0);
+    CHECK(g->desc.nregions == 2 && tl->nkeys == 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        k = kvt__segdesc_key(tl, i, &klen);
+        want = g->desc.regions[i].addr;
+        CHECK(k != NULL && klen == 8 && memcmp(k, &want, 8) == 0);
+    }
+    kvt__seg_unref(g);
+    CHECK_OK(kvt_segment_close(e, self));
+    CHECK_OK(kvt_mem_unregister(e, buf));
+    CHECK(fake_deregs == 2);
+    kvt_engine_destroy(e); /* drops the last one */
+    CHECK(fake_deregs == 3);
 }
 
 /* Two engines in one process: writes, reads, refresh of the descriptor,
@@ -624,7 +774,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
               KVT_CASE(destroy_target_first, 20),
-              KVT_CASE(batch_on_idle, 30),
+              KVT_CASE(batch_on_idle, 30), KVT_CASE(transport_keys, 20),
               KVT_CASE(tcp_send_queue_never_stalls, 60),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),

@@ -7,20 +7,19 @@
 #include "kvt_test.h"
 #include "util/sock.h"
 
-static kvt_mem_region_t R(uint64_t a, uint64_t len, uint32_t acc)
+static kvt__region_t R(uint64_t a, uint64_t len, uint32_t acc)
 {
-    kvt_mem_region_t r = {(void *)(uintptr_t)a, len, acc, KVT_MEM_HOST};
+    kvt__region_t r = {a, a + len, acc, KVT_MEM_HOST, -1, NULL};
     return r;
 }
 
 KVT_TEST(add_lookup_remove)
 {
     kvt__memreg_t reg;
-    kvt_mem_region_t r[3] = {R(0x3000, 0x1000, KVT_ACCESS_REMOTE_RW),
+    kvt__region_t r[3] = {R(0x3000, 0x1000, KVT_ACCESS_REMOTE_RW),
                              R(0x1000, 0x1000, KVT_ACCESS_REMOTE_READ),
                              R(0x8000, 0x100, KVT_ACCESS_REMOTE_WRITE)};
-    kvt_remote_region_t *snap;
-    uint32_t n;
+    kvt__region_t out;
     CHECK_OK(kvt__memreg_init(&reg));
     CHECK_OK(kvt__memreg_add(&reg, r, 3));
     CHECK(kvt__memreg_contains(&reg, 0x3000, 0x1000, KVT_ACCESS_REMOTE_RW));
@@ -33,26 +32,35 @@ KVT_TEST(add_lookup_remove)
     CHECK(!kvt__memreg_contains(&reg, 0x8000, 1, KVT_ACCESS_REMOTE_READ));
     CHECK(!kvt__memreg_contains(&reg, 0x1000, 0, 0));
     CHECK(!kvt__memreg_contains(&reg, UINT64_MAX, 2, 0));
-    CHECK_OK(kvt__memreg_snapshot(&reg, &snap, &n));
-    CHECK(n == 3 && snap[0].addr == 0x1000 && snap[1].addr == 0x3000 &&
-          snap[2].addr == 0x8000);
-    free(snap);
-    CHECK(atomic_load(&reg.gen) == 0);
-    CHECK_ST(kvt__memreg_remove(&reg, 0x3001), KVT_ERR_NOT_FOUND);
-    CHECK_OK(kvt__memreg_remove(&reg, 0x3000));
-    CHECK(atomic_load(&reg.gen) == 1);
+    kvt__memreg_rdlock(&reg);
+    CHECK(kvt__memreg_count_locked(&reg) == 3 &&
+          kvt__memreg_at_locked(&reg, 0)->start == 0x1000 &&
+          kvt__memreg_at_locked(&reg, 1)->start == 0x3000 &&
+          kvt__memreg_at_locked(&reg, 2)->start == 0x8000);
+    CHECK(kvt__memreg_find_locked(&reg, 0x3800, 0x800) ==
+          kvt__memreg_at_locked(&reg, 1));
+    CHECK(kvt__memreg_find_locked(&reg, 0x3800, 0x801) == NULL);
+    CHECK(kvt__memreg_overlaps_locked(&reg, 0x2fff, 0x3001));
+    CHECK(!kvt__memreg_overlaps_locked(&reg, 0x2000, 0x3000));
+    kvt__memreg_unlock(&reg);
+    CHECK(kvt__memreg_gen(&reg) == 0);
+    CHECK_ST(kvt__memreg_remove(&reg, 0x3001, &out), KVT_ERR_NOT_FOUND);
+    CHECK_OK(kvt__memreg_remove(&reg, 0x3000, &out));
+    CHECK(out.start == 0x3000 && out.end == 0x4000 &&
+          out.access == KVT_ACCESS_REMOTE_RW);
+    CHECK(kvt__memreg_gen(&reg) == 1);
     CHECK(!kvt__memreg_contains(&reg, 0x3000, 1, 0));
-    CHECK_ST(kvt__memreg_remove(&reg, 0x3000), KVT_ERR_NOT_FOUND);
+    CHECK_ST(kvt__memreg_remove(&reg, 0x3000, &out), KVT_ERR_NOT_FOUND);
     kvt__memreg_fini(&reg);
 }
 
 KVT_TEST(overlaps_refused)
 {
     kvt__memreg_t reg;
-    kvt_mem_region_t a = R(0x10000, 0x1000, 1);
-    kvt_mem_region_t bad[] = {R(0x10000, 0x1000, 1), R(0xff00, 0x200, 1),
+    kvt__region_t a = R(0x10000, 0x1000, 1);
+    kvt__region_t bad[] = {R(0x10000, 0x1000, 1), R(0xff00, 0x200, 1),
                               R(0x10fff, 1, 1), R(0xf000, 0x3000, 1)};
-    kvt_mem_region_t pair[2] = {R(0x20000, 0x100, 1), R(0x200f0, 0x100, 1)};
+    kvt__region_t pair[2] = {R(0x20000, 0x100, 1), R(0x200f0, 0x100, 1)};
     CHECK_OK(kvt__memreg_init(&reg));
     CHECK_OK(kvt__memreg_add(&reg, &a, 1));
     for (size_t i = 0; i < 4; i++)
@@ -79,7 +87,7 @@ KVT_TEST(many_regions)
     /* Insert in a scrambled order; the array must stay sorted. */
     for (uint64_t i = 0; i < 5000; i++) {
         uint64_t k = (i * 7919) % 5000;
-        kvt_mem_region_t r = R(0x100000 + k * 0x2000, 0x1000, 3);
+        kvt__region_t r = R(0x100000 + k * 0x2000, 0x1000, 3);
         CHECK_OK(kvt__memreg_add(&reg, &r, 1));
     }
     for (uint64_t k = 0; k < 5000; k++) {

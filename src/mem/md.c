@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The memory domains built in (md.h). The build writes md_list.h, one
+ * KVT__MD(name) line per domain added with kvt_add_memory_domain().
+ */
+#include "mem/md.h"
+
+#include "util/log.h"
+
+#define KVT__MD(n) extern const kvt__md_ops_t kvt__md_##n;
+#include "md_list.h"
+#undef KVT__MD
+
+static const kvt__md_ops_t *const registered[] = {
+#define KVT__MD(n) &kvt__md_##n,
+#include "md_list.h"
+#undef KVT__MD
+    NULL};
+
+const kvt__md_ops_t *kvt__md_registered(size_t i)
+{
+    return i < sizeof(registered) / sizeof(registered[0]) ? registered[i]
+                                                          : NULL;
+}
+
+const kvt__md_ops_t *kvt__md_of(kvt_mem_kind_t kind)
+{
+    for (size_t i = 0; registered[i] != NULL; i++)
+        if (registered[i]->kind == kind)
+            return registered[i];
+    return NULL;
+}
+
+kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
+                             int32_t device, kvt_mem_kind_t *kind_p,
+                             int32_t *device_p)
+{
+    const kvt__md_ops_t *md;
+    kvt_status_t st;
+
+    if (kind == KVT_MEM_AUTO) {
+        /* Every domain that can tell its own memory, then host memory. */
+        for (size_t i = 0; registered[i] != NULL; i++) {
+            int32_t dev = -1;
+            md = registered[i];
+            if (md->detect != NULL && md->detect(addr, len, &dev)) {
+                *kind_p = md->kind;
+                *device_p = dev;
+                return KVT_OK;
+            }
+        }
+        kind = KVT_MEM_HOST;
+        device = -1;
+    }
+    md = kvt__md_of(kind);
+    if (md == NULL) {
+        KVT_LOG_W("register: memory kind %d is not supported by this build",
+                  (int)kind);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    st = md->check != NULL ? md->check(addr, len, device) : KVT_OK;
+    if (st != KVT_OK)
+        return st;
+    *kind_p = kind;
+    *device_p = kind == KVT_MEM_HOST ? -1 : device;
+    return KVT_OK;
+}
