@@ -1,24 +1,49 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* kvt info: what this build of the library has. */
 #include <stdio.h>
 
 #include <kvt/kvt.h>
 
 #include "cli.h"
-#include "core/wire.h"
-#include "meta/meta.h"
+
+static void kinds(uint32_t bits, char *out, size_t cap)
+{
+    static const char *const names[KVT_MEM_KINDS] = {"host", "cuda"};
+    size_t n = 0;
+
+    out[0] = '\0';
+    for (unsigned k = 0; k < KVT_MEM_KINDS && n < cap; k++)
+        if (bits & (1u << k))
+            n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "+" : "",
+                                  names[k]);
+}
 
 int kvt_cmd_info(int argc, char **argv)
 {
+    const kvt_version_t *v = kvt_version();
+    kvt_transport_info_t t[16];
+    size_t n = 0;
+
     (void)argc;
     (void)argv;
-    printf("kvt %d.%d.%d\n", KVT_VERSION_MAJOR, KVT_VERSION_MINOR,
-           KVT_VERSION_PATCH);
-    printf("wire protocol: %d.%d\n", KVT_WIRE_VERSION_MAJOR,
-           KVT_WIRE_VERSION_MINOR);
-    printf("transports: tcp, shm (same host: cross-memory attach and "
-           "mapped kvt_mem_alloc memory)\n");
-    printf("metadata backends: %s\n", kvt__meta_backends_built());
+    printf("kvt %s\n", v->string);
+    printf("wire protocol: %u.%u\n", v->wire_major, v->wire_minor);
+    if (kvt_transports(t, 16, &n) == KVT_OK) {
+        printf("transports:");
+        for (size_t i = 0; i < n && i < 16; i++) {
+            char l[32], r[32];
+            kinds(t[i].local_mem, l, sizeof(l));
+            kinds(t[i].remote_mem, r, sizeof(r));
+            printf("%s %s (%s%s memory here, %s there, priority %d)",
+                   i ? "," : "", t[i].name,
+                   (t[i].flags & KVT_TRANSPORT_F_SAME_HOST) ? "same host, "
+                                                            : "",
+                   l, r, t[i].priority);
+        }
+        printf("\n");
+    }
+    printf("metadata backends: %s\n", kvt_meta_backends());
     printf("metadata server (kvt metad): %s\n",
-           kvt__meta_server_built() ? "yes" : "no");
+           kvt_metad_available() ? "yes" : "no");
     return 0;
 }

@@ -11,8 +11,6 @@
 #include <kvt/kvt.h>
 
 #include "cli.h"
-#include "meta/meta.h"
-#include "meta/metad.h"
 
 static void usage(FILE *f)
 {
@@ -45,11 +43,11 @@ static int parse_port(const char *s, uint16_t *port_p)
 
 int kvt_cmd_metad(int argc, char **argv)
 {
-    kvt__metad_params_t p = {0};
+    kvt_metad_params_t p = {0};
     const char *host = "0.0.0.0", *v;
     uint16_t port = 8080;
     uint64_t size;
-    kvt__metad_t *md;
+    kvt_metad_h md;
     sigset_t sigs;
     int sig = 0;
 
@@ -66,17 +64,17 @@ int kvt_cmd_metad(int argc, char **argv)
             if (cli_parse_size(v, &size) != 0 || size < 1 || size > 64)
                 goto bad;
             p.threads = (unsigned)size;
-            p.field_mask |= KVT__METAD_PARAM_THREADS;
+            p.field_mask |= KVT_METAD_PARAM_THREADS;
         } else if ((v = cli_opt(argc, argv, &i, "max-body")) != NULL) {
-            if (cli_parse_size(v, &size) != 0 || size > KVT_META_VALUE_MAX)
+            if (cli_parse_size(v, &size) != 0 || size > KVT_METAD_MAX_BODY)
                 goto bad;
             p.max_body = (size_t)size;
-            p.field_mask |= KVT__METAD_PARAM_MAX_BODY;
+            p.field_mask |= KVT_METAD_PARAM_MAX_BODY;
         } else if ((v = cli_opt(argc, argv, &i, "max-bytes")) != NULL) {
             if (cli_parse_size(v, &size) != 0)
                 goto bad;
             p.max_bytes = (size_t)size;
-            p.field_mask |= KVT__METAD_PARAM_MAX_BYTES;
+            p.field_mask |= KVT_METAD_PARAM_MAX_BYTES;
         } else {
             fprintf(stderr, "kvt metad: unknown option '%s'\n\n", argv[i]);
             usage(stderr);
@@ -94,18 +92,21 @@ int kvt_cmd_metad(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    if (kvt__metad_start(host, port, &p, &md) != KVT_OK) {
+    p.field_mask |= KVT_METAD_PARAM_HOST | KVT_METAD_PARAM_PORT;
+    p.host = host;
+    p.port = port;
+    if (kvt_metad_start(&p, &md) != KVT_OK) {
         fprintf(stderr,
                 "kvt metad: cannot start on %s:%u (see the log "
                 "above)\n",
                 host, port);
         return 1;
     }
-    printf("metad: listening on http://%s:%u\n", host, kvt__metad_port(md));
+    printf("metad: listening on http://%s:%u\n", host, kvt_metad_port(md));
     fflush(stdout);
     while (sigwait(&sigs, &sig) != 0)
         ;
-    kvt__metad_stop(md);
+    kvt_metad_stop(md);
     printf("metad: stopped (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     return 0;
 }

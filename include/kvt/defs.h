@@ -9,7 +9,7 @@
 #endif
 
 #define KVT_VERSION_MAJOR 0
-#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_MINOR 2
 #define KVT_VERSION_PATCH 0
 
 #endif

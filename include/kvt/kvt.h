@@ -7,14 +7,21 @@
  *
  * Include this header for the whole public C API:
  *   kvt/status.h    status codes and their messages
- *   kvt/engine.h    engine, local memory, remote segments
- *   kvt/transfer.h  batched one-sided transfers and notifications
+ *   kvt/version.h   the library's and the wire protocol's versions
+ *   kvt/engine.h    engine, transports, local memory, remote segments
+ *   kvt/transfer.h  batched one-sided transfers, the submission plug,
+ *                   notifications
  *   kvt/connector.h the prefill/decode KV connector and bootstrap server
+ *   kvt/metad.h     the metadata server and the bootstrap client
+ *   kvt/log.h       the library's log, for code built on it
  */
 #include <kvt/connector.h>
 #include <kvt/defs.h>
 #include <kvt/engine.h>
+#include <kvt/log.h>
+#include <kvt/metad.h>
 #include <kvt/status.h>
 #include <kvt/transfer.h>
+#include <kvt/version.h>
 
 #endif

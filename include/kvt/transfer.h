@@ -131,6 +131,50 @@ KVT_API kvt_status_t kvt_batch_entry(kvt_batch_h batch, size_t index,
 KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
 
 /*
+ * A call made when a batch goes idle (kvt_batch_set_idle_cb()): @arg as
+ * given there.
+ */
+typedef void (*kvt_batch_idle_cb_t)(kvt_batch_h batch, void *arg);
+
+/*
+ * kvt_batch_set_idle_cb() - have @cb called each time the batch's last
+ * pending descriptor becomes final (also one that failed at submission),
+ * or clear it with NULL. Set it before submitting, from the thread that
+ * uses the batch.
+ *
+ * The call runs in the thread that completes the descriptor (a worker, a
+ * waiter, or the submitting thread itself inside kvt_batch_submit()), with
+ * engine locks possibly held: it must not block, and must not call into
+ * kvt except kvt_batch_query() and kvt_batch_entry() on this batch. It
+ * runs before kvt_batch_wait() or kvt_batch_query() can see the batch
+ * idle; a submission racing with the last completion may make it run once
+ * more. After clearing returns, no call of it is running or will run.
+ * Typical use: wake the thread that owns the batch (a condition variable,
+ * an eventfd). Returns KVT_OK, KVT_ERR_INVALID_PARAM (NULL batch).
+ */
+KVT_API kvt_status_t kvt_batch_set_idle_cb(kvt_batch_h batch,
+                                           kvt_batch_idle_cb_t cb, void *arg);
+
+/*
+ * kvt_submit_plug(), kvt_submit_unplug() - the submission plug, in the
+ * manner of the block layer's: between a plug and its unplug, this
+ * thread's submissions queue their work but may leave the transports'
+ * workers asleep; the last unplug wakes them once for all of it. Use it
+ * around a round of submissions to several peers (the writes of one
+ * request to several decode ranks): the workers then see all of them
+ * before any runs, and a same-host transport copies the parts of one
+ * source row for two peers in one pass.
+ *
+ * Plugs nest and are per thread. While plugged, the thread must not wait
+ * for its own submissions (kvt_batch_wait() would wait for the transport's
+ * timer instead of its workers) and must not destroy an engine it
+ * submitted to before it unplugs. Never blocks; an unplug without a plug
+ * does nothing.
+ */
+KVT_API void kvt_submit_plug(void);
+KVT_API void kvt_submit_unplug(void);
+
+/*
  * kvt_batch_reset() - make all slots free again so the batch can be
  * reused. KVT_ERR_BUSY while any descriptor is pending.
  */

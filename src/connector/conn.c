@@ -11,9 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "connector/conn_int.h"
-#include "core/engine_int.h"
-#include "util/log.h"
+#include "conn_int.h"
 
 #define DEFAULT_BOOTSTRAP_MS 30000ull
 #define DEFAULT_WAITING_MS 300000ull
@@ -30,11 +28,16 @@
 #define BUSY_POLL_NS 2000000ull
 #define IDLE_POLL_NS 10000000ull
 
-uint64_t kvt__conn_now_ms(void)
+uint64_t kvt__conn_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kvt__conn_now_ms(void)
+{
+    return kvt__conn_now_ns() / 1000000ull;
 }
 
 /* xorshift64*, seeded at create; called under the lock. */
@@ -63,10 +66,11 @@ void kvt__conn_wake(kvt_conn_h c)
  * the narrow miss left (raised between that check and the wait) costs one
  * BUSY_POLL_NS.
  */
-static void batch_idle(void *arg)
+static void batch_idle(kvt_batch_h batch, void *arg)
 {
     kvt_conn_h c = arg;
 
+    (void)batch;
     atomic_fetch_add(&c->kicks, 1);
     if (pthread_mutex_trylock(&c->lock) == 0) {
         kvt__conn_wake(c);
@@ -78,12 +82,12 @@ static void batch_idle(void *arg)
 
 void kvt__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch)
 {
-    kvt__batch_on_idle(batch, batch_idle, c);
+    kvt_batch_set_idle_cb(batch, batch_idle, c);
 }
 
 void kvt__conn_batch_forget(kvt_batch_h batch)
 {
-    kvt__batch_on_idle(batch, NULL, NULL);
+    kvt_batch_set_idle_cb(batch, NULL, NULL);
 }
 
 int kvt__conn_descs(kvt_conn_h c, size_t n)
@@ -258,7 +262,7 @@ static void topo_error(kvt__topo_t *t, kvt_status_t st, const char *why)
 }
 
 /* Fetch the sizes (the lock released). */
-static void topo_fetch_sizes(kvt_conn_h c, kvt__bootc_t *bc, kvt__topo_t *t)
+static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
 {
     char server[KVT__NAME_MAX], why[KVT__WHY_MAX] = "";
     uint32_t tp = 0, dp = 0;
@@ -268,7 +272,7 @@ static void topo_fetch_sizes(kvt_conn_h c, kvt__bootc_t *bc, kvt__topo_t *t)
     snprintf(server, sizeof(server), "%s", t->server);
     pthread_mutex_unlock(&c->lock);
     if (bc != NULL)
-        st = kvt__bootc_sizes(bc, server, &tp, &dp, HTTP_TIMEOUT_MS, why,
+        st = kvt_bootc_sizes(bc, server, &tp, &dp, HTTP_TIMEOUT_MS, why,
                               sizeof(why));
     else
         snprintf(why, sizeof(why),
@@ -302,7 +306,7 @@ static void topo_fetch_sizes(kvt_conn_h c, kvt__bootc_t *bc, kvt__topo_t *t)
 }
 
 /* Look up the ranks rooms need (the lock released during each). */
-static void topo_fetch_ranks(kvt_conn_h c, kvt__bootc_t *bc, kvt__topo_t *t)
+static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
 {
     uint32_t P = t->tp_total / t->dp;
 
@@ -315,7 +319,7 @@ static void topo_fetch_ranks(kvt_conn_h c, kvt__bootc_t *bc, kvt__topo_t *t)
             continue;
         snprintf(server, sizeof(server), "%s", t->server);
         pthread_mutex_unlock(&c->lock);
-        st = kvt__bootc_route(bc, server, i % P, i / P, name, sizeof(name),
+        st = kvt_bootc_route(bc, server, i % P, i / P, name, sizeof(name),
                               HTTP_TIMEOUT_MS, why, sizeof(why));
         pthread_mutex_lock(&c->lock);
         if (t->state != KVT__TOPO_OK)
@@ -344,12 +348,12 @@ static int topo_wants_ranks(const kvt__topo_t *t, uint64_t now)
 
 /* ---- The slow thread ----------------------------------------------------- */
 
-static int slow_register(kvt_conn_h c, kvt__bootc_t *bc, char *why, size_t wl)
+static int slow_register(kvt_conn_h c, kvt_bootc_h bc, char *why, size_t wl)
 {
     kvt_status_t st = KVT_ERR_NOT_SUPPORTED;
 
     if (bc != NULL)
-        st = kvt__bootc_register(bc, c->server, c->host, c->port,
+        st = kvt_bootc_register(bc, c->server, c->host, c->port,
                                  c->tp_size * c->dp_size, c->dp_size,
                                  c->dp_rank * c->tp_size + c->tp_rank, c->ttl_s,
                                  HTTP_TIMEOUT_MS, why, wl);
@@ -366,10 +370,10 @@ static int slow_register(kvt_conn_h c, kvt__bootc_t *bc, char *why, size_t wl)
 static void *slow_main(void *arg)
 {
     kvt_conn_h c = arg;
-    kvt__bootc_t *bc = NULL;
+    kvt_bootc_h bc = NULL;
     char why[KVT__WHY_MAX];
 
-    if (kvt__bootc_create(&bc) != KVT_OK)
+    if (kvt_bootc_create(&bc) != KVT_OK)
         bc = NULL;
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
@@ -434,7 +438,7 @@ static void *slow_main(void *arg)
         timed_wait(&c->slow_cv, &c->lock, 50000000ull);
     }
     pthread_mutex_unlock(&c->lock);
-    kvt__bootc_destroy(bc);
+    kvt_bootc_destroy(bc);
     return NULL;
 }
 
@@ -542,15 +546,15 @@ static void *worker_main(void *arg)
         c->work = 0;
         busy = kvt__sess_tick(c, now);
         /* Every room's submissions queued before the engine's workers
-         * wake (kvt__submit_plug()). */
-        kvt__submit_plug();
+         * wake (kvt_submit_plug()). */
+        kvt_submit_plug();
         for (struct kvt_room *r = c->rooms; r != NULL; r = r->next) {
             if (r->role == KVT_ROLE_PREFILL)
                 busy |= kvt__prefill_tick(c, r, now);
             else
                 busy |= kvt__decode_tick(c, r, now);
         }
-        kvt__submit_unplug();
+        kvt_submit_unplug();
         kvt__rooms_tick(c, now);
         expire_misc(c, now);
         busy |= kvt__sess_tick(c, now);
@@ -830,15 +834,15 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
             goto err_free;
     }
     if (c->role == KVT_ROLE_PREFILL) {
-        kvt__bootc_t *bc = NULL;
+        kvt_bootc_h bc = NULL;
         char why[KVT__WHY_MAX] = "";
-        st = kvt__bootc_create(&bc);
+        st = kvt_bootc_create(&bc);
         if (st == KVT_OK)
-            st = kvt__bootc_register(
+            st = kvt_bootc_register(
                 bc, c->server, c->host, c->port, c->tp_size * c->dp_size,
                 c->dp_size, c->dp_rank * c->tp_size + c->tp_rank, c->ttl_s,
                 REGISTER_TIMEOUT_MS, why, sizeof(why));
-        kvt__bootc_destroy(bc);
+        kvt_bootc_destroy(bc);
         if (st != KVT_OK) {
             KVT_LOG_E("connector: prefill rank %u could not register: %s",
                       c->tp_rank,
@@ -861,11 +865,11 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
 err_threads:
     stop_threads(c);
     if (c->role == KVT_ROLE_PREFILL) {
-        kvt__bootc_t *bc = NULL;
-        if (kvt__bootc_create(&bc) == KVT_OK)
-            kvt__bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
+        kvt_bootc_h bc = NULL;
+        if (kvt_bootc_create(&bc) == KVT_OK)
+            kvt_bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
                                   HTTP_TIMEOUT_MS);
-        kvt__bootc_destroy(bc);
+        kvt_bootc_destroy(bc);
     }
 err_unregister:
     unregister_memory(c);
@@ -896,11 +900,11 @@ void kvt_conn_destroy(kvt_conn_h c)
     if (c == NULL)
         return;
     if (c->role == KVT_ROLE_PREFILL) {
-        kvt__bootc_t *bc = NULL;
-        if (kvt__bootc_create(&bc) == KVT_OK)
-            kvt__bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
+        kvt_bootc_h bc = NULL;
+        if (kvt_bootc_create(&bc) == KVT_OK)
+            kvt_bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
                                   HTTP_TIMEOUT_MS);
-        kvt__bootc_destroy(bc);
+        kvt_bootc_destroy(bc);
     }
     pthread_mutex_lock(&c->lock);
     c->t_register = 0;

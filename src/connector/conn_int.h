@@ -30,11 +30,23 @@
 #include <stdint.h>
 
 #include <kvt/connector.h>
+#include <kvt/log.h>
+#include <kvt/metad.h>
 #include <kvt/transfer.h>
 
-#include "connector/boot.h"
-#include "connector/layout.h"
-#include "connector/msg.h"
+#include "layout.h"
+#include "msg.h"
+
+/* The library's log (kvt/log.h): the connector uses the public calls. */
+#define KVT__CLOG(level, ...)                                                  \
+    do {                                                                       \
+        if (kvt_log_enabled(level))                                            \
+            kvt_log_printf(level, __FILE__, __LINE__, __VA_ARGS__);            \
+    } while (0)
+#define KVT_LOG_E(...) KVT__CLOG(KVT_LOG_LEVEL_ERROR, __VA_ARGS__)
+#define KVT_LOG_W(...) KVT__CLOG(KVT_LOG_LEVEL_WARN, __VA_ARGS__)
+#define KVT_LOG_I(...) KVT__CLOG(KVT_LOG_LEVEL_INFO, __VA_ARGS__)
+#define KVT_LOG_D(...) KVT__CLOG(KVT_LOG_LEVEL_DEBUG, __VA_ARGS__)
 
 #define KVT__NAME_MAX 128
 #define KVT__WHY_MAX 256
@@ -304,6 +316,7 @@ struct kvt_conn {
 /* ---- conn.c ------------------------------------------------------------ */
 
 uint64_t kvt__conn_now_ms(void);
+uint64_t kvt__conn_now_ns(void); /* CLOCK_MONOTONIC */
 /* Milliseconds from @t to @now, 0 when @t is later (a round's @now is
  * taken before the events of the round). */
 static inline uint64_t kvt__since(uint64_t now, uint64_t t)

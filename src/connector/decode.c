@@ -10,8 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connector/conn_int.h"
-#include "util/log.h"
+#include "conn_int.h"
 
 /*
  * Decode rank d of D reads from prefill ranks of group g (P ranks each):

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "connector/layout.h"
+#include "layout.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "connector/msg.h"
+#include "msg.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -22,7 +22,7 @@
 
 #include <kvt/status.h>
 
-#include "connector/layout.h"
+#include "layout.h"
 
 #define KVT__CM_MAGIC 0x4d43564bu /* "KVCM" */
 #define KVT__CM_VERSION 1

@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connector/conn_int.h"
-#include "util/log.h"
+#include "conn_int.h"
 
 /* ---- Announcements ------------------------------------------------------- */
 

@@ -10,9 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "connector/conn_int.h"
-#include "util/log.h"
-#include "util/time.h"
+#include "conn_int.h"
 
 const char *kvt_poll_str(kvt_poll_t state)
 {
@@ -62,7 +60,7 @@ void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
         return;
     r->state = state;
     r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__now_ns();
+    r->t_state_ns = kvt__conn_now_ns();
     va_start(ap, fmt);
     vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
     va_end(ap);
@@ -98,7 +96,7 @@ void kvt__room_final(struct kvt_room *r, kvt_poll_t state)
     }
     r->state = state;
     r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__now_ns();
+    r->t_state_ns = kvt__conn_now_ns();
     pthread_cond_broadcast(&r->conn->changed);
 }
 
@@ -138,7 +136,7 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     r->role = role;
     r->state = KVT_POLL_BOOTSTRAPPING;
     r->t_created = r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__now_ns();
+    r->t_state_ns = kvt__conn_now_ns();
     r->chunk_tail = &r->chunks;
     r->group = -1;
     r->hnext = c->hash[h];

@@ -9,8 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connector/conn_int.h"
-#include "util/log.h"
+#include "conn_int.h"
 
 #define REASM_MAX_BYTES (256ull << 20)
 #define ORPHANS_MAX 65536u

@@ -57,10 +57,10 @@ void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
      * the call. This slot is the only one pending when the count reads 1;
      * a submission racing with it may make the call early (once more). */
     {
-        void (*fn)(void *) = atomic_load_explicit(&b->on_idle,
-                                                  memory_order_acquire);
+        kvt_batch_idle_cb_t fn =
+            atomic_load_explicit(&b->on_idle, memory_order_acquire);
         if (fn != NULL && atomic_load(&b->pending) == 1)
-            fn(b->on_idle_arg);
+            fn(b, b->on_idle_arg);
     }
     /* Sequentially consistent with the waiter's "sleepers++, re-read
      * pending": either it sees pending at 0, or this sees it asleep. */
@@ -173,7 +173,7 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
 }
 
 /*
- * The submission plug (kvt__submit_plug()): per thread, the depth and the
+ * The submission plug (kvt_submit_plug()): per thread, the depth and the
  * engines whose transports were handed plugged submissions; the last
  * unplug flushes their transports. A submission to a fifth engine while
  * plugged is not held back.
@@ -184,12 +184,12 @@ static _Thread_local struct {
     kvt_engine_h e[PLUG_ENGINES];
 } plug;
 
-void kvt__submit_plug(void)
+void kvt_submit_plug(void)
 {
     plug.depth++;
 }
 
-void kvt__submit_unplug(void)
+void kvt_submit_unplug(void)
 {
     if (plug.depth == 0 || --plug.depth > 0)
         return;
@@ -431,15 +431,19 @@ static void drain_completers(kvt_batch_h b)
         sched_yield();
 }
 
-void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg)
+kvt_status_t kvt_batch_set_idle_cb(kvt_batch_h b, kvt_batch_idle_cb_t cb,
+                                   void *arg)
 {
-    if (fn != NULL) {
+    if (b == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    if (cb != NULL) {
         b->on_idle_arg = arg;
-        atomic_store_explicit(&b->on_idle, fn, memory_order_release);
-        return;
+        atomic_store_explicit(&b->on_idle, cb, memory_order_release);
+        return KVT_OK;
     }
     atomic_store(&b->on_idle, NULL);
     drain_completers(b);
+    return KVT_OK;
 }
 
 kvt_status_t kvt_batch_reset(kvt_batch_h b)

@@ -33,33 +33,13 @@ struct kvt_batch {
     kvt__session_t *hint_sess;
     void *hint;
     int hint_multi;
-    /* Called by the completer that takes @pending to 0, inside the run of
-     * completions (see @busy) and possibly under engine locks or inside
-     * kvt_batch_submit() itself: it must not block. For the library's own
-     * users (the connector); set with kvt__batch_on_idle(). */
-    void (*_Atomic on_idle)(void *arg);
+    /* kvt_batch_set_idle_cb(): called by the completer about to take
+     * @pending to 0, inside the run of completions (see @busy). */
+    _Atomic kvt_batch_idle_cb_t on_idle;
     void *on_idle_arg;
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
 
-/*
- * Sets (before any submission) or clears the batch's on_idle call. After
- * clearing, no completer is inside a call any more: a batch left in
- * flight no longer reaches @arg.
- */
-void kvt__batch_on_idle(kvt_batch_h b, void (*fn)(void *), void *arg);
-
-/*
- * The submission plug, in the manner of the block layer's: between
- * kvt__submit_plug() and the matching kvt__submit_unplug(), the calling
- * thread's submissions queue their work but may leave the transports'
- * workers asleep; the last unplug wakes them (each transport's flush())
- * once for all of it. Plugs nest and are per thread. The thread must not
- * wait for its own submissions while plugged, and must not destroy an
- * engine it submitted to before it unplugs.
- */
-void kvt__submit_plug(void);
-void kvt__submit_unplug(void);
 
 typedef struct kvt__notify_node {
     struct kvt__notify_node *next;

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "util/log.h"
 
+#include <kvt/log.h>
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,4 +54,27 @@ void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
     fprintf(stderr, "[%ld.%06ld] kvt %-5s %d %s:%d %s\n", (long)ts.tv_sec,
             ts.tv_nsec / 1000, level_names[level], (int)getpid(),
             base ? base + 1 : file, line, msg);
+}
+
+/* ---- The public calls (kvt/log.h) ---------------------------------------- */
+
+int kvt_log_enabled(kvt_log_level_t level)
+{
+    kvt__log_init();
+    return (int)level >= 0 && (int)level <= KVT_LOG_TRACE &&
+           (int)level <= kvt__log_level_cur;
+}
+
+void kvt_log_printf(kvt_log_level_t level, const char *file, int line,
+                    const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+
+    if (!kvt_log_enabled(level))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    kvt__log_emit((kvt__log_level_t)level, file ? file : "?", line, "%s", msg);
 }

@@ -317,10 +317,10 @@ static void rows_submit(rows_t *f, const kvt_xfer_desc_t d[2], kvt_batch_h b[2])
 {
     CHECK_OK(kvt_batch_create(f->e, 1, &b[0]));
     CHECK_OK(kvt_batch_create(f->e, 1, &b[1]));
-    kvt__submit_plug();
+    kvt_submit_plug();
     CHECK_OK(kvt_batch_submit(b[0], &d[0], 1));
     CHECK_OK(kvt_batch_submit(b[1], &d[1], 1));
-    kvt__submit_unplug();
+    kvt_submit_unplug();
 }
 
 /* Poll (a waiting thread would run jobs of its batch alone) until @b has

@@ -458,12 +458,13 @@ KVT_TEST(tcp_send_queue_never_stalls)
     kvt_engine_destroy(t);
 }
 
-static void count_idle(void *arg)
+static void count_idle(kvt_batch_h batch, void *arg)
 {
+    CHECK(batch != NULL);
     atomic_fetch_add((_Atomic int *)arg, 1);
 }
 
-/* The engine-internal on_idle call: once each time a batch's pending
+/* The batch idle call (kvt_batch_set_idle_cb()): once each time a batch's pending
  * count reaches zero (also for failures found at submission), and never
  * after it was cleared. */
 KVT_TEST(batch_on_idle)
@@ -486,7 +487,9 @@ KVT_TEST(batch_on_idle)
         d[i].length = 16384;
     }
     CHECK_OK(kvt_batch_create(a, 8, &b));
-    kvt__batch_on_idle(b, count_idle, (void *)&n);
+    CHECK_ST(kvt_batch_set_idle_cb(NULL, count_idle, NULL),
+             KVT_ERR_INVALID_PARAM);
+    CHECK_OK(kvt_batch_set_idle_cb(b, count_idle, (void *)&n));
     CHECK_OK(kvt_batch_submit(b, d, 4));
     CHECK_OK(kvt_batch_wait(b, 10000));
     CHECK(atomic_load(&n) == 1);
@@ -495,7 +498,7 @@ KVT_TEST(batch_on_idle)
     CHECK_OK(kvt_batch_submit(b, d, 1));
     CHECK(kvt_batch_wait(b, 10000) != KVT_OK);
     CHECK(atomic_load(&n) == 2);
-    kvt__batch_on_idle(b, NULL, NULL);
+    CHECK_OK(kvt_batch_set_idle_cb(b, NULL, NULL));
     d[0].remote_addr = (uint64_t)(uintptr_t)dst;
     CHECK_OK(kvt_batch_reset(b));
     CHECK_OK(kvt_batch_submit(b, d, 2));

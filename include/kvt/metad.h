@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_METAD_H
+#define KVT_METAD_H
+
+/*
+ * The metadata and bootstrap server (`kvt metad`) and the bootstrap
+ * client, for programs that embed them (docs/metadata.md has the routes):
+ *
+ *   GET|PUT|DELETE /metadata?key=K[&ttl=S]   Mooncake's metadata store
+ *   PUT /route, GET|DELETE /route?engine_rank=R&target_dp_group=G
+ *                                             SGLang's prefill bootstrap
+ *   GET /health, GET /metrics                 liveness, Prometheus text
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvt/defs.h>
+#include <kvt/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * kvt_meta_backends() - the metadata backends this build has, as a
+ * comma-separated list of URI schemes ("p2p, http, redis, etcd"); a static
+ * string. kvt_metad_available() - whether it has the server (libmicrohttpd
+ * and json-c were found at build time). Thread-safe, do not block.
+ */
+KVT_API const char *kvt_meta_backends(void);
+KVT_API int kvt_metad_available(void);
+
+/* ---- The server ---------------------------------------------------------- */
+
+typedef struct kvt_metad *kvt_metad_h;
+
+/* Bits of kvt_metad_params_t.field_mask: a field is read only when set. */
+enum {
+    KVT_METAD_PARAM_HOST = 1u << 0,
+    KVT_METAD_PARAM_PORT = 1u << 1,
+    KVT_METAD_PARAM_THREADS = 1u << 2,
+    KVT_METAD_PARAM_MAX_BODY = 1u << 3,
+    KVT_METAD_PARAM_MAX_BYTES = 1u << 4,
+};
+
+/* The largest body a request may carry (and the default limit). */
+#define KVT_METAD_MAX_BODY (16u << 20)
+
+typedef struct {
+    uint64_t field_mask;
+    /* Address to listen on; NULL or "": every address (the default). */
+    const char *host;
+    /* Port; 0 picks a free one (kvt_metad_port()). Default 8080. */
+    uint16_t port;
+    /* Server threads, 1..64. Default 2. */
+    unsigned threads;
+    /* Largest request body; larger ones get 413. Default and at most
+     * KVT_METAD_MAX_BODY. */
+    size_t max_body;
+    /* Bytes of keys and values the store may hold; a PUT beyond gets 507.
+     * Default 1 GiB. */
+    size_t max_bytes;
+} kvt_metad_params_t;
+
+/*
+ * kvt_metad_start() - start a server in this process. @params may be NULL
+ * (every default); strings are copied. Returns once the socket listens
+ * and the threads run: KVT_OK with *server_p set, KVT_ERR_INVALID_PARAM
+ * (the host does not resolve, a bad parameter), KVT_ERR_IO (cannot bind
+ * or listen; logged), KVT_ERR_NOT_SUPPORTED (built without the server),
+ * KVT_ERR_NO_MEMORY. Thread-safe.
+ */
+KVT_API kvt_status_t kvt_metad_start(const kvt_metad_params_t *params,
+                                     kvt_metad_h *server_p);
+
+/* kvt_metad_port() - the port the server is bound to (0 for NULL). */
+KVT_API uint16_t kvt_metad_port(kvt_metad_h server);
+
+/*
+ * kvt_metad_stop() - stop accepting, close every connection, join the
+ * threads and free everything, stored keys included. NULL does nothing.
+ * Must not race with another call on the same server.
+ */
+KVT_API void kvt_metad_stop(kvt_metad_h server);
+
+/* ---- The bootstrap client -------------------------------------------------- */
+
+/*
+ * A client of the bootstrap routes: prefill ranks register with PUT /route
+ * and withdraw with DELETE /route; decode ranks read the prefill sizes
+ * and each rank's address with GET /route. One client is used by one
+ * thread at a time (it keeps an HTTP connection open). Every call is
+ * bounded by @timeout_ms and, on failure, writes a sentence into @why
+ * (@why_len bytes; @why may be NULL).
+ */
+typedef struct kvt_bootc *kvt_bootc_h;
+
+/* KVT_OK, KVT_ERR_NOT_SUPPORTED (built without libcurl or json-c),
+ * KVT_ERR_NO_MEMORY. */
+KVT_API kvt_status_t kvt_bootc_create(kvt_bootc_h *client_p);
+/* NULL does nothing. */
+KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
+
+/*
+ * kvt_bootc_register() - register a prefill rank with @server ("host:port",
+ * or with "http://"): engine rank @engine_rank of @tp_total ranks in
+ * @dp_size groups, reachable at @ip:@port, expiring after @ttl_s seconds
+ * (0: never). KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_IO
+ * (the server refused it), KVT_ERR_NOT_SUPPORTED.
+ */
+KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client,
+                                        const char *server, const char *ip,
+                                        uint16_t port, uint32_t tp_total,
+                                        uint32_t dp_size, uint32_t engine_rank,
+                                        uint32_t ttl_s, uint64_t timeout_ms,
+                                        char *why, size_t why_len);
+
+/* kvt_bootc_unregister() - withdraw rank @rank of group @group (best
+ * effort): KVT_OK or why the request failed. */
+KVT_API kvt_status_t kvt_bootc_unregister(kvt_bootc_h client,
+                                          const char *server, uint32_t rank,
+                                          uint32_t group, uint64_t timeout_ms);
+
+/*
+ * kvt_bootc_sizes() - the prefill instance's total tensor-parallel size and
+ * data-parallel size. KVT_ERR_NOT_FOUND while no prefill rank is
+ * registered; KVT_ERR_PROTOCOL for an answer that is not what the routes
+ * promise; as kvt_bootc_register() otherwise.
+ */
+KVT_API kvt_status_t kvt_bootc_sizes(kvt_bootc_h client, const char *server,
+                                     uint32_t *tp_total_p, uint32_t *dp_p,
+                                     uint64_t timeout_ms, char *why,
+                                     size_t why_len);
+
+/*
+ * kvt_bootc_route() - the address of rank @rank of group @group as
+ * "ip:port" ("[v6]:port") in @name (@cap bytes). KVT_ERR_NOT_FOUND while
+ * it is not registered; as kvt_bootc_sizes() otherwise.
+ */
+KVT_API kvt_status_t kvt_bootc_route(kvt_bootc_h client, const char *server,
+                                     uint32_t rank, uint32_t group, char *name,
+                                     size_t cap, uint64_t timeout_ms,
+                                     char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
