@@ -83,7 +83,7 @@ KVT_API uint16_t kvt_metad_port(kvt_metad_h server);
  */
 KVT_API void kvt_metad_stop(kvt_metad_h server);
 
-/* ---- The bootstrap client -------------------------------------------------- */
+/* ---- The bootstrap client ------------------------------------------------ */
 
 /*
  * A client of the bootstrap routes: prefill ranks register with PUT /route
@@ -108,12 +108,12 @@ KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
  * (0: never). KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_IO
  * (the server refused it), KVT_ERR_NOT_SUPPORTED.
  */
-KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client,
-                                        const char *server, const char *ip,
-                                        uint16_t port, uint32_t tp_total,
-                                        uint32_t dp_size, uint32_t engine_rank,
-                                        uint32_t ttl_s, uint64_t timeout_ms,
-                                        char *why, size_t why_len);
+KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client, const char *server,
+                                        const char *ip, uint16_t port,
+                                        uint32_t tp_total, uint32_t dp_size,
+                                        uint32_t engine_rank, uint32_t ttl_s,
+                                        uint64_t timeout_ms, char *why,
+                                        size_t why_len);
 
 /* kvt_bootc_unregister() - withdraw rank @rank of group @group (best
  * effort): KVT_OK or why the request failed. */
@@ -139,8 +139,8 @@ KVT_API kvt_status_t kvt_bootc_sizes(kvt_bootc_h client, const char *server,
  */
 KVT_API kvt_status_t kvt_bootc_route(kvt_bootc_h client, const char *server,
                                      uint32_t rank, uint32_t group, char *name,
-                                     size_t cap, uint64_t timeout_ms,
-                                     char *why, size_t why_len);
+                                     size_t cap, uint64_t timeout_ms, char *why,
+                                     size_t why_len);
 
 #ifdef __cplusplus
 }

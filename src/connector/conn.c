@@ -482,8 +482,7 @@ static void *rx_main(void *arg)
     return NULL;
 }
 
-/* ---- The worker ------------------------------------------------------------
- */
+/* ---- The worker ---------------------------------------------------------- */
 
 static void expire_misc(kvt_conn_h c, uint64_t now)
 {
@@ -566,8 +565,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* ---- Memory ---------------------------------------------------------------
- */
+/* ---- Memory -------------------------------------------------------------- */
 
 static int range_cmp(const void *a, const void *b)
 {
@@ -640,8 +638,7 @@ static void unregister_memory(kvt_conn_h c)
     c->nranges = 0;
 }
 
-/* ---- Create and destroy ----------------------------------------------------
- */
+/* ---- Create and destroy -------------------------------------------------- */
 
 #define P_HAS(p, bit) (((p)->field_mask & (bit)) != 0)
 

@@ -284,8 +284,7 @@ void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
     }
 }
 
-/* ---- Public calls ----------------------------------------------------------
- */
+/* ---- Public calls -------------------------------------------------------- */
 
 kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
                                uint64_t room, kvt_sender_h *sender_p)

@@ -95,17 +95,18 @@ static kvt_status_t register_regions(kvt_engine_h e, const kvt_mem_region_t *in,
         if (in[i].addr == NULL || in[i].length == 0 ||
             a > UINT64_MAX - in[i].length ||
             (in[i].access & ~(uint32_t)KVT_ACCESS_REMOTE_RW) != 0) {
-            KVT_LOG_W("register: invalid region %p+%zu access %#x",
-                      in[i].addr, in[i].length, in[i].access);
+            KVT_LOG_W("register: invalid region %p+%zu access %#x", in[i].addr,
+                      in[i].length, in[i].access);
             st = KVT_ERR_INVALID_PARAM;
             break;
         }
-        st = kvt__md_resolve(in[i].addr, in[i].length, in[i].kind,
-                             in[i].device, &kind, &dev);
+        st = kvt__md_resolve(in[i].addr, in[i].length, in[i].kind, in[i].device,
+                             &kind, &dev);
         if (st != KVT_OK)
             break;
-        tmp[i] = (kvt__region_t){a, a + in[i].length, in[i].access,
-                                 (uint16_t)kind, (int16_t)dev, NULL};
+        tmp[i] = (kvt__region_t){
+            a,   a + in[i].length, in[i].access, (uint16_t)kind, (int16_t)dev,
+            NULL};
         st = keys_take(e, &tmp[i]);
     }
     if (st == KVT_OK)
@@ -133,8 +134,8 @@ kvt_status_t kvt_mem_register(kvt_engine_h e, void *addr, size_t length,
 kvt_status_t kvt_mem_register_ex(kvt_engine_h e, void *addr, size_t length,
                                  const kvt_mem_params_t *params)
 {
-    kvt_mem_region_t r = {addr, length, KVT_ACCESS_REMOTE_RW, KVT_MEM_AUTO,
-                          -1, 0};
+    kvt_mem_region_t r = {addr,         length, KVT_ACCESS_REMOTE_RW,
+                          KVT_MEM_AUTO, -1,     0};
     uint64_t m = params != NULL ? params->field_mask : 0;
 
     if (e == NULL)
@@ -216,9 +217,8 @@ kvt_status_t kvt__mem_describe(kvt_engine_h e, kvt__segdesc_t *d)
     }
     for (size_t i = 0; i < n; i++) {
         const kvt__region_t *r = kvt__memreg_at_locked(reg, i);
-        d->regions[i] = (kvt_remote_region_t){r->start, r->end - r->start,
-                                              r->access, r->kind, r->device,
-                                              0};
+        d->regions[i] = (kvt_remote_region_t){
+            r->start, r->end - r->start, r->access, r->kind, r->device, 0};
     }
     d->nregions = (uint32_t)n;
     for (unsigned k = 0; k < e->ntl && st == KVT_OK; k++) {
@@ -251,8 +251,8 @@ kvt_status_t kvt__mem_describe(kvt_engine_h e, kvt__segdesc_t *d)
             if (r->keys == NULL || r->keys[k].rkey_len == 0)
                 continue;
             memcpy(b, r->keys[k].rkey, r->keys[k].rkey_len);
-            tl->keys[tl->nkeys++] = (kvt__segdesc_key_t){
-                (uint32_t)i, r->keys[k].rkey_len, b};
+            tl->keys[tl->nkeys++] =
+                (kvt__segdesc_key_t){(uint32_t)i, r->keys[k].rkey_len, b};
             b += r->keys[k].rkey_len;
         }
     }

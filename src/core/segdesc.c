@@ -40,8 +40,8 @@ static uint8_t *put_str(uint8_t *p, const char *s)
 }
 
 /* A string of at most @max bytes into @out (room for max + 1). */
-static const uint8_t *get_str(const uint8_t *p, const uint8_t *end,
-                              char *out, size_t max)
+static const uint8_t *get_str(const uint8_t *p, const uint8_t *end, char *out,
+                              size_t max)
 {
     size_t n;
     if (end - p < 2)
@@ -74,8 +74,8 @@ kvt_status_t kvt__segdesc_encode(const kvt__segdesc_t *d, uint8_t **buf_p,
         strlen(d->host) > KVT_SEGDESC_STR_MAX)
         return KVT_ERR_OVERFLOW;
     common = str_len(d->name) + str_len(d->host) + 2 + 8 + 4;
-    total = 8 + SEC_HDR + common + SEC_HDR + 4 +
-            (size_t)d->nregions * REGION_LEN;
+    total =
+        8 + SEC_HDR + common + SEC_HDR + 4 + (size_t)d->nregions * REGION_LEN;
     for (uint32_t t = 0; t < d->ntl; t++) {
         const kvt__segdesc_tl_t *tl = &d->tl[t];
         if (strlen(tl->name) > KVT_SEGDESC_TL_NAME_MAX)
@@ -379,8 +379,7 @@ void kvt__segdesc_move(kvt__segdesc_t *dst, kvt__segdesc_t *src)
     src->transports = 0;
 }
 
-const kvt__segdesc_tl_t *kvt__segdesc_tl(const kvt__segdesc_t *d,
-                                         uint32_t id)
+const kvt__segdesc_tl_t *kvt__segdesc_tl(const kvt__segdesc_t *d, uint32_t id)
 {
     for (uint32_t t = 0; t < d->ntl; t++)
         if (d->tl[t].id == id)
@@ -394,8 +393,7 @@ kvt_status_t kvt__segdesc_add_tl(kvt__segdesc_t *d, uint32_t id,
 {
     kvt__segdesc_tl_t *tl;
 
-    if (d->ntl == KVT_SEGDESC_MAX_TL ||
-        strlen(name) > KVT_SEGDESC_TL_NAME_MAX)
+    if (d->ntl == KVT_SEGDESC_MAX_TL || strlen(name) > KVT_SEGDESC_TL_NAME_MAX)
         return KVT_ERR_OVERFLOW;
     tl = &d->tl[d->ntl];
     memset(tl, 0, sizeof(*tl));

@@ -21,7 +21,7 @@
 /* Regions one descriptor may hold: more than a paged KV cache registers
  * (65,536 blocks), and within the control plane's payload limit. */
 #define KVT_SEGDESC_MAX_REGIONS (1u << 20)
-#define KVT_SEGDESC_MAX_TL 16  /* transport sections */
+#define KVT_SEGDESC_MAX_TL 16 /* transport sections */
 #define KVT_SEGDESC_KEY_MAX 4096
 #define KVT_SEGDESC_TL_NAME_MAX 15
 #define KVT_SEGDESC_STR_MAX 127
@@ -44,7 +44,7 @@ typedef struct {
 /* One transport's part: its section (opaque to the core) and its keys,
  * sorted by region. */
 typedef struct {
-    uint32_t id; /* its KVT_TRANSPORT_* bit */
+    uint32_t id;      /* its KVT_TRANSPORT_* bit */
     uint16_t version; /* of the transport's own section format */
     char name[KVT_SEGDESC_TL_NAME_MAX + 1];
     uint32_t len;
@@ -94,8 +94,7 @@ void kvt__segdesc_clear(kvt__segdesc_t *d);
 void kvt__segdesc_move(kvt__segdesc_t *dst, kvt__segdesc_t *src);
 
 /* The section of transport @id, or NULL. */
-const kvt__segdesc_tl_t *kvt__segdesc_tl(const kvt__segdesc_t *d,
-                                         uint32_t id);
+const kvt__segdesc_tl_t *kvt__segdesc_tl(const kvt__segdesc_t *d, uint32_t id);
 
 /* Add a transport section to @d (copying @body) before encoding.
  * KVT_ERR_OVERFLOW when full or @name is too long, KVT_ERR_NO_MEMORY. */

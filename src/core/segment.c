@@ -308,8 +308,8 @@ kvt__session_t *kvt__seg_route(kvt__seg_t *g, unsigned lkind, uint64_t raddr,
                 hi = mid;
         }
         if (lo < g->desc.nregions && g->desc.regions[lo].addr <= raddr &&
-            raddr + span <= g->desc.regions[lo].addr +
-                                g->desc.regions[lo].length &&
+            raddr + span <=
+                g->desc.regions[lo].addr + g->desc.regions[lo].length &&
             g->desc.regions[lo].kind < KVT_MEM_KINDS)
             rkind = g->desc.regions[lo].kind;
     }

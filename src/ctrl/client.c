@@ -47,8 +47,8 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
         goto err;
     st = kvt__wire_hdr_decode(hb, sizeof(hb), &h);
     if (st == KVT_ERR_VERSION) {
-        KVT_LOG_E("peer %s speaks kvt protocol %u.%u, this engine %d.%d",
-                  peer, h.ver_major, h.ver_minor, KVT_WIRE_VERSION_MAJOR,
+        KVT_LOG_E("peer %s speaks kvt protocol %u.%u, this engine %d.%d", peer,
+                  h.ver_major, h.ver_minor, KVT_WIRE_VERSION_MAJOR,
                   KVT_WIRE_VERSION_MINOR);
         return st;
     }
@@ -101,14 +101,13 @@ err_free:
     free(rb);
 err:
     if (st == KVT_ERR_CONN_LOST)
-        KVT_LOG_W("peer %s closed the connection during the handshake",
-                  peer);
+        KVT_LOG_W("peer %s closed the connection during the handshake", peer);
     return st;
 }
 
-kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
-                            const char *addr, kvt__wire_hello_t *hello,
-                            uint64_t deadline, int *fd_p)
+kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
+                            kvt__wire_hello_t *hello, uint64_t deadline,
+                            int *fd_p)
 {
     char host[KVT_WIRE_NAME_MAX + 1];
     uint8_t hb[KVT_WIRE_HELLO_MAX], *body = NULL;
@@ -120,8 +119,7 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
 
     st = kvt__sock_split_hostport(addr, host, sizeof(host), &port);
     if (st != KVT_OK) {
-        KVT_LOG_E("address '%s' of segment '%s' is not host:port", addr,
-                  name);
+        KVT_LOG_E("address '%s' of segment '%s' is not host:port", addr, name);
         return st;
     }
     if (now >= deadline)
@@ -146,8 +144,8 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
     return KVT_OK;
 }
 
-kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name,
-                             const char *addr, kvt__segdesc_t *desc)
+kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
+                             kvt__segdesc_t *desc)
 {
     uint64_t deadline = kvt__now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
     kvt__wire_hello_t hello = {0, 0, 1, 0, {0}};

@@ -27,7 +27,6 @@
 
 typedef struct kvt__ctrl kvt__ctrl_t;
 
-
 /* Bind the listener on the engine's host and port (@port_p: the one
  * bound); no thread runs until kvt__ctrl_start(). KVT_ERR_IO (logged),
  * KVT_ERR_NO_MEMORY. */
@@ -53,13 +52,13 @@ void kvt__ctrl_destroy(kvt__ctrl_t *ctrl);
  * KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_VERSION, KVT_ERR_PROTOCOL,
  * KVT_ERR_CONN_LOST, or the status of the peer's ERROR (logged).
  */
-kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name,
-                            const char *addr, kvt__wire_hello_t *hello,
-                            uint64_t deadline, int *fd_p);
+kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
+                            kvt__wire_hello_t *hello, uint64_t deadline,
+                            int *fd_p);
 
 /* Fetch the peer's descriptor over a control connection of its own, bounded
  * by the connect timeout. On success @desc owns what it holds. */
-kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name,
-                             const char *addr, kvt__segdesc_t *desc);
+kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
+                             kvt__segdesc_t *desc);
 
 #endif

@@ -165,8 +165,7 @@ static int conn_refuse(kvt__ctrl_t *ctrl, cconn_t *c, kvt_status_t st,
                        const char *why)
 {
     c->closing = 1;
-    return conn_respond(ctrl, c, KVT_WIRE_ERROR, st, why, strlen(why), NULL,
-                        0);
+    return conn_respond(ctrl, c, KVT_WIRE_ERROR, st, why, strlen(why), NULL, 0);
 }
 
 static kvt__tl_t *taker_of(kvt__ctrl_t *ctrl, uint32_t id)
@@ -209,8 +208,7 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
     t = taker_of(ctrl, hello.transport);
     if (t == NULL) {
         char why[96];
-        snprintf(why, sizeof(why),
-                 "transport %#x is not served by this engine",
+        snprintf(why, sizeof(why), "transport %#x is not served by this engine",
                  hello.transport);
         WARN_PEER(ctrl, "control: %s asked for %s", c->peer, why);
         return conn_refuse(ctrl, c, KVT_ERR_NOT_SUPPORTED, why);
@@ -289,8 +287,8 @@ static int conn_rx(kvt__ctrl_t *ctrl, cconn_t *c)
         }
         c->have = 0;
         if (!c->in_body) {
-            kvt_status_t st = kvt__wire_hdr_decode(c->hbuf, KVT_WIRE_HDR_LEN,
-                                                   &c->hdr);
+            kvt_status_t st =
+                kvt__wire_hdr_decode(c->hbuf, KVT_WIRE_HDR_LEN, &c->hdr);
             if (st == KVT_ERR_VERSION) {
                 char msg[96];
                 snprintf(msg, sizeof(msg),
@@ -347,8 +345,8 @@ static void accept_all(kvt__ctrl_t *ctrl)
     for (;;) {
         struct epoll_event ev;
         cconn_t *c;
-        int fd = accept4(ctrl->listen_fd, NULL, NULL,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd =
+            accept4(ctrl->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
@@ -363,8 +361,9 @@ static void accept_all(kvt__ctrl_t *ctrl)
             return;
         }
         if (ctrl->nconns >= MAX_CONNS) {
-            WARN_PEER(ctrl, "control: %u connections wait for a handshake "
-                            "or an answer; refusing more",
+            WARN_PEER(ctrl,
+                      "control: %u connections wait for a handshake "
+                      "or an answer; refusing more",
                       ctrl->nconns);
             close(fd);
             continue;
@@ -377,8 +376,8 @@ static void accept_all(kvt__ctrl_t *ctrl)
         kvt__sock_tune(fd, ctrl->e->cfg.timeout_ns / 1000000);
         c->fd = fd;
         c->deadline = kvt__now_ns() + HELLO_NS;
-        ev = (struct epoll_event){.events = EPOLLIN | EPOLLRDHUP,
-                                  .data.ptr = c};
+        ev =
+            (struct epoll_event){.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
         if (epoll_ctl(ctrl->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
             free(c);

@@ -8,6 +8,6 @@
 #include "mem/md.h"
 
 KVT_MEM_DOMAIN_REGISTER(host, {
-    .name = "host",
-    .kind = KVT_MEM_HOST,
-});
+                                  .name = "host",
+                                  .kind = KVT_MEM_HOST,
+                              });

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #if defined(KVT_WITH_CURL) && defined(KVT_WITH_JSON)
 #include "meta/json_parse.h"
 #include "meta/meta_curl.h"
@@ -75,10 +74,10 @@ static kvt_status_t request(struct kvt_bootc *c, const char *method,
 }
 
 kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
-                                 const char *ip, uint16_t port,
-                                 uint32_t tp_total, uint32_t dp_size,
-                                 uint32_t engine_rank, uint32_t ttl_s,
-                                 uint64_t timeout_ms, char *why_in, size_t wl_in)
+                                const char *ip, uint16_t port,
+                                uint32_t tp_total, uint32_t dp_size,
+                                uint32_t engine_rank, uint32_t ttl_s,
+                                uint64_t timeout_ms, char *why_in, size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -110,8 +109,8 @@ kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
 }
 
 kvt_status_t kvt_bootc_unregister(struct kvt_bootc *c, const char *server,
-                                   uint32_t rank, uint32_t group,
-                                   uint64_t timeout_ms)
+                                  uint32_t rank, uint32_t group,
+                                  uint64_t timeout_ms)
 {
     kvt__curl_resp_t r;
     char path[96];
@@ -186,8 +185,8 @@ static kvt_status_t get_json(struct kvt_bootc *c, const char *server,
 }
 
 kvt_status_t kvt_bootc_sizes(struct kvt_bootc *c, const char *server,
-                              uint32_t *tp_total_p, uint32_t *dp_p,
-                              uint64_t timeout_ms, char *why_in, size_t wl_in)
+                             uint32_t *tp_total_p, uint32_t *dp_p,
+                             uint64_t timeout_ms, char *why_in, size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -213,9 +212,9 @@ kvt_status_t kvt_bootc_sizes(struct kvt_bootc *c, const char *server,
 }
 
 kvt_status_t kvt_bootc_route(struct kvt_bootc *c, const char *server,
-                              uint32_t rank, uint32_t group, char *name,
-                              size_t cap, uint64_t timeout_ms, char *why_in,
-                         size_t wl_in)
+                             uint32_t rank, uint32_t group, char *name,
+                             size_t cap, uint64_t timeout_ms, char *why_in,
+                             size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -265,10 +264,10 @@ void kvt_bootc_destroy(struct kvt_bootc *c)
 }
 
 kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
-                                 const char *ip, uint16_t port,
-                                 uint32_t tp_total, uint32_t dp_size,
-                                 uint32_t engine_rank, uint32_t ttl_s,
-                                 uint64_t timeout_ms, char *why_in, size_t wl_in)
+                                const char *ip, uint16_t port,
+                                uint32_t tp_total, uint32_t dp_size,
+                                uint32_t engine_rank, uint32_t ttl_s,
+                                uint64_t timeout_ms, char *why_in, size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -280,16 +279,16 @@ kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
 }
 
 kvt_status_t kvt_bootc_unregister(struct kvt_bootc *c, const char *server,
-                                   uint32_t rank, uint32_t group,
-                                   uint64_t timeout_ms)
+                                  uint32_t rank, uint32_t group,
+                                  uint64_t timeout_ms)
 {
     (void)c, (void)server, (void)rank, (void)group, (void)timeout_ms;
     return KVT_ERR_NOT_SUPPORTED;
 }
 
 kvt_status_t kvt_bootc_sizes(struct kvt_bootc *c, const char *server,
-                              uint32_t *tp_total_p, uint32_t *dp_p,
-                              uint64_t timeout_ms, char *why_in, size_t wl_in)
+                             uint32_t *tp_total_p, uint32_t *dp_p,
+                             uint64_t timeout_ms, char *why_in, size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -300,9 +299,9 @@ kvt_status_t kvt_bootc_sizes(struct kvt_bootc *c, const char *server,
 }
 
 kvt_status_t kvt_bootc_route(struct kvt_bootc *c, const char *server,
-                              uint32_t rank, uint32_t group, char *name,
-                              size_t cap, uint64_t timeout_ms, char *why_in,
-                         size_t wl_in)
+                             uint32_t rank, uint32_t group, char *name,
+                             size_t cap, uint64_t timeout_ms, char *why_in,
+                             size_t wl_in)
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
@@ -314,4 +313,3 @@ kvt_status_t kvt_bootc_route(struct kvt_bootc *c, const char *server,
 }
 
 #endif
-

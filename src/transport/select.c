@@ -75,8 +75,9 @@ static void reasons(kvt_engine_h e, const char *const *why, unsigned chosen,
         if (why[i] == NULL ||
             e->tl[i]->ops->caps.priority <= e->tl[chosen]->ops->caps.priority)
             continue;
-        used += (size_t)snprintf(buf + used, cap - used, "%s%s is not available (%s)",
-                                 used ? "; " : "", e->tl[i]->ops->name, why[i]);
+        used += (size_t)snprintf(buf + used, cap - used,
+                                 "%s%s is not available (%s)", used ? "; " : "",
+                                 e->tl[i]->ops->name, why[i]);
     }
 }
 
@@ -95,8 +96,8 @@ static kvt__session_t *sess_of(kvt__seg_t *seg, kvt__tl_t *tl)
  * session, or NULL with *st_p the last failure (KVT_ERR_NOT_SUPPORTED
  * when no transport can serve the pair at all).
  */
-static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg,
-                                 unsigned l, unsigned r, kvt_status_t *st_p)
+static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
+                                 unsigned r, kvt_status_t *st_p)
 {
     unsigned order[KVT__TL_MAX], n;
     const char *why[KVT__TL_MAX];
@@ -126,8 +127,8 @@ static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg,
             char told[256];
             reasons(e, why, order[k], told, sizeof(told));
             if (told[0] != '\0')
-                KVT_LOG_W("segment %s: %s: falling back to %s", seg->name,
-                          told, tl->ops->name);
+                KVT_LOG_W("segment %s: %s: falling back to %s", seg->name, told,
+                          tl->ops->name);
             else if (l == KVT_MEM_HOST && r == KVT_MEM_HOST)
                 KVT_LOG_I("segment %s: using %s", seg->name, tl->ops->name);
         }
@@ -156,8 +157,7 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
         }
     }
     if (!any) {
-        KVT_LOG_E("segment %s offers no transport this engine runs",
-                  seg->name);
+        KVT_LOG_E("segment %s offers no transport this engine runs", seg->name);
         return first;
     }
     return KVT_OK;

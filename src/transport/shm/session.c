@@ -632,8 +632,7 @@ static kvt_status_t cma_run(shm_session_t *s, job_t *j, const uint8_t *how)
     return KVT_OK;
 }
 
-/* ---- Staging --------------------------------------------------------------
- */
+/* ---- Staging ------------------------------------------------------------- */
 
 /* The slots one executor holds for one job (at most all of them), and
  * the job segment of each run. */

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_TRANSPORT_TCP_TCP_H
+#define KVT_TRANSPORT_TCP_TCP_H
+
+/*
+ * The TCP transport: persistent connections per peer, owned by worker
+ * threads that drive them with edge-triggered epoll.
+ *
+ * Roles. A connection is either outbound (this engine initiates: requests
+ * go out, responses come back) or inbound (a peer initiates: requests come
+ * in, responses go out). A peer session is nconns outbound connections;
+ * each is owned by one worker, which alone reads it, fails it and closes
+ * its descriptor.
+ *
+ * Ordering. The target handles the requests of one connection strictly in
+ * order and answers in the same order, so the responses of a connection
+ * match its outstanding FIFO head by head (the request id is checked).
+ * A request is appended to the outstanding FIFO and to the send queue
+ * under tx_lock in one step, so both lists have the same order.
+ *
+ * Locks. Order: rx_lock -> session lock -> tx_lock -> out_lock. rx_lock
+ * guards the receive state of an outbound connection; tx_lock guards the
+ * send queue, socket writes and the dead flag; out_lock guards the
+ * outstanding FIFO. None is held across a wait: sockets are non-blocking.
+ *
+ * Waiter progress. A thread in kvt_batch_wait() whose frames all went to
+ * one connection reads that connection itself (it "attaches" as the
+ * connection's waiter) instead of sleeping until the worker has read the
+ * response and woken it: a synchronous transfer then costs one wake-up per
+ * side, as a plain ping-pong does. At most one waiter is attached at a
+ * time; it completes whatever responses it reads, for any batch, and other
+ * threads sleep on their batches meanwhile. While a waiter is attached the
+ * worker does not watch the connection's input; when it leaves, watching
+ * again reports anything left unread to the worker.
+ *
+ * Completion lifecycle. Every piece of every request frame is completed
+ * exactly once: by its response, or by the failure of its connection
+ * (connection lost, timeout, session killed, engine stopped), which the
+ * owning worker performs.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "transport/transport.h"
+
+#define TICK_NS (50ull * 1000000ull)
+#define MAX_CONNS 16
+#define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one readv */
+#define SCRATCH_LEN (256u * 1024u)
+#define MIN_FRAME (64u * 1024u)
+
+typedef struct kvt__tcp kvt__tcp_t;
+typedef struct tcp_conn tcp_conn_t;
+typedef struct tcp_worker tcp_worker_t;
+typedef struct tcp_session tcp_session_t;
+
+/* Something to send: a request frame or a response. */
+typedef struct tcp_tx {
+    struct tcp_tx *next;
+    struct iovec *cur;
+    int cnt;
+    uint8_t is_resp;
+} tcp_tx_t;
+
+/*
+ * A request frame, initiator side. It is referenced twice: by the send
+ * queue until its last byte is written, and by the outstanding FIFO until
+ * its response is handled. The response can be handled before the sender
+ * has finished its bookkeeping on the frame, so whoever drops the last
+ * reference frees it.
+ */
+typedef struct tcp_frame {
+    tcp_tx_t tx;
+    _Atomic uint32_t refs;
+    struct tcp_frame *next_out;
+    uint8_t type;
+    uint64_t req_id;
+    uint64_t deadline;
+    uint64_t bytes;
+    uint32_t npieces;
+    uint32_t nlsegs;
+    kvt__comp_t **comps; /* [npieces] */
+    uint32_t *piece_seg; /* [npieces + 1]: first local segment of a piece */
+    struct iovec *lsegs; /* local segments, in payload order */
+    uint64_t snap[MAX_CONNS]; /* NOTIFY: enq_seq of each conn to wait for */
+    uint8_t hdr[KVT_WIRE_HDR_LEN];
+    uint8_t *body;
+    struct iovec iov[]; /* send vector; for READ the local segments follow */
+} tcp_frame_t;
+
+/* A response, target side. */
+typedef struct tcp_resp {
+    tcp_tx_t tx;
+    /* READ_RESP only: the payload comes from registered memory and is
+     * validated again whenever the registry changed. */
+    uint32_t nsegs;
+    uint32_t first_seg; /* index of the first payload entry in iov */
+    uint64_t gen;
+    uint32_t late;
+    int32_t late_status;
+    uint64_t *seg_addr;
+    uint8_t hdr[KVT_WIRE_HDR_LEN];
+    uint8_t trailer[KVT_WIRE_TRAILER_LEN];
+    uint8_t *body;
+    struct iovec iov[];
+} tcp_resp_t;
+
+typedef struct {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t piece;
+    uint32_t valid;
+} rx_seg_t;
+
+enum { RX_HDR, RX_BODY, RX_PAYLOAD, RX_TRAILER };
+
+struct tcp_conn {
+    int fd;
+    uint8_t outbound;
+    uint32_t index;
+    tcp_worker_t *w;
+    tcp_session_t *sess; /* outbound only */
+
+    pthread_mutex_t tx_lock;
+    tcp_tx_t *txq_head, *txq_tail;
+    int dead; /* under tx_lock */
+
+    pthread_mutex_t out_lock;
+    tcp_frame_t *out_head, *out_tail;
+
+    /* Outbound only: the receive state's lock, the number of waiters
+     * attached, and whether the connection failed (all under rx_lock). */
+    pthread_mutex_t rx_lock;
+    int waiters;
+    int rx_dead;
+
+    /* What the worker's epoll watches (see kvt__tcp_conn_events()): input
+     * unless a waiter reads the connection, output only while the send queue
+     * waits for room. Edge-triggered output events would otherwise wake
+     * the worker each time the peer acknowledges bytes. */
+    pthread_mutex_t ev_lock;
+    uint32_t ev_mask; /* registered, under ev_lock */
+    int ev_closed;    /* descriptor leaving the epoll set, under ev_lock */
+    _Atomic int want_out;
+    _Atomic int no_input;
+
+    _Atomic uint64_t enq_seq;
+    _Atomic uint64_t done_seq;
+    _Atomic uint64_t inflight;
+    _Atomic int32_t fail_status;
+
+    /* Receive state: touched by the owning worker only. */
+    int rx_state;
+    size_t rx_have;
+    uint8_t rx_hdrbuf[KVT_WIRE_HDR_LEN];
+    kvt__wire_hdr_t rx_hdr;
+    uint8_t *rx_body;
+    size_t rx_body_cap;
+    uint8_t rx_trailer[KVT_WIRE_TRAILER_LEN];
+    rx_seg_t *rx_segs;
+    uint32_t rx_nsegs, rx_seg, rx_check;
+    uint64_t rx_seg_off;
+    uint64_t rx_gen;
+    kvt__wire_piece_t *rx_pieces;
+    int32_t *rx_pstatus;
+    uint32_t rx_npieces;
+    tcp_frame_t *rx_frame;
+
+    int attached; /* outbound: handed to its worker (kvt__tcp_worker_attach())
+                   */
+    char peer[KVT_WIRE_NAME_MAX + 1];
+    tcp_conn_t *wnext; /* worker's list */
+    tcp_conn_t *dnext; /* worker's reap list (outbound, failed) */
+};
+
+struct tcp_worker {
+    kvt__tcp_t *tcp;
+    unsigned id;
+    pthread_t thread;
+    int epfd;
+    int evfd;
+    pthread_mutex_t lock; /* guards the conn list and the reap list */
+    tcp_conn_t *conns;
+    tcp_conn_t *reap; /* failed outbound connections (kvt__tcp_worker_reap()) */
+    uint8_t *scratch;
+    uint64_t last_tick;
+};
+
+struct tcp_session {
+    kvt__session_t base;
+    kvt__tcp_t *tcp;
+    unsigned nconns;
+    tcp_conn_t *conns[MAX_CONNS];
+    pthread_mutex_t lock; /* conn fds vs. shutdown; parked notifies */
+    tcp_frame_t *parked_head, *parked_tail;
+    _Atomic uint32_t nparked;
+    _Atomic uint32_t rr;
+    /* Connections not yet reaped by their worker: the last reap releases
+     * the session (kvt__session_release()). */
+    _Atomic uint32_t unreaped;
+};
+
+struct kvt__tcp {
+    kvt__tl_t base;
+    kvt_engine_h e;
+    const kvt__engine_cfg_t *cfg;
+    kvt__memreg_t *reg;
+    unsigned nworkers;
+    tcp_worker_t *workers;
+    _Atomic unsigned rr;
+    _Atomic uint64_t next_req;
+    _Atomic int stopping;
+    int started;
+    void *zeros; /* read-only zero pages: payload of refused read pieces */
+};
+
+extern const kvt__tl_ops_t kvt__tl_tcp;
+
+#ifdef KVT_TSAN
+/*
+ * Payload bytes move on behalf of a peer process, and the ordering of
+ * those accesses against this process's threads is established across
+ * processes (an acknowledgement, then a message), which ThreadSanitizer
+ * cannot see. Issue these calls directly so that it does not take them
+ * for unsynchronised accesses; every other access stays checked.
+ */
+#include <sys/syscall.h>
+#define payload_readv(fd, iov, n)                                              \
+    syscall(SYS_readv, (long)(fd), (iov), (unsigned long)(n))
+#define payload_sendmsg(fd, mh, fl)                                            \
+    syscall(SYS_sendmsg, (long)(fd), (mh), (unsigned long)(fl))
+#else
+#define payload_readv(fd, iov, n) readv((fd), (iov), (n))
+#define payload_sendmsg(fd, mh, fl) sendmsg((fd), (mh), (fl))
+#endif
+
+#define CONN_EVENTS (EPOLLIN | EPOLLET | EPOLLRDHUP)
+
+/* ---- Across the files of the transport --------------------------------- */
+
+/* tcp_tx.c */
+void kvt__tcp_frame_put(tcp_frame_t *f);
+void kvt__tcp_tx_free(tcp_tx_t *t);
+kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only);
+void kvt__tcp_conn_events(tcp_conn_t *c);
+int kvt__tcp_want_out_update(tcp_conn_t *c);
+void kvt__tcp_send_resp(tcp_conn_t *c, tcp_resp_t *r);
+tcp_resp_t *kvt__tcp_resp_alloc(size_t niov, size_t body_len, size_t nsegs);
+void kvt__tcp_hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id);
+void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
+                          kvt_status_t status, const void *body, size_t len);
+void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f);
+int kvt__tcp_notify_ready(tcp_session_t *s, const tcp_frame_t *f);
+void kvt__tcp_release_parked(tcp_session_t *s);
+tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s);
+
+/* tcp_target.c */
+void kvt__tcp_resp_revalidate(kvt__tcp_t *tcp, tcp_resp_t *r);
+int kvt__tcp_ensure_rx_arrays(tcp_conn_t *c);
+void kvt__tcp_send_write_ack(tcp_conn_t *c);
+int kvt__tcp_inbound_dispatch(tcp_conn_t *c);
+
+/* tcp_rx.c */
+void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
+                             const int32_t *pst);
+void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop);
+
+/* tcp_cm.c */
+int kvt__tcp_worker_attach(tcp_worker_t *w, tcp_conn_t *c);
+void kvt__tcp_worker_reap(tcp_worker_t *w);
+void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st);
+kvt_status_t kvt__tcp_accept(kvt__tl_t *tl, int fd,
+                             const kvt__wire_hello_t *hello);
+void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why);
+void kvt__tcp_session_destroy(kvt__session_t *base);
+kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                           kvt__session_t **s_p, const char **why_p);
+
+/* tcp_worker.c */
+void *kvt__tcp_worker_main(void *arg);
+kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
+                               const _Atomic uint32_t *until,
+                               uint64_t deadline_ns);
+
+/* tcp_submit.c */
+kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
+                             size_t n, kvt__sub_t *hint);
+
+#endif

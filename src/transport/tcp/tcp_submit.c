@@ -1,0 +1,312 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Submission: cutting normalised descriptors into wire pieces (slices
+ * of large ones, runs of strided pieces) and the pieces into frames spread
+ * over the session's connections; notifications.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "ctrl/ctrl.h"
+#include "transport/tcp/tcp.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+typedef struct {
+    kvt__comp_t *comp;
+    uint32_t count;
+    uint64_t len;
+    uint64_t raddr, rstride;
+    uint64_t laddr, lstride;
+} pspec_t;
+
+/* Pieces of a strided descriptor that one wire piece carries. */
+static inline uint64_t strided_k(uint64_t len, uint64_t slice)
+{
+    uint64_t k = slice / len;
+    return k > KVT_WIRE_MAX_SEGS ? KVT_WIRE_MAX_SEGS : k;
+}
+
+static inline uint32_t spec_lsegs(const pspec_t *p)
+{
+    return (p->count == 1 || p->lstride == p->len) ? 1 : p->count;
+}
+
+static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
+                                const pspec_t *ps, size_t np)
+{
+    kvt__tcp_t *tcp = s->tcp;
+    uint32_t nlsegs = 0;
+    size_t table = np * KVT_WIRE_PIECE_LEN, niov, sz;
+    uint64_t payload = 0;
+    kvt__wire_hdr_t h;
+    tcp_frame_t *f;
+    uint8_t *p;
+    uint32_t k = 0;
+
+    for (size_t i = 0; i < np; i++) {
+        nlsegs += spec_lsegs(&ps[i]);
+        payload += ps[i].len * ps[i].count;
+    }
+    niov = 2 + nlsegs;
+    sz = sizeof(*f) + niov * sizeof(struct iovec) + np * sizeof(kvt__comp_t *) +
+         (np + 1) * 4 + table;
+    f = malloc(sz);
+    if (f == NULL)
+        return NULL;
+    memset(f, 0, sizeof(*f));
+    atomic_init(&f->refs, 2);
+    f->type = type;
+    f->npieces = (uint32_t)np;
+    f->nlsegs = nlsegs;
+    f->bytes = payload;
+    f->req_id =
+        atomic_fetch_add_explicit(&tcp->next_req, 1, memory_order_relaxed);
+    f->deadline = kvt__now_ns() + tcp->cfg->timeout_ns;
+    p = (uint8_t *)(f->iov + niov);
+    f->comps = (kvt__comp_t **)p;
+    f->piece_seg = (uint32_t *)(f->comps + np);
+    f->body = (uint8_t *)(f->piece_seg + np + 1);
+    f->lsegs = f->iov + 2;
+    for (size_t i = 0; i < np; i++) {
+        const pspec_t *q = &ps[i];
+        kvt__wire_piece_t wp = {q->raddr, (uint32_t)q->len, q->count,
+                                q->count > 1 ? q->rstride : q->len};
+        kvt__wire_piece_encode(&wp, f->body + i * KVT_WIRE_PIECE_LEN);
+        f->comps[i] = q->comp;
+        f->piece_seg[i] = k;
+        if (spec_lsegs(q) == 1) {
+            f->lsegs[k++] =
+                (struct iovec){(void *)(uintptr_t)q->laddr, q->len * q->count};
+        } else {
+            for (uint32_t j = 0; j < q->count; j++)
+                f->lsegs[k++] = (struct iovec){
+                    (void *)(uintptr_t)(q->laddr + j * q->lstride), q->len};
+        }
+    }
+    f->piece_seg[np] = k;
+    kvt__tcp_hdr_init(&h, type, f->req_id);
+    h.body_len = (uint32_t)table;
+    h.payload_len = payload;
+    kvt__wire_hdr_encode(&h, f->hdr);
+    f->iov[0] = (struct iovec){f->hdr, KVT_WIRE_HDR_LEN};
+    f->iov[1] = (struct iovec){f->body, table};
+    f->tx.cur = f->iov;
+    f->tx.cnt = type == KVT_WIRE_WRITE ? (int)niov : 2;
+    if (type == KVT_WIRE_READ) {
+        /* The send vector must not alias the receive segments, which the
+         * sender's cursor would trim. */
+        f->lsegs = f->iov + 2;
+    }
+    return f;
+}
+
+/*
+ * Cut the READ or WRITE descriptors @x[0..n) into wire pieces and the
+ * pieces into frames, then enqueue the frames on the least loaded
+ * connections. Every descriptor's piece count is set before any frame is
+ * enqueued.
+ */
+static void submit_op(tcp_session_t *s, uint8_t type,
+                      const kvt__xfer_t *const *x, size_t n, kvt__sub_t *hint)
+{
+    uint64_t slice = s->tcp->cfg->slice_size, total = 0, target;
+    size_t cap = 0, np = 0, start;
+    pspec_t *ps = NULL;
+    tcp_frame_t *frames = NULL, **ftail = &frames;
+
+    if (n == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        const kvt__xfer_t *d = x[i];
+        total += kvt__xfer_bytes(d);
+        if (d->count == 1 || d->len > slice || d->len > UINT32_MAX)
+            cap += d->count * ((d->len + slice - 1) / slice);
+        else
+            cap += (d->count + strided_k(d->len, slice) - 1) /
+                   strided_k(d->len, slice);
+    }
+    ps = malloc(cap * sizeof(*ps));
+    if (ps == NULL)
+        goto err_fail_all;
+    for (size_t i = 0; i < n; i++) {
+        const kvt__xfer_t *d = x[i];
+        uint32_t c = d->count;
+        uint64_t L = d->len, ls = d->lstride, rs = d->rstride, la = d->laddr;
+        size_t first = np;
+
+        if (c == 1 || L > slice || L > UINT32_MAX) {
+            for (uint32_t j = 0; j < c; j++)
+                for (uint64_t off = 0; off < L; off += slice)
+                    ps[np++] = (pspec_t){d->comp,
+                                         1,
+                                         L - off < slice ? L - off : slice,
+                                         d->raddr + j * rs + off,
+                                         0,
+                                         la + j * ls + off,
+                                         0};
+        } else {
+            uint64_t k = strided_k(L, slice);
+            for (uint64_t j = 0; j < c; j += k) {
+                uint32_t cnt = (uint32_t)(c - j < k ? c - j : k);
+                ps[np++] = (pspec_t){d->comp, cnt,         L, d->raddr + j * rs,
+                                     rs,      la + j * ls, ls};
+            }
+        }
+        kvt__comp_expect(d->comp, (uint32_t)(np - first));
+    }
+
+    /* Frame size: spread a submission over the connections, between
+     * MIN_FRAME and one slice. */
+    target = (total + s->nconns - 1) / s->nconns;
+    if (target < MIN_FRAME)
+        target = MIN_FRAME;
+    if (target > slice)
+        target = slice;
+    start = 0;
+    while (start < np) {
+        uint64_t bytes = 0;
+        uint32_t rsegs = 0, lsegs = 0;
+        size_t end = start;
+        tcp_frame_t *f;
+
+        while (end < np) {
+            const pspec_t *q = &ps[end];
+            uint64_t b = q->len * q->count;
+            if (end > start &&
+                (bytes + b > target || end - start >= KVT_WIRE_MAX_PIECES ||
+                 rsegs + q->count > KVT_WIRE_MAX_SEGS ||
+                 lsegs + spec_lsegs(q) > KVT_WIRE_MAX_SEGS))
+                break;
+            bytes += b;
+            rsegs += q->count;
+            lsegs += spec_lsegs(q);
+            end++;
+        }
+        f = frame_build(s, type, ps + start, end - start);
+        if (f == NULL) {
+            for (size_t i = start; i < np; i++)
+                kvt__comp_done(ps[i].comp, KVT_ERR_NO_MEMORY);
+            break;
+        }
+        *ftail = f;
+        ftail = (tcp_frame_t **)&f->tx.next;
+        start = end;
+    }
+    free(ps);
+    while (frames != NULL) {
+        tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
+        tcp_conn_t *c = kvt__tcp_pick_conn(s);
+        kvt__sub_note(hint, c);
+        kvt__tcp_conn_enqueue(c, f);
+        frames = next;
+    }
+    return;
+
+err_fail_all:
+    for (size_t i = 0; i < n; i++) {
+        kvt__comp_expect(x[i]->comp, 1);
+        kvt__comp_done(x[i]->comp, KVT_ERR_NO_MEMORY);
+    }
+}
+
+static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
+                          kvt__sub_t *hint)
+{
+    size_t len = d->len;
+    tcp_frame_t *f = calloc(1, sizeof(*f) + 2 * sizeof(struct iovec) +
+                                   2 * sizeof(kvt__comp_t *) + 8 + len);
+    kvt__wire_hdr_t h;
+    int parked = 0;
+
+    kvt__comp_expect(d->comp, 1);
+    kvt__sub_note(hint, NULL); /* may be released by a worker */
+    if (f == NULL) {
+        kvt__comp_done(d->comp, KVT_ERR_NO_MEMORY);
+        return;
+    }
+    atomic_init(&f->refs, 2);
+    f->type = KVT_WIRE_NOTIFY;
+    f->npieces = 1;
+    f->comps = (kvt__comp_t **)(f->iov + 2);
+    f->comps[0] = d->comp;
+    f->body = (uint8_t *)(f->comps + 2);
+    if (len > 0)
+        memcpy(f->body, (const void *)(uintptr_t)d->laddr, len);
+    f->req_id = atomic_fetch_add(&s->tcp->next_req, 1);
+    f->deadline = kvt__now_ns() + s->tcp->cfg->timeout_ns;
+    kvt__tcp_hdr_init(&h, KVT_WIRE_NOTIFY, f->req_id);
+    h.body_len = (uint32_t)len;
+    kvt__wire_hdr_encode(&h, f->hdr);
+    f->iov[0] = (struct iovec){f->hdr, KVT_WIRE_HDR_LEN};
+    f->iov[1] = (struct iovec){f->body, len};
+    f->tx.cur = f->iov;
+    f->tx.cnt = len ? 2 : 1;
+
+    /* Ordering: wait for every frame enqueued so far on every connection
+     * of this session to be answered. */
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < s->nconns; i++)
+        f->snap[i] = atomic_load(&s->conns[i]->enq_seq);
+    if (s->parked_head != NULL || !kvt__tcp_notify_ready(s, f)) {
+        f->next_out = NULL;
+        if (s->parked_tail)
+            s->parked_tail->next_out = f;
+        else
+            s->parked_head = f;
+        s->parked_tail = f;
+        atomic_fetch_add(&s->nparked, 1);
+        parked = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!parked) {
+        kvt__tcp_conn_enqueue(s->conns[0], f);
+    } else {
+        /* An answer may have come in between the snapshot and parking. */
+        kvt__tcp_release_parked(s);
+        if (atomic_load(&s->base.dead))
+            kvt__tcp_session_kill(&s->base, atomic_load(&s->base.dead));
+    }
+}
+
+kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
+                             size_t n, kvt__sub_t *hint)
+{
+    tcp_session_t *s = (tcp_session_t *)base;
+    const kvt__xfer_t **w = malloc(2 * n * sizeof(*w)), **r;
+    size_t i = 0;
+
+    if (w == NULL)
+        return KVT_ERR_NO_MEMORY;
+    r = w + n;
+    /* Writes and reads are cut into frames separately; a NOTIFY ends the
+     * run before it so that it follows every write submitted earlier. */
+    while (i < n) {
+        size_t nw = 0, nr = 0;
+        for (; i < n && x[i].op != KVT_OP_NOTIFY; i++) {
+            if (x[i].op == KVT_OP_WRITE)
+                w[nw++] = &x[i];
+            else
+                r[nr++] = &x[i];
+        }
+        submit_op(s, KVT_WIRE_WRITE, w, nw, hint);
+        submit_op(s, KVT_WIRE_READ, r, nr, hint);
+        if (i < n) {
+            submit_notify(s, &x[i], hint);
+            i++;
+        }
+    }
+    free(w);
+    return KVT_OK;
+}

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The send path: the per-connection send queue written with sendmsg()
+ * (payload gathered straight from registered memory), the epoll interest
+ * in output, responses, and putting request frames on a connection
+ * (parked notifications wait for the writes before them).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "ctrl/ctrl.h"
+#include "transport/tcp/tcp.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+void kvt__tcp_frame_put(tcp_frame_t *f)
+{
+    if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1)
+        free(f);
+}
+
+void kvt__tcp_tx_free(tcp_tx_t *t)
+{
+    if (t->is_resp)
+        free(t);
+    else
+        kvt__tcp_frame_put((tcp_frame_t *)t);
+}
+
+/*
+ * Write as much of the queue as the socket takes (with @head_only, stop
+ * after the first item). Called with tx_lock held. Returns KVT_OK (done,
+ * or socket full: the worker's EPOLLOUT edge resumes) or
+ * KVT_ERR_CONN_LOST.
+ */
+kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
+{
+    kvt__tcp_t *tcp = c->w->tcp;
+
+    while (c->txq_head != NULL) {
+        tcp_tx_t *t = c->txq_head;
+        struct msghdr mh = {0};
+        ssize_t n;
+        int locked = 0;
+
+        if (t->is_resp && ((tcp_resp_t *)t)->seg_addr != NULL) {
+            kvt__memreg_rdlock(tcp->reg);
+            locked = 1;
+            kvt__tcp_resp_revalidate(tcp, (tcp_resp_t *)t);
+        }
+        mh.msg_iov = t->cur;
+        mh.msg_iovlen = (size_t)(t->cnt > IOV_MAX ? IOV_MAX : t->cnt);
+        n = payload_sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (locked)
+            kvt__memreg_unlock(tcp->reg);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return KVT_OK;
+            KVT_LOG_D("send to %s: %s", c->peer, strerror(errno));
+            /* tx_lock is held and the connection is not dead, so its
+             * descriptor is still open; the owning worker sees the
+             * shutdown and fails the connection. */
+            shutdown(c->fd, SHUT_RDWR);
+            return KVT_ERR_CONN_LOST;
+        }
+        t->cur = kvt__iov_advance(t->cur, &t->cnt, (size_t)n);
+        if (t->cnt == 0) {
+            c->txq_head = t->next;
+            if (c->txq_head == NULL)
+                c->txq_tail = NULL;
+            kvt__tcp_tx_free(t);
+            if (head_only)
+                break;
+        }
+    }
+    return KVT_OK;
+}
+
+/*
+ * Bring the worker's epoll registration of @c in line with want_out and
+ * no_input. Whoever changes either flag calls this afterwards; the mask is
+ * computed under ev_lock from the flags' latest values, so the last call
+ * wins with the right answer. (Reading the flags before taking the lock
+ * let a call that read an old value apply it after a newer one: EPOLLOUT
+ * dropped while frames waited, and the connection stalled until something
+ * else was sent on it.) Adding EPOLLOUT when the socket already has room
+ * reports it at once (EPOLL_CTL_MOD polls the socket), so no edge is lost.
+ */
+void kvt__tcp_conn_events(tcp_conn_t *c)
+{
+    uint32_t mask = EPOLLET;
+
+    pthread_mutex_lock(&c->ev_lock);
+    if (!atomic_load_explicit(&c->no_input, memory_order_acquire))
+        mask |= EPOLLIN | EPOLLRDHUP;
+    if (atomic_load_explicit(&c->want_out, memory_order_acquire))
+        mask |= EPOLLOUT;
+    if (!c->ev_closed && mask != c->ev_mask) {
+        struct epoll_event ev = {.events = mask, .data.ptr = c};
+        if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
+            c->ev_mask = mask;
+    }
+    pthread_mutex_unlock(&c->ev_lock);
+}
+
+/* After a flush with tx_lock held: whether output must be watched now.
+ * Returns 1 when the flag changed (the caller then calls kvt__tcp_conn_events()
+ * after dropping tx_lock). */
+int kvt__tcp_want_out_update(tcp_conn_t *c)
+{
+    int want = c->txq_head != NULL;
+    return atomic_exchange_explicit(&c->want_out, want, memory_order_acq_rel) !=
+           want;
+}
+
+static void txq_append_locked(tcp_conn_t *c, tcp_tx_t *t)
+{
+    t->next = NULL;
+    if (c->txq_tail)
+        c->txq_tail->next = t;
+    else
+        c->txq_head = t;
+    c->txq_tail = t;
+}
+
+/* Target side: queue a response and send what the socket takes now. */
+void kvt__tcp_send_resp(tcp_conn_t *c, tcp_resp_t *r)
+{
+    int changed;
+
+    pthread_mutex_lock(&c->tx_lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->tx_lock);
+        free(r);
+        return;
+    }
+    txq_append_locked(c, &r->tx);
+    kvt__tcp_flush_locked(c, 0);
+    changed = kvt__tcp_want_out_update(c);
+    pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        kvt__tcp_conn_events(c);
+}
+
+tcp_resp_t *kvt__tcp_resp_alloc(size_t niov, size_t body_len, size_t nsegs)
+{
+    size_t sz = sizeof(tcp_resp_t) + niov * sizeof(struct iovec) + body_len +
+                nsegs * sizeof(uint64_t);
+    tcp_resp_t *r = calloc(1, sz);
+    if (r == NULL)
+        return NULL;
+    r->tx.is_resp = 1;
+    r->tx.cur = r->iov;
+    r->tx.cnt = (int)niov;
+    r->body = (uint8_t *)(r->iov + niov);
+    if (nsegs)
+        r->seg_addr = (uint64_t *)(r->body + body_len);
+    return r;
+}
+
+void kvt__tcp_hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id)
+{
+    memset(h, 0, sizeof(*h));
+    h->ver_major = KVT_WIRE_VERSION_MAJOR;
+    h->ver_minor = KVT_WIRE_VERSION_MINOR;
+    h->type = type;
+    h->req_id = req_id;
+}
+
+/* A response with a body only (acks, descriptors, errors). */
+void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
+                          kvt_status_t status, const void *body, size_t len)
+{
+    kvt__wire_hdr_t h;
+    tcp_resp_t *r = kvt__tcp_resp_alloc(2, len, 0);
+
+    if (r == NULL) {
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    kvt__tcp_hdr_init(&h, type, req_id);
+    h.status = status;
+    h.body_len = (uint32_t)len;
+    kvt__wire_hdr_encode(&h, r->hdr);
+    if (len)
+        memcpy(r->body, body, len);
+    r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
+    r->iov[1] = (struct iovec){r->body, len};
+    r->tx.cnt = len ? 2 : 1;
+    kvt__tcp_send_resp(c, r);
+}
+
+/* Put @f on connection @c: FIFO and send queue in one step, then send what
+ * the socket takes from this thread. */
+void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
+{
+    int dead, changed = 0;
+
+    atomic_fetch_add_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+    pthread_mutex_lock(&c->tx_lock);
+    dead = c->dead;
+    if (!dead) {
+        pthread_mutex_lock(&c->out_lock);
+        f->next_out = NULL;
+        if (c->out_tail)
+            c->out_tail->next_out = f;
+        else
+            c->out_head = f;
+        c->out_tail = f;
+        pthread_mutex_unlock(&c->out_lock);
+        atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
+        txq_append_locked(c, &f->tx);
+        /* An idle connection sends this frame from the calling thread,
+         * which saves a wake-up on small transfers; anything the socket
+         * does not take now, and every later frame, is the worker's. */
+        if (c->txq_head == &f->tx)
+            kvt__tcp_flush_locked(c, 1);
+        changed = kvt__tcp_want_out_update(c);
+    }
+    pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        kvt__tcp_conn_events(c);
+    if (dead) {
+        int32_t why = atomic_load(&c->sess->base.dead);
+        kvt__tcp_frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
+        kvt__tcp_frame_put(f); /* the send queue's reference, never taken up */
+    }
+}
+
+int kvt__tcp_notify_ready(tcp_session_t *s, const tcp_frame_t *f)
+{
+    for (unsigned i = 0; i < s->nconns; i++)
+        if (atomic_load_explicit(&s->conns[i]->done_seq, memory_order_acquire) <
+            f->snap[i])
+            return 0;
+    return 1;
+}
+
+/* Send the parked notifications whose preceding writes have all landed. */
+void kvt__tcp_release_parked(tcp_session_t *s)
+{
+    tcp_frame_t *ready = NULL, **tail = &ready;
+
+    pthread_mutex_lock(&s->lock);
+    while (s->parked_head != NULL && kvt__tcp_notify_ready(s, s->parked_head)) {
+        tcp_frame_t *f = s->parked_head;
+        s->parked_head = f->next_out;
+        if (s->parked_head == NULL)
+            s->parked_tail = NULL;
+        atomic_fetch_sub(&s->nparked, 1);
+        f->next_out = NULL;
+        *tail = f;
+        tail = &f->next_out;
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (ready != NULL) {
+        tcp_frame_t *n = ready->next_out;
+        kvt__tcp_conn_enqueue(s->conns[0], ready);
+        ready = n;
+    }
+}
+
+tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s)
+{
+    tcp_conn_t *best = NULL;
+    uint64_t best_load = UINT64_MAX;
+    unsigned start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
+
+    for (unsigned k = 0; k < s->nconns; k++) {
+        tcp_conn_t *c = s->conns[(start + k) % s->nconns];
+        uint64_t load =
+            atomic_load_explicit(&c->inflight, memory_order_relaxed);
+        if (load < best_load) {
+            best = c;
+            best_load = load;
+        }
+    }
+    return best;
+}

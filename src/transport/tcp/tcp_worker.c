@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The worker threads: epoll loops that own their connections, the
+ * transfer timeout, and waiter progress (a thread waiting on a batch reads
+ * its connection itself).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "ctrl/ctrl.h"
+#include "transport/tcp/tcp.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+static void check_timeouts(tcp_worker_t *w, uint64_t now)
+{
+    tcp_conn_t *expired[64];
+    size_t n = 0;
+
+    pthread_mutex_lock(&w->lock);
+    for (tcp_conn_t *c = w->conns; c != NULL && n < 64; c = c->wnext) {
+        if (!c->outbound)
+            continue;
+        pthread_mutex_lock(&c->out_lock);
+        if (c->out_head != NULL && now > c->out_head->deadline)
+            expired[n++] = c;
+        pthread_mutex_unlock(&c->out_lock);
+    }
+    pthread_mutex_unlock(&w->lock);
+    for (size_t i = 0; i < n; i++) {
+        KVT_LOG_W("transfer to %s timed out after %.1f s",
+                  expired[i]->sess->base.name,
+                  (double)w->tcp->cfg->timeout_ns / 1e9);
+        pthread_mutex_lock(&expired[i]->rx_lock);
+        kvt__tcp_conn_fail(expired[i], KVT_ERR_TIMEDOUT);
+        pthread_mutex_unlock(&expired[i]->rx_lock);
+    }
+}
+
+static void conn_tx_event(tcp_conn_t *c)
+{
+    int changed = 0;
+
+    pthread_mutex_lock(&c->tx_lock);
+    if (!c->dead) {
+        kvt__tcp_flush_locked(c, 0);
+        changed = kvt__tcp_want_out_update(c);
+    }
+    pthread_mutex_unlock(&c->tx_lock);
+    if (changed)
+        kvt__tcp_conn_events(c);
+}
+
+void *kvt__tcp_worker_main(void *arg)
+{
+    tcp_worker_t *w = arg;
+    kvt__tcp_t *tcp = w->tcp;
+    struct epoll_event evs[64];
+
+    while (!atomic_load_explicit(&tcp->stopping, memory_order_acquire)) {
+        int n;
+        uint64_t now;
+
+        kvt__tcp_worker_reap(w);
+        n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
+
+        if (n > 0) {
+            /* Pairs with the unlock in kvt__tcp_worker_attach(): whatever the
+             * attaching thread wrote to a connection is visible here (and
+             * to ThreadSanitizer, which does not model epoll). */
+            pthread_mutex_lock(&w->lock);
+            pthread_mutex_unlock(&w->lock);
+        }
+
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)w) {
+                uint64_t v;
+                if (read(w->evfd, &v, sizeof(v)) < 0)
+                    (void)0;
+            } else {
+                tcp_conn_t *c = p;
+                if (evs[i].events & EPOLLOUT)
+                    conn_tx_event(c);
+                if (!(evs[i].events &
+                      (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
+                    continue;
+                if (!c->outbound) {
+                    kvt__tcp_conn_rx(c, NULL);
+                    continue;
+                }
+                pthread_mutex_lock(&c->rx_lock);
+                if (c->waiters == 0 && !c->rx_dead)
+                    kvt__tcp_conn_rx(c, NULL);
+                pthread_mutex_unlock(&c->rx_lock);
+            }
+        }
+        now = kvt__now_ns();
+        if (now - w->last_tick >= TICK_NS) {
+            w->last_tick = now;
+            check_timeouts(w, now);
+        }
+    }
+    /* Stopping: fail everything this worker owns. */
+    for (;;) {
+        tcp_conn_t *c;
+        pthread_mutex_lock(&w->lock);
+        c = w->conns;
+        pthread_mutex_unlock(&w->lock);
+        if (c == NULL)
+            break;
+        if (!c->outbound) {
+            kvt__tcp_conn_fail(c, KVT_ERR_CANCELED); /* frees it */
+            continue;
+        }
+        /* Outbound connections outlive their failure. */
+        pthread_mutex_lock(&c->rx_lock);
+        kvt__tcp_conn_fail(c, KVT_ERR_CANCELED);
+        pthread_mutex_unlock(&c->rx_lock);
+    }
+    return NULL;
+}
+
+/*
+ * Waiter progress (see the top of this file): read connection @where from
+ * this thread until *@until reads 0 or @deadline_ns passes. KVT_ERR_AGAIN
+ * when the connection is already dead: the caller sleeps on the batch
+ * instead.
+ */
+kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
+                               const _Atomic uint32_t *until,
+                               uint64_t deadline_ns)
+{
+    tcp_conn_t *c = where;
+    int fd;
+
+    pthread_mutex_lock(&c->rx_lock);
+    /* One reader per connection besides the worker: a second waiter
+     * polling the same socket could sleep on after the first had read the
+     * response that completes its batch. Other waiters sleep on their
+     * batches, woken by whoever completes them. */
+    if (c->rx_dead || c->fd < 0 || c->waiters > 0) {
+        pthread_mutex_unlock(&c->rx_lock);
+        return KVT_ERR_AGAIN;
+    }
+    fd = c->fd; /* stays open while a waiter is attached */
+    if (c->waiters++ == 0) {
+        /* Spare the worker a wake-up; input that came before this is
+         * still readable, and poll() below sees it. */
+        atomic_store(&c->no_input, 1);
+        kvt__tcp_conn_events(c);
+    }
+    pthread_mutex_unlock(&c->rx_lock);
+
+    while (atomic_load_explicit(until, memory_order_acquire) != 0) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int ms = -1;
+        if (deadline_ns != 0) {
+            uint64_t now = kvt__now_ns();
+            if (now >= deadline_ns)
+                break;
+            ms = (int)((deadline_ns - now + 999999) / 1000000);
+        }
+        if (poll(&p, 1, ms) < 0 && errno != EINTR)
+            break;
+        pthread_mutex_lock(&c->rx_lock);
+        if (!c->rx_dead)
+            kvt__tcp_conn_rx(c, until);
+        pthread_mutex_unlock(&c->rx_lock);
+    }
+
+    pthread_mutex_lock(&c->rx_lock);
+    if (--c->waiters == 0) {
+        if (c->rx_dead) {
+            tcp_session_t *s = c->sess;
+            pthread_mutex_lock(&s->lock);
+            c->fd = -1;
+            pthread_mutex_unlock(&s->lock);
+            close(fd);
+        } else {
+            /* Watching input again reports to the worker whatever is
+             * left unread (EPOLL_CTL_MOD polls the socket). */
+            atomic_store(&c->no_input, 0);
+            kvt__tcp_conn_events(c);
+        }
+    }
+    pthread_mutex_unlock(&c->rx_lock);
+    return KVT_OK;
+}
