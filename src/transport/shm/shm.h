@@ -198,7 +198,7 @@ struct kvt__shm {
     pthread_cond_t pool_cond;
     shm_session_t *sessions;
     unsigned rr; /* where the workers' next scan starts (take_next) */
-    _Atomic uint64_t paired; /* segments copied two rows' parts at a time */
+    _Atomic uint64_t paired;  /* segments copied two rows' parts at a time */
     _Atomic unsigned nparked; /* jobs waiting for a stopped target */
     _Atomic unsigned nheld;   /* sessions held for one (session_hold) */
     uint64_t park_polled;     /* when stopped_poll() last ran */
@@ -210,6 +210,38 @@ struct kvt__shm {
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
 };
+
+struct shm_tchan {
+    shm_tchan_t *next;
+    int fd;
+    kvt__shm_chan_t *ch;
+    size_t len;
+    pid_t peer_pid;
+    uint32_t head; /* notifications consumed; the service thread's copy */
+    int dead;      /* under chan_lock: no lease is granted any more */
+    char peer[KVT_WIRE_NAME_MAX + 1];
+};
+
+/* barrier.c: the registry barrier and the ptracer grant (chan_lock held
+ * for those that touch channels). */
+int kvt__shm_yama_scope(void);
+void kvt__shm_ptracer_update(kvt__shm_t *shm, int want);
+void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
+                         uint32_t *n_p, uint32_t *trunc_p);
+void kvt__shm_publish(kvt__shm_t *shm, shm_tchan_t *c,
+                      const kvt__shm_region_t *regs, uint32_t n,
+                      uint32_t trunc);
+void kvt__shm_sever(shm_tchan_t *c, kvt_status_t why);
+int kvt__shm_registry_nonempty(kvt__shm_t *shm);
+
+/* stage_out.c: copy out the slots of @c made full (@helper: called by
+ * the helper thread, under chan_lock). */
+void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper);
+
+/* chan.c: a message of @type, magic and version set. */
+void kvt__shm_msg_init(kvt__shm_msg_t *m, uint16_t type);
+/* target.c: deliver the notifications @c's initiator queued. */
+int kvt__shm_consume_notes(kvt__shm_t *shm, shm_tchan_t *c);
 
 extern const kvt__tl_ops_t kvt__tl_shm;
 
@@ -235,7 +267,7 @@ void kvt__shm_registry_changed(kvt__tl_t *tl);
 size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
                           uint16_t port);
 
-/* session.c: stop the initiator workers and cancel every session. */
+/* pool.c: stop the initiator workers and cancel every session. */
 void kvt__shm_sessions_stop(kvt__shm_t *shm);
 
 /* copy.c: copy @len bytes; @nt: with non-temporal stores where that
@@ -253,8 +285,8 @@ void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
  * from s0 + k * sstride to d0 + k * ds0, then from s1 + k * sstride to
  * d1 + k * ds1; streamed stores (a write into a peer's mapping). */
 void kvt__shm_copy_pair(void *d0, size_t ds0, const void *s0, void *d1,
-                        size_t ds1, const void *s1, size_t sstride,
-                        size_t len, size_t count);
+                        size_t ds1, const void *s1, size_t sstride, size_t len,
+                        size_t count);
 
 /* A staged run as the target reads it from the slot (untrusted): 1 if
  * its pieces are well formed (count and len at least 1, stride at least

@@ -59,227 +59,6 @@
 #include "util/log.h"
 #include "util/time.h"
 
-struct shm_tchan {
-    shm_tchan_t *next;
-    int fd;
-    kvt__shm_chan_t *ch;
-    size_t len;
-    pid_t peer_pid;
-    uint32_t head; /* notifications consumed; the service thread's copy */
-    int dead;      /* under chan_lock: no lease is granted any more */
-    char peer[KVT_WIRE_NAME_MAX + 1];
-};
-
-/* Yama's PR_SET_PTRACER is an attribute of the whole process, shared by
- * every engine in it: it is granted while any of them has memory
- * registered and has a peer. */
-static pthread_mutex_t ptracer_lock = PTHREAD_MUTEX_INITIALIZER;
-static int ptracer_users;
-
-static int yama_scope(void)
-{
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    int v = -1;
-
-    if (f == NULL)
-        return -1;
-    if (fscanf(f, "%d", &v) != 1)
-        v = -1;
-    fclose(f);
-    return v;
-}
-
-/* Called with chan_lock held. */
-static void ptracer_update(kvt__shm_t *shm, int want)
-{
-    if (want == shm->ptracer_held || yama_scope() != 1)
-        return;
-    shm->ptracer_held = want;
-    pthread_mutex_lock(&ptracer_lock);
-    if (want && ptracer_users++ == 0)
-        prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    else if (!want && --ptracer_users == 0)
-        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
-    pthread_mutex_unlock(&ptracer_lock);
-}
-
-size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
-                          uint16_t port)
-{
-    int n = snprintf(out + 1, 107, "kvt-shm/%016llx/%u/%u",
-                     (unsigned long long)host_id, pid, port);
-    out[0] = '\0'; /* abstract namespace */
-    return 1 + (size_t)n;
-}
-
-/* ---- Snapshots and leases ------------------------------------------------ */
-
-static int cmp_alloc(const void *a, const void *b)
-{
-    const kvt__alloc_ref_t *x = a, *y = b;
-    return (x->addr > y->addr) - (x->addr < y->addr);
-}
-
-/*
- * The registry as a malloc'd snapshot, each region tagged with the
- * allocation that holds it. Takes the registry read lock, then alloc_lock.
- * On failure *regs_p is NULL and the caller publishes an empty snapshot,
- * which refuses everything: a stale one could admit a removed range.
- */
-static void snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
-                       uint32_t *n_p, uint32_t *trunc_p)
-{
-    kvt__shm_region_t *regs = NULL;
-    kvt__alloc_ref_t *al = NULL;
-    size_t n, na = 0;
-
-    kvt__memreg_rdlock(shm->reg);
-    n = kvt__memreg_count_locked(shm->reg);
-    *trunc_p = n > KVT_SHM_MAX_REGIONS;
-    if (n > KVT_SHM_MAX_REGIONS)
-        n = KVT_SHM_MAX_REGIONS;
-    regs = malloc((n ? n : 1) * sizeof(*regs));
-    if (regs == NULL)
-        goto out_unlock;
-    if (kvt__alloc_list(shm->e, &al, &na) != KVT_OK) {
-        free(regs);
-        regs = NULL;
-        goto out_unlock;
-    }
-    qsort(al, na, sizeof(*al), cmp_alloc);
-    for (size_t i = 0; i < n; i++) {
-        const kvt__region_t *r = kvt__memreg_at_locked(shm->reg, i);
-        size_t lo = 0, hi = na;
-        regs[i] = (kvt__shm_region_t){r->start, r->end, r->access, 0};
-        while (lo < hi) { /* last allocation starting at or below */
-            size_t mid = lo + (hi - lo) / 2;
-            if (al[mid].addr <= r->start)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo > 0 && r->end <= al[lo - 1].addr + al[lo - 1].length)
-            regs[i].map_id = al[lo - 1].id;
-    }
-out_unlock:
-    kvt__memreg_unlock(shm->reg);
-    free(al);
-    if (regs == NULL) {
-        KVT_LOG_E("shm: out of memory for a registry snapshot; same-host "
-                  "peers are refused until the next change");
-        n = 0;
-    }
-    *regs_p = regs;
-    *n_p = (uint32_t)n;
-}
-
-/* Write a snapshot into a channel whose lease is closed and drained (or
- * which no initiator has seen yet). Called with chan_lock held. */
-static void publish(kvt__shm_t *shm, shm_tchan_t *c,
-                    const kvt__shm_region_t *regs, uint32_t n, uint32_t trunc)
-{
-    kvt__shm_chan_t *ch = c->ch;
-
-    if (n > 0)
-        memcpy(ch->regions, regs, n * sizeof(*regs));
-    ch->nregions = n;
-    ch->truncated = trunc || regs == NULL;
-    ch->snap_seq = ++shm->snap_seq;
-}
-
-/* Close a channel from this side: no lease is granted any more, and the
- * initiator sees `closed' and a hang-up. Called with chan_lock held. */
-static void sever(shm_tchan_t *c, kvt_status_t why)
-{
-    if (c->dead)
-        return;
-    c->dead = 1;
-    atomic_store(&c->ch->closed, why);
-    shutdown(c->fd, SHUT_RDWR);
-    kvt__shm_futex_wake(&c->ch->lease);
-}
-
-static int peer_hung_up(const shm_tchan_t *c)
-{
-    struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 &&
-           (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
-}
-
-/* Wait for the copies running under a closed lease to end; severs the
- * channel after KVT_SHM_DRAIN_NS. Called with chan_lock held. */
-static void drain(shm_tchan_t *c)
-{
-    uint64_t t0 = kvt__now_ns();
-
-    for (;;) {
-        uint32_t a = atomic_load(&c->ch->active);
-        uint64_t now;
-        if (a == 0)
-            return;
-        if (peer_hung_up(c)) {
-            sever(c, KVT_ERR_CONN_LOST);
-            return;
-        }
-        now = kvt__now_ns();
-        if (now - t0 > KVT_SHM_DRAIN_NS) {
-            KVT_LOG_E("shm: peer %s (pid %d) kept a copy running for %.1f s "
-                      "across a registry change; severing its channel",
-                      c->peer, (int)c->peer_pid, (double)(now - t0) / 1e9);
-            sever(c, KVT_ERR_TIMEDOUT);
-            return;
-        }
-        kvt__shm_futex_wait(&c->ch->active, a, 10 * 1000000);
-    }
-}
-
-static int registry_nonempty(kvt__shm_t *shm)
-{
-    int n;
-    kvt__memreg_rdlock(shm->reg);
-    n = kvt__memreg_count_locked(shm->reg) > 0;
-    kvt__memreg_unlock(shm->reg);
-    return n;
-}
-
-/*
- * The registry barrier (see the top of this file). Holds chan_lock
- * throughout, so that two changes and a channel being set up are
- * serialised; blocks at most KVT_SHM_DRAIN_NS per stalled initiator.
- */
-void kvt__shm_registry_changed(kvt__tl_t *tl)
-{
-    kvt__shm_t *shm = (kvt__shm_t *)tl;
-    kvt__shm_region_t *regs;
-    uint32_t n, trunc;
-    shm_tchan_t *c;
-
-    pthread_mutex_lock(&shm->chan_lock);
-    if (shm->chans == NULL)
-        goto out;
-    for (c = shm->chans; c != NULL; c = c->next)
-        if (!c->dead)
-            atomic_fetch_add(&c->ch->lease, 1); /* odd -> even: closed */
-    for (c = shm->chans; c != NULL; c = c->next)
-        if (!c->dead)
-            drain(c);
-    snap_build(shm, &regs, &n, &trunc);
-    for (c = shm->chans; c != NULL; c = c->next) {
-        if (c->dead)
-            continue;
-        publish(shm, c, regs, n, trunc);
-        atomic_fetch_add(&c->ch->lease, 1); /* even -> odd: open */
-        if (atomic_load(&c->ch->lease_waiters) != 0)
-            kvt__shm_futex_wake(&c->ch->lease);
-    }
-    free(regs);
-out:
-    ptracer_update(shm, shm->chans != NULL && registry_nonempty(shm));
-    pthread_mutex_unlock(&shm->chan_lock);
-}
-
-/* ---- The service thread -------------------------------------------------- */
-
 static kvt_status_t send_msg(int fd, const kvt__shm_msg_t *m, int pass_fd)
 {
     union {
@@ -305,16 +84,8 @@ static kvt_status_t send_msg(int fd, const kvt__shm_msg_t *m, int pass_fd)
     return KVT_OK;
 }
 
-static void msg_init(kvt__shm_msg_t *m, uint16_t type)
-{
-    memset(m, 0, sizeof(*m));
-    m->magic = KVT_SHM_MAGIC;
-    m->version = KVT_SHM_VERSION;
-    m->type = type;
-}
-
 /* Deliver the notifications the initiator queued, in order. */
-static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
+int kvt__shm_consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
 {
     kvt__shm_chan_t *ch = c->ch;
     uint32_t tail = atomic_load_explicit(&ch->nq_tail, memory_order_acquire);
@@ -346,120 +117,6 @@ static int consume_notes(kvt__shm_t *shm, shm_tchan_t *c)
     return 0;
 }
 
-#ifdef KVT_TSAN
-/* Copies into this process's memory vouched for by the initiator's
- * protocol, which ThreadSanitizer cannot see: issue them as a system call
- * (as the TCP transport does its payload reads). */
-static void stage_copy(void *dst, const void *src, size_t len)
-{
-    struct iovec l = {(void *)src, len}, r = {dst, len};
-    syscall(SYS_process_vm_writev, (long)getpid(), &l, 1ul, &r, 1ul, 0ul);
-}
-#endif
-
-static void *helper_main(void *arg);
-
-/* Have the helper thread copy out slots beside the service thread,
- * starting it the first time. Service thread only. */
-static void helper_call(kvt__shm_t *shm)
-{
-    if (!shm->helper_running) {
-        if (shm->helper_failed)
-            return;
-        if (pthread_create(&shm->helper, NULL, helper_main, shm) != 0) {
-            shm->helper_failed = 1;
-            return;
-        }
-        shm->helper_running = 1;
-        KVT_LOG_D("shm: stage helper started");
-    }
-    atomic_fetch_add(&shm->helper_seq, 1);
-    kvt__shm_futex_wake(&shm->helper_seq);
-}
-
-/*
- * Copy out the slots the initiator made full: each run is checked against
- * the registry (under its read lock, which the copies also hold, so a
- * range being unregistered is either copied before or refused) and gets
- * its verdict. Everything read from the slot is untrusted: runs and
- * their data must lie within the slot, or the run is refused. Called by
- * the service thread and by the helper (@helper; under chan_lock): each
- * slot is taken (full to busy) by one of them. The service thread calls
- * the helper when it takes a slot and sees another one full.
- */
-static void consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
-{
-    kvt__shm_chan_t *ch = c->ch;
-    kvt__memreg_t *reg = shm->reg;
-    int any = 0;
-
-    for (uint32_t k = 0; k < KVT_SHM_STAGE_SLOTS; k++) {
-        kvt__shm_slot_t *sl = &ch->stage[k];
-        uint32_t nruns;
-
-        uint32_t full = KVT_SHM_SLOT_FULL;
-
-        if (atomic_load_explicit(&sl->state, memory_order_relaxed) !=
-                KVT_SHM_SLOT_FULL ||
-            !atomic_compare_exchange_strong_explicit(
-                &sl->state, &full, KVT_SHM_SLOT_BUSY, memory_order_acquire,
-                memory_order_relaxed))
-            continue;
-        for (uint32_t q = k + 1; !helper && q < KVT_SHM_STAGE_SLOTS; q++)
-            if (atomic_load_explicit(&ch->stage[q].state,
-                                     memory_order_relaxed) ==
-                KVT_SHM_SLOT_FULL) {
-                helper_call(shm);
-                break;
-            }
-        nruns = sl->nruns < KVT_SHM_STAGE_RUNS ? sl->nruns
-                                                : KVT_SHM_STAGE_RUNS;
-        kvt__memreg_rdlock(reg);
-        for (uint32_t i = 0; i < nruns; i++) {
-            kvt__shm_run_t run, *r = &run;
-            uint64_t len, cnt, span = 0;
-            int ok;
-            /* One read of what the peer can change at any time. */
-            memcpy(&run, &sl->runs[i], sizeof(run));
-            len = run.len;
-            cnt = run.count;
-            ok = kvt__shm_run_check(&run, &span);
-            /* The span in one region, or else each piece in one. */
-            if (ok && !kvt__memreg_contains_locked(reg, r->raddr, span,
-                                                   KVT_ACCESS_REMOTE_WRITE)) {
-                for (uint64_t p = 0; ok && p < cnt; p++)
-                    ok = kvt__memreg_contains_locked(
-                        reg, r->raddr + p * r->rstride, len,
-                        KVT_ACCESS_REMOTE_WRITE);
-            }
-            if (ok) {
-                const uint8_t *src = sl->data + r->off;
-#ifdef KVT_TSAN
-                for (uint64_t p = 0; p < cnt; p++, src += len)
-                    stage_copy((void *)(uintptr_t)(r->raddr + p * r->rstride),
-                               src, len);
-#else
-                kvt__shm_copy_strided((void *)(uintptr_t)r->raddr, r->rstride,
-                                      src, len, len, cnt, 1);
-#endif
-            }
-            sl->runs[i].st = ok ? KVT_OK : KVT_ERR_ACCESS;
-        }
-        kvt__memreg_unlock(reg);
-        atomic_store_explicit(&sl->state, KVT_SHM_SLOT_DONE,
-                              memory_order_release);
-        any = 1;
-    }
-    if (!any)
-        return;
-    atomic_fetch_add_explicit(&ch->stage_seq, 1, memory_order_release);
-    /* As in consume_notes(): either the waiter sees the new value or this
-     * sees it asleep. */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load(&ch->waiters) != 0)
-        kvt__shm_futex_wake(&ch->stage_seq);
-}
-
 /* Answer a MAP request with a duplicate of the allocation's memfd, if it
  * exists and some of it is registered. */
 static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
@@ -467,13 +124,13 @@ static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
     kvt__shm_msg_t m;
     int fd = -1, rc;
 
-    msg_init(&m, KVT_SHM_MAP_ACK);
+    kvt__shm_msg_init(&m, KVT_SHM_MAP_ACK);
     m.id = req->id;
     m.seq = req->seq;
     m.status = KVT_ERR_NOT_FOUND;
     if (req->id <= UINT32_MAX &&
-        kvt__alloc_export(shm->e, (uint32_t)req->id, &fd, &m.addr,
-                          &m.length) == KVT_OK)
+        kvt__alloc_export(shm->e, (uint32_t)req->id, &fd, &m.addr, &m.length) ==
+            KVT_OK)
         m.status = KVT_OK;
     rc = send_msg(c->fd, &m, fd) == KVT_OK ? 0 : -1;
     if (fd >= 0)
@@ -503,8 +160,9 @@ static void chan_close(kvt__shm_t *shm, shm_tchan_t *c)
             break;
         }
     }
-    sever(c, KVT_ERR_CONN_LOST);
-    ptracer_update(shm, shm->chans != NULL && registry_nonempty(shm));
+    kvt__shm_sever(c, KVT_ERR_CONN_LOST);
+    kvt__shm_ptracer_update(shm, shm->chans != NULL &&
+                                     kvt__shm_registry_nonempty(shm));
     pthread_mutex_unlock(&shm->chan_lock);
     epoll_ctl(shm->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     KVT_LOG_D("shm: channel of %s (pid %d) closed", c->peer, (int)c->peer_pid);
@@ -534,8 +192,8 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
         }
     }
     if (!bad)
-        consume_stage(shm, c, 0);
-    if (consume_notes(shm, c) != 0) {
+        kvt__shm_consume_stage(shm, c, 0);
+    if (kvt__shm_consume_notes(shm, c) != 0) {
         KVT_LOG_W("shm: corrupt notification ring from %s; closing", c->peer);
         bad = 1;
     }
@@ -546,7 +204,7 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
 /*
  * Set up a channel for a connected initiator: read its HELLO (bounded by a
  * 1 s socket timeout), check its credentials, create and seal the channel
- * memfd, publish the first snapshot, and answer with the memfd.
+ * memfd, kvt__shm_publish the first snapshot, and answer with the memfd.
  */
 static void chan_open(kvt__shm_t *shm, int fd)
 {
@@ -560,7 +218,7 @@ static void chan_open(kvt__shm_t *shm, int fd)
     int memfd = -1;
     ssize_t got;
 
-    msg_init(&ack, KVT_SHM_HELLO_ACK);
+    kvt__shm_msg_init(&ack, KVT_SHM_HELLO_ACK);
     ack.pid = (uint32_t)getpid();
     ack.host_id = shm->cfg->host_id;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -615,13 +273,13 @@ static void chan_open(kvt__shm_t *shm, int fd)
     ack.length = c->len;
 
     pthread_mutex_lock(&shm->chan_lock);
-    snap_build(shm, &regs, &n, &trunc);
-    publish(shm, c, regs, n, trunc);
+    kvt__shm_snap_build(shm, &regs, &n, &trunc);
+    kvt__shm_publish(shm, c, regs, n, trunc);
     free(regs);
     atomic_store(&c->ch->lease, 1);
     c->next = shm->chans;
     shm->chans = c;
-    ptracer_update(shm, registry_nonempty(shm));
+    kvt__shm_ptracer_update(shm, kvt__shm_registry_nonempty(shm));
     pthread_mutex_unlock(&shm->chan_lock);
 
     if (send_msg(fd, &ack, memfd) != KVT_OK) {
@@ -685,38 +343,13 @@ static void *service_main(void *arg)
              * here. The list is changed by this thread only. */
             for (c = shm->chans; c != NULL; c = next) {
                 next = c->next;
-                consume_stage(shm, c, 0);
-                if (consume_notes(shm, c) != 0)
+                kvt__shm_consume_stage(shm, c, 0);
+                if (kvt__shm_consume_notes(shm, c) != 0)
                     chan_close(shm, c);
             }
         }
     }
 }
-
-/*
- * The helper: copies out full slots of every channel when the service
- * thread calls it, so that a target written by several initiators (or by
- * one faster than one thread copies out) copies with two threads. It
- * holds chan_lock while it looks, so channels cannot go away under it.
- */
-static void *helper_main(void *arg)
-{
-    kvt__shm_t *shm = arg;
-
-    while (!atomic_load(&shm->helper_stop)) {
-        uint32_t seq = atomic_load(&shm->helper_seq);
-        pthread_mutex_lock(&shm->chan_lock);
-        for (shm_tchan_t *c = shm->chans; c != NULL; c = c->next)
-            if (!c->dead)
-                consume_stage(shm, c, 1);
-        pthread_mutex_unlock(&shm->chan_lock);
-        if (atomic_load(&shm->helper_seq) == seq)
-            kvt__shm_futex_wait(&shm->helper_seq, seq, -1);
-    }
-    return NULL;
-}
-
-/* ---- Lifecycle ----------------------------------------------------------- */
 
 kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
@@ -737,8 +370,8 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
     pthread_mutex_init(&shm->chan_lock, NULL);
     pthread_mutex_init(&shm->pool_lock, NULL);
     pthread_cond_init(&shm->pool_cond, NULL);
-    nl = kvt__shm_sock_name(sa.sun_path, shm->cfg->host_id,
-                            (uint32_t)getpid(), shm->cfg->port);
+    nl = kvt__shm_sock_name(sa.sun_path, shm->cfg->host_id, (uint32_t)getpid(),
+                            shm->cfg->port);
     memcpy(shm->sock_name, sa.sun_path, nl);
     shm->sock_len = nl;
     shm->listen_fd =
@@ -765,10 +398,10 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
     if (pthread_create(&shm->thread, NULL, service_main, shm) != 0)
         goto err_free;
     shm->running = 1;
-    if (yama_scope() >= 2)
+    if (kvt__shm_yama_scope() >= 2)
         KVT_LOG_W("shm: Yama ptrace_scope is %d: same-host peers cannot "
                   "attach to this process and will use tcp",
-                  yama_scope());
+                  kvt__shm_yama_scope());
     KVT_LOG_D("shm: serving same-host peers on @%s", sa.sun_path + 1);
     *tl_p = &shm->base;
     return KVT_OK;
@@ -823,10 +456,10 @@ void kvt__shm_stop(kvt__tl_t *tl)
     pthread_mutex_lock(&shm->chan_lock);
     while ((c = shm->chans) != NULL) {
         shm->chans = c->next;
-        sever(c, KVT_ERR_CONN_LOST);
+        kvt__shm_sever(c, KVT_ERR_CONN_LOST);
         chan_free(c);
     }
-    ptracer_update(shm, 0);
+    kvt__shm_ptracer_update(shm, 0);
     pthread_mutex_unlock(&shm->chan_lock);
     if (shm->listen_fd >= 0) {
         close(shm->listen_fd);

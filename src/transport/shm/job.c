@@ -1,0 +1,385 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Running jobs: checking every segment against the target's snapshot
+ * under the lease and choosing how to copy it (mapping, staging, cross-
+ * memory attach), the copies, the two jobs of a pair, and the accounting
+ * of a job that has run (completed, parked for a stopped target, failed).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "transport/shm/shm_sess.h"
+#include "util/log.h"
+#include "util/time.h"
+
+static void job_done(shm_session_t *s, job_t *j);
+static void job_end(shm_session_t *s, job_t *j, int park);
+
+/* The snapshot region holding [lo, hi) with @access, or NULL. */
+static const kvt__shm_region_t *region_find(const kvt__shm_chan_t *ch,
+                                            uint32_t n, uint64_t lo,
+                                            uint64_t hi, uint32_t access)
+{
+    uint32_t a = 0, b = n;
+
+    while (a < b) { /* first region ending above lo */
+        uint32_t mid = a + (b - a) / 2;
+        if (ch->regions[mid].end <= lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    if (a >= n || ch->regions[a].start > lo || hi > ch->regions[a].end ||
+        (ch->regions[a].access & access) != access)
+        return NULL;
+    return &ch->regions[a];
+}
+
+/* Whether each piece of a strided segment lies in one region with
+ * @access (the segment's span need not). */
+static int pieces_registered(const kvt__shm_chan_t *ch, uint32_t n,
+                             const seg_t *g, uint32_t access)
+{
+    for (uint32_t q = 0; q < g->count; q++) {
+        uint64_t a = g->raddr + q * g->rstride;
+        if (region_find(ch, n, a, a + g->len, access) == NULL)
+            return 0;
+    }
+    return 1;
+}
+
+/* Fail the segments of [from, to) that are still OK. */
+void kvt__shm_segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
+{
+    for (uint32_t i = from; i < to; i++)
+        if (j->segs[i].st == KVT_OK)
+            j->segs[i].st = st;
+}
+
+/*
+ * Take the lease and map_lock (read) and check every segment of a READ or
+ * WRITE job against the snapshot: one outside the target's registry (or
+ * its access rights) fails with KVT_ERR_ACCESS and is not touched; the
+ * others are marked for a mapping, the staging slots or cross-memory
+ * attach. 0: both held, @p filled. -1: the lease could not be had (the
+ * job failed, the session killed). With @try, nothing is waited for: 1
+ * when the lease is closed, the mappings are to be reconciled or
+ * map_lock is taken (nothing held, nothing done; run the job alone).
+ */
+static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
+{
+    kvt__shm_chan_t *ch = s->ch;
+    uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
+                                            : KVT_ACCESS_REMOTE_READ;
+    uint32_t n;
+    kvt_status_t st;
+
+    if (try) {
+        uint32_t l;
+        if (kvt__shm_session_status(s) != KVT_OK || !kvt__shm_lease_try(s, &l))
+            return 1;
+        if (ch->snap_seq != atomic_load(&s->map_seq) ||
+            pthread_rwlock_tryrdlock(&s->map_lock) != 0) {
+            kvt__shm_lease_release(s);
+            return 1;
+        }
+    } else {
+        st = kvt__shm_lease_acquire(s, j->deadline);
+        if (st != KVT_OK) {
+            kvt__shm_segs_fail(j, 0, j->nsegs, st);
+            kvt__shm_session_kill(&s->base, st);
+            return -1;
+        }
+        if (ch->snap_seq != atomic_load(&s->map_seq))
+            kvt__shm_maps_reconcile(s);
+        pthread_rwlock_rdlock(&s->map_lock);
+    }
+    p->ncma = p->nmap = p->nstage = p->want_map = 0;
+    n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
+    for (uint32_t i = 0; i < j->nsegs; i++) {
+        seg_t *g = &j->segs[i];
+        const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
+        const map_t *m = NULL;
+        uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
+
+        p->how[i] = HOW_NONE;
+        p->loc[i] = NULL;
+        /* Without a region for the span, a strided segment may still have
+         * each piece in one (never then in one mapping). */
+        if (r == NULL &&
+            !(g->count > 1 && pieces_registered(ch, n, g, access))) {
+            g->st = KVT_ERR_ACCESS;
+            continue;
+        }
+        if (r != NULL && r->map_id != 0) {
+            m = kvt__shm_map_find(s, r->map_id);
+            if (m == NULL && p->want_map == 0)
+                p->want_map = r->map_id;
+        }
+        if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
+            p->loc[i] = m->local + (g->raddr - m->base);
+            p->how[i] = HOW_MAP;
+            p->nmap++;
+        } else if (j->op == KVT_OP_WRITE && g->count > 1 &&
+                   g->len <= STAGE_PIECE_MAX &&
+                   (g->rstride != g->len || g->lstride != g->len)) {
+            p->how[i] = HOW_STAGE;
+            p->nstage++;
+        } else {
+            p->how[i] = HOW_CMA;
+            p->ncma++;
+        }
+    }
+    return 0;
+}
+
+/* After the mapped copies of a job begun with rw_begin(): cross-memory
+ * attach (under map_lock), then map_lock and the lease are released. */
+static void rw_release(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    p->st = p->ncma > 0 ? kvt__shm_cma_run(s, j, p->how) : KVT_OK;
+    pthread_rwlock_unlock(&s->map_lock);
+    kvt__shm_lease_release(s);
+}
+
+/*
+ * The end of a job after rw_release(): the staged segments are written
+ * and success is checked: it needs the target alive and running
+ * (kvt__shm_target_check()). No target thread takes part in a mapped or
+ * attached copy: it costs the target no wake-up. Returns 1 when the target is
+ * stopped and the job's deadline has not passed: the job is to be parked
+ * (job_end()) rather than holding its executor until the target runs.
+ */
+static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    kvt_status_t st = p->st;
+
+    if (st == KVT_OK && p->nstage > 0)
+        st = kvt__shm_stage_run(s, j, p->how);
+    if (st == KVT_OK && p->ncma + p->nmap > 0 &&
+        kvt__shm_target_check(s, &st)) {
+        if (kvt__now_ns() < j->deadline)
+            return 1;
+        st = KVT_ERR_TIMEDOUT;
+    }
+    if (st != KVT_OK) {
+        kvt__shm_segs_fail(j, 0, j->nsegs, st);
+        kvt__shm_session_kill(&s->base, st);
+    }
+    if (p->want_map != 0 && st == KVT_OK)
+        kvt__shm_map_request(s, p->want_map, 0);
+    return 0;
+}
+
+/* Everything of a job begun with rw_begin() that is its own; as
+ * rw_finish(). */
+static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
+{
+    kvt__shm_rw_copy_maps(j, p);
+    rw_release(s, j, p);
+    return rw_finish(s, j, p);
+}
+
+/* Run a READ or WRITE job alone; as rw_finish(). */
+static int rw_run(shm_session_t *s, job_t *j)
+{
+    rw_plan_t p; /* 9 KiB */
+
+    return rw_begin(s, j, &p, 0) == 0 ? rw_rest(s, j, &p) : 0;
+}
+
+/*
+ * Two pieces of one source row: segments with the same geometry whose
+ * pieces are disjoint parts of the same rows (two peers' heads of this
+ * rank's cache).
+ */
+int kvt__shm_seg_siblings(const seg_t *a, const seg_t *b)
+{
+    uint64_t d =
+        a->laddr > b->laddr ? a->laddr - b->laddr : b->laddr - a->laddr;
+
+    return a->count > 1 && a->count == b->count && a->len == b->len &&
+           a->lstride == b->lstride && a->lstride > a->len && d >= a->len &&
+           d + a->len <= a->lstride;
+}
+
+/*
+ * Run and account for two WRITE jobs of different sessions taken
+ * together (kvt__shm_take_pair()): each source row is read once for both.
+ * Segments that are siblings (kvt__shm_seg_siblings()) and mapped on both sides
+ * are copied piece by piece in step, both parts of a row one after the
+ * other: reading one part of every row and later the other costs nearly
+ * twice the memory traffic of reading each row once (the hardware
+ * prefetches whole rows). The rest of each job is run as rw_run() would.
+ * The partner's lease and mappings are only tried: when either is not at
+ * hand at once, it runs alone after the first (holding one lease while
+ * waiting for another could wait on a target that waits on this one).
+ * Both leases are released before either job's end; a job whose target
+ * is stopped is parked (job_end()), so it holds back neither the other
+ * nor the executor.
+ */
+void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
+                           job_t *j2)
+{
+    rw_plan_t p[2]; /* 18 KiB */
+
+    if (rw_begin(s, j, &p[0], 0) != 0) {
+        job_done(s, j);
+        kvt__shm_job_run(s2, j2);
+        return;
+    }
+    if (rw_begin(s2, j2, &p[1], 1) != 0) {
+        job_end(s, j, rw_rest(s, j, &p[0]));
+        kvt__shm_job_run(s2, j2);
+        return;
+    }
+    for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
+        const seg_t *a = &j->segs[i], *b = &j2->segs[i];
+        if (p[0].loc[i] == NULL || p[1].loc[i] == NULL ||
+            !kvt__shm_seg_siblings(a, b))
+            continue;
+        kvt__shm_copy_pair(p[0].loc[i], a->rstride,
+                           (const void *)(uintptr_t)a->laddr, p[1].loc[i],
+                           b->rstride, (const void *)(uintptr_t)b->laddr,
+                           a->lstride, a->len, a->count);
+        p[0].loc[i] = p[1].loc[i] = NULL;
+        atomic_fetch_add_explicit(&s->shm->paired, 1, memory_order_relaxed);
+    }
+    kvt__shm_rw_copy_maps(j2, &p[1]);
+    kvt__shm_rw_copy_maps(j, &p[0]);
+    rw_release(s2, j2, &p[1]);
+    rw_release(s, j, &p[0]);
+    job_end(s, j, rw_finish(s, j, &p[0]));
+    job_end(s2, j2, rw_finish(s2, j2, &p[1]));
+}
+
+static void job_unref(job_t *j)
+{
+    if (atomic_fetch_sub_explicit(&j->blk->refs, 1, memory_order_acq_rel) == 1)
+        free(j->blk);
+}
+
+/* Complete each descriptor of @j once, with the first failure of its
+ * run of segments. */
+static void job_complete(job_t *j)
+{
+    for (uint32_t i = 0; i < j->nsegs;) {
+        kvt__comp_t *c = j->segs[i].comp;
+        kvt_status_t st = KVT_OK;
+        for (; i < j->nsegs && j->segs[i].comp == c; i++)
+            if (st == KVT_OK)
+                st = j->segs[i].st;
+        kvt__comp_done(c, st);
+    }
+    job_unref(j);
+}
+
+void kvt__shm_fail_list(job_t *list, kvt_status_t st)
+{
+    while (list != NULL) {
+        job_t *next = list->next;
+        kvt__shm_segs_fail(list, 0, list->nsegs, st);
+        job_complete(list);
+        list = next;
+    }
+}
+
+/* Account for a job that has run: complete it, and kvt__shm_release the session
+ * or hand its NOTIFY on when that was the last one in flight. */
+static void job_done(shm_session_t *s, job_t *j)
+{
+    kvt__shm_t *shm = s->shm;
+    int release_now = 0, notify_ready = 0;
+
+    job_complete(j);
+    pthread_mutex_lock(&s->lock);
+    s->inflight--;
+    if (s->inflight == 0 && atomic_load(&s->base.dead) && !s->released) {
+        s->released = 1;
+        release_now = 1;
+    }
+    notify_ready =
+        s->inflight == 0 && s->head != NULL && s->head->op == KVT_OP_NOTIFY;
+    pthread_mutex_unlock(&s->lock);
+    if (notify_ready)
+        kvt__shm_pool_wake(shm, 1);
+    if (release_now)
+        kvt__shm_release(s);
+}
+
+/*
+ * Park a job whose copies are done but whose target is stopped: it stays
+ * in flight (a NOTIFY behind it still waits for it) without holding the
+ * thread that ran it; kvt__shm_stopped_poll() ends it once the target runs
+ * again, is gone, or the job's deadline passes, and kvt__shm_session_kill()
+ * fails it.
+ */
+void kvt__shm_job_park(shm_session_t *s, job_t *j)
+{
+    kvt_status_t dead;
+
+    pthread_mutex_lock(&s->lock);
+    dead = atomic_load(&s->base.dead);
+    if (dead == KVT_OK) {
+        j->next = s->parked;
+        s->parked = j;
+        atomic_fetch_add(&s->shm->nparked, 1);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (dead != KVT_OK) { /* killed since the check: not delivered */
+        kvt__shm_segs_fail(j, 0, j->nsegs, dead);
+        job_done(s, j);
+    }
+}
+
+/* Account for a job that has run, or park it (@park: rw_finish()). */
+static void job_end(shm_session_t *s, job_t *j, int park)
+{
+    if (park)
+        kvt__shm_job_park(s, j);
+    else
+        job_done(s, j);
+}
+
+/* End each job of @list (taken off a parked list) with @st. */
+void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st)
+{
+    while (list != NULL) {
+        job_t *next = list->next;
+        atomic_fetch_sub(&s->shm->nparked, 1);
+        if (st != KVT_OK)
+            kvt__shm_segs_fail(list, 0, list->nsegs, st);
+        job_done(s, list);
+        list = next;
+    }
+}
+
+/* Run a job taken with kvt__shm_take_locked() and account for it. */
+void kvt__shm_job_run(shm_session_t *s, job_t *j)
+{
+    int park = 0;
+
+    if (j->op == KVT_OP_NOTIFY) {
+        kvt_status_t st = kvt__shm_notify_run(s, j);
+        if (st != KVT_OK) {
+            kvt__shm_segs_fail(j, 0, j->nsegs, st);
+            kvt__shm_session_kill(&s->base, st);
+        }
+    } else {
+        park = rw_run(s, j);
+    }
+    job_end(s, j, park);
+}

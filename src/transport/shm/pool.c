@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The executor pool: worker threads that take jobs from the sessions in
+ * turn (and a partner job of another session that copies the other part
+ * of the same rows), the periodic check for dead targets and timed out
+ * jobs, parked jobs, and waking workers (now, or at the unplug).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "transport/shm/shm_sess.h"
+#include "util/log.h"
+#include "util/time.h"
+
+/* The next job an executor may take, with the session lock held. */
+job_t *kvt__shm_take_locked(shm_session_t *s)
+{
+    job_t *j = s->head;
+
+    if (j == NULL || atomic_load(&s->base.dead) || atomic_load(&s->held) ||
+        (j->op == KVT_OP_NOTIFY && s->inflight > 0))
+        return NULL;
+    s->head = j->next;
+    if (s->head == NULL)
+        s->tail = NULL;
+    s->inflight++;
+    return j;
+}
+
+void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n)
+{
+    pthread_mutex_lock(&shm->pool_lock);
+    for (unsigned i = 0; i < n && i < shm->idle; i++)
+        pthread_cond_signal(&shm->pool_cond);
+    pthread_mutex_unlock(&shm->pool_lock);
+}
+
+/*
+ * Wake workers for @n new jobs, or, for a plugged submission, count them
+ * for flush() at the submitter's last unplug (kvt_submit_plug()): the
+ * jobs of one round to several peers are then all queued before any of
+ * them runs, and the workers can pair them (kvt__shm_take_pair()).
+ */
+void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged)
+{
+    if (plugged)
+        atomic_fetch_add(&shm->deferred, n);
+    else
+        kvt__shm_pool_wake(shm, n);
+}
+
+void kvt__shm_flush(kvt__tl_t *tl)
+{
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
+    unsigned n = atomic_exchange(&shm->deferred, 0);
+
+    if (n > 0)
+        kvt__shm_pool_wake(shm, n);
+}
+
+/*
+ * Every TICK_NS one worker looks for sessions whose target died or whose
+ * oldest queued job is past its deadline, and fails them, as the TCP
+ * workers do for their connections.
+ */
+static void pool_tick(kvt__shm_t *shm)
+{
+    shm_session_t *bad[32];
+    kvt_status_t why[32];
+    size_t nbad = 0;
+    uint64_t now = kvt__now_ns();
+
+    pthread_mutex_lock(&shm->pool_lock);
+    for (shm_session_t *s = shm->sessions; s != NULL && nbad < 32;
+         s = s->next_all) {
+        kvt_status_t st = KVT_OK;
+        pthread_mutex_lock(&s->lock);
+        if (!s->released && !atomic_load(&s->base.dead)) {
+            st = kvt__shm_peer_status(s);
+            if (st == KVT_OK && s->head != NULL && now > s->head->deadline)
+                st = KVT_ERR_TIMEDOUT;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (st != KVT_OK) {
+            kvt__session_hold(&s->base);
+            bad[nbad] = s;
+            why[nbad++] = st;
+        }
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    for (size_t i = 0; i < nbad; i++) {
+        kvt__shm_session_kill(&bad[i]->base, why[i]);
+        kvt__session_release(&bad[i]->base);
+    }
+}
+
+/*
+ * The sessions on the pool's list, each held (kvt__session_hold()), in a
+ * malloc'd array: a list to walk without pool_lock while sessions leave
+ * it. Every one of them is released with sessions_put().
+ */
+static shm_session_t **sessions_get(kvt__shm_t *shm, size_t *n_p)
+{
+    shm_session_t **v = NULL;
+    size_t n = 0, k = 0;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    for (shm_session_t *s = shm->sessions; s != NULL; s = s->next_all)
+        n++;
+    if (n > 0)
+        v = malloc(n * sizeof(*v));
+    for (shm_session_t *s = shm->sessions; v != NULL && s != NULL;
+         s = s->next_all) {
+        kvt__session_hold(&s->base);
+        v[k++] = s;
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    *n_p = k;
+    return v;
+}
+
+static void sessions_put(shm_session_t **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        kvt__session_release(&v[i]->base);
+    free(v);
+}
+
+/*
+ * End the parked jobs (kvt__shm_job_park()) whose target runs again (delivered)
+ * or is gone (failed with the session), and those past their deadline
+ * (KVT_ERR_TIMEDOUT, which fails the session, as a job that waited for
+ * the target would have); let the executors take the jobs of a held
+ * session (kvt__shm_session_hold()) whose target runs again. One pool worker at
+ * a time runs it, every STOPPED_POLL_NS while any job is parked or any session
+ * held. Sessions may leave the list meanwhile: it walks a held copy
+ * (sessions_get()).
+ */
+void kvt__shm_stopped_poll(kvt__shm_t *shm)
+{
+    uint64_t now = kvt__now_ns();
+    shm_session_t **all;
+    size_t nall;
+
+    all = sessions_get(shm, &nall);
+    for (size_t k = 0; k < nall; k++) {
+        shm_session_t *s = all[k];
+        job_t *done = NULL, **pp;
+        kvt_status_t st = KVT_OK;
+        int any, stopped = 0;
+
+        pthread_mutex_lock(&s->lock);
+        any = s->parked != NULL;
+        pthread_mutex_unlock(&s->lock);
+        if (any || atomic_load(&s->held))
+            stopped = kvt__shm_target_check(s, &st);
+        if (!stopped && st == KVT_OK && kvt__shm_session_unhold(s))
+            kvt__shm_pool_wake(shm, ~0u); /* every idle worker */
+        pthread_mutex_lock(&s->lock);
+        for (pp = &s->parked; any && *pp != NULL;) {
+            job_t *j = *pp;
+            if (stopped && now < j->deadline) {
+                pp = &j->next;
+                continue;
+            }
+            *pp = j->next;
+            j->next = done;
+            done = j;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (stopped && done != NULL)
+            st = KVT_ERR_TIMEDOUT;
+        /* The session dies before its jobs fail, so that whoever sees a
+         * failure and opens the segment again gets a new session. */
+        if (st != KVT_OK)
+            kvt__shm_session_kill(&s->base, st);
+        kvt__shm_parked_end(s, done, st);
+    }
+    sessions_put(all, nall);
+}
+
+/*
+ * A job for a pool worker, from the sessions in turn: the scan starts
+ * after the session the last job was taken from, so that sessions with
+ * queued jobs are served alternately rather than the first one in the
+ * list until it is empty (a large batch to one peer does not hold back
+ * the transfers to the others). Called with pool_lock held; NULL when
+ * nothing is queued.
+ */
+static shm_session_t *take_next(kvt__shm_t *shm, job_t **j_p)
+{
+    shm_session_t *s = shm->sessions;
+    unsigned n = 0, start;
+
+    for (; s != NULL; s = s->next_all)
+        n++;
+    if (n == 0)
+        return NULL;
+    start = shm->rr % n;
+    s = shm->sessions;
+    for (unsigned k = 0; k < start; k++)
+        s = s->next_all;
+    for (unsigned k = 0; k < n; k++) {
+        job_t *j;
+        pthread_mutex_lock(&s->lock);
+        j = kvt__shm_take_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        if (j != NULL) {
+            shm->rr = (start + k + 1) % n;
+            *j_p = j;
+            return s;
+        }
+        s = s->next_all != NULL ? s->next_all : shm->sessions;
+    }
+    return NULL;
+}
+
+/* How far into another session's queue kvt__shm_take_pair() looks. */
+#define PAIR_LOOK 8
+
+/*
+ * A job of another session to run with @j (kvt__shm_job_run_pair()): when @j
+ * writes pieces that are parts of rows here (a strided source), the
+ * first job among the next PAIR_LOOK queued in another session, before
+ * any NOTIFY, whose first segment is the sibling of @j's (the other part
+ * of the same rows) is taken too. Jobs of one session may run in any
+ * order; a NOTIFY waits for those taken before it. Only between
+ * sessions that map memory of their targets: staged jobs gain nothing
+ * from running together, and run better side by side on two workers,
+ * each in step with its own target. Called with pool_lock held; NULL when
+ * there is none.
+ */
+shm_session_t *kvt__shm_take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
+                                  job_t **j2_p)
+{
+    if (j->op != KVT_OP_WRITE || j->nsegs == 0 || j->segs[0].count < 2 ||
+        j->segs[0].lstride <= j->segs[0].len ||
+        atomic_load_explicit(&s->mapped, memory_order_relaxed) == 0)
+        return NULL;
+    for (shm_session_t *o = shm->sessions; o != NULL; o = o->next_all) {
+        job_t *prev, *c;
+        unsigned k = 0;
+
+        if (o == s ||
+            atomic_load_explicit(&o->mapped, memory_order_relaxed) == 0)
+            continue;
+        pthread_mutex_lock(&o->lock);
+        /* As kvt__shm_take_locked(): none of a dead or held session. */
+        if (atomic_load(&o->base.dead) || atomic_load(&o->held)) {
+            pthread_mutex_unlock(&o->lock);
+            continue;
+        }
+        for (prev = NULL, c = o->head; c != NULL && k < PAIR_LOOK;
+             prev = c, c = c->next, k++) {
+            if (c->op == KVT_OP_NOTIFY)
+                break;
+            if (c->op != KVT_OP_WRITE || c->nsegs != j->nsegs ||
+                !kvt__shm_seg_siblings(&j->segs[0], &c->segs[0]))
+                continue;
+            if (prev == NULL)
+                o->head = c->next;
+            else
+                prev->next = c->next;
+            if (o->tail == c)
+                o->tail = prev;
+            o->inflight++;
+            pthread_mutex_unlock(&o->lock);
+            *j2_p = c;
+            return o;
+        }
+        pthread_mutex_unlock(&o->lock);
+    }
+    return NULL;
+}
+
+/* Whether any job is parked or any session held. */
+static int stopped_any(kvt__shm_t *shm)
+{
+    return atomic_load(&shm->nparked) > 0 || atomic_load(&shm->nheld) > 0;
+}
+
+static void *worker_main(void *arg)
+{
+    kvt__shm_t *shm = arg;
+    uint64_t last_tick = kvt__now_ns();
+
+    pthread_mutex_lock(&shm->pool_lock);
+    while (!shm->stopping) {
+        shm_session_t *s;
+        job_t *j = NULL;
+        uint64_t now;
+
+        /* Parked jobs and held sessions are looked at between jobs too,
+         * so that a busy pool does not leave them waiting. */
+        now = stopped_any(shm) && !shm->park_polling ? kvt__now_ns() : 0;
+        if (now != 0 && now - shm->park_polled >= STOPPED_POLL_NS) {
+            shm->park_polling = 1;
+            shm->park_polled = now;
+            pthread_mutex_unlock(&shm->pool_lock);
+            kvt__shm_stopped_poll(shm);
+            pthread_mutex_lock(&shm->pool_lock);
+            shm->park_polling = 0;
+        }
+        s = take_next(shm, &j);
+        if (j != NULL) {
+            job_t *j2 = NULL;
+            shm_session_t *s2 = kvt__shm_take_pair(shm, s, j, &j2);
+            pthread_mutex_unlock(&shm->pool_lock);
+            if (j2 != NULL)
+                kvt__shm_job_run_pair(s, j, s2, j2);
+            else
+                kvt__shm_job_run(s, j);
+            pthread_mutex_lock(&shm->pool_lock);
+            continue;
+        }
+        now = kvt__now_ns();
+        if (now - last_tick >= TICK_NS) {
+            last_tick = now;
+            pthread_mutex_unlock(&shm->pool_lock);
+            pool_tick(shm);
+            pthread_mutex_lock(&shm->pool_lock);
+            continue;
+        }
+        {
+            struct timespec ts;
+            uint64_t ns;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ns = (uint64_t)ts.tv_nsec +
+                 (stopped_any(shm) ? STOPPED_POLL_NS : TICK_NS);
+            ts.tv_sec += (time_t)(ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
+            shm->idle++;
+            pthread_cond_timedwait(&shm->pool_cond, &shm->pool_lock, &ts);
+            shm->idle--;
+        }
+    }
+    pthread_mutex_unlock(&shm->pool_lock);
+    return NULL;
+}
+
+/* Start the workers with the first session. Called with pool_lock held. */
+kvt_status_t kvt__shm_pool_start_locked(kvt__shm_t *shm)
+{
+    unsigned n = shm->cfg->num_workers;
+
+    if (shm->workers != NULL)
+        return KVT_OK;
+    shm->workers = calloc(n, sizeof(pthread_t));
+    if (shm->workers == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (unsigned i = 0; i < n; i++) {
+        if (pthread_create(&shm->workers[i], NULL, worker_main, shm) != 0) {
+            KVT_LOG_E("shm: cannot start worker threads");
+            break;
+        }
+        shm->nworkers++;
+    }
+    return shm->nworkers > 0 ? KVT_OK : KVT_ERR_IO;
+}
+
+void kvt__shm_sessions_stop(kvt__shm_t *shm)
+{
+    shm_session_t **all;
+    size_t nall;
+
+    pthread_mutex_lock(&shm->pool_lock);
+    shm->stopping = 1;
+    pthread_cond_broadcast(&shm->pool_cond);
+    pthread_mutex_unlock(&shm->pool_lock);
+    for (unsigned i = 0; i < shm->nworkers; i++)
+        pthread_join(shm->workers[i], NULL);
+    shm->nworkers = 0;
+    all = sessions_get(shm, &nall);
+    for (size_t k = 0; k < nall; k++)
+        kvt__shm_session_kill(&all[k]->base, KVT_ERR_CANCELED);
+    sessions_put(all, nall);
+}

@@ -1,0 +1,248 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_TRANSPORT_SHM_SHM_SESS_H
+#define KVT_TRANSPORT_SHM_SHM_SESS_H
+
+/*
+ * The same-host transport, initiator side: a session to a target on this
+ * host, met on the abstract socket its descriptor's shm section names.
+ * Its liveness comes from the target process itself (a pidfd, its
+ * /proc state) and the socket.
+ *
+ * Jobs. A submission is cut into jobs, runs of segments of one opcode of
+ * at most JOB_MAX bytes and JOB_SEGS segments, sized so that a large
+ * submission spreads over every executor; a NOTIFY is a job of its own.
+ * Jobs queue on their session in submission order.
+ *
+ * Executors. Whoever takes a job runs it: a pool worker, or the thread
+ * waiting on the batch (the ops' progress), so a synchronous transfer costs
+ * no wake-up. Several threads run jobs of one session at once; that is
+ * how a large submission is split across threads. Running a job: take the
+ * channel's lease (target.c explains it), check every segment against the
+ * target's snapshot, copy it with memcpy through a mapping of the
+ * target's allocation when there is one, through the channel's staging
+ * slots for small strided pieces written into memory that is not mapped
+ * (after the lease: the target checks those itself), and with
+ * process_vm_writev/readv (up to 1024 vectors a call, contiguous pieces
+ * merged) otherwise, and release the lease. Success also needs the
+ * target alive and not stopped when they ended: a copy into a target
+ * that is stopped (SIGSTOP, a tracer) or dead is not a transfer, and
+ * times out or fails instead of counting as delivered. A job copied while
+ * its target is stopped is parked on its session rather than holding its
+ * executor, and a pool worker ends it once the target runs again (or the
+ * job's deadline passes). Jobs staged through slots, or waiting for the
+ * lease, still wait for the target in their executor; a session whose
+ * staged job waits for a stopped target is held (no executor takes its
+ * other jobs) until the target runs again.
+ *
+ * Ordering. A NOTIFY job is taken only at the head of its session's queue
+ * with no other job of the session running, so the target delivers it
+ * after every write submitted before it has landed. Only one NOTIFY runs
+ * at a time per session, so the notification ring has one producer.
+ *
+ * Completion lifecycle. Before any job is queued, each slot's remaining
+ * count is set to the number of jobs holding its segments; each job
+ * completes each of its slots exactly once, with the first failure among
+ * that slot's segments, whether it ran, timed out or was cancelled by
+ * kill(). A job is either queued, held by the one executor that took it,
+ * or parked (both counted in @inflight): kill() fails the queued and the
+ * parked ones, executors finish theirs. The session's channel, socket
+ * and mappings are released once it is dead and nothing is in flight.
+ *
+ * Locks. Order: pool_lock -> session lock. map_lock (writer-preferring)
+ * is held for reading across the copies of a job and for writing while
+ * mappings change; sock_lock serialises requests on the socket and is
+ * held only across one bounded request. No lock is held while waiting for
+ * the lease, and the lease is never held while waiting for the target.
+ */
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "transport/shm/shm.h"
+
+#define JOB_MIN (1024u * 1024u)
+#define SPLIT_MIN (2u * 1024u * 1024u)
+#define JOB_MAX (8u * 1024u * 1024u)
+#define JOB_SEGS 1024u
+#define CMA_IOV 1024 /* UIO_MAXIOV */
+#define TICK_NS (50ull * 1000000ull)
+#define SLICE_NS (10 * 1000000)
+#define STOPPED_POLL_NS (1000u * 1000u)
+#define WAIT_SPIN_NS (50u * 1000u)
+#define NOMAP_MAX 16
+/* Strided pieces up to this size stay whole, grouped in one segment. */
+#define PACK_MAX (64u * 1024u)
+/* Strided writes of pieces up to this size into memory that is not
+ * mapped go through the staging slots (shm.h) rather than cross-memory
+ * attach, which pins a target page per vector when the pieces are
+ * strided there and takes a vector per piece when they are strided
+ * here. */
+#define STAGE_PIECE_MAX 2048u
+/* Allocations up to this size are mapped with their page tables filled. */
+#define POPULATE_MAX (4ull << 30)
+
+/* @count pieces of @len bytes (1: a contiguous range), the k-th at
+ * laddr + k * lstride here and raddr + k * rstride in the target. */
+typedef struct {
+    uint64_t laddr;
+    uint64_t raddr;
+    uint64_t len;
+    uint64_t lstride, rstride;
+    uint64_t vlo, vhi; /* must lie wholly in one region */
+    uint32_t count;
+    int32_t st;
+    kvt__comp_t *comp; /* of the descriptor it is part of */
+} seg_t;
+
+/* How a segment is copied (rw_run). */
+enum { HOW_NONE, HOW_MAP, HOW_CMA, HOW_STAGE };
+
+/* One allocation per submission: this header, the jobs, the segments and
+ * the notification messages; freed when its last job completes. */
+typedef struct job_block {
+    alignas(16) _Atomic uint32_t refs;
+} job_block_t;
+
+typedef struct job {
+    struct job *next;
+    job_block_t *blk;
+    uint32_t op;
+    uint32_t nsegs;
+    uint64_t deadline;
+    seg_t *segs;
+    uint32_t nlen; /* NOTIFY: the message */
+    uint8_t *msg;
+} job_t;
+
+typedef struct {
+    uint32_t id;
+    uint64_t base, len; /* in the target */
+    uint8_t *local;
+} map_t;
+
+struct shm_session {
+    kvt__session_t base;
+    kvt__shm_t *shm;
+    shm_session_t *next_all; /* under pool_lock */
+    int linked;              /* on the pool's list, under pool_lock */
+    pid_t pid;
+    int sock;
+    int pidfd;
+    int statfd; /* /proc/PID/stat of the target */
+    kvt__shm_chan_t *ch;
+    size_t ch_len;
+
+    pthread_mutex_t lock; /* the queue, parked, inflight, released */
+    job_t *head, *tail;
+    job_t
+        *parked; /* copied, waiting for a stopped target (kvt__shm_job_park) */
+    unsigned inflight;
+    int released;
+    _Atomic int held; /* the target is stopped: no job is taken */
+
+    pthread_rwlock_t map_lock;
+    map_t *maps;
+    size_t nmaps, mcap;
+    _Atomic uint32_t
+        mapped; /* nmaps, read without map_lock (kvt__shm_take_pair) */
+    _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
+    uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
+    unsigned nnomap;
+
+    pthread_mutex_t sock_lock;
+    uint64_t req_seq;
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* The slots one executor holds for one job (at most all of them), and
+ * the job segment of each run. */
+typedef struct {
+    uint32_t n;
+    uint32_t slot[KVT_SHM_STAGE_SLOTS];
+    uint32_t nruns[KVT_SHM_STAGE_SLOTS]; /* this side's count, not the
+                                            slot's, which the peer can
+                                            write */
+    uint32_t seg[KVT_SHM_STAGE_SLOTS][KVT_SHM_STAGE_RUNS];
+} held_t;
+
+/* How each segment of a job is copied, and where it lies in a mapping
+ * (HOW_MAP), decided under the lease (rw_begin). */
+typedef struct {
+    uint32_t ncma, nmap, nstage, want_map;
+    kvt_status_t st; /* of the attached copies (rw_release) */
+    uint8_t how[JOB_SEGS];
+    uint8_t *loc[JOB_SEGS];
+} rw_plan_t;
+
+/* ---- Across the files of the initiator side -------------------------- */
+
+/* liveness.c */
+void kvt__shm_session_hold(shm_session_t *s);
+int kvt__shm_session_unhold(shm_session_t *s);
+kvt_status_t kvt__shm_session_status(shm_session_t *s);
+kvt_status_t kvt__shm_peer_status(shm_session_t *s);
+int kvt__shm_target_state(shm_session_t *s);
+int kvt__shm_target_check(shm_session_t *s, kvt_status_t *st_p);
+
+/* chan.c */
+void kvt__shm_lease_release(shm_session_t *s);
+int kvt__shm_lease_try(shm_session_t *s, uint32_t *seen_p);
+kvt_status_t kvt__shm_lease_acquire(shm_session_t *s, uint64_t deadline);
+ssize_t kvt__shm_recv_msg(int fd, kvt__shm_msg_t *m, int *fd_p);
+int kvt__shm_memfd_sound(int fd, uint64_t len);
+kvt_status_t kvt__shm_ring_wait(shm_session_t *s, _Atomic uint32_t *word,
+                                uint32_t v, uint64_t deadline);
+void kvt__shm_ring_bell(shm_session_t *s);
+kvt_status_t kvt__shm_notify_run(shm_session_t *s, job_t *j);
+kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
+                                   const char *path, size_t nl,
+                                   const char **why);
+int kvt__shm_section_sock(const kvt__segdesc_tl_t *tl, char *path,
+                          size_t *len_p);
+
+/* map.c */
+map_t *kvt__shm_map_find(shm_session_t *s, uint32_t id);
+void kvt__shm_maps_reconcile(shm_session_t *s);
+void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline);
+void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p);
+void kvt__shm_maps_prefetch(shm_session_t *s, uint64_t deadline);
+
+/* cma.c */
+kvt_status_t kvt__shm_cma_run(shm_session_t *s, job_t *j, const uint8_t *how);
+
+/* stage.c */
+kvt_status_t kvt__shm_stage_run(shm_session_t *s, job_t *j, const uint8_t *how);
+
+/* job.c */
+void kvt__shm_segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st);
+int kvt__shm_seg_siblings(const seg_t *a, const seg_t *b);
+void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
+                           job_t *j2);
+void kvt__shm_fail_list(job_t *list, kvt_status_t st);
+void kvt__shm_job_park(shm_session_t *s, job_t *j);
+void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st);
+void kvt__shm_job_run(shm_session_t *s, job_t *j);
+
+/* pool.c */
+job_t *kvt__shm_take_locked(shm_session_t *s);
+void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
+void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged);
+void kvt__shm_flush(kvt__tl_t *tl);
+void kvt__shm_stopped_poll(kvt__shm_t *shm);
+shm_session_t *kvt__shm_take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
+                                  job_t **j2_p);
+kvt_status_t kvt__shm_pool_start_locked(kvt__shm_t *shm);
+
+/* session.c */
+void kvt__shm_release(shm_session_t *s);
+void kvt__shm_session_kill(kvt__session_t *base, kvt_status_t why);
+
+#endif
