@@ -43,6 +43,10 @@ typedef enum {
  * it need not be registered and is copied at submission) is delivered to
  * the target's notification queue after every WRITE submitted before it to
  * the same segment, from any batch, has landed. remote_addr is ignored.
+ *
+ * @flags and @reserved are for later versions (memory hints, ordering):
+ * they must be 0, or the descriptor fails with KVT_ERR_INVALID_PARAM.
+ * Zero-initialise descriptors, and a program built now keeps working.
  */
 typedef struct {
     uint32_t opcode; /* kvt_opcode_t */
@@ -54,6 +58,9 @@ typedef struct {
     uint64_t local_stride;
     uint64_t remote_stride;
     uint64_t user_data; /* returned untouched by kvt_batch_entry() */
+    uint32_t flags;     /* 0 */
+    uint32_t reserved32;
+    uint64_t reserved[2];
 } kvt_xfer_desc_t;
 
 #define KVT_NOTIFY_MAX 4096

@@ -109,7 +109,8 @@ kvt_status_t kvt_batch_create(kvt_engine_h e, size_t capacity,
 
 /*
  * Check @d and write its normalised form into @x (the rules of
- * kvt_xfer_desc_t, in one place): a known opcode; for READ and WRITE a
+ * kvt_xfer_desc_t, in one place): flags and reserved fields 0; a known
+ * opcode; for READ and WRITE a
  * non-zero length, a piece count of at least 1, strides of at least the
  * length (0: packed), neither span wrapping, and the local span inside
  * one registered region (registry read lock held); for NOTIFY a message
@@ -122,6 +123,9 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
     const kvt__region_t *lr;
     uint64_t c, ls, rs, lspan, rspan;
 
+    if (d->flags != 0 || d->reserved32 != 0 || d->reserved[0] != 0 ||
+        d->reserved[1] != 0)
+        return KVT_ERR_INVALID_PARAM;
     if (d->opcode == KVT_OP_NOTIFY) {
         if (d->length > KVT_NOTIFY_MAX)
             return KVT_ERR_OVERFLOW;

@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The transport conformance suite: the same cases for every transport,
- * against a target engine in another process. Run as
- *   conformance --transport=tcp|shm [case ...]
+ * The transport conformance suite: the same cases for every transport and
+ * every kind of memory, against a target engine in another process, both
+ * engines limited to the transport under test. Run as
+ *   conformance --transport=NAME --memory=host|managed [case ...]
+ * NAME is a transport built in (kvt_transports(); the build runs the
+ * suite once per transport and memory kind); host memory is plain
+ * malloc'd/mmap'd memory, managed memory comes from kvt_mem_alloc() (which
+ * a same-host transport maps). A case that needs a capability the
+ * transport lacks is skipped, and says which. Only the public API is used
+ * (the build gives this program no other header).
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -38,8 +45,19 @@ static size_t heap_bytes(void)
 #endif
 }
 
-static uint32_t g_transports = KVT_TRANSPORT_TCP;
+static kvt_transport_info_t g_tl; /* the transport under test */
+static uint32_t g_transports;     /* its bit: both engines run it alone */
 static int g_managed;
+
+/* Skip a case that needs transport flag @flag, saying why. */
+static void need_flag(uint32_t flag, const char *what)
+{
+    if ((g_tl.flags & flag) == 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s does not %s", g_tl.name, what);
+        SKIP(why);
+    }
+}
 
 typedef struct {
     peer_t peer;
@@ -66,12 +84,11 @@ static void check_transport(kvt_engine_h e, kvt_segment_t seg)
 {
     const char *t = seg_transport(e, seg);
 
-    if (!(g_transports & KVT_TRANSPORT_SHM) || strcmp(t, "shm") == 0)
-        return;
-    if (!seg_offers(e, seg, KVT_TRANSPORT_SHM))
-        SKIP("the target engine does not offer shm");
-    fprintf(stderr, "the target offers shm, but the session uses %s\n", t);
-    CHECK(0);
+    CHECK(seg_offers(e, seg, g_transports));
+    if (strcmp(t, g_tl.name) != 0) {
+        fprintf(stderr, "the session uses %s, not %s\n", t, g_tl.name);
+        CHECK(0);
+    }
 }
 
 static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
@@ -241,6 +258,7 @@ KVT_TEST(strided)
     fixture_t f;
     kvt_xfer_desc_t d;
     uint8_t *back;
+    need_flag(KVT_TRANSPORT_F_STRIDED, "move strided descriptors");
     setup(&f, 8 << 20, 0);
     back = f.local + (4 << 20);
     pattern_fill(f.local, 4 << 20, 21, 0);
@@ -426,7 +444,7 @@ KVT_TEST(unregister_refused)
 KVT_TEST(local_validation)
 {
     fixture_t f;
-    kvt_xfer_desc_t d[4];
+    kvt_xfer_desc_t d[7];
     static uint8_t unreg[4096];
     kvt_batch_h b;
     setup(&f, 1 << 20, 0);
@@ -436,13 +454,21 @@ KVT_TEST(local_validation)
     d[2] = desc(&f, 9, f.local, f.peer.main_addr, 10);
     d[3] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 10);
     d[3].segment = 999999;
-    CHECK_OK(kvt_batch_create(f.e, 4, &b));
-    CHECK_OK(kvt_batch_submit(b, d, 4));
+    d[4] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 10);
+    d[4].flags = 1; /* reserved for later versions */
+    d[5] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 10);
+    d[5].reserved[1] = 7;
+    d[6] = desc(&f, KVT_OP_WRITE, f.local, UINT64_MAX - 4, 10); /* wraps */
+    CHECK_OK(kvt_batch_create(f.e, 7, &b));
+    CHECK_OK(kvt_batch_submit(b, d, 7));
     CHECK_ST(kvt_batch_query(b, NULL), KVT_ERR_NOT_REGISTERED);
     CHECK_ST(kvt_batch_entry(b, 0, NULL), KVT_ERR_NOT_REGISTERED);
     CHECK_ST(kvt_batch_entry(b, 1, NULL), KVT_ERR_NOT_REGISTERED);
     CHECK_ST(kvt_batch_entry(b, 2, NULL), KVT_ERR_INVALID_PARAM);
     CHECK_ST(kvt_batch_entry(b, 3, NULL), KVT_ERR_NOT_FOUND);
+    CHECK_ST(kvt_batch_entry(b, 4, NULL), KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt_batch_entry(b, 5, NULL), KVT_ERR_INVALID_PARAM);
+    CHECK_ST(kvt_batch_entry(b, 6, NULL), KVT_ERR_INVALID_PARAM);
     CHECK_ST(kvt_batch_submit(b, d, 1), KVT_ERR_NO_SPACE);
     CHECK_OK(kvt_batch_reset(b));
     CHECK_OK(kvt_batch_free(b));
@@ -463,12 +489,17 @@ KVT_TEST(batch_lifecycle)
                     f.peer.main_addr + (uint64_t)i * BLK, BLK);
         d[i].user_data = 1000 + (uint64_t)i;
     }
+    CHECK_OK(run(f.e, d, 1)); /* the session is up before the stop */
     CHECK_OK(kvt_batch_create(f.e, N, &b));
+    /* A stopped target keeps the batch in flight for as long as needed. */
+    peer_kill(&f.peer, SIGSTOP);
     CHECK_OK(kvt_batch_submit(b, d, N / 2));
     CHECK_OK(kvt_batch_submit(b, d + N / 2, N / 2));
-    if (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
-        CHECK_ST(kvt_batch_free(b), KVT_ERR_BUSY);
+    CHECK_ST(kvt_batch_query(b, NULL), KVT_INPROGRESS);
+    CHECK_ST(kvt_batch_free(b), KVT_ERR_BUSY);
+    CHECK_ST(kvt_batch_reset(b), KVT_ERR_BUSY);
     CHECK_ST(kvt_batch_submit(b, d, 1), KVT_ERR_NO_SPACE);
+    peer_kill(&f.peer, SIGCONT);
     CHECK_OK(kvt_batch_wait(b, 30000));
     CHECK_OK(kvt_batch_entry(b, 40, &ud));
     CHECK(ud == 1040);
@@ -564,6 +595,7 @@ KVT_TEST(peer_killed_strided)
     fixture_t f;
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_h b;
+    need_flag(KVT_TRANSPORT_F_STRIDED, "move strided descriptors");
     setup(&f, 64 << 20, 0);
     for (int i = 0; i < N; i++) {
         d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)(i % 64) * (1 << 20),
@@ -782,6 +814,49 @@ KVT_TEST(open_close_cycles)
     teardown(&f);
 }
 
+/*
+ * A target with 65,536 regions (a paged KV cache registered block by
+ * block) is opened afresh: its descriptor holds them all, and a write into
+ * the first and into the last lands, bytes checked, and reads back.
+ */
+KVT_TEST(many_regions)
+{
+    enum { NREG = 65536, LEN = 256 };
+    fixture_t f;
+    kvt_segment_info_t info;
+    kvt_xfer_desc_t d[2];
+    unsigned long long base;
+    int st;
+    const char *r;
+    setup(&f, 4 * LEN, 0);
+    r = peer_cmd(&f.peer, "regmany %d %d", NREG, LEN);
+    CHECK(r != NULL && sscanf(r, "%d %llu", &st, &base) == 2);
+    CHECK_ST((kvt_status_t)st, KVT_OK);
+    CHECK_OK(kvt_segment_close(f.e, f.seg));
+    CHECK_OK(kvt_segment_open(f.e, f.peer.segment, &f.seg));
+    check_transport(f.e, f.seg);
+    CHECK_OK(kvt_segment_info(f.e, f.seg, &info));
+    CHECK(info.nregions == NREG + 3); /* and main, ro, wo */
+    {
+        uint64_t first = base, last = base + (uint64_t)(NREG - 1) * LEN;
+        pattern_fill(f.local, LEN, 91, first - f.peer.main_addr);
+        pattern_fill(f.local + LEN, LEN, 91, last - f.peer.main_addr);
+        d[0] = desc(&f, KVT_OP_WRITE, f.local, first, LEN);
+        d[1] = desc(&f, KVT_OP_WRITE, f.local + LEN, last, LEN);
+        CHECK_OK(run(f.e, d, 2));
+        CHECK(peer_check(&f, first, LEN, 91) == 0);
+        CHECK(peer_check(&f, last, LEN, 91) == 0);
+        d[0] = desc(&f, KVT_OP_READ, f.local + 2 * LEN, first, LEN);
+        d[1] = desc(&f, KVT_OP_READ, f.local + 3 * LEN, last, LEN);
+        CHECK_OK(run(f.e, d, 2));
+        CHECK(memcmp(f.local, f.local + 2 * LEN, 2 * LEN) == 0);
+        /* A write across two of them lies in no one region: refused. */
+        d[0] = desc(&f, KVT_OP_WRITE, f.local, first + LEN / 2, LEN);
+        CHECK_ST(run(f.e, d, 1), KVT_ERR_ACCESS);
+    }
+    teardown(&f);
+}
+
 /* Several threads share one engine and one segment. */
 typedef struct {
     fixture_t *f;
@@ -858,27 +933,49 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(destroy_in_flight, 30),
     KVT_CASE(threads, 60),
     KVT_CASE(open_close_cycles, 120),
+    KVT_CASE(many_regions, 120),
 };
 
 int main(int argc, char **argv)
 {
-    int n = 0;
+    const char *name = "tcp", *memory = "host";
+    kvt_transport_info_t all[16];
+    size_t nt = 0;
+    int n = 0, found = 0;
+
     for (int i = 1; i < argc; i++) {
-        if (strncmp(argv[i], "--transport=", 12) == 0) {
-            const char *t = argv[i] + 12;
-            if (strcmp(t, "tcp") == 0) {
-                g_transports = KVT_TRANSPORT_TCP;
-            } else if (strcmp(t, "shm") == 0 || strcmp(t, "shm-managed") == 0) {
-                g_transports = KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM;
-                g_managed = strcmp(t, "shm-managed") == 0;
-            } else {
-                fprintf(stderr, "unknown transport %s\n", t);
-                return 2;
-            }
-            continue;
-        }
-        argv[++n] = argv[i];
+        if (strncmp(argv[i], "--transport=", 12) == 0)
+            name = argv[i] + 12;
+        else if (strncmp(argv[i], "--memory=", 9) == 0)
+            memory = argv[i] + 9;
+        else
+            argv[++n] = argv[i];
     }
+    if (strcmp(memory, "host") != 0 && strcmp(memory, "managed") != 0) {
+        fprintf(stderr, "--memory=host or managed, not %s\n", memory);
+        return 2;
+    }
+    g_managed = strcmp(memory, "managed") == 0;
+    CHECK_OK(kvt_transports(all, 16, &nt));
+    for (size_t i = 0; i < nt && i < 16; i++) {
+        if (strcmp(all[i].name, name) == 0) {
+            g_tl = all[i];
+            found = 1;
+        }
+    }
+    if (!found) {
+        fprintf(stderr, "skipped: transport %s is not built in\n", name);
+        return KVT_TEST_SKIP;
+    }
+    /* Both kinds of memory here are host memory (managed memory is host
+     * memory that kvt allocated). */
+    if (!(g_tl.local_mem & (1u << KVT_MEM_HOST)) ||
+        !(g_tl.remote_mem & (1u << KVT_MEM_HOST))) {
+        fprintf(stderr, "skipped: %s does not move host memory\n", name);
+        return KVT_TEST_SKIP;
+    }
+    g_transports = g_tl.id;
     signal(SIGPIPE, SIG_IGN);
     return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), n + 1, argv);
+
 }

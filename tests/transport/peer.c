@@ -100,6 +100,40 @@ static void reply(FILE *out, const char *fmt, ...)
     fflush(out);
 }
 
+/* Register @n regions of @len bytes back to back; *base_p: the first. */
+static int regmany(kvt_engine_h e, int managed, uint64_t n, uint64_t len,
+                   unsigned long long *base_p)
+{
+    kvt_mem_region_t *r = calloc(n, sizeof(*r));
+    uint8_t *base;
+    int st;
+
+    *base_p = 0;
+    if (r == NULL)
+        return KVT_ERR_NO_MEMORY;
+    if (managed) {
+        void *m;
+        st = kvt_mem_alloc(e, n * len, KVT_ACCESS_REMOTE_RW, &m);
+        if (st == KVT_OK)
+            st = kvt_mem_unregister(e, m); /* registered again in pieces */
+        base = st == KVT_OK ? m : NULL;
+    } else {
+        base = mmap(NULL, n * len, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        st = base == MAP_FAILED ? KVT_ERR_NO_MEMORY : KVT_OK;
+    }
+    if (st == KVT_OK) {
+        for (uint64_t i = 0; i < n; i++)
+            r[i] = (kvt_mem_region_t){base + i * len, len,
+                                      KVT_ACCESS_REMOTE_RW, KVT_MEM_HOST, -1,
+                                      0};
+        st = kvt_mem_register_batch(e, r, n);
+        *base_p = (unsigned long long)(uintptr_t)base;
+    }
+    free(r);
+    return st;
+}
+
 /* leader_exits: the first thread waits on this pipe, then exits. */
 static int leave_fd[2] = {-1, -1};
 
@@ -181,6 +215,10 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             reply(out, "%u", *(uint8_t *)(uintptr_t)a);
         } else if (sscanf(line, "unreg %llu", &a) == 1) {
             reply(out, "%d", kvt_mem_unregister(e, (void *)(uintptr_t)a));
+        } else if (sscanf(line, "regmany %llu %llu", &a, &b) == 2) {
+            /* a regions of b bytes each, back to back in one buffer
+             * (kvt_mem_alloc() memory when managed): "status base". */
+            reply(out, "%d %llu", regmany(e, o->managed, a, b, &c), c);
         } else if (sscanf(line, "reg %llu %llu", &a, &b) == 2) {
             reply(out, "%d", kvt_mem_register(e, (void *)(uintptr_t)a, b,
                                               KVT_ACCESS_REMOTE_RW));
