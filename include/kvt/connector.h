@@ -278,16 +278,17 @@ KVT_API void kvt_conn_destroy(kvt_conn_h conn);
 
 /*
  * kvt_conn_step_begin() - open a new step and return its id (increasing,
- * never 0). Prefill only: KVT_ERR_INVALID_PARAM on decode.
+ * never 0). Prefill only. Returns KVT_OK, KVT_ERR_INVALID_PARAM (on
+ * decode, NULL arguments), KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_conn_step_begin(kvt_conn_h conn, uint64_t *step_p);
 
 /*
  * kvt_conn_layer_ready() - the KV of layers 0..@layer of @step is in
  * memory (marking layer l marks every layer before it). Wakes the
- * connector, which submits at once; does not block. KVT_ERR_INVALID_PARAM
- * for a layer out of range or a step never opened; KVT_OK for a step
- * already ended.
+ * connector, which submits at once; does not block. Returns KVT_OK (also
+ * for a step already ended), KVT_ERR_INVALID_PARAM for a layer out of
+ * range or a step never opened.
  */
 KVT_API kvt_status_t kvt_conn_layer_ready(kvt_conn_h conn, uint64_t step,
                                           uint32_t layer);
@@ -295,8 +296,8 @@ KVT_API kvt_status_t kvt_conn_layer_ready(kvt_conn_h conn, uint64_t step,
 /*
  * kvt_conn_step_end() - every layer of @step and the aux items of the
  * rooms whose last chunk is in it are ready; the step is closed (chunks
- * attached to it later are sent at once). KVT_ERR_INVALID_PARAM for a step
- * never opened.
+ * attached to it later are sent at once). Returns KVT_OK,
+ * KVT_ERR_INVALID_PARAM for a step never opened.
  */
 KVT_API kvt_status_t kvt_conn_step_end(kvt_conn_h conn, uint64_t step);
 
@@ -336,8 +337,8 @@ KVT_API kvt_status_t kvt_sender_create(kvt_conn_h conn,
  * are at @aux_slots: none (@num_aux_slots 0: no aux is sent), one slot for
  * every aux buffer (1), or one per buffer (the layout's num_aux). Aux
  * items are sent when both sides gave slots. May be called in any
- * non-final state, once. KVT_ERR_INVALID_PARAM for a slot out of range, a
- * second call or a final room.
+ * non-final state, once. Returns KVT_OK, KVT_ERR_INVALID_PARAM for a slot
+ * out of range, a second call or a final room.
  */
 KVT_API kvt_status_t kvt_sender_init(kvt_sender_h sender, uint64_t num_blocks,
                                      const uint64_t *aux_slots,
@@ -349,9 +350,10 @@ KVT_API kvt_status_t kvt_sender_init(kvt_sender_h sender, uint64_t num_blocks,
  * now (only those decode asked for: it may hold a prefix). @is_last marks
  * the final chunk, which must end at num_blocks; the aux items follow it.
  * Chunks sent before decode announced are held until it does. Does not
- * block. KVT_OK also for a room that has failed (the chunk is dropped;
- * poll says why); KVT_ERR_INVALID_PARAM before init(), for a block id out
- * of range, a chunk past num_blocks, or after the last chunk.
+ * block. Returns KVT_OK (also for a room that has failed: the chunk is
+ * dropped, poll says why), KVT_ERR_INVALID_PARAM before init(), for a
+ * block id out of range, a chunk past num_blocks, or after the last chunk,
+ * KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_sender_send(kvt_sender_h sender,
                                      const uint32_t *block_ids, size_t n,
@@ -361,8 +363,8 @@ KVT_API kvt_status_t kvt_sender_send(kvt_sender_h sender,
  * kvt_sender_send_step() - as kvt_sender_send(), for a chunk that step
  * @step is computing: its layers are sent as kvt_conn_layer_ready()
  * marks them, and (for the last chunk) its aux items at
- * kvt_conn_step_end(). KVT_ERR_INVALID_PARAM also for a step never
- * opened.
+ * kvt_conn_step_end(). Returns what kvt_sender_send() returns, and
+ * KVT_ERR_INVALID_PARAM also for a step never opened.
  */
 KVT_API kvt_status_t kvt_sender_send_step(kvt_sender_h sender, uint64_t step,
                                           const uint32_t *block_ids, size_t n,
@@ -390,8 +392,9 @@ KVT_API kvt_status_t kvt_receiver_create(kvt_conn_h conn,
  * decode already holds blocks 0..first_block-1, a cached prefix, and they
  * are not sent), and the aux items into @aux_slots (as kvt_sender_init()).
  * The blocks are announced to the prefill ranks as soon as the room is
- * bootstrapped. Once, in a non-final state. KVT_ERR_INVALID_PARAM for an
- * id or slot out of range, a second call or a final room.
+ * bootstrapped. Once, in a non-final state. Returns KVT_OK,
+ * KVT_ERR_INVALID_PARAM for an id or slot out of range, a second call or a
+ * final room, KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_receiver_init(kvt_receiver_h receiver,
                                        const uint32_t *block_ids, size_t n,
@@ -425,8 +428,8 @@ KVT_API kvt_poll_t kvt_room_wait(struct kvt_room *room, int64_t timeout_ms);
  * NULL). The other side is told, stops writing or expecting, and
  * acknowledges; the room turns FAILED (error KVT_ERR_CANCELED) once
  * every peer has acknowledged or is dead (bounded by the peer timeout).
- * Does not block. KVT_OK also for a room already final (nothing
- * changes).
+ * Does not block. Returns KVT_OK (also for a room already final: nothing
+ * changes), KVT_ERR_INVALID_PARAM for a NULL room.
  */
 KVT_API kvt_status_t kvt_room_abort(struct kvt_room *room, const char *reason);
 

@@ -117,15 +117,19 @@ typedef struct {
 
 /*
  * kvt_engine_create() - create an engine, bind its listener and start its
- * workers.
+ * transports' workers.
  *
  * @params: may be NULL for all defaults; read only during the call.
  * @engine_p: set to the new engine on success only.
  *
- * Blocks while binding and starting threads (no network waits). Returns
- * KVT_OK, KVT_ERR_INVALID_PARAM (bad field, unknown metadata URI scheme),
- * KVT_ERR_NOT_SUPPORTED (backend not built in), KVT_ERR_IO (cannot bind or
- * listen; the log says why) or KVT_ERR_NO_MEMORY.
+ * Every transport built in that @params allows is started; one that
+ * cannot be (its resources are missing) is left out and the log says
+ * why, and peers use the others. Blocks while binding and starting
+ * threads (no network waits). Returns KVT_OK, KVT_ERR_INVALID_PARAM (a
+ * bad field, a malformed metadata URI, a host that does not resolve),
+ * KVT_ERR_NOT_SUPPORTED (the metadata backend is not built in, or no
+ * allowed transport could be started), KVT_ERR_IO (cannot bind or listen,
+ * cannot start a thread; the log says why) or KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
                                        kvt_engine_h *engine_p);
@@ -210,17 +214,23 @@ typedef struct {
 } kvt_mem_params_t;
 
 /*
- * kvt_mem_register() - expose [addr, addr+length) to peers with @access
- * rights, and allow it as the local side of transfers.
+ * kvt_mem_register() - expose [addr, addr+length) of host memory to peers
+ * with @access rights, and allow it as the local side of transfers.
  *
  * The memory stays owned by the caller and must stay valid until
- * kvt_mem_unregister() returns. A range overlapping a registered region is
- * refused with KVT_ERR_EXISTS; a zero length or NULL address with
- * KVT_ERR_INVALID_PARAM. Does not block on the network; peers see the new
- * region when they next fetch this segment's descriptor (p2p mode: on
- * their next open after a cache miss or refresh), same-host peers at once.
- * May wait for a same-host peer's copy in flight to finish (at most 1 s,
- * see docs/shm.md). Thread-safe.
+ * kvt_mem_unregister() returns. Every transport that moves host memory
+ * registers it too (an RDMA transport pins it and makes a key for
+ * peers). Does not block on the network; peers see the new region when
+ * they next fetch this segment's descriptor (p2p mode: on their next open
+ * after a cache miss or refresh), same-host peers at once. May wait for a
+ * same-host peer's copy in flight to finish (at most 1 s, see
+ * docs/shm.md). Thread-safe.
+ *
+ * Returns KVT_OK, KVT_ERR_EXISTS (the range overlaps a registered
+ * region), KVT_ERR_INVALID_PARAM (zero length, NULL address, unknown
+ * access bits, a range that wraps), KVT_ERR_NO_SPACE (the engine holds
+ * 1,048,576 regions already), KVT_ERR_NO_MEMORY, or KVT_ERR_IO when a
+ * transport could not register the memory (logged).
  */
 KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
                                       size_t length, uint32_t access);
@@ -230,13 +240,12 @@ KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
  * device stated or left to detection, and the access rights, in @params
  * (NULL: all defaults; read during the call only).
  *
- * A range of a kind this build has no memory domain for is refused with
- * KVT_ERR_NOT_SUPPORTED, as is one its domain says is not of that kind
- * (logged). Otherwise as kvt_mem_register(): KVT_OK, KVT_ERR_EXISTS,
- * KVT_ERR_INVALID_PARAM (zero length, NULL address, unknown field or
- * access bits), KVT_ERR_NO_MEMORY, or the failure of a transport that
- * could not register the memory (logged). kvt_mem_register() is the
- * shorthand for host memory. Thread-safe; may wait as it does.
+ * Returns KVT_ERR_NOT_SUPPORTED for a range of a kind this build has no
+ * memory domain for, or one its domain says is not of that kind (logged);
+ * KVT_ERR_INVALID_PARAM also for an unknown field bit; otherwise as
+ * kvt_mem_register() does (KVT_OK, KVT_ERR_EXISTS, KVT_ERR_INVALID_PARAM,
+ * KVT_ERR_NO_SPACE, KVT_ERR_NO_MEMORY, KVT_ERR_IO). kvt_mem_register() is
+ * the shorthand for host memory. Thread-safe; may wait as it does.
  */
 KVT_API kvt_status_t kvt_mem_register_ex(kvt_engine_h engine, void *addr,
                                          size_t length,
@@ -244,8 +253,10 @@ KVT_API kvt_status_t kvt_mem_register_ex(kvt_engine_h engine, void *addr,
 
 /*
  * kvt_mem_register_batch() - register @count regions at once, each as
- * kvt_mem_register_ex() would. Either all are registered or none is (the
- * first failure's status is returned).
+ * kvt_mem_register_ex() would. Either all are registered or none is.
+ * Returns what kvt_mem_register_ex() returns for the first that fails
+ * (KVT_ERR_EXISTS also when two of them overlap), or KVT_OK (also for
+ * @count 0).
  */
 KVT_API kvt_status_t kvt_mem_register_batch(kvt_engine_h engine,
                                             const kvt_mem_region_t *regions,
@@ -259,14 +270,17 @@ KVT_API kvt_status_t kvt_mem_register_batch(kvt_engine_h engine,
  * initiator gets KVT_ERR_ACCESS; later ones are refused. May block briefly
  * while a worker finishes one socket call into the region, or while a
  * same-host peer finishes a copy it had already checked (at most 1 s; that
- * copy succeeds, see docs/shm.md). Returns
- * KVT_ERR_NOT_FOUND when no region starts at @addr. Thread-safe.
+ * copy succeeds, see docs/shm.md). Returns KVT_OK, KVT_ERR_NOT_FOUND when
+ * no region starts at @addr, KVT_ERR_INVALID_PARAM for a NULL engine or
+ * address. Thread-safe.
  */
 KVT_API kvt_status_t kvt_mem_unregister(kvt_engine_h engine, void *addr);
 
 /*
- * kvt_mem_unregister_batch() - unregister @count regions by start address.
- * Every address is tried; the first failure's status is returned.
+ * kvt_mem_unregister_batch() - unregister @count regions by start address,
+ * each as kvt_mem_unregister() would. Every address is tried; returns
+ * KVT_OK, or the first failure's status (KVT_ERR_NOT_FOUND,
+ * KVT_ERR_INVALID_PARAM; also for NULL @addrs with @count > 0).
  */
 KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
                                               void *const *addrs, size_t count);
@@ -279,7 +293,9 @@ KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
  * free), page-aligned and zero-filled, so that same-host peers can map it
  * directly. *addr_p is set on success only. Free it with kvt_mem_free();
  * kvt_engine_destroy() frees what is left. Returns KVT_OK,
- * KVT_ERR_INVALID_PARAM (length 0), KVT_ERR_NO_MEMORY. Thread-safe.
+ * KVT_ERR_INVALID_PARAM (length 0, unknown access bits, NULL @addr_p),
+ * KVT_ERR_NO_MEMORY, or what registering it returns (KVT_ERR_NO_SPACE,
+ * KVT_ERR_IO; see kvt_mem_register()). Thread-safe.
  */
 KVT_API kvt_status_t kvt_mem_alloc(kvt_engine_h engine, size_t length,
                                    uint32_t access, void **addr_p);
@@ -287,7 +303,9 @@ KVT_API kvt_status_t kvt_mem_alloc(kvt_engine_h engine, size_t length,
 /*
  * kvt_mem_free() - unregister and free memory from kvt_mem_alloc(). The
  * same guarantee as kvt_mem_unregister() holds before the memory is
- * unmapped. KVT_ERR_NOT_FOUND when @addr is not such an allocation.
+ * unmapped. Returns KVT_OK, KVT_ERR_NOT_FOUND when @addr is not such an
+ * allocation, KVT_ERR_INVALID_PARAM for a NULL engine or address.
+ * Thread-safe.
  */
 KVT_API kvt_status_t kvt_mem_free(kvt_engine_h engine, void *addr);
 
@@ -312,16 +330,25 @@ typedef struct {
  * mode) and return its handle.
  *
  * The first open of a name connects to the peer, handshakes (protocol
- * version checked on both sides) and fetches its segment descriptor; later
- * opens of the same name return the cached handle at once. When a session
- * fails (connection lost, timeout), its segment is evicted from the cache:
- * transfers on the old handle fail with KVT_ERR_CONN_LOST and the next open
- * of the name handshakes afresh.
+ * version checked on both sides), fetches its segment descriptor and opens
+ * a session with the transport that serves it best (kvt_segment_transport()
+ * says which); later opens of the same name return the cached handle at
+ * once. When a session fails (connection lost, timeout), its segment is
+ * evicted from the cache: transfers on the old handle fail with the
+ * reason and the next open of the name handshakes afresh.
  *
- * Blocks for at most the connect timeout. Returns KVT_OK,
- * KVT_ERR_INVALID_PARAM (malformed name), KVT_ERR_UNREACHABLE (refused,
- * no route, name does not resolve), KVT_ERR_TIMEDOUT, KVT_ERR_VERSION,
- * KVT_ERR_PROTOCOL. Thread-safe.
+ * Blocks at most the connect timeout for each connection it makes.
+ * Returns KVT_OK, KVT_ERR_INVALID_PARAM (malformed or too long a name),
+ * KVT_ERR_UNREACHABLE (refused, no route, the name does not resolve, not
+ * published in the metadata backend), KVT_ERR_TIMEDOUT, KVT_ERR_CONN_LOST
+ * (the peer closed during the handshake), KVT_ERR_VERSION (another major
+ * protocol version, on either side), KVT_ERR_PROTOCOL (an answer that is
+ * not the protocol), KVT_ERR_ACCESS or KVT_ERR_BUSY (the peer refused this
+ * engine), KVT_ERR_NOT_SUPPORTED (no transport both engines run serves
+ * it), KVT_ERR_IO (a transport could not set the session up, or the
+ * metadata backend failed), KVT_ERR_NO_SPACE (2^30 segments open),
+ * KVT_ERR_CLOSED (the engine is being destroyed), KVT_ERR_NO_MEMORY.
+ * Thread-safe.
  */
 KVT_API kvt_status_t kvt_segment_open(kvt_engine_h engine, const char *name,
                                       kvt_segment_t *segment_p);
@@ -332,7 +359,13 @@ KVT_API kvt_status_t kvt_segment_open(kvt_engine_h engine, const char *name,
  * the descriptor holds. Does not block on the network.
  *
  * With @refresh non-zero the descriptor is fetched again from the peer
- * first (blocking, bounded by the connect timeout).
+ * first (blocking, bounded by the connect timeout). Returns KVT_OK,
+ * KVT_ERR_NOT_FOUND (unknown or closed handle), KVT_ERR_INVALID_PARAM
+ * (NULL @count_p, or NULL @regions with @max > 0); with @refresh also the
+ * failures of fetching it, those of kvt_segment_open()'s fetch
+ * (KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_CONN_LOST,
+ * KVT_ERR_VERSION, KVT_ERR_PROTOCOL, KVT_ERR_ACCESS, KVT_ERR_BUSY,
+ * KVT_ERR_NO_MEMORY); the cached descriptor is kept then. Thread-safe.
  */
 KVT_API kvt_status_t kvt_segment_regions(kvt_engine_h engine,
                                          kvt_segment_t segment, int refresh,
@@ -372,11 +405,12 @@ KVT_API kvt_status_t kvt_segment_transport(kvt_engine_h engine,
                                            const char **name_p);
 
 /*
- * kvt_segment_close() - drop the handle's session and evict it from the
+ * kvt_segment_close() - drop the handle's sessions and evict it from the
  * cache. Transfers in flight on it end in KVT_ERR_CANCELED. Later use of
  * the handle returns KVT_ERR_NOT_FOUND, also once its slot holds another
- * segment; the session's memory is freed when the last transfer on it has
- * ended.
+ * segment; the sessions' memory is freed when the last transfer on them
+ * has ended. Returns KVT_OK, KVT_ERR_NOT_FOUND (unknown or closed handle),
+ * KVT_ERR_INVALID_PARAM (NULL engine). Thread-safe, does not block.
  */
 KVT_API kvt_status_t kvt_segment_close(kvt_engine_h engine,
                                        kvt_segment_t segment);

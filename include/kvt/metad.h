@@ -95,8 +95,8 @@ KVT_API void kvt_metad_stop(kvt_metad_h server);
  */
 typedef struct kvt_bootc *kvt_bootc_h;
 
-/* KVT_OK, KVT_ERR_NOT_SUPPORTED (built without libcurl or json-c),
- * KVT_ERR_NO_MEMORY. */
+/* kvt_bootc_create() - a client. Returns KVT_OK, KVT_ERR_NOT_SUPPORTED
+ * (built without libcurl or json-c), KVT_ERR_NO_MEMORY. */
 KVT_API kvt_status_t kvt_bootc_create(kvt_bootc_h *client_p);
 /* NULL does nothing. */
 KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
@@ -105,8 +105,8 @@ KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
  * kvt_bootc_register() - register a prefill rank with @server ("host:port",
  * or with "http://"): engine rank @engine_rank of @tp_total ranks in
  * @dp_size groups, reachable at @ip:@port, expiring after @ttl_s seconds
- * (0: never). KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_IO
- * (the server refused it), KVT_ERR_NOT_SUPPORTED.
+ * (0: never). Returns KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT,
+ * KVT_ERR_IO (the server refused it), KVT_ERR_NOT_SUPPORTED.
  */
 KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client, const char *server,
                                         const char *ip, uint16_t port,
@@ -116,16 +116,17 @@ KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client, const char *server,
                                         size_t why_len);
 
 /* kvt_bootc_unregister() - withdraw rank @rank of group @group (best
- * effort): KVT_OK or why the request failed. */
+ * effort). Returns KVT_OK, or why the request failed (KVT_ERR_UNREACHABLE,
+ * KVT_ERR_TIMEDOUT, KVT_ERR_IO, KVT_ERR_NOT_SUPPORTED). */
 KVT_API kvt_status_t kvt_bootc_unregister(kvt_bootc_h client,
                                           const char *server, uint32_t rank,
                                           uint32_t group, uint64_t timeout_ms);
 
 /*
  * kvt_bootc_sizes() - the prefill instance's total tensor-parallel size and
- * data-parallel size. KVT_ERR_NOT_FOUND while no prefill rank is
- * registered; KVT_ERR_PROTOCOL for an answer that is not what the routes
- * promise; as kvt_bootc_register() otherwise.
+ * data-parallel size. Returns KVT_OK, KVT_ERR_NOT_FOUND while no prefill
+ * rank is registered, KVT_ERR_PROTOCOL for an answer that is not what the
+ * routes promise, or as kvt_bootc_register() otherwise.
  */
 KVT_API kvt_status_t kvt_bootc_sizes(kvt_bootc_h client, const char *server,
                                      uint32_t *tp_total_p, uint32_t *dp_p,
@@ -134,8 +135,9 @@ KVT_API kvt_status_t kvt_bootc_sizes(kvt_bootc_h client, const char *server,
 
 /*
  * kvt_bootc_route() - the address of rank @rank of group @group as
- * "ip:port" ("[v6]:port") in @name (@cap bytes). KVT_ERR_NOT_FOUND while
- * it is not registered; as kvt_bootc_sizes() otherwise.
+ * "ip:port" ("[v6]:port") in @name (@cap bytes). Returns KVT_OK,
+ * KVT_ERR_NOT_FOUND while it is not registered, or as kvt_bootc_sizes()
+ * otherwise.
  */
 KVT_API kvt_status_t kvt_bootc_route(kvt_bootc_h client, const char *server,
                                      uint32_t rank, uint32_t group, char *name,

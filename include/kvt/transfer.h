@@ -16,9 +16,9 @@ extern "C" {
  * memory of an opened segment, and the bytes move without any call on the
  * target's side. They are submitted in batches of plain descriptors (in
  * the manner of io_uring's submission entries) and completed
- * asynchronously; each descriptor ends in exactly one final state:
- * KVT_OK, or a negative status saying why it failed (KVT_ERR_ACCESS,
- * KVT_ERR_CONN_LOST, KVT_ERR_TIMEDOUT, KVT_ERR_CANCELED, ...).
+ * asynchronously; each descriptor ends in exactly one final state
+ * (kvt_batch_entry() lists them): KVT_OK, or a negative status saying why
+ * it failed.
  */
 
 typedef enum {
@@ -83,7 +83,8 @@ typedef struct {
  * The batch is owned by the caller and freed with kvt_batch_free() (or
  * with its engine). A batch may be used by one thread at a time; different
  * batches may be used concurrently. Returns KVT_OK, KVT_ERR_INVALID_PARAM
- * (capacity 0 or over 1<<20) or KVT_ERR_NO_MEMORY.
+ * (NULL engine or @batch_p, capacity 0 or over 1<<20) or
+ * KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_batch_create(kvt_engine_h engine, size_t capacity,
                                       kvt_batch_h *batch_p);
@@ -101,9 +102,10 @@ KVT_API kvt_status_t kvt_batch_create(kvt_engine_h engine, size_t capacity,
  * Descriptors that fail validation (bad opcode, local range not
  * registered, unknown or dead segment) are not sent: their slots go final
  * at once with the reason, and the call returns KVT_OK as long as slots
- * were assigned; check per-slot states. Returns KVT_ERR_NO_SPACE (and
- * submits nothing) when @count exceeds the free slots, KVT_ERR_INVALID_PARAM
- * for a NULL batch or descriptors.
+ * were assigned; check per-slot states (kvt_batch_entry()). Returns
+ * KVT_OK, KVT_ERR_NO_SPACE (and submits nothing) when @count exceeds the
+ * free slots, KVT_ERR_INVALID_PARAM for a NULL batch or descriptors,
+ * KVT_ERR_NO_MEMORY (nothing submitted).
  */
 KVT_API kvt_status_t kvt_batch_submit(kvt_batch_h batch,
                                       const kvt_xfer_desc_t *descs,
@@ -112,17 +114,40 @@ KVT_API kvt_status_t kvt_batch_submit(kvt_batch_h batch,
 /*
  * kvt_batch_query() - aggregate state, without blocking. @state_p may be
  * NULL. Returns KVT_OK when every submitted descriptor completed
- * successfully, KVT_INPROGRESS while any is pending, or the first failure's
- * status once all are final.
+ * successfully, KVT_INPROGRESS while any is pending, or the first
+ * failure's status once all are final (a failure as kvt_batch_entry() has
+ * them); KVT_ERR_INVALID_PARAM for a NULL batch.
  */
 KVT_API kvt_status_t kvt_batch_query(kvt_batch_h batch,
                                      kvt_batch_state_t *state_p);
 
 /*
- * kvt_batch_entry() - final state of slot @index: KVT_INPROGRESS while
- * pending, KVT_OK or the failure. @user_data_p (may be NULL) receives the
- * descriptor's user_data. KVT_ERR_INVALID_PARAM for a slot never
- * submitted. Does not block.
+ * kvt_batch_entry() - the state of slot @index. Returns KVT_INPROGRESS
+ * while it is pending, then KVT_OK or why it failed:
+ *
+ *  at submission     KVT_ERR_INVALID_PARAM (bad opcode, zero length, NULL
+ *                    local address, strides below the length, a range
+ *                    that wraps, flags or reserved fields not 0),
+ *                    KVT_ERR_NOT_REGISTERED (the local range is not in one
+ *                    registered region), KVT_ERR_OVERFLOW (a notification
+ *                    longer than KVT_NOTIFY_MAX), KVT_ERR_NOT_FOUND
+ *                    (unknown or closed segment), KVT_ERR_NOT_SUPPORTED (no
+ *                    transport of the segment moves those memory kinds, or
+ *                    strided pieces), KVT_ERR_NO_MEMORY, or the status that
+ *                    ended the segment's session;
+ *  at the target     KVT_ERR_ACCESS (the remote range is not inside one
+ *                    region registered with the right access);
+ *  on the way        KVT_ERR_CONN_LOST (the peer died, the connection
+ *                    broke), KVT_ERR_TIMEDOUT (not done within the
+ *                    transfer timeout), KVT_ERR_CANCELED (the segment was
+ *                    closed or the engine destroyed), KVT_ERR_PROTOCOL or
+ *                    KVT_ERR_VERSION (the peer broke the protocol),
+ *                    KVT_ERR_IO (the transport lost its means to reach the
+ *                    peer, e.g. permission to attach to it).
+ *
+ * @user_data_p (may be NULL) receives the descriptor's user_data.
+ * KVT_ERR_INVALID_PARAM as the call's own answer for a NULL batch or a
+ * slot never submitted. Does not block.
  */
 KVT_API kvt_status_t kvt_batch_entry(kvt_batch_h batch, size_t index,
                                      uint64_t *user_data_p);
@@ -130,10 +155,12 @@ KVT_API kvt_status_t kvt_batch_entry(kvt_batch_h batch, size_t index,
 /*
  * kvt_batch_wait() - sleep until every submitted descriptor is final, or
  * @timeout_ms passes (negative: no limit; every transfer is itself bounded
- * by the transfer timeout). Sleeps on a futex; it does not spin.
+ * by the transfer timeout). Sleeps on a futex, or makes progress itself
+ * on the session its work went to; it does not spin for long.
  *
  * Returns what kvt_batch_query() would return at that moment: KVT_OK,
- * the first failure, or KVT_INPROGRESS if the timeout passed first.
+ * the first failure, or KVT_INPROGRESS if the timeout passed first;
+ * KVT_ERR_INVALID_PARAM for a NULL batch.
  */
 KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
 
@@ -183,13 +210,15 @@ KVT_API void kvt_submit_unplug(void);
 
 /*
  * kvt_batch_reset() - make all slots free again so the batch can be
- * reused. KVT_ERR_BUSY while any descriptor is pending.
+ * reused. Returns KVT_OK, KVT_ERR_BUSY while any descriptor is pending
+ * (nothing changes), KVT_ERR_INVALID_PARAM for a NULL batch.
  */
 KVT_API kvt_status_t kvt_batch_reset(kvt_batch_h batch);
 
 /*
- * kvt_batch_free() - free the batch. Refused with KVT_ERR_BUSY (and the
- * batch left intact) while any descriptor is pending. NULL returns KVT_OK.
+ * kvt_batch_free() - free the batch. Returns KVT_OK (also for NULL), or
+ * KVT_ERR_BUSY, and the batch is left intact, while any descriptor is
+ * pending.
  */
 KVT_API kvt_status_t kvt_batch_free(kvt_batch_h batch);
 
@@ -206,8 +235,13 @@ typedef struct {
  * kvt_notify_send() - send @msg to @segment and wait for the target to
  * accept it, after every write submitted before it to that segment has
  * landed. Blocks at most the transfer timeout. Convenience over a one-slot
- * batch with a KVT_OP_NOTIFY descriptor. Returns the descriptor's final
- * status, or KVT_ERR_OVERFLOW when @length > KVT_NOTIFY_MAX.
+ * batch with a KVT_OP_NOTIFY descriptor. Returns KVT_OK,
+ * KVT_ERR_OVERFLOW when @length > KVT_NOTIFY_MAX, KVT_ERR_INVALID_PARAM
+ * (NULL engine, or NULL @msg with a length), KVT_ERR_NO_MEMORY, or why
+ * the descriptor failed (see kvt_batch_entry(); for a notification:
+ * KVT_ERR_NOT_FOUND, KVT_ERR_NOT_SUPPORTED, KVT_ERR_CONN_LOST,
+ * KVT_ERR_TIMEDOUT, KVT_ERR_CANCELED, KVT_ERR_PROTOCOL, KVT_ERR_VERSION,
+ * KVT_ERR_IO).
  */
 KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine,
                                      kvt_segment_t segment, const void *msg,
@@ -217,7 +251,8 @@ KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine,
  * kvt_notify_recv() - take up to @max received notifications, oldest first,
  * into @out; *count_p is set to how many were taken. With @timeout_ms > 0
  * and none queued, sleeps up to that long for one. Returns KVT_OK (also
- * with zero taken after the timeout). The queue holds at most 65536
+ * with zero taken after the timeout), KVT_ERR_INVALID_PARAM (NULL engine
+ * or @count_p, NULL @out with @max > 0). The queue holds at most 65536
  * notifications; beyond that the oldest are dropped and counted in the log.
  *
  * Memory ordering: the calling thread is ordered after every remote write

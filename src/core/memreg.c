@@ -99,6 +99,13 @@ kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,
     }
 
     pthread_rwlock_wrlock(&reg->lock);
+    if (reg->count + count > KVT_MEMREG_MAX) {
+        KVT_LOG_W("register: %zu regions are registered already; at most "
+                  "%u can be",
+                  reg->count, KVT_MEMREG_MAX);
+        st = KVT_ERR_NO_SPACE;
+        goto out_unlock;
+    }
     for (size_t i = 0; i < count; i++) {
         if (kvt__memreg_overlaps_locked(reg, tmp[i].start, tmp[i].end)) {
             KVT_LOG_W("register: %#lx+%lu overlaps a registered region",

@@ -20,6 +20,9 @@
  */
 /* Transports one engine runs, and so keys a region may have. */
 #define KVT_MEMREG_KEYS 8
+/* Regions one engine may register: as many as its descriptor can carry
+ * (KVT_SEGDESC_MAX_REGIONS). */
+#define KVT_MEMREG_MAX (1u << 20)
 
 /* What one transport keeps for a region it registered (mem_reg()): its
  * own handle, and the packed key a peer needs to address the region
@@ -56,7 +59,8 @@ void kvt__memreg_fini(kvt__memreg_t *reg);
  * All-or-nothing insert of @count regions (start, end, access, kind,
  * device and keys set): KVT_ERR_INVALID_PARAM for an empty, wrapping or
  * badly accessed one, KVT_ERR_EXISTS when one overlaps another or a
- * registered region, KVT_ERR_NO_MEMORY. On success the registry owns
+ * registered region, KVT_ERR_NO_SPACE past KVT_MEMREG_MAX regions,
+ * KVT_ERR_NO_MEMORY. On success the registry owns
  * their keys.
  */
 kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,

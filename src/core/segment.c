@@ -346,7 +346,14 @@ static kvt_status_t resolve(kvt_engine_h e, const char *name, char *addr,
     if (st != KVT_OK) {
         KVT_LOG_W("segment %s: metadata lookup failed: %s", name,
                   kvt_status_str(st));
-        return st == KVT_ERR_NOT_FOUND ? KVT_ERR_UNREACHABLE : st;
+        /* Not published: nobody to reach. What else the backend says is
+         * a failure of the network or of what it holds. */
+        if (st == KVT_ERR_NOT_FOUND)
+            return KVT_ERR_UNREACHABLE;
+        if (st != KVT_ERR_UNREACHABLE && st != KVT_ERR_TIMEDOUT &&
+            st != KVT_ERR_IO && st != KVT_ERR_NO_MEMORY)
+            return KVT_ERR_PROTOCOL;
+        return st;
     }
     snprintf(addr, cap, strchr(d.host, ':') ? "[%s]:%u" : "%s:%u", d.host,
              d.port);

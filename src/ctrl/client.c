@@ -64,7 +64,11 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
         rb[h.body_len] = '\0';
     }
     if (h.type == KVT_WIRE_ERROR) {
-        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
+        /* The peer's reason, when it is one a refusal can have. */
+        st = h.status == KVT_ERR_VERSION || h.status == KVT_ERR_NOT_SUPPORTED ||
+                     h.status == KVT_ERR_ACCESS || h.status == KVT_ERR_BUSY
+                 ? h.status
+                 : KVT_ERR_PROTOCOL;
         KVT_LOG_E("peer %s refused the connection: %s%s%.200s", peer,
                   kvt_status_str(st), rb ? ": " : "",
                   rb ? (const char *)rb : "");
@@ -85,7 +89,11 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
             goto err_free;
     }
     if (h.status != KVT_OK) {
-        st = h.status < 0 ? h.status : KVT_ERR_PROTOCOL;
+        /* A request the peer could not answer (it ran out of memory
+         * describing itself, say): a failure of the call. */
+        st = h.status == KVT_ERR_NO_MEMORY || h.status == KVT_ERR_OVERFLOW
+                 ? h.status
+                 : KVT_ERR_PROTOCOL;
         goto err_free;
     }
     *body_p = rb;

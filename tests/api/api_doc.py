@@ -21,22 +21,45 @@ def functions(include):
     """(name, returns status?, comment, header) of every KVT_API function."""
     out = []
     for f in sorted(os.listdir(os.path.join(include, 'kvt'))):
-        if not f.endswith('.h'):
+        if not f.endswith('.h') or f == 'defs.h':  # defs.h defines KVT_API
             continue
         text = open(os.path.join(include, 'kvt', f)).read()
         for m in re.finditer(r'KVT_API\s+([^;(]*?)\b(\w+)\s*\(', text):
             ret, name = m.group(1).strip(), m.group(2)
             before = text[:m.start()].rstrip()
+            # A comment may cover several declarations in a row.
+            while True:
+                last = before.rfind('\n')
+                line = before[last + 1:]
+                if line.startswith('KVT_API') or (
+                        not before.endswith('*/') and
+                        re.search(r'KVT_API[^;]*;\s*$', before[-400:])):
+                    cut = before.rfind('KVT_API')
+                    before = before[:cut].rstrip()
+                    continue
+                break
             comment = ''
             if before.endswith('*/'):
-                start = before.rfind('/*')
-                comment = before[start:]
-                # the comment must be right above (nothing but blanks between)
+                comment = before[before.rfind('/*'):]
             out.append((name, ret == 'kvt_status_t', comment, f))
     return out
 
+def flat(comment):
+    """The comment's text in one line, from its first "Returns" on: the
+    statuses a call returns are listed there (others may be named before
+    it, as what a peer sees)."""
+    text = re.sub(r'\s*\n\s*\*\s?', ' ', comment)
+    m = re.search(r'\bReturns?\b|\breturns?\s+(?=KVT_|what\b)', text)
+    return text[m.start():] if m else ''
+
 def documented(comment):
-    return set(re.findall(r'\bKVT_(?:OK|INPROGRESS|ERR_[A-Z_]+)\b', comment))
+    return set(re.findall(r'\bKVT_(?:OK|INPROGRESS|ERR_[A-Z_]+)\b',
+                          flat(comment)))
+
+def references(comment):
+    """Calls whose statuses a comment takes over: "as kvt_x() has them",
+    "what kvt_x() would return", "as kvt_x() would"."""
+    return set(re.findall(r'\b(?:as|what)\s+(kvt_\w+)\(\)', flat(comment)))
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +71,7 @@ def main():
     valid = statuses(include)
     problems = []
     docs = {}
+    refs = {}
     for name, is_status, comment, hdr in functions(include):
         if not comment:
             problems.append('%s (%s): no comment above it' % (name, hdr))
@@ -63,12 +87,25 @@ def main():
                 problems.append('%s (%s): returns a status but its comment '
                                 'names none' % (name, hdr))
             docs[name] = names & valid
+            refs[name] = references(comment)
+    # Statuses taken over from the calls a comment refers to.
+    for _ in range(4):
+        for name in docs:
+            for ref in refs.get(name, ()):
+                docs[name] |= docs.get(ref, set())
     if covered_file:
         text = open(covered_file).read()
         cov = {}
         for kind, fn, st in re.findall(
                 r'\b(COVER|UNCOVERED)\(\s*(\w+)\s*,\s*(KVT_\w+)', text):
             cov.setdefault(fn, set()).add(st)
+        # FINAL(b, status) and NOT_HERE(status, why) stand for the three
+        # calls that report a descriptor's state.
+        three = ('kvt_batch_wait', 'kvt_batch_query', 'kvt_batch_entry')
+        for st in re.findall(r'\b(?:FINAL\(\s*\w+\s*,|NOT_HERE\()\s*'
+                             r'(KVT_ERR_\w+)', text):
+            for fn in three:
+                cov.setdefault(fn, set()).add(st)
         for fn, got in sorted(cov.items()):
             if fn not in docs:
                 problems.append('%s: covered by the test but not a public '
