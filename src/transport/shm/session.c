@@ -468,24 +468,25 @@ static int shm_reachable(kvt__tl_t *tl, const kvt__segdesc_t *d,
     return 1;
 }
 
-KVT_TRANSPORT_REGISTER(
-    shm, {
-             .name = "shm",
-             .id = KVT_TRANSPORT_SHM,
-             .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-                      .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-                      .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED,
-                      .priority = 100},
-             .create = kvt__shm_create,
-             .stop = kvt__shm_stop,
-             .destroy = kvt__shm_destroy,
-             .describe = kvt__shm_describe,
-             .mem_changed = kvt__shm_registry_changed,
-             .reachable = shm_reachable,
-             .open = shm_session_open,
-             .submit = shm_submit,
-             .progress = shm_progress,
-             .flush = kvt__shm_flush,
-             .kill = kvt__shm_session_kill,
-             .destroy_session = session_destroy,
-         });
+/* clang-format off */
+KVT_TRANSPORT_REGISTER(shm, {
+    .name = "shm",
+    .id = KVT_TRANSPORT_SHM,
+    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED,
+             .priority = 100},
+    .create = kvt__shm_create,
+    .stop = kvt__shm_stop,
+    .destroy = kvt__shm_destroy,
+    .describe = kvt__shm_describe,
+    .mem_changed = kvt__shm_registry_changed,
+    .reachable = shm_reachable,
+    .open = shm_session_open,
+    .submit = shm_submit,
+    .progress = shm_progress,
+    .flush = kvt__shm_flush,
+    .kill = kvt__shm_session_kill,
+    .destroy_session = session_destroy,
+});
+/* clang-format on */

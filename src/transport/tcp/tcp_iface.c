@@ -140,22 +140,23 @@ static void tcp_destroy(kvt__tl_t *tl)
     free(tcp);
 }
 
-KVT_TRANSPORT_REGISTER(tcp,
-                       {
-                           .name = "tcp",
-                           .id = KVT_TRANSPORT_TCP,
-                           .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-                                    .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-                                    .flags = KVT__TL_STRIDED,
-                                    .priority = 10},
-                           .create = tcp_create,
-                           .start = tcp_start,
-                           .stop = tcp_stop,
-                           .destroy = tcp_destroy,
-                           .accept = kvt__tcp_accept,
-                           .open = kvt__tcp_open,
-                           .submit = kvt__tcp_submit,
-                           .progress = kvt__tcp_progress,
-                           .kill = kvt__tcp_session_kill,
-                           .destroy_session = kvt__tcp_session_destroy,
-                       });
+/* clang-format off */
+KVT_TRANSPORT_REGISTER(tcp, {
+    .name = "tcp",
+    .id = KVT_TRANSPORT_TCP,
+    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+             .flags = KVT__TL_STRIDED,
+             .priority = 10},
+    .create = tcp_create,
+    .start = tcp_start,
+    .stop = tcp_stop,
+    .destroy = tcp_destroy,
+    .accept = kvt__tcp_accept,
+    .open = kvt__tcp_open,
+    .submit = kvt__tcp_submit,
+    .progress = kvt__tcp_progress,
+    .kill = kvt__tcp_session_kill,
+    .destroy_session = kvt__tcp_session_destroy,
+});
+/* clang-format on */
