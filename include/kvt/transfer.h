@@ -180,9 +180,10 @@ typedef void (*kvt_batch_idle_cb_t)(kvt_batch_h batch, void *arg);
  * waiter, or the submitting thread itself inside kvt_batch_submit()), with
  * engine locks possibly held: it must not block, and must not call into
  * kvt except kvt_batch_query() and kvt_batch_entry() on this batch. It
- * runs before kvt_batch_wait() or kvt_batch_query() can see the batch
- * idle; a submission racing with the last completion may make it run once
- * more. After clearing returns, no call of it is running or will run.
+ * runs once the batch is idle: kvt_batch_query() in it, or in a thread it
+ * wakes, finds the batch idle (unless more was submitted meanwhile), and
+ * kvt_batch_wait() returns only after it has ended. After clearing
+ * returns, no call of it is running or will run.
  * Typical use: wake the thread that owns the batch (a condition variable,
  * an eventfd). Returns KVT_OK, KVT_ERR_INVALID_PARAM (NULL batch).
  */

@@ -52,20 +52,20 @@ void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
         atomic_fetch_add_explicit(&b->failed, 1, memory_order_relaxed);
         atomic_compare_exchange_strong(&b->first_error, &zero, final);
     }
-    /* The idle call runs before the last decrement, so that whoever sees
-     * the batch idle (kvt_batch_wait(), kvt_batch_query()) sees it after
-     * the call. This slot is the only one pending when the count reads 1;
-     * a submission racing with it may make the call early (once more). */
-    {
+    /* Sequentially consistent with the waiter's "sleepers++, re-read
+     * pending": either it sees pending at 0, or this sees it asleep. The
+     * idle call runs after the last decrement, so that kvt_batch_query()
+     * in it, or in the thread it wakes, sees the batch idle (called
+     * before, the woken thread would find it busy and wait for nothing);
+     * kvt_batch_wait() waits for it to end (drain_completers()). */
+    if (atomic_fetch_sub(&b->pending, 1) == 1) {
         kvt_batch_idle_cb_t fn =
             atomic_load_explicit(&b->on_idle, memory_order_acquire);
-        if (fn != NULL && atomic_load(&b->pending) == 1)
+        if (fn != NULL)
             fn(b, b->on_idle_arg);
+        if (atomic_load(&b->sleepers))
+            kvt__futex_wake_all(&b->pending);
     }
-    /* Sequentially consistent with the waiter's "sleepers++, re-read
-     * pending": either it sees pending at 0, or this sees it asleep. */
-    if (atomic_fetch_sub(&b->pending, 1) == 1 && atomic_load(&b->sleepers))
-        kvt__futex_wake_all(&b->pending);
 out:
     batch_leave(b);
 }
@@ -395,6 +395,14 @@ kvt_status_t kvt_batch_entry(kvt_batch_h b, size_t index,
     return atomic_load_explicit(&b->slots[index].status, memory_order_acquire);
 }
 
+/* Wait until no completer is still inside the batch. Completers leave
+ * within a few instructions of the last decrement (and the idle call). */
+static void drain_completers(kvt_batch_h b)
+{
+    while (atomic_load_explicit(&b->busy, memory_order_acquire) != 0)
+        sched_yield();
+}
+
 kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
 {
     uint64_t deadline = 0;
@@ -424,15 +432,12 @@ kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
             kvt__futex_wait(&b->pending, p, left);
         atomic_fetch_sub(&b->sleepers, 1);
     }
+    /* Idle: let the idle call that made it so end first, so that the
+     * caller sees its effects. */
+    if (atomic_load_explicit(&b->pending, memory_order_acquire) == 0 &&
+        atomic_load_explicit(&b->on_idle, memory_order_relaxed) != NULL)
+        drain_completers(b);
     return kvt_batch_query(b, NULL);
-}
-
-/* Wait until no completer is still inside the batch. Completers leave
- * within a few instructions of the last decrement. */
-static void drain_completers(kvt_batch_h b)
-{
-    while (atomic_load_explicit(&b->busy, memory_order_acquire) != 0)
-        sched_yield();
 }
 
 kvt_status_t kvt_batch_set_idle_cb(kvt_batch_h b, kvt_batch_idle_cb_t cb,

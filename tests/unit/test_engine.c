@@ -458,15 +458,22 @@ KVT_TEST(tcp_send_queue_never_stalls)
     kvt_engine_destroy(t);
 }
 
+/* Counts the calls, and those that found the batch still busy. */
+static _Atomic int idle_busy;
+
 static void count_idle(kvt_batch_h batch, void *arg)
 {
     CHECK(batch != NULL);
+    if (kvt_batch_query(batch, NULL) == KVT_INPROGRESS)
+        atomic_fetch_add(&idle_busy, 1);
     atomic_fetch_add((_Atomic int *)arg, 1);
 }
 
-/* The batch idle call (kvt_batch_set_idle_cb()): once each time a batch's pending
- * count reaches zero (also for failures found at submission), and never
- * after it was cleared. */
+/* The batch idle call (kvt_batch_set_idle_cb()): once each time a batch's
+ * pending count reaches zero (also for failures found at submission), with
+ * the batch idle for kvt_batch_query() in it (a call made while it still
+ * reads busy would wake its owner to find nothing done), before
+ * kvt_batch_wait() returns, and never after it was cleared. */
 KVT_TEST(batch_on_idle)
 {
     kvt_engine_h a = mk(), t = mk();
@@ -504,6 +511,7 @@ KVT_TEST(batch_on_idle)
     CHECK_OK(kvt_batch_submit(b, d, 2));
     CHECK_OK(kvt_batch_wait(b, 10000));
     CHECK(atomic_load(&n) == 2);
+    CHECK(atomic_load(&idle_busy) == 0);
     CHECK_OK(kvt_batch_free(b));
     kvt_engine_destroy(a);
     kvt_engine_destroy(t);
