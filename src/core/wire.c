@@ -147,30 +147,34 @@ size_t kvt__wire_get_str(const uint8_t *buf, size_t len, char *out)
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap)
 {
-    if (cap < 20 + 2 + strlen(h->name))
+    if (cap < 24 + 2 + strlen(h->name))
         return 0;
     put64(out, h->session_id);
     put32(out + 8, h->conn_index);
     put32(out + 12, h->nconns);
     put32(out + 16, h->transport);
-    return 20 + kvt__wire_put_str(out + 20, h->name);
+    put32(out + 20, h->fence);
+    return 24 + kvt__wire_put_str(out + 24, h->name);
 }
 
 kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
                                     kvt__wire_hello_t *h)
 {
     size_t n;
-    if (len < 22)
+    if (len < 26)
         return KVT_ERR_PROTOCOL;
     h->session_id = get64(buf);
     h->conn_index = get32(buf + 8);
     h->nconns = get32(buf + 12);
     h->transport = get32(buf + 16);
-    n = kvt__wire_get_str(buf + 20, len - 20, h->name);
-    /* The transport is 0 (control) or one bit. */
-    if (n == 0 || 20 + n != len || h->nconns == 0 || h->nconns > 64 ||
+    h->fence = get32(buf + 20);
+    n = kvt__wire_get_str(buf + 24, len - 24, h->name);
+    /* The transport is 0 (control) or one bit; a fence names earlier
+     * sessions only. */
+    if (n == 0 || 24 + n != len || h->nconns == 0 || h->nconns > 64 ||
         h->conn_index >= h->nconns ||
-        (h->transport & (h->transport - 1)) != 0)
+        (h->transport & (h->transport - 1)) != 0 ||
+        (h->fence != 0 && h->fence >= (uint32_t)h->session_id))
         return KVT_ERR_PROTOCOL;
     return KVT_OK;
 }

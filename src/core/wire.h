@@ -107,19 +107,23 @@ kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
                                                kvt_status_t status),
                                     void *arg);
 
-/* HELLO body: session id, this connection's index and the count, what
- * the connection is for (0: the control plane; else the KVT_TRANSPORT_*
- * bit of the data transport that takes it over), and the sender's
- * segment name. */
+/* HELLO body: session id (the initiator's instance in the upper 32 bits,
+ * its session counter in the lower), this connection's index and the
+ * count, what the connection is for (0: the control plane; else the
+ * KVT_TRANSPORT_* bit of the data transport that takes it over), the
+ * fence (every earlier session of the same instance whose counter is at
+ * most this is dead: the target drops its connections before accepting
+ * this one; 0: none), and the sender's segment name. */
 typedef struct {
     uint64_t session_id;
     uint32_t conn_index;
     uint32_t nconns;
     uint32_t transport;
+    uint32_t fence;
     char name[KVT_WIRE_NAME_MAX + 1];
 } kvt__wire_hello_t;
 
-#define KVT_WIRE_HELLO_MAX (4 + 16 + 2 + KVT_WIRE_NAME_MAX)
+#define KVT_WIRE_HELLO_MAX (8 + 16 + 2 + KVT_WIRE_NAME_MAX)
 
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap);

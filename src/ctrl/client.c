@@ -156,7 +156,7 @@ kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
                              kvt__segdesc_t *desc)
 {
     uint64_t deadline = kvt__now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
-    kvt__wire_hello_t hello = {0, 0, 1, 0, {0}};
+    kvt__wire_hello_t hello = {0, 0, 1, 0, 0, {0}};
     uint8_t *body = NULL, *payload = NULL;
     size_t blen = 0, plen = 0;
     kvt_status_t st;

@@ -213,6 +213,16 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
         WARN_PEER(ctrl, "control: %s asked for %s", c->peer, why);
         return conn_refuse(ctrl, c, KVT_ERR_NOT_SUPPORTED, why);
     }
+    if (t->ops->admit != NULL) {
+        const char *why = NULL;
+        kvt_status_t st = t->ops->admit(t, &hello, &why);
+        if (st != KVT_OK) {
+            WARN_PEER(ctrl, "control: %s refused by %s: %s", c->peer,
+                      t->ops->name, why != NULL ? why : kvt_status_str(st));
+            return conn_refuse(ctrl, c, st,
+                               why != NULL ? why : kvt_status_str(st));
+        }
+    }
     /* The acknowledgement is a few bytes on a fresh socket: it goes at
      * once, or the connection is not worth keeping. */
     if (send_hello_ack(ctrl, c) != 0 || c->out != NULL)

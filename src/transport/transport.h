@@ -34,6 +34,8 @@
 #include "core/wire.h"
 
 #define KVT__TL_MAX KVT_MEMREG_KEYS /* transports one engine runs */
+/* The longest a transport's admit() may hold a data connection's HELLO. */
+#define KVT__TL_ADMIT_NS (1000ull * 1000000ull)
 
 typedef struct kvt__tl kvt__tl_t;
 typedef struct kvt__tl_ops kvt__tl_ops_t;
@@ -252,8 +254,13 @@ struct kvt__tl {
  *
  * Control plane. describe() adds the transport's section to this
  * engine's descriptor (kvt__segdesc_add_tl()); without it the section is
- * empty, of version 1. accept() takes a data connection that came to the
- * engine's listener with a HELLO naming this transport (ctrl/ctrl.h), after
+ * empty, of version 1. admit() (optional) decides, before HELLO_ACK,
+ * whether a data connection that came to the engine's listener with a
+ * HELLO naming this transport may be taken: it may wait, at most
+ * KVT__TL_ADMIT_NS, for what must happen first (tcp: the connections of
+ * the sessions the HELLO's fence names are closed), in the control
+ * plane's thread; a refusal (with *@why_p) is answered with ERROR and
+ * that status. accept() then takes the connection (ctrl/ctrl.h), after
  * HELLO_ACK; it owns the socket, and closes it on failure.
  *
  * Memory. mem_reg() is called for every region registered whose kind the
@@ -299,6 +306,8 @@ struct kvt__tl_ops {
     void (*destroy)(kvt__tl_t *tl);
 
     kvt_status_t (*describe)(kvt__tl_t *tl, kvt__segdesc_t *d);
+    kvt_status_t (*admit)(kvt__tl_t *tl, const kvt__wire_hello_t *hello,
+                          const char **why_p);
     kvt_status_t (*accept)(kvt__tl_t *tl, int fd,
                            const kvt__wire_hello_t *hello);
 

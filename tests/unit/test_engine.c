@@ -611,9 +611,31 @@ static int read_until_eof(int fd, int32_t *status_p)
     return buf[4];
 }
 
+/* A tcp data connection's HELLO for session @sid with @fence; returns the
+ * answer's type (HELLO_ACK, or ERROR with *status_p). */
+static int hello_as(int fd, uint64_t sid, uint32_t fence, int32_t *status_p)
+{
+    kvt__wire_hello_t h = {sid, 0, 1, KVT_TRANSPORT_TCP, fence, "rawpeer:1"};
+    uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
+    size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
+    kvt__wire_hdr_t rh;
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
+    CHECK(send(fd, body, n, 0) == (ssize_t)n);
+    CHECK_OK(kvt__sock_recv_all(fd, hb, sizeof(hb),
+                                (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
+    CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &rh));
+    {
+        uint8_t *rb = malloc(rh.body_len + 1);
+        CHECK(recv(fd, rb, rh.body_len, MSG_WAITALL) == (ssize_t)rh.body_len);
+        free(rb);
+    }
+    *status_p = rh.status;
+    return rh.type;
+}
+
 static void hello(int fd)
 {
-    kvt__wire_hello_t h = {1, 0, 1, KVT_TRANSPORT_TCP, "rawpeer:1"};
+    kvt__wire_hello_t h = {1, 0, 1, KVT_TRANSPORT_TCP, 0, "rawpeer:1"};
     uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
     size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
     kvt__wire_hdr_t rh;
@@ -700,7 +722,7 @@ KVT_TEST(malformed_frames)
     /* A HELLO for a transport this engine does not serve. */
     fd = dial_engine(e);
     {
-        kvt__wire_hello_t h = {1, 0, 1, 1u << 20, "rawpeer:1"};
+        kvt__wire_hello_t h = {1, 0, 1, 1u << 20, 0, "rawpeer:1"};
         uint8_t body[64];
         size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
         send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
@@ -749,6 +771,92 @@ KVT_TEST(malformed_frames)
     kvt_engine_destroy(e);
 }
 
+/* Send the header and piece table of a WRITE of @len bytes to @addr, and
+ * the first @part bytes of @data. */
+static void raw_write_begin(int fd, void *addr, const uint8_t *data,
+                            uint32_t len, uint32_t part)
+{
+    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)addr, len, 1, 0};
+    uint8_t t[KVT_WIRE_PIECE_LEN];
+
+    kvt__wire_piece_encode(&p, t);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE, sizeof(t), len);
+    CHECK(send(fd, t, sizeof(t), MSG_NOSIGNAL) == sizeof(t));
+    CHECK(send(fd, data, part, MSG_NOSIGNAL) == (ssize_t)part);
+}
+
+/* The acknowledgement of a raw write; its status. */
+static int32_t raw_write_ack(int fd)
+{
+    uint8_t hb[KVT_WIRE_HDR_LEN], body[64];
+    kvt__wire_hdr_t h;
+
+    CHECK(recv(fd, hb, sizeof(hb), MSG_WAITALL) == sizeof(hb));
+    CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &h));
+    CHECK(h.type == KVT_WIRE_WRITE_ACK && h.body_len <= sizeof(body));
+    if (h.body_len > 0)
+        CHECK(recv(fd, body, h.body_len, MSG_WAITALL) == (ssize_t)h.body_len);
+    return h.status;
+}
+
+/*
+ * Fences: a write of a failed session whose bytes reach the target late
+ * (here: the rest of its payload after the session that replaced it wrote
+ * the same range) must not land over the newer data. The new session's
+ * HELLO fences the old one: the target closes its connections before it
+ * acknowledges, and the old bytes are never applied. A fence spares other
+ * initiator instances and later sessions, and names earlier ones only.
+ */
+KVT_TEST(fence_drops_failed_session)
+{
+    kvt_engine_h e = mk();
+    static uint8_t dst[4096];
+    uint8_t stale[4096], fresh[4096];
+    const uint64_t inst = 7ull << 32;
+    int old_fd, other_fd, new_fd;
+    int32_t st = 0;
+
+    memset(stale, 0xAA, sizeof(stale));
+    memset(fresh, 0x55, sizeof(fresh));
+    CHECK_OK(kvt_mem_register(e, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    /* Session 1 of instance 7 sends a quarter of a write, and stalls. */
+    old_fd = dial_engine(e);
+    CHECK(hello_as(old_fd, inst | 1, 0, &st) == KVT_WIRE_HELLO_ACK);
+    raw_write_begin(old_fd, dst, stale, sizeof(stale), 1024);
+    /* Another instance's session 1: no fence of instance 7 touches it. */
+    other_fd = dial_engine(e);
+    CHECK(hello_as(other_fd, (8ull << 32) | 1, 0, &st) == KVT_WIRE_HELLO_ACK);
+    /* Session 2 of instance 7 fences session 1, then writes the range. */
+    new_fd = dial_engine(e);
+    CHECK(hello_as(new_fd, inst | 2, 1, &st) == KVT_WIRE_HELLO_ACK);
+    raw_write_begin(new_fd, dst, fresh, sizeof(fresh), sizeof(fresh));
+    CHECK(raw_write_ack(new_fd) == KVT_OK);
+    /* The rest of session 1's write comes now: it must not land. */
+    (void)send(old_fd, stale + 1024, sizeof(stale) - 1024, MSG_NOSIGNAL);
+    CHECK(read_until_eof(old_fd, &st) == -1); /* closed, nothing answered */
+    usleep(100000);
+    CHECK(memcmp(dst, fresh, sizeof(dst)) == 0);
+    /* The other instance's connection still serves. */
+    raw_write_begin(other_fd, dst, fresh, 512, 512);
+    CHECK(raw_write_ack(other_fd) == KVT_OK);
+    /* A fence that names the session itself is malformed. */
+    close(old_fd);
+    old_fd = dial_engine(e);
+    CHECK(hello_as(old_fd, inst | 3, 3, &st) == KVT_WIRE_ERROR &&
+          st == KVT_ERR_PROTOCOL);
+    close(old_fd);
+    /* Session 2 lives on: a fence below it leaves it alone. */
+    old_fd = dial_engine(e);
+    CHECK(hello_as(old_fd, inst | 4, 1, &st) == KVT_WIRE_HELLO_ACK);
+    raw_write_begin(new_fd, dst, fresh, 512, 512);
+    CHECK(raw_write_ack(new_fd) == KVT_OK);
+    close(old_fd);
+    close(new_fd);
+    close(other_fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
 /* A write to memory the target never registered, straight on the wire: the
  * payload is swallowed, the ack says KVT_ERR_ACCESS, the stream stays in
  * sync, and nothing is written. */
@@ -790,4 +898,5 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
-              KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20))
+              KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20),
+              KVT_CASE(fence_drops_failed_session, 20))

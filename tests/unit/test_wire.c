@@ -137,14 +137,23 @@ KVT_TEST(fail_list)
 
 KVT_TEST(hello)
 {
-    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, "127.0.0.1:5555"}, g;
+    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, 41, "127.0.0.1:5555"}, g;
     uint8_t buf[256];
     size_t n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
-    CHECK(n == 20 + 2 + 14);
+    CHECK(n == 24 + 2 + 14);
     CHECK_OK(kvt__wire_hello_decode(buf, n, &g));
     CHECK(g.session_id == 42 && g.conn_index == 1 && g.nconns == 3 &&
-          g.transport == KVT_TRANSPORT_TCP && strcmp(g.name, h.name) == 0);
+          g.transport == KVT_TRANSPORT_TCP && g.fence == 41 &&
+          strcmp(g.name, h.name) == 0);
     CHECK_ST(kvt__wire_hello_decode(buf, n - 1, &g), KVT_ERR_PROTOCOL);
+    h.fence = 42; /* a fence names earlier sessions only */
+    n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
+    CHECK_ST(kvt__wire_hello_decode(buf, n, &g), KVT_ERR_PROTOCOL);
+    h.session_id = 0; /* a control connection: no session, no fence */
+    h.fence = 0;
+    n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
+    CHECK_OK(kvt__wire_hello_decode(buf, n, &g));
+    h.session_id = 42;
     h.transport = 0; /* a control connection */
     n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
     CHECK_OK(kvt__wire_hello_decode(buf, n, &g));

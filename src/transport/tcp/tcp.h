@@ -37,6 +37,17 @@
  * exactly once: by its response, or by the failure of its connection
  * (connection lost, timeout, session killed, engine stopped), which the
  * owning worker performs.
+ *
+ * Fences. A session that failed may leave requests in the target's
+ * socket buffers (a stopped target reads them when it runs again), and
+ * the target would apply them after the writes of the session that
+ * replaces it: a write that failed would overwrite newer data. So session
+ * ids are this instance's id and a counter, each HELLO names in its fence
+ * the last counter below which every session of this instance to that
+ * peer is dead (tcp_fence_of()), and the target, before it accepts the
+ * connection (kvt__tcp_admit()), has the workers close every inbound
+ * connection of those sessions: what they held either landed before the
+ * new session's first request is read, or never does.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -171,6 +182,12 @@ struct tcp_conn {
     int attached; /* outbound: handed to its worker (kvt__tcp_worker_attach())
                    */
     char peer[KVT_WIRE_NAME_MAX + 1];
+    /* Inbound: the initiator's instance and session counter (HELLO), and
+     * the transport's list of inbound connections, under in_lock. */
+    uint32_t inst, counter;
+    _Atomic int fenced; /* to be closed by its worker (a later fence) */
+    int listed;
+    tcp_conn_t *inext, *iprev;
     tcp_conn_t *wnext; /* worker's list */
     tcp_conn_t *dnext; /* worker's reap list (outbound, failed) */
 };
@@ -184,6 +201,7 @@ struct tcp_worker {
     pthread_mutex_t lock; /* guards the conn list and the reap list */
     tcp_conn_t *conns;
     tcp_conn_t *reap; /* failed outbound connections (kvt__tcp_worker_reap()) */
+    _Atomic unsigned nfenced; /* inbound connections to close (fences) */
     uint8_t *scratch;
     uint64_t last_tick;
 };
@@ -200,6 +218,12 @@ struct tcp_session {
     /* Connections not yet reaped by their worker: the last reap releases
      * the session (kvt__session_release()). */
     _Atomic uint32_t unreaped;
+    /* This instance's counter for the session, and the transport's list of
+     * live sessions (under in_lock), which fences must spare. */
+    uint32_t counter;
+    int listed;
+    char pname[KVT_WIRE_NAME_MAX + 1];
+    tcp_session_t *lnext;
 };
 
 struct kvt__tcp {
@@ -213,6 +237,12 @@ struct kvt__tcp {
     _Atomic uint64_t next_req;
     _Atomic int stopping;
     int started;
+    uint32_t inst;                  /* this instance's id in session ids */
+    _Atomic uint32_t next_counter;  /* the next session's counter */
+    pthread_mutex_t in_lock;        /* inbound, live */
+    pthread_cond_t in_cond;         /* an inbound connection was freed */
+    tcp_conn_t *inbound;            /* accepted data connections */
+    tcp_session_t *live;            /* sessions opened and not yet dead */
     void *zeros; /* read-only zero pages: payload of refused read pieces */
 };
 
@@ -277,6 +307,19 @@ void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why);
 void kvt__tcp_session_destroy(kvt__session_t *base);
 kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
                            kvt__session_t **s_p, const char **why_p);
+
+/* tcp_fence.c */
+kvt_status_t kvt__tcp_fence_init(kvt__tcp_t *tcp);
+void kvt__tcp_fence_fini(kvt__tcp_t *tcp);
+uint32_t kvt__tcp_live_add(kvt__tcp_t *tcp, tcp_session_t *s,
+                           const char *peer);
+void kvt__tcp_live_del(tcp_session_t *s);
+void kvt__tcp_inbound_add(kvt__tcp_t *tcp, tcp_conn_t *c,
+                          const kvt__wire_hello_t *hello);
+void kvt__tcp_inbound_del(kvt__tcp_t *tcp, tcp_conn_t *c);
+kvt_status_t kvt__tcp_admit(kvt__tl_t *tl, const kvt__wire_hello_t *hello,
+                            const char **why_p);
+void kvt__tcp_fence_sweep(tcp_worker_t *w);
 
 /* tcp_worker.c */
 void *kvt__tcp_worker_main(void *arg);

@@ -40,6 +40,8 @@ static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
 
 static void conn_free(tcp_conn_t *c)
 {
+    if (c->listed)
+        kvt__tcp_inbound_del(c->w->tcp, c);
     pthread_mutex_destroy(&c->tx_lock);
     pthread_mutex_destroy(&c->out_lock);
     pthread_mutex_destroy(&c->rx_lock);
@@ -212,6 +214,7 @@ kvt_status_t kvt__tcp_accept(kvt__tl_t *tl, int fd,
         return KVT_ERR_NO_MEMORY;
     }
     snprintf(c->peer, sizeof(c->peer), "%s", hello->name);
+    kvt__tcp_inbound_add(tcp, c, hello);
     if (kvt__tcp_worker_attach(w, c) != 0) {
         worker_detach(w, c);
         conn_free(c);
@@ -229,6 +232,7 @@ void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why)
 
     if (!atomic_compare_exchange_strong(&base->dead, &zero, why))
         return;
+    kvt__tcp_live_del(s);
     kvt__session_evict(base);
     pthread_mutex_lock(&s->lock);
     for (unsigned i = 0; i < s->nconns; i++) {
@@ -260,6 +264,8 @@ void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why)
 void kvt__tcp_session_destroy(kvt__session_t *base)
 {
     tcp_session_t *s = (tcp_session_t *)base;
+
+    kvt__tcp_live_del(s);
     for (unsigned i = 0; i < s->nconns; i++) {
         if (s->conns[i] == NULL)
             continue;
@@ -282,7 +288,8 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     kvt_engine_h e = tcp->e;
     const char *name = peer->name, *addr = peer->addr;
     uint64_t deadline = kvt__now_ns() + tcp->cfg->connect_timeout_ms * 1000000;
-    uint64_t sid = ((uint64_t)getpid() << 32) ^ kvt__now_ns();
+    uint64_t sid;
+    uint32_t fence;
     tcp_session_t *s;
     kvt_status_t st;
     unsigned i;
@@ -294,9 +301,12 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     pthread_mutex_init(&s->lock, NULL);
     s->tcp = tcp;
     s->nconns = tcp->cfg->conns_per_peer;
+    fence = kvt__tcp_live_add(tcp, s, name);
+    sid = (uint64_t)tcp->inst << 32 | s->counter;
 
     for (i = 0; i < s->nconns; i++) {
-        kvt__wire_hello_t hello = {sid, i, s->nconns, KVT_TRANSPORT_TCP, {0}};
+        kvt__wire_hello_t hello = {sid,   i, s->nconns, KVT_TRANSPORT_TCP,
+                                   fence, {0}};
         int fd;
         st = kvt__ctrl_dial(e, name, addr, &hello, deadline, &fd);
         if (st != KVT_OK)
@@ -351,6 +361,7 @@ err_close:
         close(s->conns[j]->fd);
         conn_free(s->conns[j]);
     }
+    kvt__tcp_live_del(s);
     pthread_mutex_destroy(&s->lock);
     free(s);
     return st;

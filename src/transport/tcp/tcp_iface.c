@@ -38,11 +38,14 @@ static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
     tcp->reg = kvt__engine_reg(e);
     tcp->nworkers = tcp->cfg->num_workers;
     atomic_store(&tcp->next_req, 1);
+    st = kvt__tcp_fence_init(tcp);
+    if (st != KVT_OK)
+        goto err_free;
     tcp->zeros = mmap(NULL, KVT_WIRE_MAX_PAYLOAD, PROT_READ,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (tcp->zeros == MAP_FAILED) {
         st = KVT_ERR_NO_MEMORY;
-        goto err_free;
+        goto err_fence;
     }
     tcp->workers = calloc(tcp->nworkers, sizeof(*tcp->workers));
     if (tcp->workers == NULL) {
@@ -82,6 +85,8 @@ err_workers:
     free(tcp->workers);
 err_unmap:
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
+err_fence:
+    kvt__tcp_fence_fini(tcp);
 err_free:
     free(tcp);
     return st;
@@ -137,6 +142,7 @@ static void tcp_destroy(kvt__tl_t *tl)
     }
     free(tcp->workers);
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
+    kvt__tcp_fence_fini(tcp);
     free(tcp);
 }
 
@@ -152,6 +158,7 @@ KVT_TRANSPORT_REGISTER(tcp, {
     .start = tcp_start,
     .stop = tcp_stop,
     .destroy = tcp_destroy,
+    .admit = kvt__tcp_admit,
     .accept = kvt__tcp_accept,
     .open = kvt__tcp_open,
     .submit = kvt__tcp_submit,

@@ -73,6 +73,8 @@ void *kvt__tcp_worker_main(void *arg)
         uint64_t now;
 
         kvt__tcp_worker_reap(w);
+        if (atomic_load_explicit(&w->nfenced, memory_order_acquire) != 0)
+            kvt__tcp_fence_sweep(w);
         n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
 
         if (n > 0) {
