@@ -571,6 +571,74 @@ KVT_TEST(stopped_target_parks)
 }
 
 /*
+ * A staged write that timed out on a stopped target never lands later:
+ * its slots, full and untaken, are taken back when it fails, so the
+ * target, running again, does not copy them out over what a new session
+ * wrote meanwhile (a write that failed would overwrite newer data). The
+ * target's bytes stay those written before; a new session's write then
+ * lands. Fails when the failed job leaves its slots full.
+ */
+KVT_TEST(staged_write_timed_out_never_lands)
+{
+    enum { PIECES = 128, LEN = 128 << 10 };
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
+    kvt_engine_params_t ep = {0};
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t sa;
+    kvt_batch_h b;
+    kvt_engine_h e;
+    peer_t pa;
+    uint8_t *buf;
+
+    CHECK(peer_start(&pa, &o) == 0);
+    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS |
+                    KVT_ENGINE_PARAM_TRANSFER_TIMEOUT |
+                    KVT_ENGINE_PARAM_CONNECT_TIMEOUT;
+    ep.transports = KVT_TRANSPORT_ALL;
+    ep.transfer_timeout_ms = 400;
+    ep.connect_timeout_ms = 400;
+    CHECK_OK(kvt_engine_create(&ep, &e));
+    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
+    if (!offers_shm(e, sa) || strcmp(seg_transport(e, sa), "shm"))
+        SKIP("the target engine does not offer shm");
+    buf = map(2 * LEN);
+    pattern_fill(buf, LEN, 51, 0);
+    pattern_fill(buf + LEN, LEN, 52, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 2 * LEN, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, sa, buf, pa.main_addr, LEN));
+    peer_kill(&pa, SIGSTOP);
+    /* 512-byte pieces into plain memory: staged. */
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sa;
+    d.local_addr = buf + LEN;
+    d.remote_addr = pa.main_addr;
+    d.length = 512;
+    d.count = PIECES;
+    d.local_stride = 1024;
+    d.remote_stride = 1024;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    CHECK_ST(rows_poll(b, 10), KVT_ERR_TIMEDOUT);
+    CHECK_OK(kvt_batch_free(b));
+    peer_kill(&pa, SIGCONT);
+    usleep(300 * 1000); /* time for the target to copy out what it has */
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 51",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)LEN),
+                 "0") == 0);
+    /* The failed session was evicted; a new one writes. */
+    CHECK_OK(kvt_segment_open(e, pa.segment, &sa));
+    CHECK_OK(write1(e, sa, buf + LEN, pa.main_addr, LEN));
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 52",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)LEN),
+                 "0") == 0);
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * LEN);
+    peer_stop(&pa);
+}
+
+/*
  * A staged write waiting for a stopped target holds its session: the
  * other executors take no more of its jobs (each would only wait as well,
  * holding its thread). Two pool workers, plain memory (staged): a job
@@ -1142,6 +1210,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(thread_state_from_stat, 30),
     KVT_CASE(zombie_leader_target, 60),
     KVT_CASE(stopped_target_holds_session, 60),
+    KVT_CASE(staged_write_timed_out_never_lands, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
     KVT_CASE(unregister_while_attached, 60),

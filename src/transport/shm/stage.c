@@ -106,6 +106,24 @@ static kvt_status_t slot_claim(shm_session_t *s, job_t *j, held_t *h,
 }
 
 /*
+ * Take back the held slots the target has not taken (full to free), when
+ * the job fails: a target that runs again later must not copy them out
+ * over what a new session wrote meanwhile. A slot it took is being copied
+ * by its service thread or its helper (under chan_lock), which both end
+ * that copy before the target answers another HELLO.
+ */
+static void held_retract(shm_session_t *s, held_t *h)
+{
+    kvt__shm_chan_t *ch = s->ch;
+
+    for (uint32_t x = 0; x < h->n; x++) {
+        uint32_t full = KVT_SHM_SLOT_FULL;
+        atomic_compare_exchange_strong(&ch->stage[h->slot[x]].state, &full,
+                                       KVT_SHM_SLOT_FREE);
+    }
+}
+
+/*
  * Write the pieces of the segments marked HOW_STAGE through the staging
  * slots: pack runs of pieces into a claimed slot, hand it to the target
  * (full, and a bell), and once every slot is done take the target's
@@ -180,7 +198,10 @@ kvt_status_t kvt__shm_stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
         kvt__shm_ring_bell(s);
     }
     /* Also after a failure: what the target finishes is freed; what it
-     * never will stays with the dying session. */
+     * has not taken is taken back; what it took and never finishes stays
+     * with the dying session. */
     cst = held_collect(s, j, &h, 1);
+    if (st != KVT_OK || cst != KVT_OK)
+        held_retract(s, &h);
     return st != KVT_OK ? st : cst;
 }
