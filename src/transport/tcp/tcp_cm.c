@@ -305,8 +305,11 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     sid = (uint64_t)tcp->inst << 32 | s->counter;
 
     for (i = 0; i < s->nconns; i++) {
-        kvt__wire_hello_t hello = {sid,   i,  s->nconns, KVT_TRANSPORT_TCP,
-                                   fence, {0}};
+        kvt__wire_hello_t hello = {.session_id = sid,
+                                   .conn_index = i,
+                                   .nconns = s->nconns,
+                                   .transport = KVT_TRANSPORT_TCP,
+                                   .fence = fence};
         int fd;
         st = kvt__ctrl_dial(e, name, addr, &hello, deadline, &fd);
         if (st != KVT_OK)
