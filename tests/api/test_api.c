@@ -14,6 +14,7 @@
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -74,7 +75,8 @@ static void *map(size_t len)
 /*
  * A listener on 127.0.0.1 whose one connection gets @reply after the
  * peer's first bytes (NULL: nothing, the connection stays silent; "close":
- * closed at once). Runs in a thread until the test ends.
+ * closed at once). Runs in a thread until the peer closes (at most 3 s);
+ * fake_stop() joins it.
  */
 typedef struct {
     int ls;
@@ -102,7 +104,12 @@ static void *fake_main(void *arg)
             send(fd, f->reply, f->reply_len, MSG_NOSIGNAL) < 0)
             (void)0;
     }
-    sleep(3); /* longer than any connect timeout here */
+    /* Until the peer gives up: longer than any connect timeout here. */
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 3000) <= 0 || recv(fd, buf, sizeof(buf), 0) <= 0)
+            break;
+    }
     close(fd);
     return NULL;
 }
@@ -139,6 +146,13 @@ static void fake_start(fake_t *f, const uint8_t *reply, size_t len,
     f->reply_len = len;
     f->close_it = close_it;
     CHECK(pthread_create(&f->th, NULL, fake_main, f) == 0);
+}
+
+static void fake_stop(fake_t *f)
+{
+    shutdown(f->ls, SHUT_RDWR); /* a fake never dialed leaves accept() */
+    pthread_join(f->th, NULL);
+    close(f->ls);
 }
 
 /* Open the fake's segment with @e and return what kvt_segment_open says. */
@@ -352,26 +366,34 @@ KVT_TEST(segment_open_refused)
 
     fake_start(&f, NULL, 0, 0); /* silent */
     COVER(kvt_segment_open, KVT_ERR_TIMEDOUT, open_fake(e, &f));
+    fake_stop(&f);
     fake_start(&f, NULL, 0, 1); /* closes after the HELLO */
     COVER(kvt_segment_open, KVT_ERR_CONN_LOST, open_fake(e, &f));
+    fake_stop(&f);
     n = header(b, 3, 2, 0, 0); /* a HELLO_ACK of protocol 3 */
     fake_start(&f, b, n, 0);
     COVER(kvt_segment_open, KVT_ERR_VERSION, open_fake(e, &f));
+    fake_stop(&f);
     n = header(b, 2, 13, 0, 0); /* a PONG where HELLO_ACK belongs */
     fake_start(&f, b, n, 0);
     COVER(kvt_segment_open, KVT_ERR_PROTOCOL, open_fake(e, &f));
+    fake_stop(&f);
     memcpy(b, "HTTP/1.1 400 Bad Request\r\n\r\n....", 32);
     fake_start(&f, b, 32, 0);
     COVER(kvt_segment_open, KVT_ERR_PROTOCOL, open_fake(e, &f));
+    fake_stop(&f);
     n = header(b, 2, 3, KVT_ERR_ACCESS, 0); /* ERROR: access */
     fake_start(&f, b, n, 0);
     COVER(kvt_segment_open, KVT_ERR_ACCESS, open_fake(e, &f));
+    fake_stop(&f);
     n = header(b, 2, 3, KVT_ERR_BUSY, 0);
     fake_start(&f, b, n, 0);
     COVER(kvt_segment_open, KVT_ERR_BUSY, open_fake(e, &f));
+    fake_stop(&f);
     n = header(b, 2, 3, KVT_ERR_NO_SPACE, 0); /* not a refusal's reason */
     fake_start(&f, b, n, 0);
     COVER(kvt_segment_open, KVT_ERR_PROTOCOL, open_fake(e, &f));
+    fake_stop(&f);
     kvt_engine_destroy(e);
 }
 
