@@ -29,6 +29,7 @@ typedef struct kvt_engine *kvt_engine_h;
 enum {
     KVT_TRANSPORT_TCP = 1u << 0,
     KVT_TRANSPORT_SHM = 1u << 1,
+    KVT_TRANSPORT_UCX = 1u << 2,
     KVT_TRANSPORT_ALL = 0xffffffffu,
 };
 
@@ -40,6 +41,10 @@ enum {
     /* Moves strided descriptors; a transport without it refuses them
      * with KVT_ERR_NOT_SUPPORTED. */
     KVT_TRANSPORT_F_STRIDED = 1u << 1,
+    /* Runs only in an engine whose `transports` name it (not with
+     * KVT_TRANSPORT_ALL, the default): ucx, whose defaults use every
+     * network interface and whose tcp is slower than kvt's own. */
+    KVT_TRANSPORT_F_EXPLICIT = 1u << 2,
 };
 
 /* A transport built into this library. */
@@ -77,6 +82,7 @@ enum {
     KVT_ENGINE_PARAM_SLICE_SIZE = 1u << 7,
     KVT_ENGINE_PARAM_CONNECT_TIMEOUT = 1u << 8,
     KVT_ENGINE_PARAM_SEGMENT_NAME = 1u << 9,
+    KVT_ENGINE_PARAM_NET_DEVICES = 1u << 10,
 };
 
 /*
@@ -97,7 +103,8 @@ typedef struct {
      * the peer's own listener, no server is needed. */
     const char *metadata_uri;
     /* Transports this engine may use and offers (KVT_TRANSPORT_*).
-     * Default KVT_TRANSPORT_ALL (those built in). */
+     * Default KVT_TRANSPORT_ALL: those built in, but those flagged
+     * KVT_TRANSPORT_F_EXPLICIT, which run only when named here. */
     uint32_t transports;
     /* TCP data connections per remote peer, 1..16. Default 2. */
     unsigned conns_per_peer;
@@ -113,6 +120,11 @@ typedef struct {
     uint64_t connect_timeout_ms;
     /* Segment name to advertise. Default "host:port" of the listener. */
     const char *segment_name;
+    /* Network devices for transports that choose among them, as UCX
+     * names them ("mlx5_0:1,mlx5_1:1"; Mooncake's device_name): ucx's
+     * UCX_NET_DEVICES unless the environment sets it. Default: none
+     * named (the transport's own default). At most 127 characters. */
+    const char *net_devices;
 } kvt_engine_params_t;
 
 /*

@@ -151,6 +151,12 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
             return KVT_ERR_INVALID_PARAM;
         snprintf(e->cfg.seg_name, sizeof(e->cfg.seg_name), "%s", p->segment_name);
     }
+    if ((m & KVT_ENGINE_PARAM_NET_DEVICES) && p->net_devices) {
+        if (strlen(p->net_devices) >= sizeof(e->cfg.net_devices))
+            return KVT_ERR_INVALID_PARAM;
+        snprintf(e->cfg.net_devices, sizeof(e->cfg.net_devices), "%s",
+                 p->net_devices);
+    }
     return KVT_OK;
 }
 
@@ -253,6 +259,10 @@ static kvt_status_t transports_create(kvt_engine_h e)
 
         if ((e->transports & ops->id) == 0 || e->ntl == KVT__TL_MAX ||
             !kvt__tl_ops_sound(ops))
+            continue;
+        /* An explicit transport runs only when named. */
+        if ((ops->caps.flags & KVT__TL_EXPLICIT) &&
+            e->transports == KVT_TRANSPORT_ALL)
             continue;
         st = ops->create(e, &tl);
         if (st == KVT_OK && ops->start != NULL) {

@@ -82,7 +82,9 @@ kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
                 ((o->caps.flags & KVT__TL_SAME_HOST) ? KVT_TRANSPORT_F_SAME_HOST
                                                      : 0) |
                 ((o->caps.flags & KVT__TL_STRIDED) ? KVT_TRANSPORT_F_STRIDED
-                                                   : 0);
+                                                   : 0) |
+                ((o->caps.flags & KVT__TL_EXPLICIT) ? KVT_TRANSPORT_F_EXPLICIT
+                                                    : 0);
             t->local_mem = o->caps.local_mem;
             t->remote_mem = o->caps.remote_mem;
             t->priority = o->caps.priority;

@@ -55,6 +55,7 @@ typedef struct {
     uint64_t connect_timeout_ms;
     size_t slice_size;
     uint64_t host_id; /* boot id and pid namespace, hashed */
+    char net_devices[128]; /* empty: none named */
 } kvt__engine_cfg_t;
 
 const kvt__engine_cfg_t *kvt__engine_cfg(kvt_engine_h e);
@@ -225,6 +226,9 @@ enum {
     /* Takes strided descriptors as they are; without it the core hands
      * it one contiguous descriptor per piece. */
     KVT__TL_STRIDED = 1u << 1,
+    /* Runs only when the engine's transports name it (not by default,
+     * nor with KVT_TRANSPORT_ALL). */
+    KVT__TL_EXPLICIT = 1u << 2,
 };
 
 typedef struct {
