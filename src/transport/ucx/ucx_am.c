@@ -1,0 +1,399 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transport's messages (active messages): the handlers keep what
+ * arrives as events, handled by the worker once it is out of ucp's
+ * progress; the target's side of sessions (inbound peers: HELLO,
+ * HELLO_ACK back, notifications, registry changes and their
+ * acknowledgements); closing endpoints in the background.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/ucx/ucx.h"
+#include "util/log.h"
+
+static ucs_status_t am_recv(void *arg, const void *header, size_t hlen,
+                            void *data, size_t len,
+                            const ucp_am_recv_param_t *param)
+{
+    ucx_worker_t *wk = arg;
+    ucx_am_hdr_t h;
+    ucx_event_t *ev;
+
+    /* Every message is sent eagerly and whole; anything else, or a
+     * header of another size, is not ours. */
+    if (hlen != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        len > KVT_NOTIFY_MAX + KVT_WIRE_NAME_MAX + UCX_ADDR_MAX) {
+        KVT_LOG_W("ucx: a malformed message (header %zu, %zu bytes) dropped",
+                  hlen, len);
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    ev = malloc(sizeof(*ev) + len);
+    if (ev == NULL) {
+        KVT_LOG_E("ucx: out of memory: a message dropped");
+        return UCS_OK;
+    }
+    ev->next = NULL;
+    ev->token = h.token;
+    ev->value = h.value;
+    ev->len = len;
+    memcpy(ev->data, data, len);
+    /* The id is recovered from which handler ran (see the thunks). */
+    ev->id = 0;
+    if (wk->ev_tail)
+        wk->ev_tail->next = ev;
+    else
+        wk->ev_head = ev;
+    wk->ev_tail = ev;
+    return UCS_OK;
+}
+
+#define AM_THUNK(ID)                                                           \
+    static ucs_status_t am_##ID(void *arg, const void *h, size_t hl, void *d, \
+                                size_t l, const ucp_am_recv_param_t *p)        \
+    {                                                                          \
+        ucx_worker_t *wk = arg;                                                \
+        ucx_event_t *last = wk->ev_tail;                                       \
+        ucs_status_t st = am_recv(arg, h, hl, d, l, p);                        \
+        if (wk->ev_tail != last)                                               \
+            wk->ev_tail->id = ID;                                              \
+        return st;                                                             \
+    }
+AM_THUNK(UCX_AM_HELLO)
+AM_THUNK(UCX_AM_HELLO_ACK)
+AM_THUNK(UCX_AM_BYE)
+AM_THUNK(UCX_AM_NOTIFY)
+AM_THUNK(UCX_AM_REG_CHANGED)
+AM_THUNK(UCX_AM_REG_ACK)
+
+kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk)
+{
+    static const struct {
+        unsigned id;
+        ucp_am_recv_callback_t cb;
+    } handlers[] = {
+        {UCX_AM_HELLO, am_UCX_AM_HELLO},
+        {UCX_AM_HELLO_ACK, am_UCX_AM_HELLO_ACK},
+        {UCX_AM_BYE, am_UCX_AM_BYE},
+        {UCX_AM_NOTIFY, am_UCX_AM_NOTIFY},
+        {UCX_AM_REG_CHANGED, am_UCX_AM_REG_CHANGED},
+        {UCX_AM_REG_ACK, am_UCX_AM_REG_ACK},
+    };
+
+    for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]); i++) {
+        ucp_am_handler_param_t p = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                          UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                          UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .id = handlers[i].id,
+            .flags = UCP_AM_FLAG_WHOLE_MSG,
+            .cb = handlers[i].cb,
+            .arg = wk,
+        };
+        ucs_status_t st = ucp_worker_set_am_recv_handler(wk->w, &p);
+        if (st != UCS_OK) {
+            KVT_LOG_E("ucx: cannot set a message handler: %s",
+                      ucs_status_string(st));
+            return KVT_ERR_IO;
+        }
+    }
+    return KVT_OK;
+}
+
+/* ---- Sending --------------------------------------------------------------- */
+
+/* What a message in flight holds: its header and data must live until
+ * ucp is done with them. */
+typedef struct {
+    ucx_am_hdr_t h;
+    ucx_unit_t *u;
+    size_t len;
+    uint8_t data[];
+} am_buf_t;
+
+static void am_sent(void *req, ucs_status_t status, void *user)
+{
+    am_buf_t *b = user;
+
+    if (b->u != NULL) {
+        if (status != UCS_OK && b->u->status == KVT_OK)
+            b->u->status = kvt__ucx_status(status);
+        b->u->refs--;
+        kvt__ucx_sess_touch(b->u->s);
+    }
+    free(b);
+    ucp_request_free(req);
+}
+
+kvt_status_t kvt__ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t token,
+                              uint64_t value, const void *data, size_t len,
+                              ucx_unit_t *u)
+{
+    ucp_request_param_t p = {0};
+    am_buf_t *b = malloc(sizeof(*b) + len);
+    void *r;
+
+    if (b == NULL)
+        return KVT_ERR_NO_MEMORY;
+    b->h = (ucx_am_hdr_t){token, value};
+    b->u = u;
+    b->len = len;
+    if (len > 0)
+        memcpy(b->data, data, len);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = am_sent;
+    p.user_data = b;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    r = ucp_am_send_nbx(ep, id, &b->h, sizeof(b->h), b->data, len, &p);
+    if (r == NULL) {
+        free(b);
+        return KVT_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        free(b);
+        return kvt__ucx_status(UCS_PTR_STATUS(r));
+    }
+    if (u != NULL)
+        u->refs++;
+    return KVT_OK;
+}
+
+/* ---- Closing endpoints ----------------------------------------------------- */
+
+void kvt__ucx_ep_close(ucx_worker_t *wk, ucp_ep_h ep, int force)
+{
+    ucp_request_param_t p = {0};
+    void *r;
+
+    if (ep == NULL)
+        return;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    r = ucp_ep_close_nbx(ep, &p);
+    if (r == NULL || UCS_PTR_IS_ERR(r))
+        return;
+    if (wk->nclosing == UCX_CLOSING_MAX) {
+        /* Full: wait for the oldest (it was forced or flushed long ago). */
+        while (ucp_request_check_status(wk->closing[0]) == UCS_INPROGRESS)
+            ucp_worker_progress(wk->w);
+        ucp_request_free(wk->closing[0]);
+        memmove(wk->closing, wk->closing + 1,
+                (UCX_CLOSING_MAX - 1) * sizeof(void *));
+        wk->nclosing--;
+    }
+    wk->closing[wk->nclosing++] = r;
+}
+
+int kvt__ucx_closing_reap(ucx_worker_t *wk)
+{
+    unsigned k = 0;
+
+    for (unsigned i = 0; i < wk->nclosing; i++) {
+        if (ucp_request_check_status(wk->closing[i]) != UCS_INPROGRESS)
+            ucp_request_free(wk->closing[i]);
+        else
+            wk->closing[k++] = wk->closing[i];
+    }
+    wk->nclosing = k;
+    return k > 0;
+}
+
+/* ---- Target side: inbound peers -------------------------------------------- */
+
+static ucx_inbound_t *inbound_find(ucx_worker_t *wk, uint64_t token)
+{
+    for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next)
+        if (in->token == token && !in->dead)
+            return in;
+    return NULL;
+}
+
+/* Drop @in (@failed: and its connection, which is not trusted any more);
+ * an acknowledgement it owed is not waited for any more. */
+static void inbound_drop(ucx_worker_t *wk, ucx_inbound_t *in, int failed)
+{
+    if (in->dead)
+        return;
+    in->dead = 1;
+    if (in->owed != 0) {
+        kvt__ucx_regchg_ack(wk->ucx, in->owed);
+        in->owed = 0;
+    }
+    if (in->conn != NULL) {
+        if (failed)
+            kvt__ucx_conn_fail(in->conn);
+        kvt__ucx_conn_put(wk, in->conn);
+        in->conn = NULL;
+    }
+}
+
+static void inbound_reap(ucx_worker_t *wk)
+{
+    ucx_inbound_t **pp = &wk->inbound;
+
+    while (*pp != NULL) {
+        ucx_inbound_t *in = *pp;
+        if (in->error && !in->dead)
+            inbound_drop(wk, in, 1);
+        if (in->dead) {
+            *pp = in->next;
+            free(in);
+        } else {
+            pp = &in->next;
+        }
+    }
+    wk->inbound_error = 0;
+}
+
+static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
+{
+    ucx_inbound_t *in;
+    kvt_status_t st;
+
+    if (ev->len == 0 || ev->len != ev->value || ev->len > UCX_ADDR_MAX ||
+        inbound_find(wk, ev->token)) {
+        KVT_LOG_W("ucx: a malformed HELLO dropped");
+        return;
+    }
+    in = calloc(1, sizeof(*in));
+    if (in == NULL)
+        return;
+    in->token = ev->token;
+    in->wk = wk;
+    in->conn = kvt__ucx_conn_get(wk, ev->data, ev->len, &st);
+    if (in->conn == NULL) {
+        KVT_LOG_W("ucx: cannot reach an initiator back: %s",
+                  kvt_status_str(st));
+        free(in);
+        return;
+    }
+    in->next = wk->inbound;
+    wk->inbound = in;
+    if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token, 0, NULL, 0,
+                         NULL) != KVT_OK)
+        inbound_drop(wk, in, 1);
+}
+
+static void on_notify(ucx_worker_t *wk, ucx_event_t *ev)
+{
+    char from[KVT_WIRE_NAME_MAX + 1];
+    size_t nl = ev->value;
+
+    if (nl == 0 || nl > KVT_WIRE_NAME_MAX || nl > ev->len ||
+        ev->len - nl > KVT_NOTIFY_MAX || memchr(ev->data, 0, nl) != NULL) {
+        KVT_LOG_W("ucx: a malformed notification dropped");
+        return;
+    }
+    memcpy(from, ev->data, nl);
+    from[nl] = '\0';
+    kvt__engine_landed(wk->ucx->e);
+    kvt__notify_push(wk->ucx->e, from, ev->data + nl, ev->len - nl);
+}
+
+/* This worker's part of registry change @gen (0: drop every peer that
+ * still owes an acknowledgement). */
+void kvt__ucx_reg_changed(ucx_worker_t *wk, uint64_t gen)
+{
+    unsigned asked = 0;
+
+    if (gen == 0) {
+        for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next)
+            if (in->owed != 0) {
+                KVT_LOG_W("ucx: dropping an initiator that did not confirm "
+                          "a registry change");
+                inbound_drop(wk, in, 1);
+            }
+        inbound_reap(wk);
+        return;
+    }
+    for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next) {
+        if (in->dead || in->error)
+            continue;
+        if (kvt__ucx_am_send(in->conn->ep, UCX_AM_REG_CHANGED, in->token, gen,
+                             NULL, 0, NULL) != KVT_OK) {
+            in->error = 1;
+            continue;
+        }
+        in->owed = gen;
+        asked++;
+    }
+    KVT_LOG_D("ucx: registry change %llu sent to %u initiators",
+              (unsigned long long)gen, asked);
+    kvt__ucx_regchg_done(wk->ucx, gen, asked);
+    inbound_reap(wk);
+}
+
+void kvt__ucx_inbound_close_all(ucx_worker_t *wk)
+{
+    for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next)
+        inbound_drop(wk, in, 0);
+    inbound_reap(wk);
+}
+
+/* ---- Events ---------------------------------------------------------------- */
+
+static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
+{
+    ucx_inbound_t *in;
+    ucx_session_t *s;
+
+    switch (ev->id) {
+    case UCX_AM_HELLO:
+        on_hello(wk, ev);
+        break;
+    case UCX_AM_BYE:
+        in = inbound_find(wk, ev->token);
+        if (in != NULL)
+            inbound_drop(wk, in, 0);
+        break;
+    case UCX_AM_NOTIFY:
+        on_notify(wk, ev);
+        break;
+    case UCX_AM_REG_ACK:
+        in = inbound_find(wk, ev->token);
+        if (in != NULL && in->owed != 0 && ev->value == in->owed) {
+            in->owed = 0;
+            in->acked = ev->value;
+            kvt__ucx_regchg_ack(wk->ucx, ev->value);
+        }
+        break;
+    case UCX_AM_HELLO_ACK:
+        s = kvt__ucx_sess_by_token(wk, ev->token);
+        if (s != NULL) {
+            pthread_mutex_lock(&s->lock);
+            if (s->opened == 0)
+                s->opened = 1;
+            pthread_cond_broadcast(&s->cond);
+            pthread_mutex_unlock(&s->lock);
+        }
+        break;
+    case UCX_AM_REG_CHANGED:
+        s = kvt__ucx_sess_by_token(wk, ev->token);
+        if (s != NULL && s->failed == KVT_OK) {
+            s->stale = 1;
+            s->ack_gen = ev->value;
+            kvt__ucx_sess_close_epoch(s);
+            kvt__ucx_sess_touch(s);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+void kvt__ucx_events(ucx_worker_t *wk)
+{
+    while (wk->ev_head != NULL) {
+        ucx_event_t *ev = wk->ev_head;
+        wk->ev_head = ev->next;
+        if (wk->ev_head == NULL)
+            wk->ev_tail = NULL;
+        on_event(wk, ev);
+        free(ev);
+    }
+    if (wk->inbound_error)
+        inbound_reap(wk);
+}

@@ -1,0 +1,804 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Sessions: opening (endpoint, HELLO, HELLO_ACK), the peer's regions and
+ * their keys, submission into the worker's inbox, and on the worker the
+ * data path (puts in epochs closed by flushes, gets, notifications in
+ * FIFO order), failure, registry changes and release.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctrl/ctrl.h"
+#include "transport/ucx/ucx.h"
+#include "util/log.h"
+#include "util/time.h"
+
+/* ---- The peer's regions ------------------------------------------------------ */
+
+static void regions_free(ucx_session_t *s)
+{
+    for (size_t i = 0; i < s->nregions; i++) {
+        if (s->regions[i].rkey != NULL)
+            ucp_rkey_destroy(s->regions[i].rkey);
+        free(s->regions[i].key);
+    }
+    free(s->regions);
+    s->regions = NULL;
+    s->nregions = 0;
+    s->last = 0;
+}
+
+/* The regions of @d that have a ucx key, in address order (descriptors
+ * list them so; checked). */
+static kvt_status_t regions_load(ucx_session_t *s, const kvt__segdesc_t *d)
+{
+    const kvt__segdesc_tl_t *sec = kvt__segdesc_tl(d, kvt__tl_ucx.id);
+    ucx_rregion_t *r;
+    size_t n = 0;
+
+    if (sec == NULL)
+        return KVT_ERR_PROTOCOL;
+    r = calloc(d->nregions ? d->nregions : 1, sizeof(*r));
+    if (r == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < d->nregions; i++) {
+        uint32_t klen;
+        const uint8_t *k = kvt__segdesc_key(sec, i, &klen);
+        const kvt_remote_region_t *dr = &d->regions[i];
+        if (k == NULL || klen == 0 || dr->kind != KVT_MEM_HOST)
+            continue;
+        if (n > 0 && dr->addr < r[n - 1].end)
+            goto bad;
+        r[n].key = malloc(klen);
+        if (r[n].key == NULL) {
+            s->regions = r, s->nregions = n;
+            regions_free(s);
+            return KVT_ERR_NO_MEMORY;
+        }
+        memcpy(r[n].key, k, klen);
+        r[n].klen = klen;
+        r[n].start = dr->addr;
+        r[n].end = dr->addr + dr->length;
+        r[n].access = dr->access;
+        n++;
+    }
+    s->regions = r;
+    s->nregions = n;
+    s->last = 0;
+    return KVT_OK;
+
+bad:
+    s->regions = r, s->nregions = n;
+    regions_free(s);
+    return KVT_ERR_PROTOCOL;
+}
+
+/* The region that holds all of [addr, +len) with @access, its key
+ * unpacked; NULL when there is none (worker thread). */
+static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr,
+                                  uint64_t len, uint32_t access)
+{
+    ucx_rregion_t *r = NULL;
+    size_t lo = 0, hi = s->nregions;
+
+    if (s->last < s->nregions && addr >= s->regions[s->last].start &&
+        addr < s->regions[s->last].end) {
+        r = &s->regions[s->last];
+    } else {
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (s->regions[mid].end <= addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == s->nregions || addr < s->regions[lo].start)
+            return NULL;
+        r = &s->regions[lo];
+        s->last = lo;
+    }
+    if (len > r->end - addr || (r->access & access) != access)
+        return NULL;
+    if (r->rkey == NULL) {
+        ucs_status_t st = ucp_ep_rkey_unpack(s->ep, r->key, &r->rkey);
+        if (st != UCS_OK) {
+            KVT_LOG_W("ucx: %s: a region's key does not unpack: %s",
+                      s->base.name, ucs_status_string(st));
+            r->rkey = NULL;
+            return NULL;
+        }
+    }
+    return r;
+}
+
+/* ---- Opening ----------------------------------------------------------------- */
+
+/* The address of the peer's worker that serves ours (its section:
+ * u32 count, then u32 length and address each). */
+static kvt_status_t peer_worker(ucx_session_t *s, const kvt__segdesc_t *d)
+{
+    const kvt__segdesc_tl_t *sec = kvt__segdesc_tl(d, kvt__tl_ucx.id);
+    const uint8_t *p, *end;
+    uint32_t n, pick;
+
+    if (sec == NULL || sec->len < 4)
+        return KVT_ERR_PROTOCOL;
+    p = sec->body;
+    end = p + sec->len;
+    memcpy(&n, p, 4);
+    p += 4;
+    if (n == 0)
+        return KVT_ERR_PROTOCOL;
+    pick = s->wk->id % n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t l;
+        if ((size_t)(end - p) < 4)
+            return KVT_ERR_PROTOCOL;
+        memcpy(&l, p, 4);
+        p += 4;
+        if (l == 0 || l > UCX_ADDR_MAX || (size_t)(end - p) < l)
+            return KVT_ERR_PROTOCOL;
+        if (i == pick) {
+            s->peer_addr = malloc(l);
+            if (s->peer_addr == NULL)
+                return KVT_ERR_NO_MEMORY;
+            memcpy(s->peer_addr, p, l);
+            s->peer_addr_len = l;
+        }
+        p += l;
+    }
+    return KVT_OK;
+}
+
+static void open_done(ucx_session_t *s, int result)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->opened == 0)
+        s->opened = result;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Worker: the endpoint and HELLO. */
+void kvt__ucx_sess_connect(ucx_session_t *s)
+{
+    ucx_worker_t *wk = s->wk;
+    kvt_status_t kst;
+
+    s->wnext = wk->sessions;
+    if (wk->sessions)
+        wk->sessions->wprev = s;
+    wk->sessions = s;
+    if (atomic_load(&s->killed) != 0) {
+        kvt__ucx_sess_fail(s, atomic_load(&s->killed), 0);
+        open_done(s, -KVT_ERR_CANCELED);
+        return;
+    }
+    s->conn = kvt__ucx_conn_get(wk, s->peer_addr, s->peer_addr_len, &kst);
+    if (s->conn == NULL) {
+        KVT_LOG_W("ucx: %s: cannot be reached: %s", s->base.name,
+                  kvt_status_str(kst));
+        kvt__ucx_sess_fail(s, kst, 0);
+        open_done(s, -(int)kst);
+        return;
+    }
+    s->ep = s->conn->ep;
+    kst = kvt__ucx_am_send(s->ep, UCX_AM_HELLO, s->token, wk->addr_len,
+                           wk->addr, wk->addr_len, NULL);
+    if (kst != KVT_OK) {
+        kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 0);
+        open_done(s, -KVT_ERR_CONN_LOST);
+    }
+}
+
+kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
+                           kvt__session_t **s_p, const char **why_p)
+{
+    kvt__ucx_t *ucx = (kvt__ucx_t *)tl;
+    uint64_t deadline = kvt__now_ns() + ucx->cfg->connect_timeout_ms * 1000000;
+    ucx_session_t *s;
+    ucx_msg_t *m;
+    kvt_status_t st;
+    int result;
+
+    *s_p = NULL;
+    s = calloc(1, sizeof(*s));
+    m = calloc(1, sizeof(*m));
+    if (s == NULL || m == NULL) {
+        free(s);
+        free(m);
+        return KVT_ERR_NO_MEMORY;
+    }
+    s->wk = &ucx->workers[atomic_fetch_add(&ucx->next_worker, 1) %
+                          ucx->nworkers];
+    s->token = atomic_fetch_add(&ucx->next_token, 1);
+    snprintf(s->addr, sizeof(s->addr), "%s", peer->addr);
+    pthread_mutex_init(&s->lock, NULL);
+    kvt__ucx_cond_init(&s->cond);
+    st = peer_worker(s, peer->desc);
+    if (st == KVT_OK)
+        st = regions_load(s, peer->desc);
+    if (st != KVT_OK) {
+        *why_p = "its ucx section is malformed";
+        free(s->peer_addr);
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->cond);
+        free(s);
+        free(m);
+        return st;
+    }
+    kvt__session_init(&s->base, tl, peer);
+    *s_p = &s->base;
+    m->kind = MSG_OPEN;
+    m->s = s;
+    kvt__ucx_post(s->wk, m, 1);
+
+    pthread_mutex_lock(&s->lock);
+    while (s->opened == 0) {
+        uint64_t now = kvt__now_ns();
+        struct timespec ts;
+        if (now >= deadline)
+            break;
+        kvt__ucx_abstime(&ts, deadline - now);
+        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+    }
+    result = s->opened;
+    pthread_mutex_unlock(&s->lock);
+    if (result == 1)
+        return KVT_OK;
+    if (result == 0) {
+        *why_p = "no answer to its handshake";
+        kvt__ucx_kill(&s->base, KVT_ERR_TIMEDOUT);
+        return KVT_ERR_TIMEDOUT;
+    }
+    *why_p = "it cannot be reached through ucx";
+    return (kvt_status_t)-result;
+}
+
+/* ---- Submission (any thread) --------------------------------------------------- */
+
+void kvt__ucx_complete_msg(ucx_msg_t *m, kvt_status_t st)
+{
+    for (size_t i = 0; i < m->n; i++)
+        kvt__comp_done(m->x[i].comp, st);
+    free(m->x);
+    free(m->notes);
+    free(m);
+}
+
+kvt_status_t kvt__ucx_submit(kvt__session_t *base, const kvt__xfer_t *x,
+                             size_t n, kvt__sub_t *sub)
+{
+    ucx_session_t *s = (ucx_session_t *)base;
+    kvt_status_t why = atomic_load(&s->killed);
+    size_t notes = 0, off = 0;
+    ucx_msg_t *m;
+
+    if (why == KVT_OK)
+        why = atomic_load(&base->dead);
+    if (why != KVT_OK) {
+        for (size_t i = 0; i < n; i++) {
+            kvt__comp_expect(x[i].comp, 1);
+            kvt__comp_done(x[i].comp, why);
+        }
+        return KVT_OK;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (x[i].op == KVT_OP_NOTIFY)
+            notes += x[i].len;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return KVT_ERR_NO_MEMORY;
+    m->x = malloc(n * sizeof(*x));
+    m->notes = notes ? malloc(notes) : NULL;
+    if (m->x == NULL || (notes && m->notes == NULL)) {
+        free(m->x);
+        free(m->notes);
+        free(m);
+        return KVT_ERR_NO_MEMORY;
+    }
+    memcpy(m->x, x, n * sizeof(*x));
+    for (size_t i = 0; i < n; i++) {
+        kvt__comp_expect(x[i].comp, 1);
+        if (x[i].op == KVT_OP_NOTIFY) {
+            memcpy(m->notes + off, (const void *)(uintptr_t)x[i].laddr,
+                   x[i].len);
+            m->x[i].laddr = (uint64_t)(uintptr_t)(m->notes + off);
+            off += x[i].len;
+        }
+    }
+    m->kind = MSG_XFER;
+    m->s = s;
+    m->n = n;
+    kvt__sub_note(sub, NULL); /* the worker completes it */
+    kvt__ucx_post(s->wk, m, !sub->plugged);
+    if (sub->plugged)
+        atomic_store(&s->wk->need_wake, 1);
+    return KVT_OK;
+}
+
+void kvt__ucx_flush_tl(kvt__tl_t *tl)
+{
+    kvt__ucx_t *ucx = (kvt__ucx_t *)tl;
+
+    for (unsigned i = 0; i < ucx->nworkers; i++)
+        if (atomic_exchange(&ucx->workers[i].need_wake, 0))
+            kvt__ucx_wake(&ucx->workers[i]);
+}
+
+void kvt__ucx_kill(kvt__session_t *base, kvt_status_t why)
+{
+    ucx_session_t *s = (ucx_session_t *)base;
+    int32_t zero = 0;
+    ucx_msg_t *m;
+
+    if (!atomic_compare_exchange_strong(&s->killed, &zero, (int32_t)why))
+        return;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        KVT_LOG_E("ucx: out of memory: %s is failed when next served",
+                  base->name);
+        kvt__ucx_wake(s->wk);
+        return;
+    }
+    m->kind = MSG_KILL;
+    m->s = s;
+    m->why = why;
+    kvt__ucx_post(s->wk, m, 1);
+}
+
+void kvt__ucx_session_destroy(kvt__session_t *base)
+{
+    ucx_session_t *s = (ucx_session_t *)base;
+
+    regions_free(s);
+    free(s->peer_addr);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+}
+
+/* ---- The data path (worker) ---------------------------------------------------- */
+
+static int unit_idle(const ucx_unit_t *u)
+{
+    return u->posted && u->refs == 0;
+}
+
+static ucx_unit_t *unit_new(ucx_session_t *s, int kind)
+{
+    ucx_unit_t *u = calloc(1, sizeof(*u));
+
+    if (u == NULL)
+        return NULL;
+    u->s = s;
+    u->kind = (uint8_t)kind;
+    u->t0 = kvt__now_ns();
+    u->cap = 1;
+    u->comps = &u->comp1;
+    return u;
+}
+
+static int unit_add(ucx_unit_t *u, kvt__comp_t *c)
+{
+    if (u->ncomps == u->cap) {
+        uint32_t cap = u->cap * 2;
+        kvt__comp_t **n = malloc(cap * sizeof(*n));
+        if (n == NULL)
+            return -1;
+        memcpy(n, u->comps, u->ncomps * sizeof(*n));
+        if (u->comps != &u->comp1)
+            free(u->comps);
+        u->comps = n;
+        u->cap = cap;
+    }
+    u->comps[u->ncomps++] = c;
+    return 0;
+}
+
+static void unit_finish(ucx_unit_t *u)
+{
+    ucx_session_t *s = u->s;
+    kvt_status_t st = u->status;
+
+    if (st != KVT_OK && s->failed != KVT_OK)
+        st = s->failed;
+    else if (st == KVT_OK && !u->posted)
+        st = s->failed != KVT_OK ? s->failed : KVT_ERR_CANCELED;
+    for (uint32_t i = 0; i < u->ncomps; i++)
+        kvt__comp_done(u->comps[i], st);
+    if (u->comps != &u->comp1)
+        free(u->comps);
+    free(u->msg);
+    free(u);
+}
+
+static void list_append(ucx_unit_t **head, ucx_unit_t **tail, ucx_unit_t *u)
+{
+    u->next = NULL;
+    u->prev = *tail;
+    if (*tail)
+        (*tail)->next = u;
+    else
+        *head = u;
+    *tail = u;
+}
+
+static void list_remove(ucx_unit_t **head, ucx_unit_t **tail, ucx_unit_t *u)
+{
+    if (u->prev)
+        u->prev->next = u->next;
+    else
+        *head = u->next;
+    if (u->next)
+        u->next->prev = u->prev;
+    else
+        *tail = u->prev;
+}
+
+static void req_done(void *req, ucs_status_t status, void *user)
+{
+    ucx_unit_t *u = user;
+
+    if (status != UCS_OK && u->status == KVT_OK)
+        u->status = kvt__ucx_status(status);
+    u->refs--;
+    ucp_request_free(req);
+    if (u->kind == UNIT_GET && unit_idle(u)) {
+        list_remove(&u->s->gets_head, &u->s->gets_tail, u);
+        unit_finish(u);
+    } else {
+        kvt__ucx_sess_touch(u->s);
+    }
+}
+
+/* Account one request's result. */
+static void req_posted(ucx_unit_t *u, ucs_status_ptr_t r)
+{
+    if (r == NULL)
+        return;
+    if (UCS_PTR_IS_ERR(r)) {
+        if (u->status == KVT_OK)
+            u->status = kvt__ucx_status(UCS_PTR_STATUS(r));
+        u->s->ep_error = 1;
+        return;
+    }
+    u->refs++;
+}
+
+void kvt__ucx_sess_close_epoch(ucx_session_t *s)
+{
+    ucx_unit_t *u = s->epoch;
+    ucp_request_param_t p = {0};
+
+    if (u == NULL)
+        return;
+    s->epoch = NULL;
+    if (s->ep != NULL && s->failed == KVT_OK) {
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA;
+        p.cb.send = req_done;
+        p.user_data = u;
+        req_posted(u, ucp_ep_flush_nbx(s->ep, &p));
+    }
+    u->posted = 1;
+    kvt__ucx_sess_touch(s);
+}
+
+/* Check every piece of @x; NULL when one is refused. */
+static int xfer_check(ucx_session_t *s, const kvt__xfer_t *x, uint32_t acc)
+{
+    for (uint32_t i = 0; i < x->count; i++)
+        if (region_find(s, x->raddr + i * x->rstride, x->len, acc) == NULL)
+            return 0;
+    return 1;
+}
+
+static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
+{
+    int wr = x->op == KVT_OP_WRITE;
+    ucp_request_param_t p = {0};
+    ucx_unit_t *u;
+
+    if (x->op == KVT_OP_NOTIFY) {
+        const char *me = kvt__engine_cfg(s->base.engine)->seg_name;
+        size_t nl = strlen(me);
+        kvt__ucx_sess_close_epoch(s);
+        u = unit_new(s, UNIT_NOTIFY);
+        if (u == NULL || (u->msg = malloc(nl + x->len)) == NULL) {
+            free(u);
+            kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
+            return;
+        }
+        memcpy(u->msg, me, nl);
+        memcpy(u->msg + nl, (const void *)(uintptr_t)x->laddr, x->len);
+        u->len = (uint32_t)(nl + x->len);
+        u->ncomps = 1;
+        u->comp1 = x->comp;
+        list_append(&s->fifo_head, &s->fifo_tail, u);
+        kvt__ucx_sess_touch(s);
+        return;
+    }
+    if (!xfer_check(s, x, wr ? KVT_ACCESS_REMOTE_WRITE : KVT_ACCESS_REMOTE_READ)) {
+        kvt__comp_done(x->comp, KVT_ERR_ACCESS);
+        return;
+    }
+    if (wr) {
+        if (s->epoch == NULL) {
+            s->epoch = unit_new(s, UNIT_EPOCH);
+            if (s->epoch == NULL) {
+                kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
+                return;
+            }
+            list_append(&s->fifo_head, &s->fifo_tail, s->epoch);
+        }
+        u = s->epoch;
+    } else {
+        u = unit_new(s, UNIT_GET);
+        if (u == NULL) {
+            kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
+            return;
+        }
+        list_append(&s->gets_head, &s->gets_tail, u);
+    }
+    if (unit_add(u, x->comp) < 0) {
+        kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
+        if (!wr) {
+            u->posted = 1;
+            if (u->refs == 0) {
+                list_remove(&s->gets_head, &s->gets_tail, u);
+                unit_finish(u);
+            }
+        }
+        return;
+    }
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = req_done;
+    p.user_data = u;
+    for (uint32_t i = 0; i < x->count; i++) {
+        uint64_t ra = x->raddr + i * x->rstride;
+        void *la = (void *)(uintptr_t)(x->laddr + i * x->lstride);
+        ucx_rregion_t *r = region_find(s, ra, x->len, 0);
+        ucs_status_ptr_t q = wr ? ucp_put_nbx(s->ep, la, x->len, ra, r->rkey, &p)
+                                : ucp_get_nbx(s->ep, la, x->len, ra, r->rkey, &p);
+        req_posted(u, q);
+    }
+    if (!wr) {
+        u->posted = 1;
+        if (u->refs == 0) {
+            list_remove(&s->gets_head, &s->gets_tail, u);
+            unit_finish(u);
+        }
+    }
+}
+
+static void held_append(ucx_session_t *s, ucx_msg_t *m)
+{
+    m->next = NULL;
+    if (s->held_tail)
+        s->held_tail->next = m;
+    else
+        s->held_head = m;
+    s->held_tail = m;
+}
+
+void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m)
+{
+    if (s->failed != KVT_OK) {
+        kvt__ucx_complete_msg(m, s->failed);
+        return;
+    }
+    if (s->stale || s->held_head != NULL) {
+        held_append(s, m);
+        kvt__ucx_sess_touch(s);
+        return;
+    }
+    for (size_t i = 0; i < m->n; i++)
+        xfer_one(s, &m->x[i]);
+    free(m->x);
+    free(m->notes);
+    free(m);
+    kvt__ucx_sess_touch(s);
+}
+
+/* ---- Failure, service, release (worker) ------------------------------------------ */
+
+int kvt__ucx_sess_busy(const ucx_session_t *s)
+{
+    return s->fifo_head != NULL || s->gets_head != NULL;
+}
+
+/*
+ * Leave the connection. When nothing is in flight the peer is told (BYE)
+ * and the connection stays for the next session; otherwise what is in
+ * flight is abandoned with it: the connection fails (and is forced closed
+ * once its last user leaves), which completes those requests.
+ */
+static void ep_close(ucx_session_t *s)
+{
+    if (s->conn == NULL)
+        return;
+    if (!kvt__ucx_sess_busy(s) && !s->ep_error && !s->conn->error)
+        kvt__ucx_am_send(s->ep, UCX_AM_BYE, s->token, 0, NULL, 0, NULL);
+    else
+        kvt__ucx_conn_fail(s->conn);
+    kvt__ucx_conn_put(s->wk, s->conn);
+    s->conn = NULL;
+    s->ep = NULL;
+    s->linger = 0;
+}
+
+void kvt__ucx_sess_fail(ucx_session_t *s, kvt_status_t why, int evict)
+{
+    int32_t zero = 0;
+    ucx_msg_t *m;
+
+    if (s->failed != KVT_OK)
+        return;
+    /* Closed by its user (or the engine): what is in flight may still
+     * land, for a second, before the endpoint is forced closed; a peer
+     * whose endpoint is closed under its in-flight requests may not take
+     * it well. */
+    s->linger = why == KVT_ERR_CANCELED && s->conn != NULL && !s->ep_error;
+    if (s->linger) {
+        kvt__ucx_sess_close_epoch(s);
+        s->linger_until = kvt__now_ns() + 1000000000ull;
+    }
+    s->failed = why;
+    atomic_compare_exchange_strong(&s->base.dead, &zero, (int32_t)why);
+    if (s->epoch != NULL) {
+        s->epoch->posted = 1;
+        s->epoch = NULL;
+    }
+    while ((m = s->held_head) != NULL) {
+        s->held_head = m->next;
+        kvt__ucx_complete_msg(m, why);
+    }
+    s->held_tail = NULL;
+    if (!s->linger)
+        ep_close(s);
+    kvt__ucx_sess_touch(s);
+    if (evict) {
+        KVT_LOG_W("ucx: %s: session failed: %s", s->base.name,
+                  kvt_status_str(why));
+        kvt__session_evict(&s->base);
+    }
+}
+
+/* Fetch the peer's descriptor again (blocking, bounded by the connect
+ * timeout) and load its regions. */
+static void refetch(ucx_session_t *s)
+{
+    kvt__segdesc_t d;
+    kvt_status_t st;
+
+    memset(&d, 0, sizeof(d));
+    st = kvt__ctrl_fetch(s->base.engine, s->base.name, s->addr, &d);
+    if (st == KVT_OK) {
+        regions_free(s);
+        st = regions_load(s, &d);
+        kvt__segdesc_clear(&d);
+    }
+    if (st != KVT_OK) {
+        KVT_LOG_W("ucx: %s: cannot fetch its descriptor again: %s",
+                  s->base.name, kvt_status_str(st));
+        kvt__ucx_sess_fail(s, st == KVT_ERR_NO_MEMORY ? st : KVT_ERR_CONN_LOST,
+                           1);
+        return;
+    }
+    s->stale = 0;
+    KVT_LOG_D("ucx: %s: descriptor fetched again (%zu regions)", s->base.name,
+              s->nregions);
+}
+
+static void fifo_advance(ucx_session_t *s)
+{
+    ucx_unit_t *u;
+
+    while ((u = s->fifo_head) != NULL) {
+        if (u->kind == UNIT_NOTIFY && !u->posted) {
+            if (s->failed == KVT_OK) {
+                kvt_status_t st = kvt__ucx_am_send(
+                    s->ep, UCX_AM_NOTIFY, s->token,
+                    strlen(kvt__engine_cfg(s->base.engine)->seg_name), u->msg,
+                    u->len, u);
+                if (st != KVT_OK)
+                    u->status = st;
+            }
+            u->posted = 1;
+        }
+        if (!unit_idle(u))
+            break;
+        list_remove(&s->fifo_head, &s->fifo_tail, u);
+        unit_finish(u);
+    }
+}
+
+static void release(ucx_session_t *s)
+{
+    ucx_worker_t *wk = s->wk;
+
+    for (size_t i = 0; i < s->nregions; i++)
+        if (s->regions[i].rkey != NULL) {
+            ucp_rkey_destroy(s->regions[i].rkey);
+            s->regions[i].rkey = NULL;
+        }
+    if (s->wprev)
+        s->wprev->wnext = s->wnext;
+    else
+        wk->sessions = s->wnext;
+    if (s->wnext)
+        s->wnext->wprev = s->wprev;
+    s->released = 1;
+    kvt__session_release(&s->base);
+}
+
+int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
+{
+    uint64_t tmo = kvt__engine_cfg(s->base.engine)->timeout_ns;
+    kvt_status_t killed = atomic_load(&s->killed);
+
+    if (s->failed == KVT_OK && killed != KVT_OK)
+        kvt__ucx_sess_fail(s, killed, 0);
+    if (s->failed == KVT_OK && s->ep_error)
+        kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 1);
+    fifo_advance(s);
+    if (s->failed == KVT_OK && !kvt__ucx_sess_busy(s) && s->epoch == NULL) {
+        if (s->ack_gen != 0) {
+            KVT_LOG_D("ucx: %s: registry change %llu acknowledged",
+                      s->base.name, (unsigned long long)s->ack_gen);
+            kvt__ucx_am_send(s->ep, UCX_AM_REG_ACK, s->token, s->ack_gen,
+                             NULL, 0, NULL);
+            s->ack_gen = 0;
+        }
+        if (s->stale && s->held_head != NULL)
+            refetch(s);
+        while (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
+            ucx_msg_t *m = s->held_head;
+            s->held_head = m->next;
+            if (s->held_head == NULL)
+                s->held_tail = NULL;
+            kvt__ucx_sess_xfer(s, m);
+        }
+        kvt__ucx_sess_close_epoch(s); /* what the replay wrote */
+    }
+    if (s->failed == KVT_OK && tmo > 0) {
+        uint64_t t0 = UINT64_MAX;
+        if (s->fifo_head)
+            t0 = s->fifo_head->t0;
+        if (s->gets_head && s->gets_head->t0 < t0)
+            t0 = s->gets_head->t0;
+        if (t0 != UINT64_MAX && now > t0 && now - t0 > tmo)
+            kvt__ucx_sess_fail(s, KVT_ERR_TIMEDOUT, 1);
+    }
+    fifo_advance(s);
+    if (s->linger && (!kvt__ucx_sess_busy(s) || s->ep_error ||
+                      now >= s->linger_until))
+        ep_close(s);
+    if (s->linger && s->ep == NULL)
+        s->linger = 0;
+    if (s->failed != KVT_OK && !kvt__ucx_sess_busy(s) && !s->touched &&
+        s->conn == NULL) {
+        release(s);
+        return 0;
+    }
+    return 1;
+}
+
+void kvt__ucx_sess_touch(ucx_session_t *s)
+{
+    if (s->touched || s->released)
+        return;
+    s->touched = 1;
+    s->tnext = s->wk->touched;
+    s->wk->touched = s;
+}
+
+ucx_session_t *kvt__ucx_sess_by_token(ucx_worker_t *wk, uint64_t token)
+{
+    for (ucx_session_t *s = wk->sessions; s != NULL; s = s->wnext)
+        if (s->token == token)
+            return s;
+    return NULL;
+}
