@@ -27,6 +27,7 @@
 typedef struct {
     const char *mode, *local, *segment, *protocol, *op, *buffer;
     uint64_t port, buffer_size, block, batch, threads, workers, conns;
+    uint64_t working_set; /* 0: the whole buffer */
     double duration;
     int json;
 } bench_opts_t;
@@ -43,11 +44,13 @@ static void usage(void)
     printf("usage:\n"
            "  kvt bench --mode=target [--local=HOST] [--port=N] "
            "[--buffer-size=BYTES] [--buffer=managed|malloc]\n"
-           "            [--protocol=tcp|shm|auto]\n"
+           "            [--protocol=tcp|shm|ucx|auto]\n"
            "  kvt bench --mode=initiator --segment=HOST:PORT [--op=write|read]"
            " [--block-size=BYTES]\n"
            "            [--batch-size=N] [--threads=N] [--duration=SECONDS] "
            "[--protocol=...] [--json]\n"
+           "            [--working-set=BYTES] (per thread: the same blocks "
+           "again and again)\n"
            "options for both: [--workers=N] [--conns=N]\n"
            "Sizes take K/M/G suffixes (powers of 1024).\n");
 }
@@ -91,6 +94,9 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         } else if ((v = cli_opt(argc, argv, &i, "buffer-size"))) {
             if (cli_parse_size(v, &o->buffer_size))
                 goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "working-set"))) {
+            if (cli_parse_size(v, &o->working_set) || o->working_set == 0)
+                goto bad;
         } else if ((v = cli_opt(argc, argv, &i, "block-size"))) {
             if (cli_parse_size(v, &o->block) || o->block == 0)
                 goto bad;
@@ -122,8 +128,8 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         return -1;
     }
     if (strcmp(o->protocol, "tcp") != 0 && strcmp(o->protocol, "shm") != 0 &&
-        strcmp(o->protocol, "auto") != 0) {
-        fprintf(stderr, "kvt bench: --protocol=tcp, shm or auto\n");
+        strcmp(o->protocol, "ucx") != 0 && strcmp(o->protocol, "auto") != 0) {
+        fprintf(stderr, "kvt bench: --protocol=tcp, shm, ucx or auto\n");
         return -1;
     }
     if (strcmp(o->buffer, "managed") != 0 && strcmp(o->buffer, "malloc") != 0) {
@@ -148,6 +154,8 @@ static kvt_status_t make_engine(const bench_opts_t *o, kvt_engine_h *e)
         p.transports = KVT_TRANSPORT_TCP;
     else if (strcmp(o->protocol, "shm") == 0)
         p.transports = KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM;
+    else if (strcmp(o->protocol, "ucx") == 0)
+        p.transports = KVT_TRANSPORT_UCX;
     else
         p.transports = KVT_TRANSPORT_ALL;
     if (o->workers) {
@@ -250,6 +258,12 @@ static void *initiator_thread(void *arg)
     const bench_opts_t *o = w->o;
     uint64_t span = o->block * o->batch;
     uint64_t windows = w->remote_len / span, iter = 0;
+    /* A working set: whole blocks, at least one, within this thread's
+     * share of the buffer. */
+    uint64_t ws = o->working_set ? o->working_set / o->block * o->block : 0;
+
+    if (o->working_set != 0 && ws == 0)
+        ws = o->block;
     kvt_xfer_desc_t *d = calloc(o->batch, sizeof(*d));
     kvt_batch_h b;
 
@@ -269,6 +283,12 @@ static void *initiator_thread(void *arg)
             d[i].segment = w->seg;
             d[i].local_addr = w->local + i * o->block;
             d[i].remote_addr = w->remote + win * span + i * o->block;
+            if (ws != 0) {
+                /* The same few blocks over and over, on both sides. */
+                d[i].local_addr = w->local + (i * o->block) % ws;
+                d[i].remote_addr = w->remote + w->id * ws +
+                                   (win * span + i * o->block) % ws;
+            }
             d[i].length = o->block;
         }
         t0 = now_s();
@@ -356,6 +376,13 @@ static int run_initiator(const bench_opts_t *o)
         fprintf(stderr, "kvt bench: %s was asked for, but the segment is "
                         "served by %s (the log says why)\n",
                 o->protocol, proto);
+    if (o->working_set != 0 &&
+        region.length < (o->working_set > o->block ? o->working_set : o->block) * o->threads) {
+        fprintf(stderr, "kvt bench: the target's buffer is smaller than the "
+                        "working sets\n");
+        kvt_engine_destroy(e);
+        return 1;
+    }
     if (region.length < span) {
         fprintf(stderr, "kvt bench: the target's buffer (%llu bytes) is "
                         "smaller than one batch (%llu bytes)\n",
