@@ -491,6 +491,20 @@ static int is_p2p(const char *s)
  * the port, if given, is bound. Either way the segment is named
  * "host:rpc_port", the name inference engines build from get_rpc_port().
  */
+/* Whether this library has the ucx transport. */
+static int ucx_built(void)
+{
+    kvt_transport_info_t t[16];
+    size_t n = 0;
+
+    if (kvt_transports(t, 16, &n) != KVT_OK)
+        return 0;
+    for (size_t i = 0; i < n && i < 16; i++)
+        if (t[i].id == KVT_TRANSPORT_UCX)
+            return 1;
+    return 0;
+}
+
 static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
                          const char *metadata, const char *protocol,
                          const char *device_name)
@@ -523,6 +537,17 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
     if (protocol != NULL && strcmp(protocol, "tcp") == 0) {
         p.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
         p.transports = KVT_TRANSPORT_TCP;
+    } else if (protocol != NULL && strcmp(protocol, "rdma") == 0 &&
+               ucx_built()) {
+        /* RDMA goes through ucx (UCX picks the fabric, and shared
+         * memory for a peer on this host); tcp serves a peer ucx cannot
+         * reach, and the log says so. */
+        p.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
+        p.transports = KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP;
+        if (device_name != NULL && *device_name != '\0') {
+            p.field_mask |= KVT_ENGINE_PARAM_NET_DEVICES;
+            p.net_devices = device_name;
+        }
     } else if (protocol != NULL && *protocol != '\0' &&
                strcmp(protocol, "shm") != 0) {
         kvtpy_log("warning",
@@ -531,7 +556,8 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
                   "same-host peers)",
                   protocol);
     }
-    if (device_name != NULL && *device_name != '\0')
+    if (device_name != NULL && *device_name != '\0' &&
+        !(p.field_mask & KVT_ENGINE_PARAM_NET_DEVICES))
         kvtpy_log("info", "initialize: device_name '%s' is not used by kvt",
                   device_name);
 
