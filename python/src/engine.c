@@ -101,6 +101,33 @@ static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
 }
 
 /*
+ * get_segment_transport(segment) (kvt's own): the name of the transport
+ * that carries host-memory transfers to the segment ("tcp", "shm",
+ * "ucx"), opening it if need be; "" when it cannot be opened.
+ */
+static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
+{
+    kvtpy_engine_t *e = (kvtpy_engine_t *)self;
+    const char *name, *t = "";
+    kvt_segment_t seg;
+    kvt_status_t st;
+
+    if (kvtpy_need_engine(e) < 0)
+        return NULL;
+    name = kvtpy_cstr(arg, "segment_name");
+    if (name == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_segment_open(e->engine, name, &seg);
+    if (st == KVT_OK &&
+        kvt_segment_transport(e->engine, seg, KVT_MEM_HOST, KVT_MEM_HOST,
+                              &t) != KVT_OK)
+        t = "";
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(t);
+}
+
+/*
  * get_first_buffer_address(segment): the lowest-addressed region the peer
  * registered (kvt keeps regions sorted by address; Mooncake returns the
  * first registered), or 0. The descriptor is fetched afresh so that
@@ -763,6 +790,9 @@ static PyMethodDef engine_methods[] = {
          "address."),
     FAST(read_bytes_from_buffer,
          "read_bytes_from_buffer(source_address, length) -> bytes"),
+    ONE(get_segment_transport,
+        "get_segment_transport(segment_name) -> the transport that carries "
+        "transfers to it ('tcp', 'shm', 'ucx'), or '' (kvt's own)"),
     ONE(get_first_buffer_address,
         "get_first_buffer_address(segment_name) -> address of the peer's "
         "lowest registered region, or 0"),

@@ -5,6 +5,8 @@ its shared-memory transport instead of tcp. The same checks hold."""
 
 import base64
 import logging
+import os
+import subprocess
 
 import pytest
 
@@ -15,10 +17,25 @@ from mooncake.engine import TransferNotify, TransferOpcode
 @pytest.fixture(scope="module", params=["", "rdma"])
 def pair(request):
     peer = Peer(protocol=request.param)
+    peer.protocol = request.param
     engine = new_engine(protocol=request.param)
     local = Local(engine, 8 * MiB)
     yield engine, local, peer
     peer.close()
+
+
+def test_transport(pair):
+    """rdma is served by ucx when kvt has it (Mooncake's RDMA); else, as
+    with no protocol, by one of kvt's own."""
+    engine, _, peer = pair
+    t = engine.get_segment_transport(peer.segment)
+    info = subprocess.run([os.environ["KVT_BIN"], "info"], check=True,
+                          capture_output=True, text=True).stdout
+    kvt_has_ucx = "ucx (" in info
+    if peer.protocol == "rdma" and kvt_has_ucx:
+        assert t == "ucx"
+    else:
+        assert t in ("tcp", "shm")
 
 
 def test_sync_and_batch(pair):
