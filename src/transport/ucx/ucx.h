@@ -75,7 +75,9 @@ struct ucx_conn {
     uint8_t *addr; /* the peer worker's address */
     size_t len;
     unsigned refs;     /* sessions and inbound peers using it */
-    int error;         /* failed: no new users, closed when unused */
+    /* Failed: no new users, closed when unused. Set by the error handler,
+     * which UCX may call from its own thread. */
+    _Atomic int error;
     int peer_failures; /* created with peer failure handling */
 };
 
@@ -206,7 +208,7 @@ struct ucx_worker {
     ucx_session_t *touched;
     ucx_inbound_t *inbound;
     ucx_conn_t *conns;
-    int conn_error; /* some connection failed */
+    _Atomic int conn_error; /* some connection failed */
     ucx_event_t *ev_head, *ev_tail;
     void *closing[UCX_CLOSING_MAX];
     unsigned nclosing;

@@ -116,9 +116,8 @@ void kvt__ucx_conns_check(ucx_worker_t *wk)
 {
     ucx_conn_t *c, *next;
 
-    if (!wk->conn_error)
+    if (!atomic_exchange(&wk->conn_error, 0))
         return;
-    wk->conn_error = 0;
     for (ucx_session_t *s = wk->sessions; s != NULL; s = s->wnext)
         if (s->conn != NULL && s->conn->error && !s->ep_error) {
             s->ep_error = 1;
