@@ -57,6 +57,9 @@ typedef struct {
 } ucx_am_hdr_t;
 
 #define UCX_SECTION_VERSION 1
+/* Bytes a session posts in one turn of its worker before flushing and
+ * letting completions (and other sessions) through. */
+#define UCX_TURN_BYTES (8ull << 20)
 #define UCX_ADDR_MAX 4096 /* a worker address, packed */
 
 typedef struct kvt__ucx kvt__ucx_t;
@@ -120,6 +123,7 @@ struct ucx_msg {
     kvt_status_t why; /* MSG_KILL */
     uint64_t gen;     /* MSG_REG_CHANGED */
     size_t n;         /* MSG_XFER: descriptors, copied */
+    size_t done;      /* how many of them are posted */
     kvt__xfer_t *x;
     uint8_t *notes; /* their NOTIFY messages, copied */
 };

@@ -260,7 +260,7 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
 
 void kvt__ucx_complete_msg(ucx_msg_t *m, kvt_status_t st)
 {
-    for (size_t i = 0; i < m->n; i++)
+    for (size_t i = m->done; i < m->n; i++)
         kvt__comp_done(m->x[i].comp, st);
     free(m->x);
     free(m->notes);
@@ -583,23 +583,58 @@ static void held_append(ucx_session_t *s, ucx_msg_t *m)
     s->held_tail = m;
 }
 
+/*
+ * Post @m's descriptors from where it stopped, until @budget bytes are
+ * posted (so that a large submission is posted and completes in
+ * flush-sized steps, and other sessions get their turn). Returns 1 when
+ * it is done (and freed).
+ */
+static int run_msg(ucx_session_t *s, ucx_msg_t *m, uint64_t *budget)
+{
+    while (m->done < m->n) {
+        const kvt__xfer_t *x = &m->x[m->done];
+        uint64_t b = x->op == KVT_OP_NOTIFY ? 0 : kvt__xfer_bytes(x);
+        if (b > 0 && *budget == 0) {
+            kvt__ucx_sess_close_epoch(s);
+            return 0;
+        }
+        m->done++;
+        xfer_one(s, x);
+        *budget = b >= *budget ? 0 : *budget - b;
+    }
+    free(m->x);
+    free(m->notes);
+    free(m);
+    return 1;
+}
+
+/* Post what the session has queued, in order, within one turn's budget. */
+static void run_held(ucx_session_t *s)
+{
+    uint64_t budget = UCX_TURN_BYTES;
+
+    while (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
+        ucx_msg_t *m = s->held_head, *next = m->next;
+        if (!run_msg(s, m, &budget))
+            break;
+        s->held_head = next;
+        if (next == NULL)
+            s->held_tail = NULL;
+    }
+    kvt__ucx_sess_touch(s);
+}
+
 void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m)
 {
     if (s->failed != KVT_OK) {
         kvt__ucx_complete_msg(m, s->failed);
         return;
     }
-    if (s->stale || s->held_head != NULL) {
-        held_append(s, m);
+    held_append(s, m);
+    if (!s->stale && s->held_head == m)
+        run_held(s);
+    else
         kvt__ucx_sess_touch(s);
-        return;
-    }
-    for (size_t i = 0; i < m->n; i++)
-        xfer_one(s, &m->x[i]);
-    free(m->x);
-    free(m->notes);
-    free(m);
-    kvt__ucx_sess_touch(s);
 }
 
 /* ---- Failure, service, release (worker) ------------------------------------------ */
@@ -754,14 +789,10 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
         }
         if (s->stale && s->held_head != NULL)
             refetch(s);
-        while (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
-            ucx_msg_t *m = s->held_head;
-            s->held_head = m->next;
-            if (s->held_head == NULL)
-                s->held_tail = NULL;
-            kvt__ucx_sess_xfer(s, m);
-        }
-        kvt__ucx_sess_close_epoch(s); /* what the replay wrote */
+    }
+    if (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
+        run_held(s);
+        kvt__ucx_sess_close_epoch(s); /* what it wrote */
     }
     if (s->failed == KVT_OK && tmo > 0) {
         uint64_t t0 = UINT64_MAX;

@@ -192,6 +192,9 @@ static void shut_down(ucx_worker_t *wk)
         kvt__ucx_closing_reap(wk);
     }
     kvt__ucx_events(wk); /* frees what arrived last */
+    if (wk->nclosing > 0)
+        KVT_LOG_W("ucx: a worker stops with %u endpoints still closing",
+                  wk->nclosing);
 }
 
 void *kvt__ucx_worker_main(void *arg)
