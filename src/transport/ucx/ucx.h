@@ -78,6 +78,8 @@ struct ucx_conn {
     uint8_t *addr; /* the peer worker's address */
     size_t len;
     unsigned refs;     /* sessions and inbound peers using it */
+    _Atomic int dead;  /* its error handler ran */
+    int orphans;       /* requests were left on it (see ucx_ep.c) */
     /* Failed: no new users, closed when unused. Set by the error handler,
      * which UCX may call from its own thread. */
     _Atomic int error;
@@ -103,6 +105,7 @@ struct ucx_unit {
     ucx_session_t *s;
     uint8_t kind;
     uint8_t posted;  /* its requests are all posted */
+    uint8_t orphan;  /* completed early; freed when ucp returns it */
     int32_t status;  /* the first failure of its requests */
     uint32_t refs;   /* requests not yet completed */
     uint32_t ncomps; /* descriptors it completes */
@@ -285,6 +288,10 @@ void kvt__ucx_conn_fail(ucx_conn_t *c);
 /* After progress: failed connections fail their users. */
 void kvt__ucx_conns_check(ucx_worker_t *wk);
 void kvt__ucx_conns_close_all(ucx_worker_t *wk);
+
+/* A request of unit @u ended: whether @u was an orphan (then it is freed
+ * with its last request, and nothing else is to be done). */
+int kvt__ucx_unit_orphan_done(ucx_unit_t *u);
 
 /* ucx_am.c: messages. */
 kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk);

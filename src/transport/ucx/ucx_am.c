@@ -117,7 +117,9 @@ static void am_sent(void *req, ucs_status_t status, void *user)
 {
     am_buf_t *b = user;
 
-    if (b->u != NULL) {
+    if (b->u != NULL && kvt__ucx_unit_orphan_done(b->u)) {
+        b->u = NULL;
+    } else if (b->u != NULL) {
         if (status != UCS_OK && b->u->status == KVT_OK)
             b->u->status = kvt__ucx_status(status);
         b->u->refs--;

@@ -8,8 +8,8 @@
  *
  * A connection fails when its error handler runs (the peer died or cut
  * it) or when a session gives up on work it has in flight (a timeout);
- * a failed connection takes no new users, and is closed (forced, when it
- * handles peer failure) when its last user leaves.
+ * a failed connection takes no new users, and is closed when its last
+ * user leaves.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +23,7 @@ static void conn_err(void *arg, ucp_ep_h ep, ucs_status_t status)
 
     (void)ep;
     KVT_LOG_D("ucx: a connection failed: %s", ucs_status_string(status));
+    c->dead = 1;
     c->error = 1;
     c->wk->conn_error = 1;
 }
@@ -101,7 +102,13 @@ static void conn_close(ucx_worker_t *wk, ucx_conn_t *c)
     while (*pp != c)
         pp = &(*pp)->next;
     *pp = c->next;
-    kvt__ucx_ep_close(wk, c->ep, c->peer_failures);
+    /* Forced (which drops what is in flight) when UCX failed it, or when
+     * nothing was left on it; gracefully when a session gave up on
+     * requests that a live peer may still answer: forcing the close of
+     * UCX's tcp under them has crashed UCX 1.13 (an assertion in its tcp
+     * connection manager). */
+    kvt__ucx_ep_close(wk, c->ep,
+                      c->peer_failures && (c->dead || !c->orphans));
     free(c->addr);
     free(c);
 }

@@ -437,14 +437,27 @@ static void list_remove(ucx_unit_t **head, ucx_unit_t **tail, ucx_unit_t *u)
         *tail = u->prev;
 }
 
+int kvt__ucx_unit_orphan_done(ucx_unit_t *u)
+{
+    if (!u->orphan)
+        return 0;
+    if (--u->refs == 0) {
+        free(u->msg);
+        free(u);
+    }
+    return 1;
+}
+
 static void req_done(void *req, ucs_status_t status, void *user)
 {
     ucx_unit_t *u = user;
 
+    ucp_request_free(req);
+    if (kvt__ucx_unit_orphan_done(u))
+        return;
     if (status != UCS_OK && u->status == KVT_OK)
         u->status = kvt__ucx_status(status);
     u->refs--;
-    ucp_request_free(req);
     if (u->kind == UNIT_GET && unit_idle(u)) {
         list_remove(&u->s->gets_head, &u->s->gets_tail, u);
         unit_finish(u);
@@ -650,14 +663,50 @@ int kvt__ucx_sess_busy(const ucx_session_t *s)
  * flight is abandoned with it: the connection fails (and is forced closed
  * once its last user leaves), which completes those requests.
  */
+/* Complete every unit of @s now with @why, and leave those with requests
+ * in flight to ucp, which frees them with their last request. */
+static void orphan_all(ucx_session_t *s, kvt_status_t why)
+{
+    ucx_unit_t *lists[2] = {s->fifo_head, s->gets_head};
+
+    s->fifo_head = s->fifo_tail = s->gets_head = s->gets_tail = NULL;
+    s->epoch = NULL;
+    for (int k = 0; k < 2; k++) {
+        ucx_unit_t *u = lists[k], *next;
+        for (; u != NULL; u = next) {
+            next = u->next;
+            for (uint32_t i = 0; i < u->ncomps; i++)
+                kvt__comp_done(u->comps[i], why);
+            if (u->comps != &u->comp1)
+                free(u->comps);
+            u->comps = &u->comp1;
+            u->ncomps = 0;
+            u->s = NULL;
+            u->orphan = 1;
+            if (u->refs == 0) {
+                free(u->msg);
+                free(u);
+            } else {
+                s->conn->orphans = 1;
+            }
+        }
+    }
+}
+
 static void ep_close(ucx_session_t *s)
 {
     if (s->conn == NULL)
         return;
-    if (!kvt__ucx_sess_busy(s) && !s->ep_error && !s->conn->error)
+    if (!kvt__ucx_sess_busy(s) && !s->ep_error && !s->conn->error) {
         kvt__ucx_am_send(s->ep, UCX_AM_BYE, s->token, 0, NULL, 0, NULL);
-    else
+    } else {
+        /* Work in flight on a connection UCX did not fail (a peer that
+         * stopped answering, a close that outlived its linger) ends now;
+         * the connection goes once ucp returns it. */
+        if (kvt__ucx_sess_busy(s) && !s->conn->dead)
+            orphan_all(s, s->failed != KVT_OK ? s->failed : KVT_ERR_CANCELED);
         kvt__ucx_conn_fail(s->conn);
+    }
     kvt__ucx_conn_put(s->wk, s->conn);
     s->conn = NULL;
     s->ep = NULL;
