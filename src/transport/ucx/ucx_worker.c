@@ -49,6 +49,23 @@ void kvt__ucx_post(ucx_worker_t *wk, ucx_msg_t *m, int wake)
         atomic_store(&wk->need_wake, 1);
 }
 
+/*
+ * Drive ucp until it has nothing to do. Over UCX's tcp and shared memory
+ * (no RDMA) ucp copies peers' writes into this engine's memory here; the
+ * engine's landed counter orders those copies before what
+ * kvt_notify_recv() returns from now on.
+ */
+static unsigned progress(ucx_worker_t *wk)
+{
+    unsigned n = 0;
+
+    while (ucp_worker_progress(wk->w))
+        n++;
+    if (n > 0)
+        kvt__engine_landed(wk->ucx->e);
+    return n;
+}
+
 static ucx_msg_t *inbox_take(ucx_worker_t *wk)
 {
     ucx_msg_t *m;
@@ -162,8 +179,7 @@ static void shut_down(ucx_worker_t *wk)
     kvt__ucx_inbound_close_all(wk);
     for (;;) {
         uint64_t now = kvt__now_ns();
-        while (ucp_worker_progress(wk->w))
-            ;
+        progress(wk);
         kvt__ucx_conns_check(wk);
         kvt__ucx_events(wk);
         serve_touched(wk, now);
@@ -232,8 +248,7 @@ void *kvt__ucx_worker_main(void *arg)
             m = next;
         }
         close_epochs(wk);
-        while (ucp_worker_progress(wk->w))
-            ;
+        progress(wk);
         kvt__ucx_conns_check(wk);
         kvt__ucx_events(wk);
         now = kvt__now_ns();
@@ -251,7 +266,7 @@ void *kvt__ucx_worker_main(void *arg)
             uint64_t until = kvt__now_ns() + SPIN_NS;
             int got = 0;
             while (!got && kvt__now_ns() < until)
-                got = ucp_worker_progress(wk->w) != 0 || !inbox_empty(wk);
+                got = progress(wk) != 0 || !inbox_empty(wk);
             if (got)
                 continue;
         }
