@@ -48,7 +48,9 @@ enum {
 };
 
 /* The header of every message: the initiator's token for the session,
- * and a value (HELLO: the length of the worker address that follows;
+ * and a value (HELLO: the length of the worker address, which follows the
+ * registry generation of the descriptor the initiator fetched (u64);
+ * HELLO_ACK: 1 when that generation is not the current one;
  * REG_CHANGED, REG_ACK: the registry generation; NOTIFY: the length of
  * the sender's name that follows, then the message). */
 typedef struct {
@@ -145,6 +147,7 @@ struct ucx_session {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int opened; /* 1: acknowledged; <0: a kvt_status_t failure */
+    uint64_t desc_gen; /* the registry generation of the peer's descriptor */
 
     /* The worker's alone from here on. */
     ucx_session_t *wnext, *wprev; /* the worker's sessions */
@@ -191,8 +194,6 @@ typedef struct ucx_event {
     uint8_t data[];
 } ucx_event_t;
 
-/* Endpoints being closed, until ucp is done with them. */
-#define UCX_CLOSING_MAX 64
 
 struct ucx_worker {
     kvt__ucx_t *ucx;
@@ -217,8 +218,8 @@ struct ucx_worker {
     ucx_conn_t *conns;
     _Atomic int conn_error; /* some connection failed */
     ucx_event_t *ev_head, *ev_tail;
-    void *closing[UCX_CLOSING_MAX];
-    unsigned nclosing;
+    void **closing; /* close requests ucp is not done with */
+    unsigned nclosing, closing_cap;
     int inbound_error; /* an inbound endpoint's error handler ran */
     uint64_t next_tick;
 };
@@ -248,7 +249,11 @@ struct kvt__ucx {
     pthread_mutex_t lock;       /* guards chg */
     pthread_cond_t cond;
     ucx_regchg_t chg;
-    uint64_t gen;
+    /* The registry's generation, as initiators were told it (bumped by
+     * mem_changed() before it looks at ninbound), and how many initiators
+     * this engine serves (counted by on_hello() before it reads gen). */
+    _Atomic uint64_t gen;
+    _Atomic unsigned ninbound;
 };
 
 /* ucx_worker.c */

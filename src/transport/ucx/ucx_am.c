@@ -177,14 +177,16 @@ void kvt__ucx_ep_close(ucx_worker_t *wk, ucp_ep_h ep, int force)
     r = ucp_ep_close_nbx(ep, &p);
     if (r == NULL || UCS_PTR_IS_ERR(r))
         return;
-    if (wk->nclosing == UCX_CLOSING_MAX) {
-        /* Full: wait for the oldest (it was forced or flushed long ago). */
-        while (ucp_request_check_status(wk->closing[0]) == UCS_INPROGRESS)
-            ucp_worker_progress(wk->w);
-        ucp_request_free(wk->closing[0]);
-        memmove(wk->closing, wk->closing + 1,
-                (UCX_CLOSING_MAX - 1) * sizeof(void *));
-        wk->nclosing--;
+    if (wk->nclosing == wk->closing_cap) {
+        unsigned cap = wk->closing_cap ? 2 * wk->closing_cap : 16;
+        void **n = realloc(wk->closing, cap * sizeof(*n));
+        if (n == NULL) {
+            /* Left to ucp, which frees it with the worker. */
+            KVT_LOG_E("ucx: out of memory: an endpoint closes unwatched");
+            return;
+        }
+        wk->closing = n;
+        wk->closing_cap = cap;
     }
     wk->closing[wk->nclosing++] = r;
 }
@@ -242,6 +244,7 @@ static void inbound_reap(ucx_worker_t *wk)
             inbound_drop(wk, in, 1);
         if (in->dead) {
             *pp = in->next;
+            atomic_fetch_sub(&wk->ucx->ninbound, 1);
             free(in);
         } else {
             pp = &in->next;
@@ -252,11 +255,13 @@ static void inbound_reap(ucx_worker_t *wk)
 
 static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
 {
+    kvt__ucx_t *ucx = wk->ucx;
     ucx_inbound_t *in;
+    uint64_t gen;
     kvt_status_t st;
 
-    if (ev->len == 0 || ev->len != ev->value || ev->len > UCX_ADDR_MAX ||
-        inbound_find(wk, ev->token)) {
+    if (ev->value == 0 || ev->value > UCX_ADDR_MAX ||
+        ev->len != 8 + ev->value || inbound_find(wk, ev->token)) {
         KVT_LOG_W("ucx: a malformed HELLO dropped");
         return;
     }
@@ -265,7 +270,7 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
         return;
     in->token = ev->token;
     in->wk = wk;
-    in->conn = kvt__ucx_conn_get(wk, ev->data, ev->len, &st);
+    in->conn = kvt__ucx_conn_get(wk, ev->data + 8, ev->value, &st);
     if (in->conn == NULL) {
         KVT_LOG_W("ucx: cannot reach an initiator back: %s",
                   kvt_status_str(st));
@@ -274,7 +279,13 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
     }
     in->next = wk->inbound;
     wk->inbound = in;
-    if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token, 0, NULL, 0,
+    /* Counted before the generation is read, as mem_changed() bumps it
+     * before it counts: an initiator is either told of a change or sees
+     * that its descriptor predates it. */
+    atomic_fetch_add(&ucx->ninbound, 1);
+    memcpy(&gen, ev->data, 8);
+    if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
+                         gen != atomic_load(&ucx->gen), NULL, 0,
                          NULL) != KVT_OK)
         inbound_drop(wk, in, 1);
 }
@@ -365,6 +376,8 @@ static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
     case UCX_AM_HELLO_ACK:
         s = kvt__ucx_sess_by_token(wk, ev->token);
         if (s != NULL) {
+            if (ev->value != 0)
+                s->stale = 1; /* its descriptor predates a change */
             pthread_mutex_lock(&s->lock);
             if (s->opened == 0)
                 s->opened = 1;

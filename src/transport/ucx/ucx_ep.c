@@ -122,12 +122,13 @@ static kvt_status_t peer_worker(ucx_session_t *s, const kvt__segdesc_t *d)
     const uint8_t *p, *end;
     uint32_t n, pick;
 
-    if (sec == NULL || sec->len < 4)
+    if (sec == NULL || sec->len < 12)
         return KVT_ERR_PROTOCOL;
     p = sec->body;
     end = p + sec->len;
-    memcpy(&n, p, 4);
-    p += 4;
+    memcpy(&s->desc_gen, p, 8);
+    memcpy(&n, p + 8, 4);
+    p += 12;
     if (n == 0)
         return KVT_ERR_PROTOCOL;
     pick = s->wk->id % n;
@@ -184,8 +185,13 @@ void kvt__ucx_sess_connect(ucx_session_t *s)
         return;
     }
     s->ep = s->conn->ep;
-    kst = kvt__ucx_am_send(s->ep, UCX_AM_HELLO, s->token, wk->addr_len,
-                           wk->addr, wk->addr_len, NULL);
+    {
+        uint8_t hello[8 + UCX_ADDR_MAX];
+        memcpy(hello, &s->desc_gen, 8);
+        memcpy(hello + 8, wk->addr, wk->addr_len);
+        kst = kvt__ucx_am_send(s->ep, UCX_AM_HELLO, s->token, wk->addr_len,
+                               hello, 8 + wk->addr_len, NULL);
+    }
     if (kst != KVT_OK) {
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 0);
         open_done(s, -KVT_ERR_CONN_LOST);

@@ -130,6 +130,7 @@ static kvt_status_t context_create(kvt__ucx_t *ucx)
 
 static void worker_fini(ucx_worker_t *wk)
 {
+    free(wk->closing);
     if (wk->addr != NULL)
         ucp_worker_release_address(wk->w, (ucp_address_t *)wk->addr);
     if (wk->w != NULL)
@@ -304,13 +305,24 @@ static void ucx_destroy(kvt__tl_t *tl)
     ucx_free((kvt__ucx_t *)tl);
 }
 
+/* The section: u64 registry generation (read before the core lists the
+ * regions), then the workers' addresses (section_build()). */
 static kvt_status_t ucx_describe(kvt__tl_t *tl, kvt__segdesc_t *d)
 {
     kvt__ucx_t *ucx = (kvt__ucx_t *)tl;
+    uint64_t gen = atomic_load(&ucx->gen);
+    uint8_t *body = malloc(8 + ucx->section_len);
+    kvt_status_t st;
 
-    return kvt__segdesc_add_tl(d, kvt__tl_ucx.id, kvt__tl_ucx.name,
-                               UCX_SECTION_VERSION, ucx->section,
-                               ucx->section_len);
+    if (body == NULL)
+        return KVT_ERR_NO_MEMORY;
+    memcpy(body, &gen, 8);
+    memcpy(body + 8, ucx->section, ucx->section_len);
+    st = kvt__segdesc_add_tl(d, kvt__tl_ucx.id, kvt__tl_ucx.name,
+                             UCX_SECTION_VERSION, body,
+                             8 + ucx->section_len);
+    free(body);
+    return st;
 }
 
 /* ---- Memory ---------------------------------------------------------------- */
@@ -397,8 +409,14 @@ static void ucx_mem_changed(kvt__tl_t *tl)
     if (!ucx->started || atomic_load(&ucx->stopping))
         return;
     pthread_mutex_lock(&ucx->reg_serial);
+    gen = atomic_fetch_add(&ucx->gen, 1) + 1;
+    if (atomic_load(&ucx->ninbound) == 0) {
+        /* Nobody to tell: an initiator whose HELLO comes later sees that
+         * its descriptor predates @gen (on_hello()). */
+        pthread_mutex_unlock(&ucx->reg_serial);
+        return;
+    }
     pthread_mutex_lock(&ucx->lock);
-    gen = ++ucx->gen;
     ucx->chg = (ucx_regchg_t){gen, ucx->nworkers, 0};
     pthread_mutex_unlock(&ucx->lock);
     for (unsigned i = 0; i < ucx->nworkers; i++) {
@@ -458,11 +476,11 @@ static int ucx_reachable(kvt__tl_t *tl, const kvt__segdesc_t *peer,
     uint32_t n;
 
     (void)tl;
-    if (sec == NULL || sec->version != UCX_SECTION_VERSION || sec->len < 4) {
+    if (sec == NULL || sec->version != UCX_SECTION_VERSION || sec->len < 12) {
         *why_p = "its ucx section is of another version";
         return 0;
     }
-    memcpy(&n, sec->body, 4);
+    memcpy(&n, sec->body + 8, 4);
     if (n == 0) {
         *why_p = "it has no ucx workers";
         return 0;
