@@ -148,6 +148,10 @@ struct ucx_session {
     pthread_cond_t cond;
     int opened; /* 1: acknowledged; <0: a kvt_status_t failure */
     uint64_t desc_gen; /* the registry generation of the peer's descriptor */
+    /* A peer on this host: its process, watched while work is in flight
+     * (UCX's shared memory finds a dead peer only by keepalive). */
+    int pidfd;
+    uint64_t next_pid_check;
 
     /* The worker's alone from here on. */
     ucx_session_t *wnext, *wprev; /* the worker's sessions */

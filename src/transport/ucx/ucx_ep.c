@@ -5,9 +5,12 @@
  * data path (puts in epochs closed by flushes, gets, notifications in
  * FIFO order), failure, registry changes and release.
  */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "ctrl/ctrl.h"
 #include "transport/ucx/ucx.h"
@@ -220,6 +223,9 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
                           ucx->nworkers];
     s->token = atomic_fetch_add(&ucx->next_token, 1);
     snprintf(s->addr, sizeof(s->addr), "%s", peer->addr);
+    s->pidfd = -1;
+    if (peer->desc->host_id == ucx->cfg->host_id && peer->desc->pid != 0)
+        s->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)peer->desc->pid, 0);
     pthread_mutex_init(&s->lock, NULL);
     kvt__ucx_cond_init(&s->cond);
     st = peer_worker(s, peer->desc);
@@ -227,6 +233,8 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         st = regions_load(s, peer->desc);
     if (st != KVT_OK) {
         *why_p = "its ucx section is malformed";
+        if (s->pidfd >= 0)
+            close(s->pidfd);
         free(s->peer_addr);
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->cond);
@@ -359,10 +367,23 @@ void kvt__ucx_session_destroy(kvt__session_t *base)
     ucx_session_t *s = (ucx_session_t *)base;
 
     regions_free(s);
+    if (s->pidfd >= 0)
+        close(s->pidfd);
     free(s->peer_addr);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
     free(s);
+}
+
+/* Whether a peer on this host has exited (its pidfd is readable). */
+static int peer_exited(ucx_session_t *s, uint64_t now)
+{
+    struct pollfd p = {.fd = s->pidfd, .events = POLLIN};
+
+    if (s->pidfd < 0 || now < s->next_pid_check)
+        return 0;
+    s->next_pid_check = now + 20000000ull; /* every 20 ms at most */
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP));
 }
 
 /* ---- The data path (worker) ---------------------------------------------------- */
@@ -832,6 +853,8 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
     if (s->failed == KVT_OK && killed != KVT_OK)
         kvt__ucx_sess_fail(s, killed, 0);
     if (s->failed == KVT_OK && s->ep_error)
+        kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 1);
+    if (s->failed == KVT_OK && kvt__ucx_sess_busy(s) && peer_exited(s, now))
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 1);
     fifo_advance(s);
     if (s->failed == KVT_OK && !kvt__ucx_sess_busy(s) && s->epoch == NULL) {

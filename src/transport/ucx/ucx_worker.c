@@ -239,9 +239,16 @@ static void shut_down(ucx_worker_t *wk)
         kvt__ucx_closing_reap(wk);
     }
     kvt__ucx_events(wk); /* frees what arrived last */
-    if (wk->nclosing > 0)
+    if (wk->nclosing > 0) {
+        /* A graceful close to a dead peer (without failure handling) never
+         * ends: hand the requests back, and the worker's destruction ends
+         * them. */
         KVT_LOG_W("ucx: a worker stops with %u endpoints still closing",
                   wk->nclosing);
+        for (unsigned i = 0; i < wk->nclosing; i++)
+            ucp_request_free(wk->closing[i]);
+        wk->nclosing = 0;
+    }
 }
 
 void *kvt__ucx_worker_main(void *arg)
