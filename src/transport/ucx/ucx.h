@@ -79,9 +79,9 @@ struct ucx_conn {
     ucp_ep_h ep;
     uint8_t *addr; /* the peer worker's address */
     size_t len;
-    unsigned refs;     /* sessions and inbound peers using it */
-    _Atomic int dead;  /* its error handler ran */
-    int orphans;       /* requests were left on it (see ucx_ep.c) */
+    unsigned refs;    /* sessions and inbound peers using it */
+    _Atomic int dead; /* its error handler ran */
+    int orphans;      /* requests were left on it (see ucx_ep.c) */
     /* Failed: no new users, closed when unused. Set by the error handler,
      * which UCX may call from its own thread. */
     _Atomic int error;
@@ -112,10 +112,11 @@ struct ucx_unit {
     uint32_t refs;   /* requests not yet completed */
     uint32_t ncomps; /* descriptors it completes */
     uint32_t cap;
-    uint64_t t0;          /* when it was taken */
-    kvt__comp_t **comps;  /* ncomps of them */
-    kvt__comp_t *comp1;   /* the inline one, when cap is 1 */
-    uint32_t len;         /* NOTIFY: the message (with the sender's name) */
+    uint64_t t0;         /* when it was taken */
+    kvt__comp_t **comps; /* ncomps of them */
+    kvt__comp_t *comp1;  /* the inline one, when cap is 1 */
+    uint32_t len;        /* NOTIFY: the message (with the sender's name) */
+    uint32_t nlen;       /* of which the name */
     uint8_t *msg;
 };
 
@@ -146,7 +147,7 @@ struct ucx_session {
     /* The opener waits on these for HELLO_ACK. */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int opened; /* 1: acknowledged; <0: a kvt_status_t failure */
+    int opened;        /* 1: acknowledged; <0: a kvt_status_t failure */
     uint64_t desc_gen; /* the registry generation of the peer's descriptor */
     /* A peer on this host: its process, watched while work is in flight
      * (UCX's shared memory finds a dead peer only by keepalive). */
@@ -155,16 +156,15 @@ struct ucx_session {
 
     /* The worker's alone from here on. */
     ucx_session_t *wnext, *wprev; /* the worker's sessions */
-    ucx_conn_t *conn;
-    ucp_ep_h ep;  /* conn's, while the session uses it */
-    int ep_error; /* its connection failed */
-    int linger;   /* closed: in-flight work may finish until linger_until */
+    ucx_conn_t *conn;             /* NULL once it left it */
+    int ep_error;                 /* its connection failed */
+    int linger; /* closed: in-flight work may finish until linger_until */
     uint64_t linger_until;
     kvt_status_t failed;
     ucx_rregion_t *regions; /* sorted by start */
     size_t nregions;
-    size_t last; /* the region found last */
-    int stale;   /* the peer's registry changed: fetch again */
+    size_t last;      /* the region found last */
+    int stale;        /* the peer's registry changed: fetch again */
     uint64_t ack_gen; /* REG_ACK owed for this generation (0: none) */
     ucx_unit_t *fifo_head, *fifo_tail; /* epochs, notifies, acks */
     ucx_unit_t *gets_head, *gets_tail; /* reads */
@@ -180,9 +180,9 @@ struct ucx_inbound {
     ucx_inbound_t *next;
     ucx_worker_t *wk;
     uint64_t token;
-    ucx_conn_t *conn;     /* back to the initiator's worker */
-    uint64_t acked;       /* the last generation it acknowledged */
-    uint64_t owed;        /* the generation it has yet to acknowledge */
+    ucx_conn_t *conn; /* back to the initiator's worker */
+    uint64_t acked;   /* the last generation it acknowledged */
+    uint64_t owed;    /* the generation it has yet to acknowledge */
     int dead;
     int error; /* its error handler ran */
 };
@@ -197,7 +197,6 @@ typedef struct ucx_event {
     size_t len;
     uint8_t data[];
 } ucx_event_t;
-
 
 struct ucx_worker {
     kvt__ucx_t *ucx;
@@ -269,8 +268,8 @@ kvt_status_t kvt__ucx_status(ucs_status_t st);
 /* ucx_ep.c: sessions, on their worker's thread unless said. */
 kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
                            kvt__session_t **s_p, const char **why_p);
-kvt_status_t kvt__ucx_submit(kvt__session_t *s, const kvt__xfer_t *x,
-                             size_t n, kvt__sub_t *sub);
+kvt_status_t kvt__ucx_submit(kvt__session_t *s, const kvt__xfer_t *x, size_t n,
+                             kvt__sub_t *sub);
 void kvt__ucx_kill(kvt__session_t *s, kvt_status_t why);
 void kvt__ucx_session_destroy(kvt__session_t *s);
 void kvt__ucx_flush_tl(kvt__tl_t *tl);

@@ -50,7 +50,7 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t hlen,
 }
 
 #define AM_THUNK(ID)                                                           \
-    static ucs_status_t am_##ID(void *arg, const void *h, size_t hl, void *d, \
+    static ucs_status_t am_##ID(void *arg, const void *h, size_t hl, void *d,  \
                                 size_t l, const ucp_am_recv_param_t *p)        \
     {                                                                          \
         ucx_worker_t *wk = arg;                                                \
@@ -102,7 +102,8 @@ kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk)
     return KVT_OK;
 }
 
-/* ---- Sending --------------------------------------------------------------- */
+/* ---- Sending ---------------------------------------------------------------
+ */
 
 /* What a message in flight holds: its header and data must live until
  * ucp is done with them. */
@@ -163,7 +164,8 @@ kvt_status_t kvt__ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t token,
     return KVT_OK;
 }
 
-/* ---- Closing endpoints ----------------------------------------------------- */
+/* ---- Closing endpoints -----------------------------------------------------
+ */
 
 void kvt__ucx_ep_close(ucx_worker_t *wk, ucp_ep_h ep, int force)
 {
@@ -205,7 +207,8 @@ int kvt__ucx_closing_reap(ucx_worker_t *wk)
     return k > 0;
 }
 
-/* ---- Target side: inbound peers -------------------------------------------- */
+/* ---- Target side: inbound peers --------------------------------------------
+ */
 
 static ucx_inbound_t *inbound_find(ucx_worker_t *wk, uint64_t token)
 {
@@ -346,7 +349,8 @@ void kvt__ucx_inbound_close_all(ucx_worker_t *wk)
     inbound_reap(wk);
 }
 
-/* ---- Events ---------------------------------------------------------------- */
+/* ---- Events ----------------------------------------------------------------
+ */
 
 static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
 {

@@ -73,12 +73,11 @@ ucx_conn_t *kvt__ucx_conn_get(ucx_worker_t *wk, const void *addr, size_t len,
                       "found by the transfer timeout");
     }
     if (st != UCS_OK) {
-        KVT_LOG_W("ucx: cannot create an endpoint: %s",
-                  ucs_status_string(st));
+        KVT_LOG_W("ucx: cannot create an endpoint: %s", ucs_status_string(st));
         free(c->addr);
         free(c);
         *st_p = kvt__ucx_status(st) == KVT_ERR_NO_MEMORY ? KVT_ERR_NO_MEMORY
-                                                          : KVT_ERR_UNREACHABLE;
+                                                         : KVT_ERR_UNREACHABLE;
         return NULL;
     }
     c->refs = 1;
@@ -107,8 +106,7 @@ static void conn_close(ucx_worker_t *wk, ucx_conn_t *c)
      * requests that a live peer may still answer: forcing the close of
      * UCX's tcp under them has crashed UCX 1.13 (an assertion in its tcp
      * connection manager). */
-    kvt__ucx_ep_close(wk, c->ep,
-                      c->peer_failures && (c->dead || !c->orphans));
+    kvt__ucx_ep_close(wk, c->ep, c->peer_failures && (c->dead || !c->orphans));
     free(c->addr);
     free(c);
 }

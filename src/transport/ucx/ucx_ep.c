@@ -17,7 +17,8 @@
 #include "util/log.h"
 #include "util/time.h"
 
-/* ---- The peer's regions ------------------------------------------------------ */
+/* ---- The peer's regions
+ * ------------------------------------------------------ */
 
 static void regions_free(ucx_session_t *s)
 {
@@ -79,8 +80,8 @@ bad:
 
 /* The region that holds all of [addr, +len) with @access, its key
  * unpacked; NULL when there is none (worker thread). */
-static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr,
-                                  uint64_t len, uint32_t access)
+static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr, uint64_t len,
+                                  uint32_t access)
 {
     ucx_rregion_t *r = NULL;
     size_t lo = 0, hi = s->nregions;
@@ -104,7 +105,7 @@ static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr,
     if (len > r->end - addr || (r->access & access) != access)
         return NULL;
     if (r->rkey == NULL) {
-        ucs_status_t st = ucp_ep_rkey_unpack(s->ep, r->key, &r->rkey);
+        ucs_status_t st = ucp_ep_rkey_unpack(s->conn->ep, r->key, &r->rkey);
         if (st != UCS_OK) {
             KVT_LOG_W("ucx: %s: a region's key does not unpack: %s",
                       s->base.name, ucs_status_string(st));
@@ -115,7 +116,8 @@ static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr,
     return r;
 }
 
-/* ---- Opening ----------------------------------------------------------------- */
+/* ---- Opening
+ * ----------------------------------------------------------------- */
 
 /* The address of the peer's worker that serves ours (its section:
  * u32 count, then u32 length and address each). */
@@ -187,13 +189,12 @@ void kvt__ucx_sess_connect(ucx_session_t *s)
         open_done(s, -(int)kst);
         return;
     }
-    s->ep = s->conn->ep;
     {
         uint8_t hello[8 + UCX_ADDR_MAX];
         memcpy(hello, &s->desc_gen, 8);
         memcpy(hello + 8, wk->addr, wk->addr_len);
-        kst = kvt__ucx_am_send(s->ep, UCX_AM_HELLO, s->token, wk->addr_len,
-                               hello, 8 + wk->addr_len, NULL);
+        kst = kvt__ucx_am_send(s->conn->ep, UCX_AM_HELLO, s->token,
+                               wk->addr_len, hello, 8 + wk->addr_len, NULL);
     }
     if (kst != KVT_OK) {
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 0);
@@ -219,8 +220,8 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         free(m);
         return KVT_ERR_NO_MEMORY;
     }
-    s->wk = &ucx->workers[atomic_fetch_add(&ucx->next_worker, 1) %
-                          ucx->nworkers];
+    s->wk =
+        &ucx->workers[atomic_fetch_add(&ucx->next_worker, 1) % ucx->nworkers];
     s->token = atomic_fetch_add(&ucx->next_token, 1);
     snprintf(s->addr, sizeof(s->addr), "%s", peer->addr);
     s->pidfd = -1;
@@ -233,12 +234,7 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         st = regions_load(s, peer->desc);
     if (st != KVT_OK) {
         *why_p = "its ucx section is malformed";
-        if (s->pidfd >= 0)
-            close(s->pidfd);
-        free(s->peer_addr);
-        pthread_mutex_destroy(&s->lock);
-        pthread_cond_destroy(&s->cond);
-        free(s);
+        kvt__ucx_session_destroy(&s->base); /* touches nothing of the base */
         free(m);
         return st;
     }
@@ -270,7 +266,8 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     return (kvt_status_t)-result;
 }
 
-/* ---- Submission (any thread) --------------------------------------------------- */
+/* ---- Submission (any thread)
+ * --------------------------------------------------- */
 
 void kvt__ucx_complete_msg(ucx_msg_t *m, kvt_status_t st)
 {
@@ -386,7 +383,8 @@ static int peer_exited(ucx_session_t *s, uint64_t now)
     return poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP));
 }
 
-/* ---- The data path (worker) ---------------------------------------------------- */
+/* ---- The data path (worker)
+ * ---------------------------------------------------- */
 
 static int unit_idle(const ucx_unit_t *u)
 {
@@ -515,12 +513,12 @@ void kvt__ucx_sess_close_epoch(ucx_session_t *s)
     if (u == NULL)
         return;
     s->epoch = NULL;
-    if (s->ep != NULL && s->failed == KVT_OK) {
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA;
+    if (s->conn != NULL && s->failed == KVT_OK) {
+        p.op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         p.cb.send = req_done;
         p.user_data = u;
-        req_posted(u, ucp_ep_flush_nbx(s->ep, &p));
+        req_posted(u, ucp_ep_flush_nbx(s->conn->ep, &p));
     }
     u->posted = 1;
     kvt__ucx_sess_touch(s);
@@ -539,6 +537,8 @@ static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
 {
     int wr = x->op == KVT_OP_WRITE;
     ucp_request_param_t p = {0};
+    ucx_rregion_t *whole;
+    uint32_t acc;
     ucx_unit_t *u;
 
     if (x->op == KVT_OP_NOTIFY) {
@@ -554,13 +554,18 @@ static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
         memcpy(u->msg, me, nl);
         memcpy(u->msg + nl, (const void *)(uintptr_t)x->laddr, x->len);
         u->len = (uint32_t)(nl + x->len);
+        u->nlen = (uint32_t)nl;
         u->ncomps = 1;
         u->comp1 = x->comp;
         list_append(&s->fifo_head, &s->fifo_tail, u);
         kvt__ucx_sess_touch(s);
         return;
     }
-    if (!xfer_check(s, x, wr ? KVT_ACCESS_REMOTE_WRITE : KVT_ACCESS_REMOTE_READ)) {
+    /* Usually one region holds the whole span: one lookup for every
+     * piece. Otherwise each piece is checked, then looked up again. */
+    acc = wr ? KVT_ACCESS_REMOTE_WRITE : KVT_ACCESS_REMOTE_READ;
+    whole = region_find(s, x->raddr, (x->count - 1) * x->rstride + x->len, acc);
+    if (whole == NULL && !xfer_check(s, x, acc)) {
         kvt__comp_done(x->comp, KVT_ERR_ACCESS);
         return;
     }
@@ -599,9 +604,10 @@ static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
     for (uint32_t i = 0; i < x->count; i++) {
         uint64_t ra = x->raddr + i * x->rstride;
         void *la = (void *)(uintptr_t)(x->laddr + i * x->lstride);
-        ucx_rregion_t *r = region_find(s, ra, x->len, 0);
-        ucs_status_ptr_t q = wr ? ucp_put_nbx(s->ep, la, x->len, ra, r->rkey, &p)
-                                : ucp_get_nbx(s->ep, la, x->len, ra, r->rkey, &p);
+        ucx_rregion_t *r = whole ? whole : region_find(s, ra, x->len, 0);
+        ucs_status_ptr_t q =
+            wr ? ucp_put_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p)
+               : ucp_get_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
         req_posted(u, q);
     }
     if (!wr) {
@@ -677,7 +683,8 @@ void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m)
         kvt__ucx_sess_touch(s);
 }
 
-/* ---- Failure, service, release (worker) ------------------------------------------ */
+/* ---- Failure, service, release (worker)
+ * ------------------------------------------ */
 
 int kvt__ucx_sess_busy(const ucx_session_t *s)
 {
@@ -725,7 +732,7 @@ static void ep_close(ucx_session_t *s)
     if (s->conn == NULL)
         return;
     if (!kvt__ucx_sess_busy(s) && !s->ep_error && !s->conn->error) {
-        kvt__ucx_am_send(s->ep, UCX_AM_BYE, s->token, 0, NULL, 0, NULL);
+        kvt__ucx_am_send(s->conn->ep, UCX_AM_BYE, s->token, 0, NULL, 0, NULL);
     } else {
         /* Work in flight on a connection UCX did not fail (a peer that
          * stopped answering, a close that outlived its linger) ends now;
@@ -736,7 +743,6 @@ static void ep_close(ucx_session_t *s)
     }
     kvt__ucx_conn_put(s->wk, s->conn);
     s->conn = NULL;
-    s->ep = NULL;
     s->linger = 0;
 }
 
@@ -810,10 +816,9 @@ static void fifo_advance(ucx_session_t *s)
     while ((u = s->fifo_head) != NULL) {
         if (u->kind == UNIT_NOTIFY && !u->posted) {
             if (s->failed == KVT_OK) {
-                kvt_status_t st = kvt__ucx_am_send(
-                    s->ep, UCX_AM_NOTIFY, s->token,
-                    strlen(kvt__engine_cfg(s->base.engine)->seg_name), u->msg,
-                    u->len, u);
+                kvt_status_t st =
+                    kvt__ucx_am_send(s->conn->ep, UCX_AM_NOTIFY, s->token,
+                                     u->nlen, u->msg, u->len, u);
                 if (st != KVT_OK)
                     u->status = st;
             }
@@ -861,7 +866,7 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
         if (s->ack_gen != 0) {
             KVT_LOG_D("ucx: %s: registry change %llu acknowledged",
                       s->base.name, (unsigned long long)s->ack_gen);
-            kvt__ucx_am_send(s->ep, UCX_AM_REG_ACK, s->token, s->ack_gen,
+            kvt__ucx_am_send(s->conn->ep, UCX_AM_REG_ACK, s->token, s->ack_gen,
                              NULL, 0, NULL);
             s->ack_gen = 0;
         }
@@ -882,10 +887,10 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
             kvt__ucx_sess_fail(s, KVT_ERR_TIMEDOUT, 1);
     }
     fifo_advance(s);
-    if (s->linger && (!kvt__ucx_sess_busy(s) || s->ep_error ||
-                      now >= s->linger_until))
+    if (s->linger &&
+        (!kvt__ucx_sess_busy(s) || s->ep_error || now >= s->linger_until))
         ep_close(s);
-    if (s->linger && s->ep == NULL)
+    if (s->linger && s->conn == NULL)
         s->linger = 0;
     if (s->failed != KVT_OK && !kvt__ucx_sess_busy(s) && !s->touched &&
         s->conn == NULL) {

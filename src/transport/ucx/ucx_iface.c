@@ -80,8 +80,7 @@ static void config_default(ucp_config_t *c, const char *name, const char *v)
         return;
     st = ucp_config_modify(c, name, v);
     if (st != UCS_OK)
-        KVT_LOG_W("ucx: cannot set %s=%s: %s", name, v,
-                  ucs_status_string(st));
+        KVT_LOG_W("ucx: cannot set %s=%s: %s", name, v, ucs_status_string(st));
 }
 
 static kvt_status_t context_create(kvt__ucx_t *ucx)
@@ -114,8 +113,8 @@ static kvt_status_t context_create(kvt__ucx_t *ucx)
                                              : 10)
                                       : 1000));
     config_default(c, "KEEPALIVE_INTERVAL", v);
-    p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                   UCP_PARAM_FIELD_NAME;
+    p.field_mask = UCP_PARAM_FIELD_FEATURES |
+                   UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1; /* memory is mapped from any thread */
     p.name = "kvt";
@@ -171,9 +170,8 @@ static kvt_status_t worker_init(kvt__ucx_t *ucx, ucx_worker_t *wk, unsigned id)
     wk->epfd = epoll_create1(EPOLL_CLOEXEC);
     wk->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st != UCS_OK || wk->epfd < 0 || wk->evfd < 0) {
-        KVT_LOG_E("ucx: no event descriptors: %s", st != UCS_OK
-                                                     ? ucs_status_string(st)
-                                                     : strerror(errno));
+        KVT_LOG_E("ucx: no event descriptors: %s",
+                  st != UCS_OK ? ucs_status_string(st) : strerror(errno));
         return KVT_ERR_IO;
     }
     ev = (struct epoll_event){.events = EPOLLIN, .data.fd = wk->evfd};
@@ -268,8 +266,8 @@ static kvt_status_t ucx_start(kvt__tl_t *tl)
     kvt__ucx_t *ucx = (kvt__ucx_t *)tl;
 
     for (unsigned i = 0; i < ucx->nworkers; i++) {
-        if (pthread_create(&ucx->workers[i].thread, NULL,
-                           kvt__ucx_worker_main, &ucx->workers[i]) != 0) {
+        if (pthread_create(&ucx->workers[i].thread, NULL, kvt__ucx_worker_main,
+                           &ucx->workers[i]) != 0) {
             KVT_LOG_E("ucx: cannot start worker threads");
             atomic_store(&ucx->stopping, 1);
             for (unsigned j = 0; j < i; j++) {
@@ -319,13 +317,13 @@ static kvt_status_t ucx_describe(kvt__tl_t *tl, kvt__segdesc_t *d)
     memcpy(body, &gen, 8);
     memcpy(body + 8, ucx->section, ucx->section_len);
     st = kvt__segdesc_add_tl(d, kvt__tl_ucx.id, kvt__tl_ucx.name,
-                             UCX_SECTION_VERSION, body,
-                             8 + ucx->section_len);
+                             UCX_SECTION_VERSION, body, 8 + ucx->section_len);
     free(body);
     return st;
 }
 
-/* ---- Memory ---------------------------------------------------------------- */
+/* ---- Memory ----------------------------------------------------------------
+ */
 
 static kvt_status_t ucx_mem_reg(kvt__tl_t *tl, const kvt__region_t *r,
                                 kvt__tl_key_t *key)
@@ -337,10 +335,9 @@ static kvt_status_t ucx_mem_reg(kvt__tl_t *tl, const kvt__region_t *r,
     size_t len;
     ucs_status_t st;
 
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_PROT |
-                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.field_mask =
+        UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+        UCP_MEM_MAP_PARAM_FIELD_PROT | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
     mp.address = (void *)(uintptr_t)r->start;
     mp.length = r->end - r->start;
     mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
