@@ -598,16 +598,29 @@ static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
         }
         return;
     }
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = req_done;
-    p.user_data = u;
+    /* A put needs no callback of its own: the flush that closes its
+     * epoch completes after it, with its failure. Its request (if any) is
+     * handed back at once and completes on its own. A get is tracked. */
+    if (!wr) {
+        p.op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        p.cb.send = req_done;
+        p.user_data = u;
+    }
     for (uint32_t i = 0; i < x->count; i++) {
         uint64_t ra = x->raddr + i * x->rstride;
         void *la = (void *)(uintptr_t)(x->laddr + i * x->lstride);
         ucx_rregion_t *r = whole ? whole : region_find(s, ra, x->len, 0);
-        ucs_status_ptr_t q =
-            wr ? ucp_put_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p)
-               : ucp_get_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
+        ucs_status_ptr_t q;
+        if (wr) {
+            q = ucp_put_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
+            if (q != NULL && !UCS_PTR_IS_ERR(q)) {
+                ucp_request_free(q);
+                continue;
+            }
+        } else {
+            q = ucp_get_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
+        }
         req_posted(u, q);
     }
     if (!wr) {
