@@ -42,6 +42,21 @@ int kvt_cmd_info(int argc, char **argv)
         }
         printf("\n");
     }
+    {
+        kvt_mem_domain_info_t d[8];
+        size_t nd = 0;
+        if (kvt_mem_domains(d, 8, &nd) == KVT_OK) {
+            printf("memory:");
+            for (size_t i = 0; i < nd && i < 8; i++) {
+                if (d[i].kind == KVT_MEM_HOST)
+                    printf("%s %s", i ? "," : "", d[i].name);
+                else
+                    printf("%s %s (built; %s)", i ? "," : "", d[i].name,
+                           d[i].detail);
+            }
+            printf("\n");
+        }
+    }
     printf("metadata backends: %s\n", kvt_meta_backends());
     printf("metadata server (kvt metad): %s\n",
            kvt_metad_available() ? "yes" : "no");

@@ -70,6 +70,31 @@ typedef struct {
 KVT_API kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
                                     size_t *count_p);
 
+/* A memory domain built into this library: a kind of memory it can
+ * register. */
+typedef struct {
+    const char *name;   /* "host", "cuda"; static */
+    uint32_t kind;      /* kvt_mem_kind_t */
+    int32_t available;  /* 1: it serves memory now (a driver and devices
+                           found); 0: built, but not on this machine */
+    int32_t devices;    /* devices found (0 for host memory) */
+    const char *detail; /* for people: "driver 13.0, 2 devices", or why it
+                           is not available; static */
+    uint32_t reserved[4];
+} kvt_mem_domain_info_t;
+
+/*
+ * kvt_mem_domains() - the memory domains built into this library: up to
+ * @max into @out, how many there are into *count_p. The first call may
+ * load a device driver (CUDA: dlopen of libcuda.so.1, or of
+ * $KVT_CUDA_LIBRARY, and cuInit()); later calls return at once.
+ *
+ * Thread-safe. Returns KVT_OK, or KVT_ERR_INVALID_PARAM when @count_p is
+ * NULL or @out is NULL with @max > 0.
+ */
+KVT_API kvt_status_t kvt_mem_domains(kvt_mem_domain_info_t *out, size_t max,
+                                     size_t *count_p);
+
 /* Bits of kvt_engine_params_t.field_mask: a field is read only when set. */
 enum {
     KVT_ENGINE_PARAM_LOCAL_HOST = 1u << 0,
@@ -226,8 +251,11 @@ typedef struct {
 } kvt_mem_params_t;
 
 /*
- * kvt_mem_register() - expose [addr, addr+length) of host memory to peers
- * with @access rights, and allow it as the local side of transfers.
+ * kvt_mem_register() - expose [addr, addr+length) to peers with @access
+ * rights, and allow it as the local side of transfers. The memory's kind
+ * is told from the memory: device memory a memory domain of this build
+ * detects (CUDA memory, when a driver is found: kind KVT_MEM_CUDA on its
+ * device), host memory otherwise.
  *
  * The memory stays owned by the caller and must stay valid until
  * kvt_mem_unregister() returns. Every transport that moves host memory
@@ -240,9 +268,12 @@ typedef struct {
  *
  * Returns KVT_OK, KVT_ERR_EXISTS (the range overlaps a registered
  * region), KVT_ERR_INVALID_PARAM (zero length, NULL address, unknown
- * access bits, a range that wraps), KVT_ERR_NO_SPACE (the engine holds
- * 1,048,576 regions already), KVT_ERR_NO_MEMORY, or KVT_ERR_IO when a
- * transport could not register the memory (logged).
+ * access bits, a range that wraps), KVT_ERR_NOT_SUPPORTED (the range is
+ * not memory this process has mapped readable from end to end: device
+ * memory of a driver this build or machine lacks, or unmapped; logged),
+ * KVT_ERR_NO_SPACE (the engine holds 1,048,576 regions already),
+ * KVT_ERR_NO_MEMORY, or KVT_ERR_IO when a transport could not register
+ * the memory (logged).
  */
 KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
                                       size_t length, uint32_t access);
@@ -257,7 +288,7 @@ KVT_API kvt_status_t kvt_mem_register(kvt_engine_h engine, void *addr,
  * KVT_ERR_INVALID_PARAM also for an unknown field bit; otherwise as
  * kvt_mem_register() does (KVT_OK, KVT_ERR_EXISTS, KVT_ERR_INVALID_PARAM,
  * KVT_ERR_NO_SPACE, KVT_ERR_NO_MEMORY, KVT_ERR_IO). kvt_mem_register() is
- * the shorthand for host memory. Thread-safe; may wait as it does.
+ * the shorthand for all defaults. Thread-safe; may wait as it does.
  */
 KVT_API kvt_status_t kvt_mem_register_ex(kvt_engine_h engine, void *addr,
                                          size_t length,

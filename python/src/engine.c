@@ -162,22 +162,59 @@ static PyObject *m_get_first_buffer_address(PyObject *self, PyObject *arg)
 
 /* ---- Memory -------------------------------------------------------------- */
 
-/* Mooncake locations: "*" (any), "cpu:N", "cuda:N", ... Only GPU ones
- * change the memory kind. */
-static int kind_of(PyObject *loc, kvt_mem_kind_t *kind)
+/*
+ * Mooncake locations: none or "*": told from the memory (device memory a
+ * memory domain of this build detects, host memory otherwise); "cpu:N":
+ * host memory; "cuda:N": memory of CUDA device N (checked). Others (other
+ * accelerators) are refused: *kind is KVT_MEM_KINDS then.
+ */
+static int kind_of(PyObject *loc, kvt_mem_kind_t *kind, int32_t *device)
 {
     const char *s;
+    char *end;
+    long n;
 
-    *kind = KVT_MEM_HOST;
+    *kind = KVT_MEM_AUTO;
+    *device = -1;
     if (loc == NULL || loc == Py_None)
         return 0;
     s = kvtpy_cstr(loc, "location");
     if (s == NULL)
         return -1;
-    if (strncmp(s, "cuda", 4) == 0 || strncmp(s, "npu", 3) == 0 ||
-        strncmp(s, "musa", 4) == 0)
+    if (s[0] == '\0' || strcmp(s, "*") == 0)
+        return 0;
+    if (strncmp(s, "cpu", 3) == 0) {
+        *kind = KVT_MEM_HOST;
+        return 0;
+    }
+    if (strncmp(s, "cuda", 4) == 0) {
         *kind = KVT_MEM_CUDA;
+        *device = 0;
+        if (s[4] == ':') {
+            n = strtol(s + 5, &end, 10);
+            if (end == s + 5 || *end != '\0' || n < 0 || n > INT32_MAX)
+                *kind = (kvt_mem_kind_t)KVT_MEM_KINDS;
+            else
+                *device = (int32_t)n;
+        } else if (s[4] != '\0') {
+            *kind = (kvt_mem_kind_t)KVT_MEM_KINDS;
+        }
+        return 0;
+    }
+    *kind = (kvt_mem_kind_t)KVT_MEM_KINDS;
     return 0;
+}
+
+/* A location kind_of() refused: logged, KVT_ERR_NOT_SUPPORTED. */
+static PyObject *bad_location(const char *fname, PyObject *loc)
+{
+    const char *s = kvtpy_cstr(loc, "location");
+
+    kvtpy_log("error",
+              "%s: location '%s': kvt registers host memory ('cpu:N') and "
+              "CUDA memory ('cuda:N'), or tells them apart ('*')",
+              fname, s != NULL ? s : "?");
+    return kvtpy_int(KVT_ERR_NOT_SUPPORTED);
 }
 
 static PyObject *register_regions(kvtpy_engine_t *self, const char *fname,
@@ -190,13 +227,7 @@ static PyObject *register_regions(kvtpy_engine_t *self, const char *fname,
     Py_END_ALLOW_THREADS
     if (st == KVT_OK)
         return kvtpy_int(0);
-    if (st == KVT_ERR_NOT_SUPPORTED && n > 0 && r[0].kind != KVT_MEM_HOST)
-        kvtpy_log("error",
-                  "%s: device memory is not supported by the transports "
-                  "in this kvt build (host memory only)",
-                  fname);
-    else
-        kvtpy_log("error", "%s(%#llx, %llu%s): %s (%s)", fname,
+    kvtpy_log("error", "%s(%#llx, %llu%s): %s (%s)", fname,
                   (unsigned long long)(uintptr_t)r[0].addr,
                   (unsigned long long)r[0].length, n > 1 ? ", ..." : "",
                   kvt_status_name(st), kvt_status_str(st));
@@ -212,17 +243,22 @@ static PyObject *m_register_memory(PyObject *self, PyObject *const *args,
     uint64_t addr, len;
     kvt_mem_region_t r = {0};
     kvt_mem_kind_t kind;
+    int32_t dev;
 
     if (kvtpy_args("register_memory", args, nargs, kwnames, params, 2, 3, a) <
             0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0 ||
         kvtpy_u64(a[0], "buffer_addr", &addr) < 0 ||
-        kvtpy_u64(a[1], "capacity", &len) < 0 || kind_of(a[2], &kind) < 0)
+        kvtpy_u64(a[1], "capacity", &len) < 0 ||
+        kind_of(a[2], &kind, &dev) < 0)
         return NULL;
+    if (kind == (kvt_mem_kind_t)KVT_MEM_KINDS)
+        return bad_location("register_memory", a[2]);
     r.addr = (void *)(uintptr_t)addr;
     r.length = (size_t)len;
     r.access = KVT_ACCESS_REMOTE_RW;
     r.kind = kind;
+    r.device = dev;
     return register_regions((kvtpy_engine_t *)self, "register_memory", &r, 1);
 }
 
@@ -235,12 +271,15 @@ static PyObject *m_batch_register_memory(PyObject *self, PyObject *const *args,
     PyObject *a[3], *ret = NULL;
     Py_ssize_t n, nc;
     kvt_mem_kind_t kind;
+    int32_t dev;
 
     if (kvtpy_args("batch_register_memory", args, nargs, kwnames, params, 2,
                    3, a) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0 ||
-        kind_of(a[2], &kind) < 0)
+        kind_of(a[2], &kind, &dev) < 0)
         return NULL;
+    if (kind == (kvt_mem_kind_t)KVT_MEM_KINDS)
+        return bad_location("batch_register_memory", a[2]);
     n = kvtpy_seq_len(a[0], "buffer_addresses");
     if (n < 0)
         return NULL;
@@ -267,6 +306,7 @@ static PyObject *m_batch_register_memory(PyObject *self, PyObject *const *args,
         r[i].length = (size_t)len;
         r[i].access = KVT_ACCESS_REMOTE_RW;
         r[i].kind = kind;
+        r[i].device = dev;
     }
     ret = register_regions((kvtpy_engine_t *)self, "batch_register_memory", r,
                            (size_t)n);

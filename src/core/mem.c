@@ -124,7 +124,7 @@ static kvt_status_t register_regions(kvt_engine_h e, const kvt_mem_region_t *in,
 kvt_status_t kvt_mem_register(kvt_engine_h e, void *addr, size_t length,
                               uint32_t access)
 {
-    kvt_mem_region_t r = {addr, length, access, KVT_MEM_HOST, -1, 0};
+    kvt_mem_region_t r = {addr, length, access, KVT_MEM_AUTO, -1, 0};
 
     if (e == NULL)
         return KVT_ERR_INVALID_PARAM;

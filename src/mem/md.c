@@ -5,6 +5,8 @@
  */
 #include "mem/md.h"
 
+#include <string.h>
+
 #include "util/log.h"
 
 #define KVT__MD(n) extern const kvt__md_ops_t kvt__md_##n;
@@ -42,8 +44,12 @@ kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
         /* Every domain that can tell its own memory, then host memory. */
         for (size_t i = 0; registered[i] != NULL; i++) {
             int32_t dev = -1;
+            int c;
             md = registered[i];
-            if (md->detect != NULL && md->detect(addr, len, &dev)) {
+            c = md->detect != NULL ? md->detect(addr, len, &dev) : 0;
+            if (c < 0)
+                return KVT_ERR_NOT_SUPPORTED;
+            if (c > 0) {
                 *kind_p = md->kind;
                 *device_p = dev;
                 return KVT_OK;
@@ -63,5 +69,32 @@ kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
         return st;
     *kind_p = kind;
     *device_p = kind == KVT_MEM_HOST ? -1 : device;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_mem_domains(kvt_mem_domain_info_t *out, size_t max,
+                             size_t *count_p)
+{
+    size_t n = 0;
+
+    if (count_p == NULL || (out == NULL && max > 0))
+        return KVT_ERR_INVALID_PARAM;
+    for (size_t i = 0; registered[i] != NULL; i++, n++) {
+        const kvt__md_ops_t *md = registered[i];
+        kvt_mem_domain_info_t *d;
+        if (n >= max)
+            continue;
+        d = &out[n];
+        memset(d, 0, sizeof(*d));
+        d->name = md->name;
+        d->kind = md->kind;
+        if (md->query != NULL) {
+            d->available = md->query(&d->devices, &d->detail);
+        } else {
+            d->available = 1;
+            d->detail = "";
+        }
+    }
+    *count_p = n;
     return KVT_OK;
 }

@@ -23,13 +23,18 @@
 typedef struct {
     const char *name; /* "host", "cuda" */
     kvt_mem_kind_t kind;
-    /* Whether [addr, +len) is this domain's memory; then *device_p is its
-     * device (-1 for host memory). The host domain has none: it is what
-     * no other domain claims. */
+    /* Whether [addr, +len) is this domain's memory: 1, with *device_p its
+     * device; 0 when not; -1 when it is but cannot be registered (it runs
+     * past its allocation, say: logged here). The host domain has none:
+     * it is what no other domain claims. */
     int (*detect)(const void *addr, size_t len, int32_t *device_p);
     /* Whether [addr, +len) on @device may be registered as this kind:
      * KVT_OK, or why not (logged here). */
     kvt_status_t (*check)(const void *addr, size_t len, int32_t device);
+    /* Whether the domain can serve memory now (a driver and devices
+     * found): 1 or 0, with the number of devices (0 for host memory) and
+     * a line for people (static storage). NULL: always, no devices. */
+    int (*query)(int32_t *devices_p, const char **detail_p);
 } kvt__md_ops_t;
 
 #define KVT_MEM_DOMAIN_REGISTER(short_name, ...)                               \

@@ -178,6 +178,23 @@ KVT_TEST(transports_and_engines)
     CHECK(n >= 1);
     COVER(kvt_transports, KVT_ERR_INVALID_PARAM, kvt_transports(t, 1, NULL));
     COVER(kvt_transports, KVT_ERR_INVALID_PARAM, kvt_transports(NULL, 1, &n));
+    {
+        kvt_mem_domain_info_t d[8];
+        size_t nd = 0;
+        int host = 0;
+        COVER(kvt_mem_domains, KVT_OK, kvt_mem_domains(d, 8, &nd));
+        CHECK(nd >= 1 && nd <= 8);
+        for (size_t i = 0; i < nd; i++) {
+            CHECK(d[i].name != NULL && d[i].detail != NULL);
+            if (d[i].kind == KVT_MEM_HOST)
+                host = d[i].available == 1 && strcmp(d[i].name, "host") == 0;
+        }
+        CHECK(host);
+        COVER(kvt_mem_domains, KVT_ERR_INVALID_PARAM,
+              kvt_mem_domains(d, 1, NULL));
+        COVER(kvt_mem_domains, KVT_ERR_INVALID_PARAM,
+              kvt_mem_domains(NULL, 1, &nd));
+    }
 
     COVER(kvt_engine_create, KVT_OK, kvt_engine_create(NULL, &e));
     p.field_mask = KVT_ENGINE_PARAM_NUM_WORKERS;
@@ -213,6 +230,27 @@ KVT_TEST(memory)
           kvt_mem_register(e, buf + 8192, 0, 3));
     COVER(kvt_mem_register, KVT_ERR_INVALID_PARAM,
           kvt_mem_register(e, buf + 8192, 10, 0x80));
+    {
+        /* Not host memory: reserved without access (as a GPU driver
+         * reserves device memory), and unmapped. */
+        uint8_t *none = mmap(NULL, 8192, PROT_NONE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(none != MAP_FAILED);
+        COVER(kvt_mem_register, KVT_ERR_NOT_SUPPORTED,
+              kvt_mem_register(e, none, 8192, 3));
+        CHECK(munmap(none, 8192) == 0);
+        CHECK_ST(kvt_mem_register(e, none, 4096, 3), KVT_ERR_NOT_SUPPORTED);
+        /* Mapped, then not: the range runs past a mapping's end. */
+        none = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(none != MAP_FAILED);
+        CHECK(munmap(none + 2 * 4096, 4096) == 0);
+        CHECK_ST(kvt_mem_register(e, none + 4096, 8192, 3),
+                 KVT_ERR_NOT_SUPPORTED);
+        CHECK_OK(kvt_mem_register(e, none + 4096, 4096, 3));
+        CHECK_OK(kvt_mem_unregister(e, none + 4096));
+        CHECK(munmap(none, 2 * 4096) == 0);
+    }
     COVER(kvt_mem_unregister, KVT_OK, kvt_mem_unregister(e, buf));
     COVER(kvt_mem_unregister, KVT_ERR_NOT_FOUND, kvt_mem_unregister(e, buf));
     COVER(kvt_mem_unregister, KVT_ERR_INVALID_PARAM,

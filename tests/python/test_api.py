@@ -175,6 +175,27 @@ def test_uninitialized_engine_raises():
         kvt.TransferEngine("127.0.0.1")
 
 
+def test_register_not_host_memory(engine):
+    # Addresses reserved without access, as a GPU driver reserves device
+    # memory: with no driver kvt knows, a device pointer is refused at
+    # registration (non-zero, as Mooncake returns for a failed
+    # registration), never taken for host memory.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    p = libc.mmap(None, MiB, 0,  # PROT_NONE
+                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert p not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert engine.register_memory(p, MiB) != 0
+        assert engine.register_memory(p, MiB, "cpu:0") != 0
+        assert engine.batch_register_memory([p], [MiB]) != 0
+    finally:
+        libc.munmap(p, MiB)
+
+
 def test_register_and_unregister(engine):
     bufs = [mmap.mmap(-1, 1 * MiB) for _ in range(4)]
     a = [address_of(b) for b in bufs]
@@ -186,9 +207,14 @@ def test_register_and_unregister(engine):
     assert engine.unregister_memory(a[0]) < 0
     assert engine.register_memory(a[0], MiB, location="cpu:0") == 0
     assert engine.unregister_memory(a[0]) == 0
-    # Zero length, and GPU locations, which this build cannot serve.
+    # Zero length; host memory stated to be GPU memory; locations of
+    # other accelerators.
     assert engine.register_memory(a[0], 0) < 0
     assert engine.register_memory(a[0], MiB, "cuda:0") < 0
+    assert engine.register_memory(a[0], MiB, "npu:0") < 0
+    assert engine.register_memory(a[0], MiB, "cuda:x") < 0
+    assert engine.register_memory(a[0], MiB, "*") == 0
+    assert engine.unregister_memory(a[0]) == 0
     # Batches are all or nothing.
     assert engine.batch_register_memory(a[1:], [MiB] * 3) == 0
     assert engine.batch_register_memory([a[0], a[1]], [MiB, MiB]) < 0

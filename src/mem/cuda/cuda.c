@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA memory domain: device memory the driver knows, told apart at
+ * registration by cuPointerGetAttributes() (memory type, device ordinal)
+ * and cuMemGetAddressRange() (the allocation that holds it), recorded as
+ * kind KVT_MEM_CUDA on its device. The driver is loaded at run time
+ * (cuda_drv.h); without one this domain detects nothing and refuses a
+ * stated "cuda:N", and device pointers fail as host memory does not hold
+ * them (mem/host.c).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mem/cuda/cuda_drv.h"
+#include "mem/md.h"
+#include "util/log.h"
+
+#define MAX_DEVICES 64
+
+static kvt__cuda_drv_t drv;
+static const kvt__cuda_drv_t *loaded;
+static char why[256];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext ctxs[MAX_DEVICES];
+
+static int sym(void *h, const char *name, void *fn_p, int optional)
+{
+    void *f = dlsym(h, name);
+
+    if (f == NULL && !optional) {
+        snprintf(why, sizeof(why), "the CUDA driver lacks %s", name);
+        return -1;
+    }
+    memcpy(fn_p, &f, sizeof(f));
+    return 0;
+}
+
+static void load(void)
+{
+    const char *lib = getenv("KVT_CUDA_LIBRARY");
+    CUresult r;
+    void *h;
+
+    if (lib == NULL || lib[0] == '\0')
+        lib = "libcuda.so.1";
+    h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(why, sizeof(why), "no CUDA driver (%s)", dlerror());
+        return;
+    }
+#define SYM(field, name) sym(h, name, &drv.field, 0)
+    if (SYM(Init, "cuInit") || SYM(DriverGetVersion, "cuDriverGetVersion") ||
+        SYM(GetErrorString, "cuGetErrorString") ||
+        SYM(DeviceGetCount, "cuDeviceGetCount") ||
+        SYM(DeviceGet, "cuDeviceGet") ||
+        SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") ||
+        SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2") ||
+        SYM(CtxSetCurrent, "cuCtxSetCurrent") ||
+        SYM(CtxGetCurrent, "cuCtxGetCurrent") ||
+        SYM(PointerGetAttributes, "cuPointerGetAttributes") ||
+        SYM(MemGetAddressRange, "cuMemGetAddressRange_v2") ||
+        SYM(MemcpyAsync, "cuMemcpyAsync") ||
+        SYM(Memcpy2DAsync, "cuMemcpy2DAsync_v2") ||
+        SYM(StreamCreate, "cuStreamCreate") ||
+        SYM(StreamDestroy, "cuStreamDestroy_v2") ||
+        SYM(StreamSynchronize, "cuStreamSynchronize") ||
+        SYM(EventCreate, "cuEventCreate") ||
+        SYM(EventRecord, "cuEventRecord") ||
+        SYM(EventQuery, "cuEventQuery") ||
+        SYM(EventSynchronize, "cuEventSynchronize") ||
+        SYM(EventDestroy, "cuEventDestroy_v2") ||
+        SYM(IpcGetMemHandle, "cuIpcGetMemHandle") ||
+        SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2") ||
+        SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle") ||
+        SYM(MemHostAlloc, "cuMemHostAlloc") ||
+        SYM(MemFreeHost, "cuMemFreeHost")) {
+        dlclose(h);
+        return;
+    }
+#undef SYM
+    sym(h, "cuMemAlloc_v2", &drv.MemAlloc, 1);
+    sym(h, "cuMemFree_v2", &drv.MemFree, 1);
+    r = drv.Init(0);
+    if (r != CUDA_SUCCESS) {
+        const char *s = NULL;
+        drv.GetErrorString(r, &s);
+        snprintf(why, sizeof(why), "cuInit failed: %s (%d)",
+                 s != NULL ? s : "unknown error", (int)r);
+        dlclose(h);
+        return;
+    }
+    if (drv.DriverGetVersion(&drv.version) != CUDA_SUCCESS)
+        drv.version = 0;
+    if (drv.DeviceGetCount(&drv.ndevices) != CUDA_SUCCESS ||
+        drv.ndevices <= 0) {
+        snprintf(why, sizeof(why), "the CUDA driver found no device");
+        dlclose(h);
+        return;
+    }
+    if (drv.ndevices > MAX_DEVICES)
+        drv.ndevices = MAX_DEVICES;
+    snprintf(why, sizeof(why), "driver %d.%d, %d device%s", drv.version / 1000,
+             drv.version % 1000 / 10, drv.ndevices,
+             drv.ndevices == 1 ? "" : "s");
+    loaded = &drv; /* the library stays loaded for the process */
+}
+
+const kvt__cuda_drv_t *kvt__cuda(void)
+{
+    pthread_once(&once, load);
+    return loaded;
+}
+
+const char *kvt__cuda_why(void)
+{
+    pthread_once(&once, load);
+    return why;
+}
+
+const char *kvt__cuda_err(CUresult r)
+{
+    const char *s = NULL;
+
+    if (loaded == NULL || loaded->GetErrorString(r, &s) != CUDA_SUCCESS ||
+        s == NULL)
+        return "unknown CUDA error";
+    return s;
+}
+
+int kvt__cuda_ctx(int dev)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext c;
+    CUresult r;
+
+    if (d == NULL || dev < 0 || dev >= d->ndevices)
+        return -1;
+    pthread_mutex_lock(&ctx_lock);
+    c = ctxs[dev];
+    if (c == NULL) {
+        CUdevice cd;
+        r = d->DeviceGet(&cd, dev);
+        if (r == CUDA_SUCCESS)
+            r = d->DevicePrimaryCtxRetain(&c, cd);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&ctx_lock);
+            KVT_LOG_E("cuda: no context on device %d: %s", dev,
+                      kvt__cuda_err(r));
+            return -1;
+        }
+        ctxs[dev] = c;
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    r = d->CtxSetCurrent(c);
+    if (r != CUDA_SUCCESS) {
+        KVT_LOG_E("cuda: cannot use device %d: %s", dev, kvt__cuda_err(r));
+        return -1;
+    }
+    return 0;
+}
+
+int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    unsigned int type = 0;
+    int ordinal = -1, managed = 0;
+    void *vals[3] = {&type, &ordinal, &managed};
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, base = 0;
+    size_t size = 0;
+
+    if (d == NULL)
+        return 0;
+    /* Host memory the driver never saw answers with type 0 (or an error
+     * on older drivers): not device memory. Managed memory is host
+     * memory to kvt: this process can touch it. */
+    if (d->PointerGetAttributes(3, at, vals, p) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE || managed)
+        return 0;
+    if (d->MemGetAddressRange(&base, &size, p) != CUDA_SUCCESS ||
+        p + len < p || p + len > base + size) {
+        KVT_LOG_E("register: [%p, +%zu) starts in device memory but runs "
+                  "past its allocation [0x%llx, +%zu)",
+                  addr, len, (unsigned long long)base, size);
+        return -1;
+    }
+    *dev_p = ordinal;
+    return 1;
+}
+
+static int cuda_detect(const void *addr, size_t len, int32_t *device_p)
+{
+    /* A range that starts in device memory but overruns it is refused
+     * here (-1), rather than taken for host memory. */
+    int32_t dev = -1;
+    int c = kvt__cuda_classify(addr, len, &dev);
+
+    if (c > 0)
+        *device_p = dev;
+    return c;
+}
+
+static kvt_status_t cuda_check(const void *addr, size_t len, int32_t device)
+{
+    int32_t dev = -1;
+    int c;
+
+    if (kvt__cuda() == NULL) {
+        KVT_LOG_E("register: [%p, +%zu) is stated to be CUDA memory, but "
+                  "%s", addr, len, kvt__cuda_why());
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    c = kvt__cuda_classify(addr, len, &dev);
+    if (c < 0)
+        return KVT_ERR_NOT_SUPPORTED;
+    if (c == 0) {
+        KVT_LOG_E("register: [%p, +%zu) is stated to be memory of cuda:%d, "
+                  "but the driver does not know it as device memory",
+                  addr, len, (int)device);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    if (dev != device) {
+        KVT_LOG_E("register: [%p, +%zu) is stated to be memory of cuda:%d, "
+                  "but it is on cuda:%d", addr, len, (int)device, (int)dev);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    return KVT_OK;
+}
+
+static int cuda_query(int32_t *devices_p, const char **detail_p)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    *devices_p = d != NULL ? d->ndevices : 0;
+    *detail_p = kvt__cuda_why();
+    return d != NULL;
+}
+
+KVT_MEM_DOMAIN_REGISTER(cuda, {
+                                  .name = "cuda",
+                                  .kind = KVT_MEM_CUDA,
+                                  .detect = cuda_detect,
+                                  .check = cuda_check,
+                                  .query = cuda_query,
+                              });

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_MEM_CUDA_CUDA_DRV_H
+#define KVT_MEM_CUDA_CUDA_DRV_H
+
+/*
+ * The CUDA driver API, loaded at run time (dlopen of libcuda.so.1, or of
+ * $KVT_CUDA_LIBRARY), so that one build runs on hosts with and without a
+ * GPU and links no CUDA library. cuda.h gives the types only: every call
+ * goes through this table, by the symbol names the CUDA 12+ headers map
+ * the calls to (cuMemGetAddressRange_v2, ...), which every driver since
+ * CUDA 11 exports.
+ *
+ * Thread safety: the table is loaded once (the first kvt__cuda() call, any
+ * thread) and never changes; the driver's calls are thread-safe.
+ */
+#include <cuda.h>
+
+typedef struct {
+    CUresult (*Init)(unsigned int);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*PointerGetAttributes)(unsigned int, CUpointer_attribute *,
+                                     void **, CUdeviceptr);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+    CUresult (*StreamCreate)(CUstream *, unsigned int);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*EventCreate)(CUevent *, unsigned int);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
+    CUresult (*MemFreeHost)(void *);
+    /* Optional (NULL when absent): allocation, for tools and tests. */
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+
+    int version;  /* cuDriverGetVersion(): 13000 for 13.0 */
+    int ndevices; /* cuDeviceGetCount() */
+} kvt__cuda_drv_t;
+
+/*
+ * The driver, loaded and initialised on first use; NULL when there is no
+ * driver (no library, a symbol missing, cuInit() failing) or no device.
+ * kvt__cuda_why() then says why, for messages and kvt info.
+ */
+const kvt__cuda_drv_t *kvt__cuda(void);
+const char *kvt__cuda_why(void);
+
+/* The driver's name for @r ("CUDA_ERROR_..."-style text). */
+const char *kvt__cuda_err(CUresult r);
+
+/*
+ * Make device @dev's primary context current on this thread (retained
+ * once per device for the process's lifetime). 0, or -1 (logged).
+ */
+int kvt__cuda_ctx(int dev);
+
+/*
+ * What the driver knows of [addr, addr + len): 1 when it is device memory
+ * (*dev_p its ordinal) lying within one allocation, 0 when the driver
+ * does not know it as device memory, -1 when it starts in device memory
+ * but runs past its allocation (logged).
+ */
+int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p);
+
+#endif

@@ -1,0 +1,677 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A test double of the part of the CUDA driver API kvt uses, for machines
+ * without a GPU: loaded by kvt in place of libcuda.so.1 when
+ * KVT_CUDA_LIBRARY names it. Built for the tests only, never installed
+ * (tests/cuda/README.md).
+ *
+ * "Device" memory is a memfd mapped twice: the address handed out has no
+ * access at all (so host code that touches device memory directly faults,
+ * as it would on a GPU), and a second, private mapping is what the copy
+ * thread reads and writes. Copies and events run in order on one copy
+ * thread, each copy after a delay (KVT_CUDA_DOUBLE_DELAY_US, default 20),
+ * so that code which uses a buffer before its copy completed sees stale
+ * bytes. An IPC handle names the owner's pid and memfd; opening it maps
+ * /proc/<pid>/fd/<fd>. Faults are injected through
+ * kvt_cuda_double_fail_copy() or KVT_CUDA_DOUBLE_FAIL_COPY=N (the Nth
+ * copy of the process fails, copying nothing); the next event recorded on
+ * that stream, or its synchronisation, reports CUDA_ERROR_LAUNCH_FAILED.
+ * KVT_CUDA_DOUBLE_DEVICES sets the number of devices (default 2; 0: none).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The double's own controls, for tests (dlsym). */
+EXPORT void kvt_cuda_double_fail_copy(long nth_from_now);
+EXPORT void kvt_cuda_double_stats(long *copies_p, long *opens_p,
+                                  long *closes_p);
+#define MAX_ALLOCS 4096
+#define IPC_MAGIC 0x4b56544455ull /* "KVTDU" */
+
+typedef struct {
+    uintptr_t view;   /* handed out; no access */
+    uint8_t *shadow;  /* what copies touch */
+    size_t size;
+    int dev;          /* -1: pinned host memory */
+    int fd;           /* device memory: its memfd */
+    int ipc;          /* opened from another process's handle */
+} alloc_t;
+
+typedef struct op {
+    struct op *next;
+    struct stream *s;
+    int is_event;
+    struct event *ev;
+    void *dst;
+    const void *src;
+    size_t width, height, dpitch, spitch;
+} op_t;
+
+typedef struct stream {
+    _Atomic int failed; /* a copy failed since the last event */
+    _Atomic uint64_t queued, done;
+} stream_t;
+
+typedef struct event {
+    _Atomic uint64_t seq; /* 0: never recorded */
+    stream_t *s;
+    _Atomic int state;    /* 0 pending, 1 done, 2 failed */
+} event_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
+static alloc_t allocs[MAX_ALLOCS];
+static op_t *q_head, *q_tail;
+static pthread_t copier;
+static int started, ndev = 2;
+static unsigned delay_us = 20;
+static _Atomic long copies, fail_at, ipc_opens, ipc_closes;
+static stream_t null_stream;
+static __thread int cur_dev = -1;
+
+EXPORT void kvt_cuda_double_fail_copy(long nth_from_now)
+{
+    fail_at = nth_from_now > 0 ? copies + nth_from_now : 0;
+}
+
+EXPORT void kvt_cuda_double_stats(long *copies_p, long *opens_p,
+                                  long *closes_p)
+{
+    *copies_p = copies;
+    *opens_p = ipc_opens;
+    *closes_p = ipc_closes;
+}
+
+/* The allocation holding [p, p + len): device view or pinned host. */
+static alloc_t *find(uintptr_t p, size_t len)
+{
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        alloc_t *a = &allocs[i];
+        if (a->size != 0 && p >= a->view && p - a->view < a->size)
+            return len <= a->size - (p - a->view) ? a : NULL;
+    }
+    return NULL;
+}
+
+/* Where a copy reads or writes @p: the shadow of device memory, the
+ * address itself for host memory; NULL for device memory out of bounds. */
+static uint8_t *where(uintptr_t p, size_t len)
+{
+    alloc_t *a;
+
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        a = &allocs[i];
+        if (a->size != 0 && a->dev >= 0 && p >= a->view &&
+            p - a->view < a->size) {
+            uint8_t *r = len <= a->size - (p - a->view)
+                             ? a->shadow + (p - a->view)
+                             : NULL;
+            pthread_mutex_unlock(&lock);
+            return r;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return (uint8_t *)p;
+}
+
+static void *copy_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        op_t *o;
+        while (q_head == NULL)
+            pthread_cond_wait(&cond, &lock);
+        o = q_head;
+        q_head = o->next;
+        if (q_head == NULL)
+            q_tail = NULL;
+        pthread_mutex_unlock(&lock);
+        if (o->is_event) {
+            o->ev->state = atomic_exchange(&o->s->failed, 0) ? 2 : 1;
+        } else {
+            long n = ++copies;
+            if (delay_us > 0) {
+                struct timespec ts = {0, (long)delay_us * 1000};
+                nanosleep(&ts, NULL);
+            }
+            if (fail_at != 0 && n == fail_at) {
+                o->s->failed = 1;
+            } else {
+                for (size_t r = 0; r < o->height; r++)
+                    memcpy((uint8_t *)o->dst + r * o->dpitch,
+                           (const uint8_t *)o->src + r * o->spitch, o->width);
+            }
+        }
+        o->s->done++;
+        pthread_mutex_lock(&lock);
+        pthread_cond_broadcast(&done_cond);
+        free(o);
+    }
+    return NULL;
+}
+
+static CUresult enqueue(op_t *o, CUstream hs)
+{
+    stream_t *s = hs != NULL ? (stream_t *)hs : &null_stream;
+
+    o->s = s;
+    s->queued++;
+    pthread_mutex_lock(&lock);
+    if (q_tail)
+        q_tail->next = o;
+    else
+        q_head = o;
+    q_tail = o;
+    pthread_cond_signal(&cond);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy2d(void *dst, const void *src, size_t w, size_t h,
+                       size_t dp, size_t sp, CUstream hs)
+{
+    op_t *o = calloc(1, sizeof(*o));
+
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->dst = dst;
+    o->src = src;
+    o->width = w;
+    o->height = h;
+    o->dpitch = dp;
+    o->spitch = sp;
+    return enqueue(o, hs);
+}
+
+/* ---- Initialisation, devices, contexts --------------------------------- */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    const char *v;
+
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    if (!started) {
+        if ((v = getenv("KVT_CUDA_DOUBLE_DEVICES")) != NULL)
+            ndev = atoi(v);
+        if ((v = getenv("KVT_CUDA_DOUBLE_DELAY_US")) != NULL)
+            delay_us = (unsigned)atoi(v);
+        if ((v = getenv("KVT_CUDA_DOUBLE_FAIL_COPY")) != NULL)
+            fail_at = atol(v);
+        if (pthread_create(&copier, NULL, copy_main, NULL) != 0) {
+            pthread_mutex_unlock(&lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pthread_detach(copier);
+        started = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    *v = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
+{
+    switch (r) {
+    case CUDA_SUCCESS: *s = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case CUDA_ERROR_NOT_READY: *s = "device not ready"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *s = "unspecified launch failure"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
+    case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
+    default: *s = "unknown error (test double)"; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n)
+{
+    *n = ndev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    if (ordinal < 0 || ordinal >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+    if (d < 0 || d >= ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *c = (CUcontext)(uintptr_t)(0x1000 + d);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d)
+{
+    return d >= 0 && d < ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c)
+{
+    uintptr_t v = (uintptr_t)c;
+
+    if (c == NULL) {
+        cur_dev = -1;
+        return CUDA_SUCCESS;
+    }
+    if (v < 0x1000 || v >= 0x1000 + (uintptr_t)ndev)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    cur_dev = (int)(v - 0x1000);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c)
+{
+    *c = cur_dev < 0 ? NULL : (CUcontext)(uintptr_t)(0x1000 + cur_dev);
+    return CUDA_SUCCESS;
+}
+
+/* ---- Memory ------------------------------------------------------------ */
+
+static alloc_t *slot(void)
+{
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (allocs[i].size == 0)
+            return &allocs[i];
+    return NULL;
+}
+
+/* Map @fd twice: the view without access, the shadow read-write. */
+static CUresult map2(int fd, size_t size, int dev, int ipc, CUdeviceptr *p)
+{
+    void *view, *shadow;
+    alloc_t *a;
+
+    view = mmap(NULL, size, PROT_NONE, MAP_SHARED, fd, 0);
+    if (view == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    shadow = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (shadow == MAP_FAILED) {
+        munmap(view, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&lock);
+    a = slot();
+    if (a != NULL)
+        *a = (alloc_t){(uintptr_t)view, shadow, size, dev, fd, ipc};
+    pthread_mutex_unlock(&lock);
+    if (a == NULL) {
+        munmap(view, size);
+        munmap(shadow, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *p = (CUdeviceptr)(uintptr_t)view;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
+{
+    size_t len = (size + 4095) & ~(size_t)4095;
+    CUresult r;
+    int fd;
+
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fd = memfd_create("kvt-cuda-double", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r = map2(fd, len, cur_dev, 0, p);
+    if (r != CUDA_SUCCESS)
+        close(fd);
+    return r;
+}
+
+static CUresult unmap(uintptr_t p, int want_ipc)
+{
+    alloc_t a = {0};
+
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (allocs[i].size != 0 && allocs[i].view == p &&
+            allocs[i].dev >= 0 && allocs[i].ipc == want_ipc) {
+            a = allocs[i];
+            allocs[i].size = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    if (a.size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)a.view, a.size);
+    munmap(a.shadow, a.size);
+    close(a.fd);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr p)
+{
+    return unmap((uintptr_t)p, 0);
+}
+
+EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
+{
+    alloc_t *a;
+    void *m;
+
+    (void)flags;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+             -1, 0);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    a = slot();
+    if (a != NULL)
+        *a = (alloc_t){(uintptr_t)m, m, size, -1, -1, 0};
+    pthread_mutex_unlock(&lock);
+    if (a == NULL) {
+        munmap(m, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *p = m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    size_t size = 0;
+
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (allocs[i].size != 0 && allocs[i].dev < 0 &&
+            allocs[i].view == (uintptr_t)p) {
+            size = allocs[i].size;
+            allocs[i].size = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned int n,
+                                       CUpointer_attribute *attrs,
+                                       void **data, CUdeviceptr ptr)
+{
+    alloc_t a = {0}, *f;
+
+    pthread_mutex_lock(&lock);
+    f = find((uintptr_t)ptr, 1);
+    if (f != NULL)
+        a = *f;
+    pthread_mutex_unlock(&lock);
+    for (unsigned i = 0; i < n; i++) {
+        switch (attrs[i]) {
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data[i] =
+                a.size == 0 ? 0
+                            : (a.dev >= 0 ? CU_MEMORYTYPE_DEVICE
+                                          : CU_MEMORYTYPE_HOST);
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)data[i] = a.size == 0 ? -2 : (a.dev >= 0 ? a.dev : 0);
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            *(int *)data[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(CUdeviceptr *)data[i] = (CUdeviceptr)a.view;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)data[i] = a.size;
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
+                                     CUdeviceptr ptr)
+{
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    alloc_t *a;
+
+    pthread_mutex_lock(&lock);
+    a = find((uintptr_t)ptr, 1);
+    if (a != NULL && a->dev >= 0) {
+        if (base)
+            *base = (CUdeviceptr)a->view;
+        if (size)
+            *size = a->size;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+/* ---- Copies, streams, events ------------------------------------------- */
+
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
+                              CUstream s)
+{
+    uint8_t *d = where((uintptr_t)dst, n), *sr = where((uintptr_t)src, n);
+
+    if (d == NULL || sr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (n == 0)
+        return CUDA_SUCCESS;
+    return copy2d(d, sr, n, 1, n, n, s);
+}
+
+static uintptr_t end2d(size_t x, size_t y, size_t pitch, size_t w, size_t h)
+{
+    return x + (y + h - 1) * pitch + w;
+}
+
+EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
+{
+    uintptr_t sb, db;
+    uint8_t *sp, *dp;
+
+    if (c->WidthInBytes == 0 || c->Height == 0)
+        return CUDA_SUCCESS;
+    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY ||
+        c->dstMemoryType == CU_MEMORYTYPE_ARRAY ||
+        (c->Height > 1 && (c->srcPitch < c->WidthInBytes ||
+                           c->dstPitch < c->WidthInBytes)))
+        return CUDA_ERROR_INVALID_VALUE;
+    sb = c->srcMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->srcHost
+                                                 : (uintptr_t)c->srcDevice;
+    db = c->dstMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->dstHost
+                                                 : (uintptr_t)c->dstDevice;
+    sp = where(sb, end2d(c->srcXInBytes, c->srcY, c->srcPitch,
+                         c->WidthInBytes, c->Height));
+    dp = where(db, end2d(c->dstXInBytes, c->dstY, c->dstPitch,
+                         c->WidthInBytes, c->Height));
+    if (sp == NULL || dp == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy2d(dp + c->dstXInBytes + c->dstY * c->dstPitch,
+                  sp + c->srcXInBytes + c->srcY * c->srcPitch,
+                  c->WidthInBytes, c->Height, c->dstPitch, c->srcPitch, s);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    *s = calloc(1, sizeof(stream_t));
+    return *s != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream hs)
+{
+    stream_t *s = hs != NULL ? (stream_t *)hs : &null_stream;
+    uint64_t want = s->queued;
+
+    pthread_mutex_lock(&lock);
+    while (s->done < want)
+        pthread_cond_wait(&done_cond, &lock);
+    pthread_mutex_unlock(&lock);
+    return atomic_exchange(&s->failed, 0) ? CUDA_ERROR_LAUNCH_FAILED
+                                          : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy(CUstream hs)
+{
+    if (hs == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    cuStreamSynchronize(hs);
+    free(hs);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    event_t *ev = calloc(1, sizeof(*ev));
+
+    (void)flags;
+    if (ev == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ev->state = 1; /* an event never recorded has completed */
+    *e = (CUevent)ev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream hs)
+{
+    event_t *ev = (event_t *)e;
+    op_t *o = calloc(1, sizeof(*o));
+
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ev->state = 0;
+    o->is_event = 1;
+    o->ev = ev;
+    return enqueue(o, hs);
+}
+
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+    int st = ((event_t *)e)->state;
+
+    return st == 0 ? CUDA_ERROR_NOT_READY
+                   : (st == 2 ? CUDA_ERROR_LAUNCH_FAILED : CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    event_t *ev = (event_t *)e;
+
+    pthread_mutex_lock(&lock);
+    while (ev->state == 0)
+        pthread_cond_wait(&done_cond, &lock);
+    pthread_mutex_unlock(&lock);
+    return cuEventQuery(e);
+}
+
+EXPORT CUresult cuEventDestroy(CUevent e)
+{
+    cuEventSynchronize(e);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+/* ---- IPC ---------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t magic;
+    int32_t pid, fd;
+    uint64_t size;
+    int32_t dev;
+} ipc_t;
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    ipc_t v = {IPC_MAGIC, (int32_t)getpid(), -1, 0, 0};
+    alloc_t *a;
+
+    pthread_mutex_lock(&lock);
+    a = find((uintptr_t)p, 1);
+    if (a != NULL && a->dev >= 0 && !a->ipc) {
+        v.fd = a->fd;
+        v.size = a->size;
+        v.dev = a->dev;
+    }
+    pthread_mutex_unlock(&lock);
+    if (v.fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, &v, sizeof(v));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
+                                   unsigned int flags)
+{
+    char path[64];
+    ipc_t v;
+    CUresult r;
+    int fd;
+
+    (void)flags;
+    memcpy(&v, h.reserved, sizeof(v));
+    if (v.magic != IPC_MAGIC || v.pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_VALUE; /* not in the exporting process */
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)v.pid, (int)v.fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    r = map2(fd, v.size, v.dev, 1, p);
+    if (r != CUDA_SUCCESS)
+        close(fd);
+    else
+        ipc_opens++;
+    return r;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    CUresult r = unmap((uintptr_t)p, 1);
+
+    if (r == CUDA_SUCCESS)
+        ipc_closes++;
+    return r;
+}
