@@ -136,7 +136,8 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
                            .len = d->length,
                            .laddr = (uint64_t)(uintptr_t)d->local_addr,
                            .lstride = d->length,
-                           .rstride = d->length};
+                           .rstride = d->length,
+                           .ldev = -1};
         *lkind_p = KVT_MEM_HOST;
         *rspan_p = 0;
         return KVT_OK;
@@ -172,7 +173,9 @@ static kvt_status_t xfer_init(kvt_engine_h e, const kvt_xfer_desc_t *d,
                        .laddr = (uint64_t)(uintptr_t)d->local_addr,
                        .lstride = ls,
                        .raddr = d->remote_addr,
-                       .rstride = rs};
+                       .rstride = rs,
+                       .lkind = (uint8_t)lr->kind,
+                       .ldev = lr->device};
     return KVT_OK;
 }
 

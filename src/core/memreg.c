@@ -138,6 +138,8 @@ kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,
                 reg->regions[--k] = tmp[--j];
         }
         reg->count += count;
+        for (size_t n = 0; n < count; n++)
+            reg->ndev += tmp[n].kind != KVT_MEM_HOST;
     }
 out_unlock:
     pthread_rwlock_unlock(&reg->lock);
@@ -156,6 +158,7 @@ kvt_status_t kvt__memreg_remove(kvt__memreg_t *reg, uint64_t start,
     i = lower_bound(reg, start);
     if (i < reg->count && reg->regions[i].start == start) {
         *out = reg->regions[i];
+        reg->ndev -= out->kind != KVT_MEM_HOST;
         memmove(&reg->regions[i], &reg->regions[i + 1],
                 (reg->count - i - 1) * sizeof(reg->regions[0]));
         reg->count--;

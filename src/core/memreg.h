@@ -49,6 +49,7 @@ typedef struct {
     kvt__region_t *regions;
     size_t count;
     size_t cap;
+    size_t ndev; /* regions of a device kind (not host memory) */
     _Atomic uint64_t gen;
 } kvt__memreg_t;
 

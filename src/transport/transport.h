@@ -126,6 +126,8 @@ typedef struct {
     uint64_t raddr;
     uint64_t rstride;
     kvt__comp_t *comp;
+    uint8_t lkind;  /* kvt_mem_kind_t of the local span (READ, WRITE) */
+    int16_t ldev;   /* the local span's device; -1 for host memory */
 } kvt__xfer_t;
 
 /* Bytes a descriptor moves. */

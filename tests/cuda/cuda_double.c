@@ -168,13 +168,61 @@ static void *copy_main(void *arg)
     return NULL;
 }
 
+/* The copy thread of this process: a child of fork() has none (a real
+ * driver does not survive fork() either; the tests fork after loading
+ * it), so one is started on first use in each process. Called with the
+ * lock held. */
+static pid_t copier_pid;
+
+static int ensure_copier(void)
+{
+    if (copier_pid == getpid())
+        return 0;
+    if (pthread_create(&copier, NULL, copy_main, NULL) != 0)
+        return -1;
+    pthread_detach(copier);
+    copier_pid = getpid();
+    return 0;
+}
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+static void fork_child(void)
+{
+    /* What was queued belongs to the parent's copy thread. */
+    op_t *o = q_head;
+    while (o != NULL) {
+        op_t *n = o->next;
+        free(o);
+        o = n;
+    }
+    q_head = q_tail = NULL;
+    null_stream.done = null_stream.queued;
+    pthread_cond_init(&cond, NULL);
+    pthread_cond_init(&done_cond, NULL);
+    pthread_mutex_unlock(&lock);
+}
+
 static CUresult enqueue(op_t *o, CUstream hs)
 {
     stream_t *s = hs != NULL ? (stream_t *)hs : &null_stream;
 
     o->s = s;
-    s->queued++;
     pthread_mutex_lock(&lock);
+    if (ensure_copier() != 0) {
+        pthread_mutex_unlock(&lock);
+        free(o);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->queued++;
     if (q_tail)
         q_tail->next = o;
     else
@@ -216,11 +264,7 @@ EXPORT CUresult cuInit(unsigned int flags)
             delay_us = (unsigned)atoi(v);
         if ((v = getenv("KVT_CUDA_DOUBLE_FAIL_COPY")) != NULL)
             fail_at = atol(v);
-        if (pthread_create(&copier, NULL, copy_main, NULL) != 0) {
-            pthread_mutex_unlock(&lock);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        pthread_detach(copier);
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
         started = 1;
     }
     pthread_mutex_unlock(&lock);

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "devmem.h"
 #include "kvt_test.h"
 #include "peer.h"
 
@@ -88,6 +89,141 @@ static size_t heap_settled(void)
 static kvt_transport_info_t g_tl; /* the transport under test */
 static uint32_t g_transports;     /* its bit: both engines run it alone */
 static int g_managed;
+static int g_cuda; /* device memory on both sides (devmem.h) */
+
+/*
+ * Device memory (--memory=cuda). Each fixture's local buffer is then a
+ * host mirror of a device buffer, which is what is registered and what
+ * the transfers use: kvt_batch_submit() below maps local addresses in a
+ * mirror onto the device buffer, copying the mirror's bytes of a WRITE
+ * there first, and a batch's wait copies the device bytes of its READs
+ * back into the mirror once it completed. The cases themselves read and
+ * write the mirror as they would host memory; the peer's main region is
+ * device memory too (peer.c).
+ */
+typedef struct {
+    uint8_t *mirror, *dev;
+    size_t len;
+} devbuf_t;
+
+typedef struct {
+    kvt_batch_h b;
+    uint8_t *mirror, *dev;
+    uint64_t len;
+} devread_t;
+
+#define MAX_DEVBUFS 8
+#define MAX_DEVREADS 65536
+static pthread_mutex_t g_dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static devbuf_t g_devbufs[MAX_DEVBUFS];
+static devread_t *g_devreads;
+static size_t g_ndevreads;
+
+/* Where @p of a mirror lies in its device buffer; *span_p is clipped to
+ * the buffer (a case may pass a span past it on purpose: kvt refuses
+ * it). NULL for an address in no mirror. */
+static uint8_t *dev_of(const void *p, uint64_t *span_p)
+{
+    const uint8_t *q = p;
+
+    for (int i = 0; i < MAX_DEVBUFS; i++) {
+        devbuf_t *b = &g_devbufs[i];
+        if (b->mirror != NULL && q >= b->mirror && q < b->mirror + b->len) {
+            if (*span_p > (uint64_t)(b->mirror + b->len - q))
+                *span_p = (uint64_t)(b->mirror + b->len - q);
+            return b->dev + (q - b->mirror);
+        }
+    }
+    return NULL;
+}
+
+static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
+                                size_t n)
+{
+    kvt_xfer_desc_t *x;
+    kvt_status_t st;
+
+    if (!g_cuda)
+        return kvt_batch_submit(b, d, n);
+    x = malloc((n ? n : 1) * sizeof(*x));
+    CHECK(x != NULL);
+    memcpy(x, d, n * sizeof(*x));
+    pthread_mutex_lock(&g_dev_lock);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t c = d[i].count > 1 ? d[i].count : 1;
+        uint64_t ls = c > 1 && d[i].local_stride ? d[i].local_stride
+                                                   : d[i].length;
+        uint64_t span = ls * (c - 1) + d[i].length;
+        uint8_t *dv;
+        if (d[i].opcode == KVT_OP_NOTIFY || d[i].local_addr == NULL ||
+            (dv = dev_of(d[i].local_addr, &span)) == NULL)
+            continue;
+        x[i].local_addr = dv;
+        if (d[i].opcode == KVT_OP_WRITE) {
+            CHECK(devmem_copy(dv, d[i].local_addr, span) == 0);
+        } else if (d[i].opcode == KVT_OP_READ) {
+            if (g_devreads == NULL)
+                g_devreads = calloc(MAX_DEVREADS, sizeof(*g_devreads));
+            CHECK(g_devreads != NULL && g_ndevreads < MAX_DEVREADS);
+            g_devreads[g_ndevreads++] =
+                (devread_t){b, (uint8_t *)d[i].local_addr, dv, span};
+        }
+    }
+    pthread_mutex_unlock(&g_dev_lock);
+    st = kvt_batch_submit(b, x, n);
+    free(x);
+    return st;
+}
+
+/* Bring the device bytes of @b's READs into the mirrors (@copy), or drop
+ * them (the batch is reset or freed). */
+static void conf_reads(kvt_batch_h b, int copy)
+{
+    size_t k = 0;
+
+    pthread_mutex_lock(&g_dev_lock);
+    for (size_t i = 0; i < g_ndevreads; i++) {
+        devread_t *r = &g_devreads[i];
+        if (r->b != b) {
+            g_devreads[k++] = *r;
+            continue;
+        }
+        if (copy)
+            CHECK(devmem_copy(r->mirror, r->dev, r->len) == 0);
+    }
+    g_ndevreads = k;
+    pthread_mutex_unlock(&g_dev_lock);
+}
+
+static kvt_status_t conf_wait(kvt_batch_h b, int64_t timeout_ms)
+{
+    kvt_status_t st = kvt_batch_wait(b, timeout_ms);
+
+    if (g_cuda && st != KVT_INPROGRESS)
+        conf_reads(b, 1);
+    return st;
+}
+
+static kvt_status_t conf_free(kvt_batch_h b)
+{
+    if (g_cuda)
+        conf_reads(b, 0);
+    return kvt_batch_free(b);
+}
+
+static kvt_status_t conf_reset(kvt_batch_h b)
+{
+    kvt_status_t st = kvt_batch_reset(b);
+
+    if (g_cuda && st == KVT_OK)
+        conf_reads(b, 0);
+    return st;
+}
+
+#define kvt_batch_submit(b, d, n) conf_submit(b, d, n)
+#define kvt_batch_wait(b, t) conf_wait(b, t)
+#define kvt_batch_free(b) conf_free(b)
+#define kvt_batch_reset(b) conf_reset(b)
 
 /* Skip a case that needs transport flag @flag, saying why. */
 static void need_flag(uint32_t flag, const char *what)
@@ -133,7 +269,7 @@ static void check_transport(kvt_engine_h e, kvt_segment_t seg)
 
 static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
 {
-    peer_opts_t o = {g_transports, 0, g_managed, 0};
+    peer_opts_t o = {g_transports, 0, g_managed, 0, g_cuda};
     memset(f, 0, sizeof(*f));
     CHECK(peer_start(&f->peer, &o) == 0);
     f->e = engine_new(g_transports, timeout_ms);
@@ -142,6 +278,19 @@ static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
     check_transport(f->e, f->seg);
     f->local_len = local_len;
     f->local = map(local_len);
+    if (g_cuda) {
+        uint8_t *dv = devmem_alloc(local_len, 0);
+        int i;
+        CHECK(dv != NULL);
+        CHECK_OK(kvt_mem_register(f->e, dv, local_len, KVT_ACCESS_REMOTE_RW));
+        pthread_mutex_lock(&g_dev_lock);
+        for (i = 0; i < MAX_DEVBUFS && g_devbufs[i].mirror != NULL; i++)
+            ;
+        CHECK(i < MAX_DEVBUFS);
+        g_devbufs[i] = (devbuf_t){f->local, dv, local_len};
+        pthread_mutex_unlock(&g_dev_lock);
+        return;
+    }
     CHECK_OK(kvt_mem_register(f->e, f->local, local_len,
                               KVT_ACCESS_REMOTE_RW));
 }
@@ -149,6 +298,16 @@ static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
 static void teardown(fixture_t *f)
 {
     kvt_engine_destroy(f->e);
+    if (g_cuda) {
+        pthread_mutex_lock(&g_dev_lock);
+        for (int i = 0; i < MAX_DEVBUFS; i++) {
+            if (g_devbufs[i].mirror == f->local) {
+                devmem_free(g_devbufs[i].dev);
+                g_devbufs[i].mirror = NULL;
+            }
+        }
+        pthread_mutex_unlock(&g_dev_lock);
+    }
     munmap(f->local, f->local_len);
     peer_stop(&f->peer);
 }
@@ -740,7 +899,7 @@ KVT_TEST(other_peer_unaffected)
     enum { N = 256, BLK = 1 << 20 };
     fixture_t f;
     peer_t p2;
-    peer_opts_t o = {g_transports, 0, g_managed, 0};
+    peer_opts_t o = {g_transports, 0, g_managed, 0, g_cuda};
     kvt_segment_t seg2;
     kvt_xfer_desc_t *d1 = calloc(N, sizeof(*d1)), *d2 = calloc(N, sizeof(*d2));
     kvt_batch_h b1, b2;
@@ -1008,11 +1167,13 @@ int main(int argc, char **argv)
         else
             argv[++n] = argv[i];
     }
-    if (strcmp(memory, "host") != 0 && strcmp(memory, "managed") != 0) {
-        fprintf(stderr, "--memory=host or managed, not %s\n", memory);
+    if (strcmp(memory, "host") != 0 && strcmp(memory, "managed") != 0 &&
+        strcmp(memory, "cuda") != 0) {
+        fprintf(stderr, "--memory=host, managed or cuda, not %s\n", memory);
         return 2;
     }
     g_managed = strcmp(memory, "managed") == 0;
+    g_cuda = strcmp(memory, "cuda") == 0;
     CHECK_OK(kvt_transports(all, 16, &nt));
     for (size_t i = 0; i < nt && i < 16; i++) {
         if (strcmp(all[i].name, name) == 0) {
@@ -1024,11 +1185,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "skipped: transport %s is not built in\n", name);
         return KVT_TEST_SKIP;
     }
-    /* Both kinds of memory here are host memory (managed memory is host
-     * memory that kvt allocated). */
-    if (!(g_tl.local_mem & (1u << KVT_MEM_HOST)) ||
-        !(g_tl.remote_mem & (1u << KVT_MEM_HOST))) {
-        fprintf(stderr, "skipped: %s does not move host memory\n", name);
+    /* Managed memory is host memory that kvt allocated. */
+    {
+        unsigned k = g_cuda ? KVT_MEM_CUDA : KVT_MEM_HOST;
+        if (!(g_tl.local_mem & (1u << k)) || !(g_tl.remote_mem & (1u << k))) {
+            fprintf(stderr, "skipped: %s does not move %s memory\n", name,
+                    g_cuda ? "device" : "host");
+            return KVT_TEST_SKIP;
+        }
+    }
+    if (g_cuda && devmem_open() != 0) {
+        fprintf(stderr, "skipped: no CUDA driver (KVT_CUDA_LIBRARY)\n");
         return KVT_TEST_SKIP;
     }
     g_transports = g_tl.id;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "devmem.h"
 #include "kvt_test.h"
 
 /* The pattern is built from 64-bit words (pattern_byte() is byte k of word
@@ -134,6 +135,36 @@ static int regmany(kvt_engine_h e, int managed, uint64_t n, uint64_t len,
     return st;
 }
 
+/*
+ * cuda: the main region is device memory, and commands reach it through a
+ * host mirror: dev_in() brings [a, a+b) of it into the mirror and returns
+ * where it lies there, dev_out() writes it back. Other addresses pass
+ * through.
+ */
+static uint8_t *g_main, *g_mirror;
+
+static void *dev_in(uint64_t a, uint64_t b)
+{
+    uint64_t m = (uint64_t)(uintptr_t)g_main;
+
+    if (g_mirror == NULL || a < m || a - m >= PEER_MAIN_LEN)
+        return (void *)(uintptr_t)a;
+    if (b > PEER_MAIN_LEN - (a - m) ||
+        devmem_copy(g_mirror + (a - m), (void *)(uintptr_t)a, b) != 0)
+        _exit(4);
+    return g_mirror + (a - m);
+}
+
+static void dev_out(uint64_t a, uint64_t b)
+{
+    uint64_t m = (uint64_t)(uintptr_t)g_main;
+
+    if (g_mirror == NULL || a < m || a - m >= PEER_MAIN_LEN)
+        return;
+    if (devmem_copy((void *)(uintptr_t)a, g_mirror + (a - m), b) != 0)
+        _exit(4);
+}
+
 /* leader_exits: the first thread waits on this pipe, then exits. */
 static int leave_fd[2] = {-1, -1};
 
@@ -148,7 +179,20 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
 
     if (e == NULL || in == NULL || out == NULL)
         _exit(3);
-    if (o->managed) {
+    if (o->cuda) {
+        main_ = devmem_alloc(PEER_MAIN_LEN, 0);
+        g_mirror = mmap(NULL, PEER_MAIN_LEN, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (main_ == NULL || g_mirror == MAP_FAILED)
+            _exit(3);
+        g_main = main_;
+        base = mmap(NULL, total - PEER_MAIN_LEN, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        guard = base;
+        if (kvt_mem_register(e, main_, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW) !=
+            KVT_OK)
+            _exit(3);
+    } else if (o->managed) {
         void *m;
         if (kvt_mem_alloc(e, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW, &m) !=
             KVT_OK)
@@ -191,28 +235,28 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             /* a: address, b: length, c: seed (pattern offset = a - main) */
             reply(out, "%llu",
                   (unsigned long long)pattern_check(
-                      (void *)(uintptr_t)a, b, c,
-                      a - (uint64_t)(uintptr_t)main_));
+                      dev_in(a, b), b, c, a - (uint64_t)(uintptr_t)main_));
         } else if (sscanf(line, "fill %llu %llu %llu", &a, &b, &c) == 3) {
-            pattern_fill((void *)(uintptr_t)a, b, c,
-                         a - (uint64_t)(uintptr_t)main_);
+            pattern_fill(dev_in(a, b), b, c, a - (uint64_t)(uintptr_t)main_);
+            dev_out(a, b);
             reply(out, "ok");
         } else if (sscanf(line, "unregfill %llu %llu %llu", &a, &b, &c) ==
                    3) {
             /* Unregister the region at a, then overwrite [a, a+b) with
              * byte c: a remote write landing after this is visible. */
             int st = kvt_mem_unregister(e, (void *)(uintptr_t)a);
-            memset((void *)(uintptr_t)a, (int)c, b);
+            memset(dev_in(a, b), (int)c, b);
+            dev_out(a, b);
             reply(out, "%d", st);
         } else if (sscanf(line, "count %llu %llu %llu", &a, &b, &c) == 3) {
             /* Bytes of [a, a+b) that are not c. */
-            const uint8_t *q = (const uint8_t *)(uintptr_t)a;
+            const uint8_t *q = dev_in(a, b);
             unsigned long long n = 0;
             for (uint64_t i = 0; i < b; i++)
                 n += q[i] != (uint8_t)c;
             reply(out, "%llu", n);
         } else if (sscanf(line, "byte %llu", &a) == 1) {
-            reply(out, "%u", *(uint8_t *)(uintptr_t)a);
+            reply(out, "%u", *(uint8_t *)dev_in(a, 1));
         } else if (sscanf(line, "unreg %llu", &a) == 1) {
             reply(out, "%d", kvt_mem_unregister(e, (void *)(uintptr_t)a));
         } else if (sscanf(line, "regmany %llu %llu", &a, &b) == 2) {
@@ -234,7 +278,7 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             else
                 reply(out, "%.*s %llu", (int)n->length, n->data,
                       (unsigned long long)(b ? pattern_check(
-                                                   (void *)(uintptr_t)a, b, c,
+                                                   dev_in(a, b), b, c,
                                                    a - (uint64_t)(uintptr_t)main_)
                                              : 0));
             free(n);

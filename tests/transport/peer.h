@@ -35,6 +35,8 @@ typedef struct {
     int leader_exits; /* serve from a second thread; the first exits
                          (pthread_exit(): the leader is a zombie) on
                          the command "leave" */
+    int cuda;         /* the main region in device memory (devmem.h); the
+                         commands reach it through copies */
 } peer_opts_t;
 
 /* Deterministic content: byte i of a stream with @seed. */

@@ -97,7 +97,7 @@ static int count_in_file(const char *path, const char *what)
  * initiator says so once; an initiator limited to TCP never tries. */
 KVT_TEST(fallback_to_tcp)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 1, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 1, 0, 0};
     char log[] = "/tmp/kvt-shm-test-XXXXXX";
     kvt_segment_t seg, again;
     kvt_engine_h e;
@@ -142,7 +142,7 @@ KVT_TEST(fallback_to_tcp)
  * side, it is TCP. */
 KVT_TEST(selection)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0, 0};
     kvt_segment_t seg;
     kvt_engine_h e;
     peer_t p;
@@ -221,7 +221,7 @@ static kvt_engine_h two_peers(peer_t *pa, peer_t *pb, const peer_opts_t *o,
 KVT_TEST(sessions_served_in_turn)
 {
     enum { BIG = 8 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_xfer_desc_t d[BIG];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -277,7 +277,7 @@ typedef struct {
 
 static void rows_setup(rows_t *f, int managed, size_t len, uint64_t size)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0, 0};
 
     f->e = two_peers(&f->pa, &f->pb, &o, &f->sa, &f->sb);
     f->len = len;
@@ -511,7 +511,7 @@ KVT_TEST(rows_for_two_peers_partner_stopped)
 KVT_TEST(stopped_target_parks)
 {
     enum { N = 4, PART = 8 << 20 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_xfer_desc_t d[N];
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
@@ -581,7 +581,7 @@ KVT_TEST(stopped_target_parks)
 KVT_TEST(staged_write_timed_out_never_lands)
 {
     enum { PIECES = 128, LEN = 128 << 10 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_engine_params_t ep = {0};
     kvt_xfer_desc_t d = {0};
     kvt_segment_t sa;
@@ -651,7 +651,7 @@ KVT_TEST(staged_write_timed_out_never_lands)
 KVT_TEST(stopped_target_holds_session)
 {
     enum { PIECES = 1024 }; /* 512 KiB of 512-byte pieces: one job */
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_xfer_desc_t d = {0};
     kvt_segment_t sa, sb;
     kvt_batch_h a1, a2, b;
@@ -719,7 +719,7 @@ KVT_TEST(stopped_target_holds_session)
  */
 KVT_TEST(zombie_leader_target)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 1};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 1, 0};
     kvt_engine_h e;
     kvt_xfer_desc_t d = {0};
     kvt_segment_t seg;
@@ -973,7 +973,7 @@ static void *writer_main(void *arg)
  */
 static void unregister_while_writing(int managed)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, managed, 0, 0};
     writer_t w = {0};
     pthread_t th;
     peer_t p;
@@ -1036,7 +1036,7 @@ KVT_TEST(unregister_while_attached) { unregister_while_writing(0); }
 KVT_TEST(target_death_while_mapped)
 {
     enum { N = 1024 };
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0};
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 1, 0, 0};
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t bs;
     kvt_segment_t seg;

@@ -62,8 +62,8 @@ static uint64_t peer_check(peer_t *p, uint64_t len, uint64_t seed)
  * checked on both; then A dies and B's next batch is unaffected. */
 KVT_TEST(mixed_ucx_and_tcp)
 {
-    peer_opts_t oa = {KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0, 0, 0};
-    peer_opts_t ob = {KVT_TRANSPORT_TCP, 0, 0, 0};
+    peer_opts_t oa = {KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0, 0, 0, 0};
+    peer_opts_t ob = {KVT_TRANSPORT_TCP, 0, 0, 0, 0};
     kvt_segment_t sa, sb;
     kvt_batch_h ba, bb;
     peer_t a, b;
@@ -110,7 +110,7 @@ KVT_TEST(mixed_ucx_and_tcp)
  * not run it, and reaches a peer that offers ucx over its own. */
 KVT_TEST(explicit_only)
 {
-    peer_opts_t oa = {KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0, 0, 0};
+    peer_opts_t oa = {KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0, 0, 0, 0};
     kvt_engine_params_t p = {0};
     kvt_segment_t s;
     kvt_engine_h e;

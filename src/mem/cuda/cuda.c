@@ -10,11 +10,13 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mem/cuda/cuda_drv.h"
+#include "mem/dev.h"
 #include "mem/md.h"
 #include "util/log.h"
 
@@ -249,3 +251,175 @@ KVT_MEM_DOMAIN_REGISTER(cuda, {
                                   .check = cuda_check,
                                   .query = cuda_query,
                               });
+
+/* ---- Staging copies (mem/dev.h) ----------------------------------------- */
+
+
+struct kvt__dstream {
+    int dev;
+    CUstream st;
+    CUevent ev[KVT__DEV_MARKS];
+};
+
+static void said_once(_Atomic int *flag, const char *what, CUresult r)
+{
+    if (!atomic_exchange(flag, 1))
+        KVT_LOG_E("cuda: %s: %s", what, kvt__cuda_err(r));
+}
+
+kvt__dstream_t *kvt__dev_stream_new(int device)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    kvt__dstream_t *s;
+    CUresult r;
+
+    if (d == NULL || kvt__cuda_ctx(device) != 0)
+        return NULL;
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->dev = device;
+    r = d->StreamCreate(&s->st, CU_STREAM_NON_BLOCKING);
+    for (unsigned i = 0; r == CUDA_SUCCESS && i < KVT__DEV_MARKS; i++)
+        r = d->EventCreate(&s->ev[i], CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "cannot create a stream", r);
+        kvt__dev_stream_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void kvt__dev_stream_free(kvt__dstream_t *s)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    if (s == NULL || d == NULL)
+        return;
+    kvt__cuda_ctx(s->dev);
+    if (s->st != NULL) {
+        d->StreamSynchronize(s->st);
+        d->StreamDestroy(s->st);
+    }
+    for (unsigned i = 0; i < KVT__DEV_MARKS; i++)
+        if (s->ev[i] != NULL)
+            d->EventDestroy(s->ev[i]);
+    free(s);
+}
+
+int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUresult r;
+
+    if (kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                       (CUdeviceptr)(uintptr_t)src, len, s->st);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "a copy was refused", r);
+        return -1;
+    }
+    return 0;
+}
+
+int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
+                    const void *src, size_t spitch, size_t width, size_t rows)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUDA_MEMCPY2D m;
+    CUresult r;
+
+    if (rows == 1)
+        return kvt__dev_copy(s, dst, src, width);
+    if (kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    memset(&m, 0, sizeof(m));
+    m.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+    m.srcDevice = (CUdeviceptr)(uintptr_t)src;
+    m.srcPitch = spitch;
+    m.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    m.dstDevice = (CUdeviceptr)(uintptr_t)dst;
+    m.dstPitch = dpitch;
+    m.WidthInBytes = width;
+    m.Height = rows;
+    r = d->Memcpy2DAsync(&m, s->st);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "a 2-D copy was refused", r);
+        return -1;
+    }
+    return 0;
+}
+
+int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    return d->EventRecord(s->ev[m], s->st) == CUDA_SUCCESS ? 0 : -1;
+}
+
+int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    return d->EventSynchronize(s->ev[m]) == CUDA_SUCCESS ? 0 : -1;
+}
+
+int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUresult r;
+
+    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    r = d->EventQuery(s->ev[m]);
+    return r == CUDA_SUCCESS ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+}
+
+int kvt__dev_sync(kvt__dstream_t *s)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUresult r;
+
+    if (kvt__cuda_ctx(s->dev) != 0)
+        return -1;
+    r = d->StreamSynchronize(s->st);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "a copy failed on the device", r);
+        return -1;
+    }
+    return 0;
+}
+
+void *kvt__dev_host_alloc(size_t len)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    void *p = NULL;
+    CUresult r;
+
+    if (d == NULL || kvt__cuda_ctx(0) != 0)
+        return NULL;
+    r = d->MemHostAlloc(&p, len, CU_MEMHOSTALLOC_PORTABLE);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "no pinned host memory", r);
+        return NULL;
+    }
+    return p;
+}
+
+void kvt__dev_host_free(void *p)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    if (p != NULL && d != NULL)
+        d->MemFreeHost(p);
+}

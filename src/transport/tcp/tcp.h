@@ -96,6 +96,17 @@ typedef struct tcp_frame {
     uint32_t *piece_seg; /* [npieces + 1]: first local segment of a piece */
     struct iovec *lsegs; /* local segments, in payload order */
     uint64_t snap[MAX_CONNS]; /* NOTIFY: enq_seq of each conn to wait for */
+    /* Local device memory: per local segment, rx_seg_t.dev1 (NULL when
+     * all are host memory). A WRITE sends its device segments from a
+     * pinned copy made when it reaches the head of the send queue, and
+     * given back once its last byte is written; a failed copy sends zeros
+     * and fails its pieces with KVT_ERR_IO. */
+    uint32_t *lseg_dev1;
+    void *stage;
+    uint64_t stage_len;
+    int stage_dev;
+    _Atomic int dev_failed;
+    kvt__tcp_t *stage_tcp;
     uint8_t hdr[KVT_WIRE_HDR_LEN];
     uint8_t *body;
     struct iovec iov[]; /* send vector; for READ the local segments follow */
@@ -112,6 +123,9 @@ typedef struct tcp_resp {
     uint32_t late;
     int32_t late_status;
     uint64_t *seg_addr;
+    void *stage; /* pinned copy of device payload (kvt__tcp_stage_put()) */
+    uint64_t stage_len;
+    kvt__tcp_t *tcp;
     uint8_t hdr[KVT_WIRE_HDR_LEN];
     uint8_t trailer[KVT_WIRE_TRAILER_LEN];
     uint8_t *body;
@@ -123,7 +137,22 @@ typedef struct {
     uint64_t len;
     uint32_t piece;
     uint32_t valid;
+    uint32_t dev1; /* device memory of device dev1 - 1; 0: host memory */
 } rx_seg_t;
+
+/*
+ * Device memory goes through pinned host memory (tcp_dev.c). Received
+ * bytes for device memory land in a ring of STAGE_CHUNKS chunks of the
+ * connection's staging buffer; each full chunk is copied to the device
+ * asynchronously while the next one is received, and a frame is answered
+ * (WRITE_ACK) or completed (READ_RESP) only once its last copy completed.
+ * Outgoing device bytes (a WRITE's payload, a READ_RESP's) are copied
+ * into a pinned buffer of the frame before it is queued.
+ */
+#define STAGE_CHUNKS 4
+#define STAGE_CHUNK (256u * 1024u)
+
+typedef struct mem_stage mem_stage_t;
 
 enum { RX_HDR, RX_BODY, RX_PAYLOAD, RX_TRAILER };
 
@@ -178,6 +207,7 @@ struct tcp_conn {
     int32_t *rx_pstatus;
     uint32_t rx_npieces;
     tcp_frame_t *rx_frame;
+    mem_stage_t *stage; /* device memory staging (owning worker) */
 
     int attached; /* outbound: handed to its worker (kvt__tcp_worker_attach())
                    */
@@ -244,6 +274,14 @@ struct kvt__tcp {
     tcp_conn_t *inbound;            /* accepted data connections */
     tcp_session_t *live;            /* sessions opened and not yet dead */
     void *zeros; /* read-only zero pages: payload of refused read pieces */
+    /* Device memory: pinned buffers of one slice (a frame's payload at
+     * most), kept for reuse; a stream for copies made by submitting
+     * threads, one at a time. */
+    pthread_mutex_t dev_lock;
+    void **stage_free;
+    unsigned nstage_free;
+    struct kvt__dstream *tx_stream;
+    int tx_stream_dev;
 };
 
 extern const kvt__tl_ops_t kvt__tl_tcp;
@@ -326,6 +364,18 @@ void *kvt__tcp_worker_main(void *arg);
 kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                const _Atomic uint32_t *until,
                                uint64_t deadline_ns);
+
+/* tcp_dev.c */
+void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len);
+void kvt__tcp_stage_put(kvt__tcp_t *tcp, void *p, uint64_t len);
+void kvt__tcp_dev_fini(kvt__tcp_t *tcp);
+void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f);
+int kvt__tcp_rx_dev(tcp_conn_t *c);
+int kvt__tcp_rx_dev_finish(tcp_conn_t *c);
+int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
+                            uint64_t len, int dev);
+int kvt__tcp_dev_read_sync(tcp_conn_t *c);
+void kvt__tcp_conn_stage_free(tcp_conn_t *c);
 
 /* tcp_submit.c */
 kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,

@@ -46,6 +46,7 @@ static void conn_free(tcp_conn_t *c)
     pthread_mutex_destroy(&c->out_lock);
     pthread_mutex_destroy(&c->rx_lock);
     pthread_mutex_destroy(&c->ev_lock);
+    kvt__tcp_conn_stage_free(c);
     free(c->rx_body);
     free(c->rx_segs);
     free(c->rx_pieces);

@@ -38,6 +38,7 @@ static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
     tcp->reg = kvt__engine_reg(e);
     tcp->nworkers = tcp->cfg->num_workers;
     atomic_store(&tcp->next_req, 1);
+    pthread_mutex_init(&tcp->dev_lock, NULL);
     st = kvt__tcp_fence_init(tcp);
     if (st != KVT_OK)
         goto err_free;
@@ -143,15 +144,25 @@ static void tcp_destroy(kvt__tl_t *tl)
     free(tcp->workers);
     munmap(tcp->zeros, KVT_WIRE_MAX_PAYLOAD);
     kvt__tcp_fence_fini(tcp);
+    kvt__tcp_dev_fini(tcp);
+    pthread_mutex_destroy(&tcp->dev_lock);
     free(tcp);
 }
+
+/* Device memory moves through pinned host memory (tcp_dev.c) when a
+ * device memory domain is built. */
+#ifdef KVT_HAVE_CUDA
+#define TCP_MEM (KVT__MEM_BIT(KVT_MEM_HOST) | KVT__MEM_BIT(KVT_MEM_CUDA))
+#else
+#define TCP_MEM KVT__MEM_BIT(KVT_MEM_HOST)
+#endif
 
 /* clang-format off */
 KVT_TRANSPORT_REGISTER(tcp, {
     .name = "tcp",
     .id = KVT_TRANSPORT_TCP,
-    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+    .caps = {.local_mem = TCP_MEM,
+             .remote_mem = TCP_MEM,
              .flags = KVT__TL_STRIDED,
              .priority = 10},
     .create = tcp_create,

@@ -28,6 +28,11 @@ void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                              const int32_t *pst)
 {
     atomic_fetch_sub_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+    /* A copy out of device memory failed: zeros were sent for it. */
+    if (atomic_load(&f->dev_failed) && st == KVT_OK) {
+        st = KVT_ERR_IO;
+        pst = NULL;
+    }
     for (uint32_t i = 0; i < f->npieces; i++)
         kvt__comp_done(f->comps[i], pst ? pst[i] : st);
     kvt__tcp_frame_put(f);
@@ -113,9 +118,10 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
             if (c->rx_pstatus[i] != KVT_OK)
                 continue;
             for (uint32_t k = f->piece_seg[i]; k < f->piece_seg[i + 1]; k++) {
-                c->rx_segs[s++] =
-                    (rx_seg_t){(uint64_t)(uintptr_t)f->lsegs[k].iov_base,
-                               f->lsegs[k].iov_len, i, 1};
+                c->rx_segs[s++] = (rx_seg_t){
+                    (uint64_t)(uintptr_t)f->lsegs[k].iov_base,
+                    f->lsegs[k].iov_len, i, 1,
+                    f->lseg_dev1 != NULL ? f->lseg_dev1[k] : 0};
                 expect += f->lsegs[k].iov_len;
             }
         }
@@ -209,13 +215,23 @@ static int rx_payload(tcp_conn_t *c)
             rx_revalidate(c, reg);
         }
         s = c->rx_seg;
+        if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0) {
+            int r = kvt__tcp_rx_dev(c);
+            if (check)
+                kvt__memreg_unlock(reg);
+            if (r <= 0)
+                return r;
+            continue;
+        }
         if (!c->rx_segs[s].valid) {
             uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
             iov[n++] = (struct iovec){c->w->scratch,
                                       left < SCRATCH_LEN ? left : SCRATCH_LEN};
         } else {
             uint64_t off = c->rx_seg_off;
-            for (; s < c->rx_nsegs && c->rx_segs[s].valid; s++) {
+            for (; s < c->rx_nsegs && c->rx_segs[s].valid &&
+                   c->rx_segs[s].dev1 == 0;
+                 s++) {
                 char *p = (char *)(uintptr_t)c->rx_segs[s].addr + off;
                 uint64_t len = c->rx_segs[s].len - off;
                 off = 0;
@@ -238,6 +254,8 @@ static int rx_payload(tcp_conn_t *c)
             return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
         rx_advance(c, (uint64_t)got);
     }
+    /* Answered or completed only once its bytes are in device memory. */
+    kvt__tcp_rx_dev_finish(c);
     return 1;
 }
 

@@ -29,6 +29,7 @@ typedef struct {
     uint64_t len;
     uint64_t raddr, rstride;
     uint64_t laddr, lstride;
+    uint32_t ldev1; /* local device memory of device ldev1 - 1; 0: host */
 } pspec_t;
 
 /* Pieces of a strided descriptor that one wire piece carries. */
@@ -43,9 +44,35 @@ static inline uint32_t spec_lsegs(const pspec_t *p)
     return (p->count == 1 || p->lstride == p->len) ? 1 : p->count;
 }
 
-static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
-                                const pspec_t *ps, size_t np)
+/*
+ * Local device memory (tcp_dev.c): note which local segments are device
+ * memory; a WRITE is staged when it is sent, a READ's are received
+ * through the connection's ring. KVT_OK or KVT_ERR_NO_MEMORY.
+ */
+static kvt_status_t frame_dev(tcp_frame_t *f, const pspec_t *ps, size_t np)
 {
+    uint32_t *dev1 = malloc(f->nlsegs * sizeof(*dev1));
+
+    if (dev1 == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (size_t i = 0; i < np; i++) {
+        for (uint32_t k = f->piece_seg[i]; k < f->piece_seg[i + 1]; k++) {
+            dev1[k] = ps[i].ldev1;
+            if (ps[i].ldev1 != 0) {
+                f->stage_len += f->lsegs[k].iov_len;
+                f->stage_dev = (int)ps[i].ldev1 - 1;
+            }
+        }
+    }
+    f->lseg_dev1 = dev1;
+    return KVT_OK;
+}
+
+static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
+                                const pspec_t *ps, size_t np,
+                                kvt_status_t *st_p)
+{
+    int has_dev = 0;
     kvt__tcp_t *tcp = s->tcp;
     uint32_t nlsegs = 0;
     size_t table = np * KVT_WIRE_PIECE_LEN, niov, sz;
@@ -55,9 +82,11 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     uint8_t *p;
     uint32_t k = 0;
 
+    *st_p = KVT_ERR_NO_MEMORY;
     for (size_t i = 0; i < np; i++) {
         nlsegs += spec_lsegs(&ps[i]);
         payload += ps[i].len * ps[i].count;
+        has_dev |= ps[i].ldev1 != 0;
     }
     niov = 2 + nlsegs;
     sz = sizeof(*f) + niov * sizeof(struct iovec) + np * sizeof(kvt__comp_t *) +
@@ -109,6 +138,11 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
          * sender's cursor would trim. */
         f->lsegs = f->iov + 2;
     }
+    if (has_dev && (*st_p = frame_dev(f, ps, np)) != KVT_OK) {
+        free(f);
+        return NULL;
+    }
+    *st_p = KVT_OK;
     return f;
 }
 
@@ -144,6 +178,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
         const kvt__xfer_t *d = x[i];
         uint32_t c = d->count;
         uint64_t L = d->len, ls = d->lstride, rs = d->rstride, la = d->laddr;
+        uint32_t dv = d->lkind != KVT_MEM_HOST ? (uint32_t)d->ldev + 1 : 0;
         size_t first = np;
 
         if (c == 1 || L > slice || L > UINT32_MAX) {
@@ -155,13 +190,14 @@ static void submit_op(tcp_session_t *s, uint8_t type,
                                          d->raddr + j * rs + off,
                                          0,
                                          la + j * ls + off,
-                                         0};
+                                         0,
+                                         dv};
         } else {
             uint64_t k = strided_k(L, slice);
             for (uint64_t j = 0; j < c; j += k) {
                 uint32_t cnt = (uint32_t)(c - j < k ? c - j : k);
-                ps[np++] = (pspec_t){d->comp, cnt,         L, d->raddr + j * rs,
-                                     rs,      la + j * ls, ls};
+                ps[np++] = (pspec_t){d->comp, cnt, L,  d->raddr + j * rs,
+                                     rs,      la + j * ls, ls, dv};
             }
         }
         kvt__comp_expect(d->comp, (uint32_t)(np - first));
@@ -179,6 +215,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
         uint64_t bytes = 0;
         uint32_t rsegs = 0, lsegs = 0;
         size_t end = start;
+        kvt_status_t fst;
         tcp_frame_t *f;
 
         while (end < np) {
@@ -194,10 +231,10 @@ static void submit_op(tcp_session_t *s, uint8_t type,
             lsegs += spec_lsegs(q);
             end++;
         }
-        f = frame_build(s, type, ps + start, end - start);
+        f = frame_build(s, type, ps + start, end - start, &fst);
         if (f == NULL) {
             for (size_t i = start; i < np; i++)
-                kvt__comp_done(ps[i].comp, KVT_ERR_NO_MEMORY);
+                kvt__comp_done(ps[i].comp, fst);
             break;
         }
         *ftail = f;

@@ -96,9 +96,16 @@ static void layout_pieces(tcp_conn_t *c, uint32_t need)
                                                  p->len, need);
         }
         c->rx_pstatus[i] = ok ? KVT_OK : KVT_ERR_ACCESS;
-        for (uint32_t k = 0; k < p->count; k++, s++)
-            c->rx_segs[s] =
-                (rx_seg_t){p->addr + k * p->stride, p->len, i, (uint32_t)ok};
+        for (uint32_t k = 0; k < p->count; k++, s++) {
+            uint64_t a = p->addr + k * p->stride;
+            uint32_t dev1 = 0;
+            if (ok && reg->ndev > 0) {
+                const kvt__region_t *r = kvt__memreg_find_locked(reg, a, p->len);
+                if (r != NULL && r->kind != KVT_MEM_HOST)
+                    dev1 = (uint32_t)r->device + 1;
+            }
+            c->rx_segs[s] = (rx_seg_t){a, p->len, i, (uint32_t)ok, dev1};
+        }
     }
     kvt__memreg_unlock(reg);
     c->rx_nsegs = s;
@@ -154,8 +161,10 @@ void kvt__tcp_send_write_ack(tcp_conn_t *c)
 
 static void handle_read(tcp_conn_t *c)
 {
+    kvt__tcp_t *tcp = c->w->tcp;
     size_t nf, nvalid = 0;
-    uint64_t payload = 0;
+    uint64_t payload = 0, dev_bytes = 0, soff = 0;
+    uint8_t *stage = NULL;
     kvt__wire_hdr_t h;
     tcp_resp_t *r;
     int32_t first;
@@ -166,14 +175,60 @@ static void handle_read(tcp_conn_t *c)
         if (c->rx_segs[s].valid) {
             nvalid++;
             payload += c->rx_segs[s].len;
+            if (c->rx_segs[s].dev1 != 0)
+                dev_bytes += c->rx_segs[s].len;
+        }
+    }
+    if (dev_bytes > 0) {
+        /* Device memory is sent from a pinned copy, made now; a piece
+         * whose copy failed is refused with KVT_ERR_IO. */
+        uint64_t off = 0;
+        int failed;
+        stage = kvt__tcp_stage_get(tcp, dev_bytes);
+        failed = stage == NULL;
+        for (uint32_t s = 0; !failed && s < c->rx_nsegs; s++) {
+            const rx_seg_t *g = &c->rx_segs[s];
+            if (!g->valid || g->dev1 == 0)
+                continue;
+            failed = kvt__tcp_dev_read_stage(c, stage + off, g->addr, g->len,
+                                             (int)g->dev1 - 1) != 0;
+            off += g->len;
+        }
+        if (!failed)
+            failed = kvt__tcp_dev_read_sync(c) != 0;
+        if (failed) {
+            for (uint32_t s = 0; s < c->rx_nsegs; s++)
+                if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0)
+                    c->rx_pstatus[c->rx_segs[s].piece] = KVT_ERR_IO;
+            /* Every segment of a failed piece leaves the payload. */
+            payload = 0;
+            nvalid = 0;
+            for (uint32_t s = 0; s < c->rx_nsegs; s++) {
+                rx_seg_t *g = &c->rx_segs[s];
+                if (g->valid && c->rx_pstatus[g->piece] != KVT_OK)
+                    g->valid = 0;
+                if (g->valid) {
+                    nvalid++;
+                    payload += g->len;
+                }
+            }
+            if (stage != NULL)
+                kvt__tcp_stage_put(tcp, stage, dev_bytes);
+            stage = NULL;
+            dev_bytes = 0;
         }
     }
     nf = count_fails(c);
     r = kvt__tcp_resp_alloc(3 + nvalid, nf * KVT_WIRE_FAIL_LEN, nvalid);
     if (r == NULL) {
+        if (stage != NULL)
+            kvt__tcp_stage_put(tcp, stage, dev_bytes);
         shutdown(c->fd, SHUT_RDWR);
         return;
     }
+    r->stage = stage;
+    r->stage_len = dev_bytes;
+    r->tcp = tcp;
     kvt__tcp_hdr_init(&h, KVT_WIRE_READ_RESP, c->rx_hdr.req_id);
     h.body_len = (uint32_t)encode_fails(c, r->body, &first);
     h.status = first;
@@ -185,6 +240,14 @@ static void handle_read(tcp_conn_t *c)
     for (uint32_t s = 0; s < c->rx_nsegs; s++) {
         if (!c->rx_segs[s].valid)
             continue;
+        if (c->rx_segs[s].dev1 != 0) {
+            /* From the pinned copy, which no unregistration affects
+             * (seg_addr 0: not revalidated). */
+            r->iov[k++] = (struct iovec){stage + soff, c->rx_segs[s].len};
+            soff += c->rx_segs[s].len;
+            r->seg_addr[j++] = 0;
+            continue;
+        }
         r->iov[k++] = (struct iovec){(void *)(uintptr_t)c->rx_segs[s].addr,
                                      c->rx_segs[s].len};
         r->seg_addr[j++] = c->rx_segs[s].addr;

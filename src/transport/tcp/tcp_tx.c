@@ -26,15 +26,22 @@
 
 void kvt__tcp_frame_put(tcp_frame_t *f)
 {
-    if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1)
+    if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1) {
+        if (f->stage != NULL)
+            kvt__tcp_stage_put(f->stage_tcp, f->stage, f->stage_len);
+        free(f->lseg_dev1);
         free(f);
+    }
 }
 
 void kvt__tcp_tx_free(tcp_tx_t *t)
 {
-    if (t->is_resp)
+    if (t->is_resp) {
+        tcp_resp_t *r = (tcp_resp_t *)t;
+        if (r->stage != NULL)
+            kvt__tcp_stage_put(r->tcp, r->stage, r->stage_len);
         free(t);
-    else
+    } else
         kvt__tcp_frame_put((tcp_frame_t *)t);
 }
 
@@ -58,6 +65,11 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
             kvt__memreg_rdlock(tcp->reg);
             locked = 1;
             kvt__tcp_resp_revalidate(tcp, (tcp_resp_t *)t);
+        } else if (!t->is_resp) {
+            tcp_frame_t *f = (tcp_frame_t *)t;
+            if (f->type == KVT_WIRE_WRITE && f->lseg_dev1 != NULL &&
+                f->stage == NULL && !atomic_load(&f->dev_failed))
+                kvt__tcp_frame_stage(tcp, f);
         }
         mh.msg_iov = t->cur;
         mh.msg_iovlen = (size_t)(t->cnt > IOV_MAX ? IOV_MAX : t->cnt);
@@ -79,6 +91,12 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
             c->txq_head = t->next;
             if (c->txq_head == NULL)
                 c->txq_tail = NULL;
+            if (!t->is_resp && ((tcp_frame_t *)t)->stage != NULL) {
+                /* All of it is in the socket: the pinned copy goes back. */
+                tcp_frame_t *f = (tcp_frame_t *)t;
+                kvt__tcp_stage_put(tcp, f->stage, f->stage_len);
+                f->stage = NULL;
+            }
             kvt__tcp_tx_free(t);
             if (head_only)
                 break;
@@ -142,7 +160,7 @@ void kvt__tcp_send_resp(tcp_conn_t *c, tcp_resp_t *r)
     pthread_mutex_lock(&c->tx_lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->tx_lock);
-        free(r);
+        kvt__tcp_tx_free(&r->tx);
         return;
     }
     txq_append_locked(c, &r->tx);

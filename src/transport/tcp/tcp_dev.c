@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Device memory over tcp: staging through pinned host memory (tcp.h).
+ *
+ * Receiving (a target's WRITE into device memory, an initiator's READ
+ * into it): the payload of a device segment is read into the current
+ * chunk of the connection's ring; a full chunk (or the segment's last
+ * bytes) is copied to the device asynchronously and marked, and the next
+ * chunk is received meanwhile; a chunk is reused once its copy completed.
+ * When the frame's payload is in, its copies are waited for: a WRITE is
+ * acknowledged, a READ completed, only after its bytes are in device
+ * memory, and a piece whose copy failed gets KVT_ERR_IO.
+ *
+ * Sending (a WRITE from device memory, a READ_RESP from it): the device
+ * bytes are copied into one pinned buffer of the frame, and the frame
+ * sends from there; copies by submitting threads go through one stream
+ * of the transport at a time, copies by a worker through its
+ * connection's stream.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "mem/dev.h"
+#include "transport/tcp/tcp.h"
+#include "util/log.h"
+
+#define STAGE_KEEP 32 /* pinned buffers kept for reuse */
+
+struct mem_stage {
+    kvt__dstream_t *ds;
+    uint8_t *buf; /* STAGE_CHUNKS * STAGE_CHUNK, pinned */
+    unsigned cur;  /* the chunk being filled */
+    uint64_t fill; /* bytes in it */
+    uint64_t dst;  /* where its first byte goes */
+    uint8_t busy[STAGE_CHUNKS];
+    int queued; /* copies queued for the frame being received */
+    int failed;
+};
+
+/* ---- Pinned buffers ----------------------------------------------------- */
+
+void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len)
+{
+    void *p = NULL;
+
+    if (len <= tcp->cfg->slice_size) {
+        pthread_mutex_lock(&tcp->dev_lock);
+        if (tcp->nstage_free > 0)
+            p = tcp->stage_free[--tcp->nstage_free];
+        pthread_mutex_unlock(&tcp->dev_lock);
+        if (p == NULL)
+            p = kvt__dev_host_alloc(tcp->cfg->slice_size);
+        return p;
+    }
+    return kvt__dev_host_alloc(len);
+}
+
+void kvt__tcp_stage_put(kvt__tcp_t *tcp, void *p, uint64_t len)
+{
+    if (len <= tcp->cfg->slice_size) {
+        pthread_mutex_lock(&tcp->dev_lock);
+        if (tcp->stage_free == NULL)
+            tcp->stage_free = calloc(STAGE_KEEP, sizeof(void *));
+        if (tcp->stage_free != NULL && tcp->nstage_free < STAGE_KEEP) {
+            tcp->stage_free[tcp->nstage_free++] = p;
+            p = NULL;
+        }
+        pthread_mutex_unlock(&tcp->dev_lock);
+    }
+    kvt__dev_host_free(p);
+}
+
+void kvt__tcp_dev_fini(kvt__tcp_t *tcp)
+{
+    for (unsigned i = 0; i < tcp->nstage_free; i++)
+        kvt__dev_host_free(tcp->stage_free[i]);
+    free(tcp->stage_free);
+    tcp->stage_free = NULL;
+    tcp->nstage_free = 0;
+    kvt__dev_stream_free(tcp->tx_stream);
+    tcp->tx_stream = NULL;
+}
+
+/*
+ * A WRITE frame with device segments reached the head of the send queue
+ * (tx_lock held, nothing of it sent): copy them into one pinned buffer
+ * and send from there. On failure the frame sends zeros for them and its
+ * pieces fail with KVT_ERR_IO (the target may hold the zeros: a write
+ * that failed may have landed).
+ */
+void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
+{
+    uint8_t *p;
+    uint64_t off = 0;
+    int rc = 0;
+
+    f->stage = kvt__tcp_stage_get(tcp, f->stage_len);
+    f->stage_tcp = tcp;
+    pthread_mutex_lock(&tcp->dev_lock);
+    if (tcp->tx_stream == NULL && f->stage != NULL) {
+        tcp->tx_stream = kvt__dev_stream_new(f->stage_dev);
+        tcp->tx_stream_dev = f->stage_dev;
+    }
+    if (tcp->tx_stream == NULL || f->stage == NULL)
+        rc = -1;
+    p = f->stage;
+    for (uint32_t k = 0; rc == 0 && k < f->nlsegs; k++) {
+        if (f->lseg_dev1[k] == 0)
+            continue;
+        rc = kvt__dev_copy(tcp->tx_stream, p + off, f->lsegs[k].iov_base,
+                           f->lsegs[k].iov_len);
+        off += f->lsegs[k].iov_len;
+    }
+    if (tcp->tx_stream != NULL && kvt__dev_sync(tcp->tx_stream) != 0)
+        rc = -1;
+    pthread_mutex_unlock(&tcp->dev_lock);
+    off = 0;
+    for (uint32_t k = 0; k < f->nlsegs; k++) {
+        if (f->lseg_dev1[k] == 0)
+            continue;
+        f->lsegs[k].iov_base =
+            rc == 0 ? (void *)((uint8_t *)f->stage + off) : tcp->zeros;
+        off += f->lsegs[k].iov_len;
+    }
+    if (rc != 0)
+        atomic_store(&f->dev_failed, 1);
+}
+
+/* ---- Receiving ---------------------------------------------------------- */
+
+static mem_stage_t *stage_of(tcp_conn_t *c, int dev)
+{
+    mem_stage_t *m = c->stage;
+
+    if (m != NULL)
+        return m->ds != NULL && m->buf != NULL ? m : NULL;
+    m = c->stage = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    m->ds = kvt__dev_stream_new(dev);
+    m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK);
+    if (m->ds == NULL || m->buf == NULL)
+        KVT_LOG_E("tcp: no staging for device memory on a connection with "
+                  "%s; its device pieces fail",
+                  c->peer);
+    return m->ds != NULL && m->buf != NULL ? m : NULL;
+}
+
+static void flush_chunk(mem_stage_t *m)
+{
+    if (m->fill == 0)
+        return;
+    if (kvt__dev_copy(m->ds, (void *)(uintptr_t)m->dst,
+                      m->buf + (size_t)m->cur * STAGE_CHUNK, m->fill) != 0 ||
+        kvt__dev_mark(m->ds, m->cur) != 0) {
+        m->failed = 1;
+    } else {
+        m->busy[m->cur] = 1;
+    }
+    m->queued = 1;
+    m->cur = (m->cur + 1) % STAGE_CHUNKS;
+    m->fill = 0;
+}
+
+/*
+ * Receive the current segment, device memory, through the ring. Returns 1
+ * when the segment is complete (or refused: its piece fails with
+ * KVT_ERR_IO and its bytes go to scratch), 0 when the socket is drained,
+ * -1 on EOF or error.
+ */
+int kvt__tcp_rx_dev(tcp_conn_t *c)
+{
+    uint32_t s0 = c->rx_seg;
+    rx_seg_t *g = &c->rx_segs[s0];
+    mem_stage_t *m = stage_of(c, (int)g->dev1 - 1);
+
+    if (m == NULL) {
+        c->rx_pstatus[g->piece] = KVT_ERR_IO;
+        g->valid = 0;
+        return 1;
+    }
+    while (c->rx_seg == s0) {
+        uint64_t left = g->len - c->rx_seg_off, want;
+        uint8_t *chunk = m->buf + (size_t)m->cur * STAGE_CHUNK;
+        ssize_t got;
+
+        if (m->fill == 0) {
+            if (m->busy[m->cur]) {
+                if (kvt__dev_mark_wait(m->ds, m->cur) != 0)
+                    m->failed = 1;
+                m->busy[m->cur] = 0;
+            }
+            m->dst = g->addr + c->rx_seg_off;
+        }
+        want = STAGE_CHUNK - m->fill;
+        if (want > left)
+            want = left;
+        got = recv(c->fd, chunk + m->fill, want, 0);
+        if (got == 0)
+            return -1;
+        if (got < 0)
+            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+        m->fill += (uint64_t)got;
+        c->rx_seg_off += (uint64_t)got;
+        if (c->rx_seg_off == g->len) {
+            c->rx_seg++;
+            c->rx_seg_off = 0;
+        }
+        if (m->fill == STAGE_CHUNK || c->rx_seg != s0)
+            flush_chunk(m);
+    }
+    return 1;
+}
+
+/*
+ * The frame's payload is in: wait for its copies to the device. A failed
+ * copy fails every piece of the frame that went to device memory. 0.
+ */
+int kvt__tcp_rx_dev_finish(tcp_conn_t *c)
+{
+    mem_stage_t *m = c->stage;
+    int failed;
+
+    if (m == NULL || !m->queued)
+        return 0;
+    flush_chunk(m);
+    failed = m->failed || kvt__dev_sync(m->ds) != 0;
+    memset(m->busy, 0, sizeof(m->busy));
+    m->queued = 0;
+    m->failed = 0;
+    if (failed)
+        for (uint32_t s = 0; s < c->rx_nsegs; s++)
+            if (c->rx_segs[s].dev1 != 0 &&
+                c->rx_pstatus[c->rx_segs[s].piece] == KVT_OK)
+                c->rx_pstatus[c->rx_segs[s].piece] = KVT_ERR_IO;
+    return 0;
+}
+
+/* ---- A worker's copies out of device memory (READ_RESP) ------------------ */
+
+int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
+                            uint64_t len, int dev)
+{
+    mem_stage_t *m = stage_of(c, dev);
+
+    if (m == NULL)
+        return -1;
+    if (kvt__dev_copy(m->ds, dst, (const void *)(uintptr_t)src, len) != 0)
+        return -1;
+    m->queued = 1;
+    return 0;
+}
+
+int kvt__tcp_dev_read_sync(tcp_conn_t *c)
+{
+    mem_stage_t *m = c->stage;
+    int rc;
+
+    if (m == NULL || m->ds == NULL)
+        return -1;
+    rc = kvt__dev_sync(m->ds);
+    m->queued = 0;
+    return rc;
+}
+
+void kvt__tcp_conn_stage_free(tcp_conn_t *c)
+{
+    mem_stage_t *m = c->stage;
+
+    if (m == NULL)
+        return;
+    kvt__dev_stream_free(m->ds); /* waits for what is queued */
+    kvt__dev_host_free(m->buf);
+    free(m);
+    c->stage = NULL;
+}
