@@ -78,14 +78,14 @@ static inline void *devmem_alloc(size_t len, int dev)
 
 static inline void devmem_free(void *p)
 {
-    if (p != NULL)
+    if (p != NULL && devmem_open() == 0)
         devmem_drv.MemFree((uint64_t)(uintptr_t)p);
 }
 
 /* Copy @len bytes, either way (unified addresses), and wait. 0 or -1. */
 static inline int devmem_copy(void *dst, const void *src, size_t len)
 {
-    if (devmem_use(0) != 0 ||
+    if (devmem_open() != 0 || devmem_use(0) != 0 ||
         devmem_drv.MemcpyAsync((uint64_t)(uintptr_t)dst,
                                (uint64_t)(uintptr_t)src, len, NULL) != 0)
         return -1;

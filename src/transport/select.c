@@ -138,14 +138,97 @@ static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
     return NULL;
 }
 
+/* Whether transport @i of @e can serve (@l, @r) to the peer of @seg. */
+static int serves(kvt_engine_h e, kvt__seg_t *seg, unsigned i, unsigned l,
+                  unsigned r)
+{
+    unsigned order[KVT__TL_MAX], n;
+    const char *why[KVT__TL_MAX];
+
+    n = kvt__tl_select(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r,
+                       order, why);
+    for (unsigned k = 0; k < n; k++)
+        if (order[k] == i)
+            return 1;
+    return 0;
+}
+
+/*
+ * With device memory on either side, one transport for every pair of
+ * kinds in use, when one serves them all: a NOTIFY is ordered after the
+ * writes its own transport carried, so a peer whose device memory went
+ * over one transport and host memory over another could see a
+ * notification before the device bytes. The transport of highest
+ * priority that serves every pair in use is opened, and carries every
+ * pair it can. Returns 1 when done, 0 when none serves them all (or it
+ * failed to open: then the pairs are routed one by one).
+ */
+static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
+                        uint32_t rk)
+{
+    int best = -1;
+    kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
+    kvt__session_t *s;
+    const char *w = NULL;
+
+    for (unsigned i = 0; i < e->ntl; i++) {
+        int all = 1;
+        for (unsigned l = 0; all && l < KVT_MEM_KINDS; l++)
+            for (unsigned r = 0; all && r < KVT_MEM_KINDS; r++)
+                if ((lk & KVT__MEM_BIT(l)) && (rk & KVT__MEM_BIT(r)))
+                    all = serves(e, seg, i, l, r);
+        if (all && (best < 0 || e->tl[i]->ops->caps.priority >
+                                    e->tl[best]->ops->caps.priority))
+            best = (int)i;
+    }
+    if (best < 0)
+        return 0;
+    s = sess_of(seg, e->tl[best]);
+    if (s == NULL) {
+        kvt_status_t st = e->tl[best]->ops->open(e->tl[best], &peer, &s, &w);
+        if (s != NULL)
+            seg->sess[seg->nsess++] = s;
+        if (st != KVT_OK)
+            return 0;
+    }
+    for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
+        for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
+            seg->route[l][r] =
+                serves(e, seg, (unsigned)best, l, r) ? s : NULL;
+    KVT_LOG_I("segment %s: using %s (device memory in use)", seg->name,
+              e->tl[best]->ops->name);
+    return 1;
+}
+
 kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
 {
     kvt_status_t first = KVT_ERR_NOT_SUPPORTED;
+    uint32_t lk = KVT__MEM_BIT(KVT_MEM_HOST), rk = lk;
     int any = 0;
 
+    /* The kinds in use: host memory, device memory registered here, and
+     * the kinds of the peer's regions. */
+    kvt__memreg_rdlock(&e->reg);
+    if (e->reg.ndev > 0)
+        lk |= KVT__MEM_BIT(KVT_MEM_CUDA);
+    kvt__memreg_unlock(&e->reg);
+    for (uint32_t i = 0; i < seg->desc.nregions; i++)
+        if (seg->desc.regions[i].kind < KVT_MEM_KINDS)
+            rk |= KVT__MEM_BIT(seg->desc.regions[i].kind);
+    if (((lk | rk) & ~KVT__MEM_BIT(KVT_MEM_HOST)) != 0) {
+        if (route_single(e, seg, lk, rk))
+            return KVT_OK;
+        KVT_LOG_W("segment %s: no transport moves every kind of memory in "
+                  "use; each pair goes its own way, and a notification is "
+                  "ordered only after the writes of its own transport",
+                  seg->name);
+    }
     for (unsigned l = 0; l < KVT_MEM_KINDS; l++) {
         for (unsigned r = 0; r < KVT_MEM_KINDS; r++) {
             kvt_status_t st;
+            seg->route[l][r] = NULL;
+            if (!(lk & KVT__MEM_BIT(l)) || !(rk & KVT__MEM_BIT(r)))
+                continue; /* not in use: below */
             seg->route[l][r] = route_one(e, seg, l, r, &st);
             if (seg->route[l][r] != NULL) {
                 any = 1;
@@ -160,5 +243,16 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
         KVT_LOG_E("segment %s offers no transport this engine runs", seg->name);
         return first;
     }
+    /* Pairs not in use when the segment opened (device memory registered
+     * later) go to a session already open that serves them; none is
+     * opened for them. */
+    for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
+        for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
+            if ((!(lk & KVT__MEM_BIT(l)) || !(rk & KVT__MEM_BIT(r))))
+                for (unsigned k = 0; k < seg->nsess; k++)
+                    if (seg->route[l][r] == NULL &&
+                        !atomic_load(&seg->sess[k]->dead) &&
+                        serves(e, seg, seg->sess[k]->tl->index, l, r))
+                        seg->route[l][r] = seg->sess[k];
     return KVT_OK;
 }

@@ -62,9 +62,17 @@ typedef struct op {
     size_t width, height, dpitch, spitch;
 } op_t;
 
+/* A stream: its own queue and copy thread, so that work on different
+ * streams is not ordered (as on a GPU), and a reader that does not wait
+ * for a stream's copies sees stale bytes. */
 typedef struct stream {
     _Atomic int failed; /* a copy failed since the last event */
     _Atomic uint64_t queued, done;
+    op_t *q_head, *q_tail; /* under lock */
+    pthread_t thread;
+    pid_t pid;   /* the process whose thread serves it; 0: none */
+    int closing;
+    struct stream *next; /* every stream, for fork() */
 } stream_t;
 
 typedef struct event {
@@ -77,8 +85,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
 static alloc_t allocs[MAX_ALLOCS];
-static op_t *q_head, *q_tail;
-static pthread_t copier;
+static stream_t *streams; /* under lock */
 static int started, ndev = 2;
 static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, ipc_opens, ipc_closes;
@@ -133,19 +140,22 @@ static uint8_t *where(uintptr_t p, size_t len)
 
 static void *copy_main(void *arg)
 {
-    (void)arg;
+    stream_t *s = arg;
+
     pthread_mutex_lock(&lock);
     for (;;) {
         op_t *o;
-        while (q_head == NULL)
+        while (s->q_head == NULL && !s->closing)
             pthread_cond_wait(&cond, &lock);
-        o = q_head;
-        q_head = o->next;
-        if (q_head == NULL)
-            q_tail = NULL;
+        if (s->q_head == NULL)
+            break;
+        o = s->q_head;
+        s->q_head = o->next;
+        if (s->q_head == NULL)
+            s->q_tail = NULL;
         pthread_mutex_unlock(&lock);
         if (o->is_event) {
-            o->ev->state = atomic_exchange(&o->s->failed, 0) ? 2 : 1;
+            o->ev->state = atomic_exchange(&s->failed, 0) ? 2 : 1;
         } else {
             long n = ++copies;
             if (delay_us > 0) {
@@ -153,35 +163,33 @@ static void *copy_main(void *arg)
                 nanosleep(&ts, NULL);
             }
             if (fail_at != 0 && n == fail_at) {
-                o->s->failed = 1;
+                s->failed = 1;
             } else {
                 for (size_t r = 0; r < o->height; r++)
                     memcpy((uint8_t *)o->dst + r * o->dpitch,
                            (const uint8_t *)o->src + r * o->spitch, o->width);
             }
         }
-        o->s->done++;
+        s->done++;
         pthread_mutex_lock(&lock);
         pthread_cond_broadcast(&done_cond);
         free(o);
     }
+    pthread_mutex_unlock(&lock);
     return NULL;
 }
 
-/* The copy thread of this process: a child of fork() has none (a real
- * driver does not survive fork() either; the tests fork after loading
- * it), so one is started on first use in each process. Called with the
- * lock held. */
-static pid_t copier_pid;
-
-static int ensure_copier(void)
+/* The copy thread of @s in this process: a child of fork() has none (a
+ * real driver does not survive fork() either; the tests fork after
+ * loading it), so one is started on first use in each process. Called
+ * with the lock held. */
+static int ensure_copier(stream_t *s)
 {
-    if (copier_pid == getpid())
+    if (s->pid == getpid())
         return 0;
-    if (pthread_create(&copier, NULL, copy_main, NULL) != 0)
+    if (pthread_create(&s->thread, NULL, copy_main, s) != 0)
         return -1;
-    pthread_detach(copier);
-    copier_pid = getpid();
+    s->pid = getpid();
     return 0;
 }
 
@@ -197,15 +205,18 @@ static void fork_parent(void)
 
 static void fork_child(void)
 {
-    /* What was queued belongs to the parent's copy thread. */
-    op_t *o = q_head;
-    while (o != NULL) {
-        op_t *n = o->next;
-        free(o);
-        o = n;
+    /* What was queued belongs to the parent's copy threads. */
+    for (stream_t *s = streams; s != NULL; s = s->next) {
+        op_t *o = s->q_head;
+        while (o != NULL) {
+            op_t *n = o->next;
+            free(o);
+            o = n;
+        }
+        s->q_head = s->q_tail = NULL;
+        s->done = s->queued;
+        s->pid = 0;
     }
-    q_head = q_tail = NULL;
-    null_stream.done = null_stream.queued;
     pthread_cond_init(&cond, NULL);
     pthread_cond_init(&done_cond, NULL);
     pthread_mutex_unlock(&lock);
@@ -217,18 +228,18 @@ static CUresult enqueue(op_t *o, CUstream hs)
 
     o->s = s;
     pthread_mutex_lock(&lock);
-    if (ensure_copier() != 0) {
+    if (ensure_copier(s) != 0) {
         pthread_mutex_unlock(&lock);
         free(o);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     s->queued++;
-    if (q_tail)
-        q_tail->next = o;
+    if (s->q_tail)
+        s->q_tail->next = o;
     else
-        q_head = o;
-    q_tail = o;
-    pthread_cond_signal(&cond);
+        s->q_head = o;
+    s->q_tail = o;
+    pthread_cond_broadcast(&cond);
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -265,6 +276,8 @@ EXPORT CUresult cuInit(unsigned int flags)
         if ((v = getenv("KVT_CUDA_DOUBLE_FAIL_COPY")) != NULL)
             fail_at = atol(v);
         pthread_atfork(fork_prepare, fork_parent, fork_child);
+        null_stream.next = streams;
+        streams = &null_stream;
         started = 1;
     }
     pthread_mutex_unlock(&lock);
@@ -576,11 +589,19 @@ EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
                   c->WidthInBytes, c->Height, c->dstPitch, c->srcPitch, s);
 }
 
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+EXPORT CUresult cuStreamCreate(CUstream *hs, unsigned int flags)
 {
+    stream_t *s = calloc(1, sizeof(stream_t));
+
     (void)flags;
-    *s = calloc(1, sizeof(stream_t));
-    return *s != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (s == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&lock);
+    *hs = (CUstream)s;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream hs)
@@ -598,10 +619,26 @@ EXPORT CUresult cuStreamSynchronize(CUstream hs)
 
 EXPORT CUresult cuStreamDestroy(CUstream hs)
 {
-    if (hs == NULL)
+    stream_t *s = (stream_t *)hs, **pp;
+    int joined;
+
+    if (s == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     cuStreamSynchronize(hs);
-    free(hs);
+    pthread_mutex_lock(&lock);
+    for (pp = &streams; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    }
+    s->closing = 1;
+    joined = s->pid == getpid();
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
+    if (joined)
+        pthread_join(s->thread, NULL);
+    free(s);
     return CUDA_SUCCESS;
 }
 

@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devmem.h"
 #include "kvt_test.h"
+#include "transport/peer.h"
 
 static int no_driver;
 
@@ -206,11 +208,170 @@ KVT_TEST(no_driver_refuses)
     CHECK(cu.MemFree(d0) == CUDA_SUCCESS);
 }
 
+/* ---- Moving device memory (a peer in another process) ------------------- */
+
+static void (*fail_copy)(long);
+
+static kvt_status_t run1(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
+{
+    kvt_batch_h b;
+    kvt_status_t st;
+
+    CHECK_OK(kvt_batch_create(e, n, &b));
+    CHECK_OK(kvt_batch_submit(b, d, n));
+    st = kvt_batch_wait(b, 30000);
+    CHECK(st != KVT_INPROGRESS);
+    CHECK_OK(kvt_batch_free(b));
+    return st;
+}
+
+static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
+                          uint64_t remote, uint64_t len)
+{
+    kvt_xfer_desc_t d = {0};
+
+    d.opcode = op;
+    d.segment = seg;
+    d.local_addr = local;
+    d.remote_addr = remote;
+    d.length = len;
+    return d;
+}
+
+/*
+ * A same-host peer whose memory is on the device: one transport carries
+ * every kind of memory (tcp stages device memory; shm moves host memory
+ * only), so that a notification sent after device writes follows them.
+ * The double delays every copy (KVT_CUDA_DOUBLE_DELAY_US, set by the
+ * test): a notification that overtook the copies would see old bytes.
+ */
+KVT_TEST(same_host_device_routes)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 1};
+    enum { LEN = 4 << 20 };
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    kvt_xfer_desc_t d[2];
+    const char *name = NULL;
+    uint8_t *host = malloc(LEN);
+    void *dev;
+    const char *r;
+    peer_t p;
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
+    CHECK(e != NULL);
+    dev = (void *)dev_alloc(0, LEN);
+    CHECK_OK(kvt_mem_register(e, dev, LEN, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
+    CHECK(strcmp(name, "tcp") == 0);
+    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
+    CHECK(strcmp(name, "tcp") == 0);
+    /* Device to device through the peer: fill ours, write, notify. */
+    pattern_fill(host, LEN, 21, 0);
+    CHECK(devmem_copy(dev, host, LEN) == 0);
+    d[0] = xd(KVT_OP_WRITE, seg, dev, p.main_addr, LEN);
+    d[1] = xd(KVT_OP_NOTIFY, seg, "done", 0, 4);
+    CHECK_OK(run1(e, d, 2));
+    r = peer_cmd(&p, "notify 5000 %llu %llu 21",
+                 (unsigned long long)p.main_addr, (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "done 0") == 0);
+    /* And back: read the peer's device memory into ours. */
+    CHECK(devmem_copy(dev, memset(host, 0, LEN), LEN) == 0);
+    d[0] = xd(KVT_OP_READ, seg, dev, p.main_addr, LEN);
+    CHECK_OK(run1(e, d, 1));
+    CHECK(devmem_copy(host, dev, LEN) == 0);
+    CHECK(pattern_check(host, LEN, 21, 0) == 0);
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+    devmem_free(dev);
+    free(host);
+}
+
+/* Without device memory, a same-host peer is served by shm alone. */
+KVT_TEST(same_host_host_only)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    const char *name = NULL;
+    peer_t p;
+
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
+    CHECK(strcmp(name, "shm") == 0);
+    CHECK_ST(kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name),
+             KVT_ERR_NOT_SUPPORTED);
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+}
+
+/*
+ * A copy failing on the device: out of device memory (a write's staging
+ * copy) and into it (a read's); the descriptor fails with KVT_ERR_IO and
+ * the next one on the same connection succeeds.
+ */
+KVT_TEST(device_copy_fails)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 0, 0, 1};
+    enum { LEN = 1 << 20 };
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    kvt_xfer_desc_t d;
+    uint8_t *host = malloc(LEN);
+    void *dev, *h;
+    peer_t p;
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
+    CHECK(h != NULL);
+    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
+    CHECK(fail_copy != NULL);
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP, 0);
+    CHECK(e != NULL);
+    dev = (void *)dev_alloc(0, LEN);
+    CHECK_OK(kvt_mem_register(e, dev, LEN, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    pattern_fill(host, LEN, 5, 0);
+    CHECK(devmem_copy(dev, host, LEN) == 0);
+    d = xd(KVT_OP_WRITE, seg, dev, p.main_addr, LEN);
+    fail_copy(1); /* the write's copy out of device memory */
+    CHECK_ST(run1(e, &d, 1), KVT_ERR_IO);
+    CHECK_OK(run1(e, &d, 1));
+    CHECK(peer_cmd(&p, "check %llu %llu 5", (unsigned long long)p.main_addr,
+                   (unsigned long long)LEN) != NULL);
+    d.opcode = KVT_OP_READ;
+    fail_copy(1); /* the read's first copy into device memory */
+    CHECK_ST(run1(e, &d, 1), KVT_ERR_IO);
+    CHECK(devmem_copy(dev, memset(host, 0, LEN), LEN) == 0);
+    CHECK_OK(run1(e, &d, 1));
+    CHECK(devmem_copy(host, dev, LEN) == 0);
+    CHECK(pattern_check(host, LEN, 5, 0) == 0);
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+    devmem_free(dev);
+    free(host);
+}
+
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
         KVT_CASE(domain, 30), KVT_CASE(detect, 30),
-        KVT_CASE(no_driver_refuses, 30)};
+        KVT_CASE(no_driver_refuses, 30),
+        KVT_CASE(same_host_device_routes, 60),
+        KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
         no_driver = 1;

@@ -226,7 +226,13 @@ int kvt__tcp_rx_dev_finish(tcp_conn_t *c)
     if (m == NULL || !m->queued)
         return 0;
     flush_chunk(m);
-    failed = m->failed || kvt__dev_sync(m->ds) != 0;
+    failed = m->failed;
+    /* Each chunk's marker reports a copy before it that failed. */
+    for (unsigned i = 0; i < STAGE_CHUNKS; i++)
+        if (m->busy[i] && kvt__dev_mark_wait(m->ds, i) != 0)
+            failed = 1;
+    if (kvt__dev_sync(m->ds) != 0)
+        failed = 1;
     memset(m->busy, 0, sizeof(m->busy));
     m->queued = 0;
     m->failed = 0;
