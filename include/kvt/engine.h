@@ -344,7 +344,27 @@ KVT_API kvt_status_t kvt_mem_alloc(kvt_engine_h engine, size_t length,
                                    uint32_t access, void **addr_p);
 
 /*
- * kvt_mem_free() - unregister and free memory from kvt_mem_alloc(). The
+ * kvt_mem_alloc_ex() - kvt_mem_alloc() with the memory's kind, device and
+ * access rights in @params (NULL: host memory, read-write). Device memory
+ * (KVT_MEM_CUDA) is allocated through the device's driver (cuMemAlloc on
+ * that device) and registered as memory of that device; it is not
+ * host-addressable. Free it with kvt_mem_free(). *addr_p is set on
+ * success only. Thread-safe.
+ *
+ * Returns KVT_OK, KVT_ERR_INVALID_PARAM (NULL engine or @addr_p, zero
+ * @length, an unknown field bit, KVT_MEM_AUTO, or no such device),
+ * KVT_ERR_NOT_SUPPORTED (a kind this build or machine cannot allocate: no
+ * driver or no device; logged), KVT_ERR_NO_MEMORY, KVT_ERR_NO_SPACE (the
+ * engine holds 1,048,576 regions already), or KVT_ERR_IO (the driver
+ * failed otherwise; logged).
+ */
+KVT_API kvt_status_t kvt_mem_alloc_ex(kvt_engine_h engine, size_t length,
+                                      const kvt_mem_params_t *params,
+                                      void **addr_p);
+
+/*
+ * kvt_mem_free() - unregister and free memory from kvt_mem_alloc() or
+ * kvt_mem_alloc_ex(). The
  * same guarantee as kvt_mem_unregister() holds before the memory is
  * unmapped. Returns KVT_OK, KVT_ERR_NOT_FOUND when @addr is not such an
  * allocation, KVT_ERR_INVALID_PARAM for a NULL engine or address.

@@ -54,8 +54,10 @@ typedef struct kvt__alloc {
     struct kvt__alloc *next;
     void *addr;
     size_t length; /* mapped length, rounded up to the page size used */
-    int fd;        /* memfd, shared with same-host peers */
+    int fd;        /* memfd, shared with same-host peers; -1 for device
+                      memory */
     uint32_t id;   /* names it to same-host peers; never 0, not reused */
+    uint8_t kind;  /* kvt_mem_kind_t: device memory comes from its domain */
 } kvt__alloc_t;
 
 struct kvt_engine {

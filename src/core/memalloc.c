@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
+#include "mem/md.h"
 #include "util/log.h"
 
 #define HUGE_2M (2ull << 20)
@@ -77,6 +78,88 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
  * registered, which it cannot write: every copy is checked against the
  * registry.
  */
+/* Device memory from its domain, registered, listed (not shared as a
+ * memfd: same-host peers do not map it). */
+static kvt_status_t alloc_device(kvt_engine_h e, size_t length,
+                                 const kvt_mem_params_t *p, void **addr_p)
+{
+    const kvt__md_ops_t *md = kvt__md_of(p->kind);
+    kvt_mem_params_t rp = *p;
+    kvt__alloc_t *a, **pp;
+    kvt_status_t st;
+
+    if (md == NULL || md->alloc == NULL) {
+        KVT_LOG_E("alloc: this build cannot allocate memory of kind %d",
+                  (int)p->kind);
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return KVT_ERR_NO_MEMORY;
+    st = md->alloc(length, p->device, &a->addr);
+    if (st != KVT_OK) {
+        free(a);
+        return st;
+    }
+    a->length = length;
+    a->fd = -1;
+    a->kind = (uint8_t)p->kind;
+    rp.field_mask |= KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
+    st = kvt_mem_register_ex(e, a->addr, length, &rp);
+    if (st != KVT_OK) {
+        md->free(a->addr, length);
+        free(a);
+        return st;
+    }
+    pthread_mutex_lock(&e->alloc_lock);
+    if (++e->alloc_last_id == 0)
+        ++e->alloc_last_id;
+    a->id = e->alloc_last_id;
+    pp = &e->allocs;
+    a->next = *pp;
+    *pp = a;
+    pthread_mutex_unlock(&e->alloc_lock);
+    *addr_p = a->addr;
+    return KVT_OK;
+}
+
+/* Give an allocation's memory back (it is unlisted and unregistered). */
+static void alloc_release(kvt__alloc_t *a)
+{
+    if (a->kind != KVT_MEM_HOST) {
+        const kvt__md_ops_t *md = kvt__md_of((kvt_mem_kind_t)a->kind);
+        if (md != NULL && md->free != NULL)
+            md->free(a->addr, a->length);
+    } else {
+        munmap(a->addr, a->length);
+        close(a->fd);
+    }
+    free(a);
+}
+
+kvt_status_t kvt_mem_alloc_ex(kvt_engine_h e, size_t length,
+                              const kvt_mem_params_t *params, void **addr_p)
+{
+    kvt_mem_params_t p = {0};
+    uint64_t m = params != NULL ? params->field_mask : 0;
+
+    if (e == NULL || addr_p == NULL || length == 0 ||
+        (m & ~(uint64_t)(KVT_MEM_PARAM_ACCESS | KVT_MEM_PARAM_KIND |
+                         KVT_MEM_PARAM_DEVICE)) != 0)
+        return KVT_ERR_INVALID_PARAM;
+    p.field_mask = m;
+    p.access = (m & KVT_MEM_PARAM_ACCESS) ? params->access
+                                          : KVT_ACCESS_REMOTE_RW;
+    p.kind = (m & KVT_MEM_PARAM_KIND) ? params->kind : KVT_MEM_HOST;
+    p.device = (m & KVT_MEM_PARAM_DEVICE) ? params->device : 0;
+    if (p.kind == KVT_MEM_HOST)
+        return kvt_mem_alloc(e, length, p.access, addr_p);
+    if (p.kind == KVT_MEM_AUTO || p.kind >= KVT_MEM_KINDS)
+        return KVT_ERR_INVALID_PARAM;
+    p.field_mask |= KVT_MEM_PARAM_ACCESS;
+    return alloc_device(e, length, &p, addr_p);
+}
+
 kvt_status_t kvt_mem_alloc(kvt_engine_h e, size_t length, uint32_t access,
                            void **addr_p)
 {
@@ -138,9 +221,7 @@ kvt_status_t kvt_mem_free(kvt_engine_h e, void *addr)
     if (a == NULL)
         return KVT_ERR_NOT_FOUND;
     kvt_mem_unregister(e, a->addr);
-    munmap(a->addr, a->length);
-    close(a->fd);
-    free(a);
+    alloc_release(a);
     return KVT_OK;
 }
 
@@ -149,9 +230,7 @@ void kvt__alloc_free_all(kvt_engine_h e)
     kvt__alloc_t *a = e->allocs, *n;
     for (; a != NULL; a = n) {
         n = a->next;
-        munmap(a->addr, a->length);
-        close(a->fd);
-        free(a);
+        alloc_release(a);
     }
     e->allocs = NULL;
 }
@@ -164,7 +243,7 @@ kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
 
     pthread_mutex_lock(&e->alloc_lock);
     for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
-        n++;
+        n += a->kind == KVT_MEM_HOST;
     if (n > 0) {
         v = malloc(n * sizeof(*v));
         if (v == NULL) {
@@ -173,8 +252,9 @@ kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
         }
     }
     for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
-        v[k++] = (kvt__alloc_ref_t){(uint64_t)(uintptr_t)a->addr, a->length,
-                                    a->id};
+        if (a->kind == KVT_MEM_HOST)
+            v[k++] = (kvt__alloc_ref_t){(uint64_t)(uintptr_t)a->addr,
+                                        a->length, a->id};
     pthread_mutex_unlock(&e->alloc_lock);
     *refs_p = v;
     *n_p = n;
@@ -193,7 +273,7 @@ kvt_status_t kvt__alloc_export(kvt_engine_h e, uint32_t id, int *fd_p,
     for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next) {
         uint64_t start = (uint64_t)(uintptr_t)a->addr;
         int fd;
-        if (a->id != id)
+        if (a->id != id || a->kind != KVT_MEM_HOST)
             continue;
         if (!kvt__memreg_overlaps_locked(&e->reg, start, start + a->length))
             break;

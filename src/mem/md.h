@@ -35,6 +35,10 @@ typedef struct {
      * found): 1 or 0, with the number of devices (0 for host memory) and
      * a line for people (static storage). NULL: always, no devices. */
     int (*query)(int32_t *devices_p, const char **detail_p);
+    /* Allocate @len bytes of this kind on @device (kvt_mem_alloc_ex()),
+     * and free them. NULL: the domain does not allocate. */
+    kvt_status_t (*alloc)(size_t len, int32_t device, void **addr_p);
+    void (*free)(void *addr, size_t len);
 } kvt__md_ops_t;
 
 #define KVT_MEM_DOMAIN_REGISTER(short_name, ...)                               \

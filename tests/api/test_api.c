@@ -294,6 +294,32 @@ KVT_TEST(memory)
     COVER(kvt_mem_free, KVT_OK, kvt_mem_free(e, m));
     COVER(kvt_mem_free, KVT_ERR_NOT_FOUND, kvt_mem_free(e, m));
     COVER(kvt_mem_free, KVT_ERR_INVALID_PARAM, kvt_mem_free(NULL, m));
+    {
+        kvt_mem_params_t ap = {0};
+        ap.field_mask = KVT_MEM_PARAM_ACCESS;
+        ap.access = KVT_ACCESS_REMOTE_READ;
+        COVER(kvt_mem_alloc_ex, KVT_OK, kvt_mem_alloc_ex(e, 8192, &ap, &m));
+        CHECK_OK(kvt_mem_free(e, m));
+        COVER(kvt_mem_alloc_ex, KVT_OK, kvt_mem_alloc_ex(e, 8192, NULL, &m));
+        CHECK_OK(kvt_mem_free(e, m));
+        COVER(kvt_mem_alloc_ex, KVT_ERR_INVALID_PARAM,
+              kvt_mem_alloc_ex(e, 0, NULL, &m));
+        COVER(kvt_mem_alloc_ex, KVT_ERR_INVALID_PARAM,
+              kvt_mem_alloc_ex(e, 4096, NULL, NULL));
+        ap.field_mask = 1u << 9;
+        COVER(kvt_mem_alloc_ex, KVT_ERR_INVALID_PARAM,
+              kvt_mem_alloc_ex(e, 4096, &ap, &m));
+        ap.field_mask = KVT_MEM_PARAM_KIND;
+        ap.kind = KVT_MEM_AUTO;
+        COVER(kvt_mem_alloc_ex, KVT_ERR_INVALID_PARAM,
+              kvt_mem_alloc_ex(e, 4096, &ap, &m));
+        COVER(kvt_mem_alloc_ex, KVT_ERR_NO_MEMORY,
+              kvt_mem_alloc_ex(e, (size_t)1 << 60, NULL, &m));
+        /* No CUDA driver here (tests/cuda covers the double's). */
+        ap.kind = KVT_MEM_CUDA;
+        COVER(kvt_mem_alloc_ex, KVT_ERR_NOT_SUPPORTED,
+              kvt_mem_alloc_ex(e, 4096, &ap, &m));
+    }
 
     UNCOVERED(kvt_mem_register, KVT_ERR_NO_MEMORY, "allocation failure");
     UNCOVERED(kvt_mem_register, KVT_ERR_IO,
@@ -305,6 +331,9 @@ KVT_TEST(memory)
               "allocation failure");
     UNCOVERED(kvt_mem_register_batch, KVT_ERR_IO, "as kvt_mem_register");
     UNCOVERED(kvt_mem_alloc, KVT_ERR_IO, "as kvt_mem_register");
+    UNCOVERED(kvt_mem_alloc_ex, KVT_ERR_IO,
+              "a device driver failing an allocation otherwise than for "
+              "want of memory");
     kvt_engine_destroy(e);
 }
 
@@ -328,6 +357,8 @@ KVT_TEST(memory_full)
     COVER(kvt_mem_register_ex, KVT_ERR_NO_SPACE,
           kvt_mem_register_ex(e, buf + (size_t)N * LEN, 4096, &mp));
     COVER(kvt_mem_alloc, KVT_ERR_NO_SPACE, kvt_mem_alloc(e, 4096, 3, &m));
+    COVER(kvt_mem_alloc_ex, KVT_ERR_NO_SPACE,
+          kvt_mem_alloc_ex(e, 4096, NULL, &m));
     free(r);
     kvt_engine_destroy(e);
 }

@@ -178,6 +178,37 @@ KVT_TEST(detect)
     CHECK(cu.MemFree(d0) == CUDA_SUCCESS && cu.MemFree(d1) == CUDA_SUCCESS);
 }
 
+/* Device memory allocated through kvt: registered on its device, freed
+ * through the driver. */
+KVT_TEST(alloc_device)
+{
+    kvt_mem_params_t mp = {0};
+    kvt_engine_h e;
+    void *m = NULL;
+
+    cuda_domain();
+    double_open();
+    e = engine();
+    mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
+    mp.kind = KVT_MEM_CUDA;
+    mp.device = 1;
+    if (no_driver) {
+        CHECK_ST(kvt_mem_alloc_ex(e, 1 << 20, &mp, &m), KVT_ERR_NOT_SUPPORTED);
+        kvt_engine_destroy(e);
+        return;
+    }
+    CHECK_OK(kvt_mem_alloc_ex(e, 1 << 20, &mp, &m));
+    region_kind(e, m, KVT_MEM_CUDA, 1);
+    CHECK_ST(kvt_mem_register(e, m, 4096, 3), KVT_ERR_EXISTS);
+    CHECK_OK(kvt_mem_free(e, m));
+    CHECK_ST(kvt_mem_free(e, m), KVT_ERR_NOT_FOUND);
+    mp.device = 7;
+    CHECK_ST(kvt_mem_alloc_ex(e, 1 << 20, &mp, &m), KVT_ERR_INVALID_PARAM);
+    mp.device = 0;
+    CHECK_OK(kvt_mem_alloc_ex(e, 1 << 20, &mp, &m)); /* freed by the end */
+    kvt_engine_destroy(e);
+}
+
 KVT_TEST(no_driver_refuses)
 {
     kvt_mem_region_t r[1];
@@ -369,7 +400,7 @@ int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
         KVT_CASE(domain, 30), KVT_CASE(detect, 30),
-        KVT_CASE(no_driver_refuses, 30),
+        KVT_CASE(no_driver_refuses, 30), KVT_CASE(alloc_device, 30),
         KVT_CASE(same_host_device_routes, 60),
         KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60)};
 

@@ -244,12 +244,54 @@ static int cuda_query(int32_t *devices_p, const char **detail_p)
     return d != NULL;
 }
 
+static kvt_status_t cuda_alloc(size_t len, int32_t device, void **addr_p)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUdeviceptr p = 0;
+    CUresult r;
+
+    if (d == NULL) {
+        KVT_LOG_E("alloc: no CUDA memory: %s", kvt__cuda_why());
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    if (d->MemAlloc == NULL || d->MemFree == NULL) {
+        KVT_LOG_E("alloc: the CUDA driver lacks cuMemAlloc_v2");
+        return KVT_ERR_NOT_SUPPORTED;
+    }
+    if (device < 0 || device >= d->ndevices) {
+        KVT_LOG_E("alloc: no CUDA device %d (%d found)", (int)device,
+                  d->ndevices);
+        return KVT_ERR_INVALID_PARAM;
+    }
+    if (kvt__cuda_ctx(device) != 0)
+        return KVT_ERR_IO;
+    r = d->MemAlloc(&p, len);
+    if (r != CUDA_SUCCESS) {
+        KVT_LOG_E("alloc: %zu bytes on cuda:%d: %s", len, (int)device,
+                  kvt__cuda_err(r));
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? KVT_ERR_NO_MEMORY : KVT_ERR_IO;
+    }
+    *addr_p = (void *)(uintptr_t)p;
+    return KVT_OK;
+}
+
+static void cuda_free(void *addr, size_t len)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+
+    (void)len;
+    if (d != NULL && d->MemFree != NULL)
+        d->MemFree((CUdeviceptr)(uintptr_t)addr);
+}
+
 KVT_MEM_DOMAIN_REGISTER(cuda, {
                                   .name = "cuda",
                                   .kind = KVT_MEM_CUDA,
                                   .detect = cuda_detect,
                                   .check = cuda_check,
                                   .query = cuda_query,
+                                  .alloc = cuda_alloc,
+                                  .free = cuda_free,
                               });
 
 /* ---- Staging copies (mem/dev.h) ----------------------------------------- */

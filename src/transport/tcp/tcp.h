@@ -207,7 +207,9 @@ struct tcp_conn {
     int32_t *rx_pstatus;
     uint32_t rx_npieces;
     tcp_frame_t *rx_frame;
-    mem_stage_t *stage; /* device memory staging (owning worker) */
+    /* Device memory staging: used by the owning worker; its stream is
+     * also waited for by kvt__tcp_mem_changed() (any thread). */
+    mem_stage_t *_Atomic stage;
 
     int attached; /* outbound: handed to its worker (kvt__tcp_worker_attach())
                    */
@@ -282,6 +284,7 @@ struct kvt__tcp {
     unsigned nstage_free;
     struct kvt__dstream *tx_stream;
     int tx_stream_dev;
+    _Atomic int dev_staged; /* a connection staged device memory once */
 };
 
 extern const kvt__tl_ops_t kvt__tl_tcp;
@@ -376,6 +379,8 @@ int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
                             uint64_t len, int dev);
 int kvt__tcp_dev_read_sync(tcp_conn_t *c);
 void kvt__tcp_conn_stage_free(tcp_conn_t *c);
+void kvt__tcp_rx_dev_drop(tcp_conn_t *c);
+void kvt__tcp_mem_changed(kvt__tl_t *tl);
 
 /* tcp_submit.c */
 kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,

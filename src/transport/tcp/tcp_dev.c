@@ -18,6 +18,7 @@
  * connection's stream.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -132,15 +133,17 @@ void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
 
 static mem_stage_t *stage_of(tcp_conn_t *c, int dev)
 {
-    mem_stage_t *m = c->stage;
+    mem_stage_t *m = atomic_load(&c->stage);
 
     if (m != NULL)
         return m->ds != NULL && m->buf != NULL ? m : NULL;
-    m = c->stage = calloc(1, sizeof(*m));
+    m = calloc(1, sizeof(*m));
     if (m == NULL)
         return NULL;
     m->ds = kvt__dev_stream_new(dev);
     m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK);
+    atomic_store(&c->stage, m); /* complete before others see it */
+    atomic_store(&c->w->tcp->dev_staged, 1);
     if (m->ds == NULL || m->buf == NULL)
         KVT_LOG_E("tcp: no staging for device memory on a connection with "
                   "%s; its device pieces fail",
@@ -220,7 +223,7 @@ int kvt__tcp_rx_dev(tcp_conn_t *c)
  */
 int kvt__tcp_rx_dev_finish(tcp_conn_t *c)
 {
-    mem_stage_t *m = c->stage;
+    mem_stage_t *m = atomic_load(&c->stage);
     int failed;
 
     if (m == NULL || !m->queued)
@@ -261,7 +264,7 @@ int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
 
 int kvt__tcp_dev_read_sync(tcp_conn_t *c)
 {
-    mem_stage_t *m = c->stage;
+    mem_stage_t *m = atomic_load(&c->stage);
     int rc;
 
     if (m == NULL || m->ds == NULL)
@@ -271,14 +274,45 @@ int kvt__tcp_dev_read_sync(tcp_conn_t *c)
     return rc;
 }
 
+/* The current segment's region left the registry while part of a chunk
+ * for it was received: those bytes are dropped, never copied. */
+void kvt__tcp_rx_dev_drop(tcp_conn_t *c)
+{
+    mem_stage_t *m = atomic_load(&c->stage);
+
+    if (m != NULL)
+        m->fill = 0;
+}
+
 void kvt__tcp_conn_stage_free(tcp_conn_t *c)
 {
-    mem_stage_t *m = c->stage;
+    mem_stage_t *m = atomic_exchange(&c->stage, NULL);
 
     if (m == NULL)
         return;
     kvt__dev_stream_free(m->ds); /* waits for what is queued */
     kvt__dev_host_free(m->buf);
     free(m);
-    c->stage = NULL;
+}
+
+/*
+ * The registry changed. Copies into device memory are queued with the
+ * registry's read lock held, against the registry of that moment, and
+ * complete later: wait for every inbound connection's queued copies, so
+ * that when an unregistration returns none lands in the region. Nothing
+ * to wait for while no device memory was ever staged.
+ */
+void kvt__tcp_mem_changed(kvt__tl_t *tl)
+{
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
+
+    if (!atomic_load(&tcp->dev_staged))
+        return;
+    pthread_mutex_lock(&tcp->in_lock);
+    for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext) {
+        mem_stage_t *m = atomic_load(&c->stage);
+        if (m != NULL && m->ds != NULL)
+            kvt__dev_sync(m->ds);
+    }
+    pthread_mutex_unlock(&tcp->in_lock);
 }

@@ -171,6 +171,7 @@ KVT_TRANSPORT_REGISTER(tcp, {
     .destroy = tcp_destroy,
     .admit = kvt__tcp_admit,
     .accept = kvt__tcp_accept,
+    .mem_changed = kvt__tcp_mem_changed,
     .open = kvt__tcp_open,
     .submit = kvt__tcp_submit,
     .progress = kvt__tcp_progress,

@@ -171,6 +171,8 @@ static void rx_revalidate(tcp_conn_t *c, kvt__memreg_t *reg)
                                                      KVT_ACCESS_REMOTE_WRITE)) {
             g->valid = 0;
             c->rx_pstatus[g->piece] = KVT_ERR_ACCESS;
+            if (g->dev1 != 0 && s == c->rx_seg)
+                kvt__tcp_rx_dev_drop(c);
         }
     }
 }
