@@ -10,6 +10,9 @@
  * kvt_mem_alloc() (--buffer=managed, the default: same-host peers map it)
  * or is plain process memory registered with kvt_mem_register()
  * (--buffer=malloc: same-host peers reach it by cross-memory attach).
+ * --memory=cuda puts this side's buffer in device memory instead (of
+ * --device=N, allocated and registered with kvt_mem_alloc_ex()): the
+ * target's or the initiator's, each side choosing its own.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -25,7 +28,8 @@
 #include "cli.h"
 
 typedef struct {
-    const char *mode, *local, *segment, *protocol, *op, *buffer;
+    const char *mode, *local, *segment, *protocol, *op, *buffer, *memory;
+    uint64_t device;
     uint64_t port, buffer_size, block, batch, threads, workers, conns;
     uint64_t working_set; /* 0: the whole buffer */
     double duration;
@@ -51,7 +55,8 @@ static void usage(void)
            "[--protocol=...] [--json]\n"
            "            [--working-set=BYTES] (per thread: the same blocks "
            "again and again)\n"
-           "options for both: [--workers=N] [--conns=N]\n"
+           "options for both: [--workers=N] [--conns=N] "
+           "[--memory=host|cuda] [--device=N]\n"
            "Sizes take K/M/G suffixes (powers of 1024).\n");
 }
 
@@ -62,6 +67,7 @@ static int parse(int argc, char **argv, bench_opts_t *o)
     o->protocol = "auto";
     o->op = "write";
     o->buffer = "managed";
+    o->memory = "host";
     o->buffer_size = 1ull << 30;
     o->block = 64 << 10;
     o->batch = 128;
@@ -86,6 +92,11 @@ static int parse(int argc, char **argv, bench_opts_t *o)
             o->op = v;
         } else if ((v = cli_opt(argc, argv, &i, "buffer"))) {
             o->buffer = v;
+        } else if ((v = cli_opt(argc, argv, &i, "memory"))) {
+            o->memory = v;
+        } else if ((v = cli_opt(argc, argv, &i, "device"))) {
+            if (cli_parse_size(v, &o->device) || o->device > 1024)
+                goto bad;
         } else if ((v = cli_opt(argc, argv, &i, "duration"))) {
             o->duration = atof(v);
         } else if ((v = cli_opt(argc, argv, &i, "port"))) {
@@ -134,6 +145,10 @@ static int parse(int argc, char **argv, bench_opts_t *o)
     }
     if (strcmp(o->buffer, "managed") != 0 && strcmp(o->buffer, "malloc") != 0) {
         fprintf(stderr, "kvt bench: --buffer=managed or --buffer=malloc\n");
+        return -1;
+    }
+    if (strcmp(o->memory, "host") != 0 && strcmp(o->memory, "cuda") != 0) {
+        fprintf(stderr, "kvt bench: --memory=host or --memory=cuda\n");
         return -1;
     }
     if (strcmp(o->op, "write") != 0 && strcmp(o->op, "read") != 0) {
@@ -186,6 +201,23 @@ static void *alloc_buffer(size_t len)
     return p;
 }
 
+/* Device memory for this side (--memory=cuda), registered. */
+static kvt_status_t alloc_device(const bench_opts_t *o, kvt_engine_h e,
+                                 size_t len, void **p)
+{
+    kvt_mem_params_t mp = {0};
+
+    mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
+    mp.kind = KVT_MEM_CUDA;
+    mp.device = (int32_t)o->device;
+    return kvt_mem_alloc_ex(e, len, &mp, p);
+}
+
+static int is_cuda(const bench_opts_t *o)
+{
+    return strcmp(o->memory, "cuda") == 0;
+}
+
 static int run_target(const bench_opts_t *o)
 {
     int managed = strcmp(o->buffer, "managed") == 0;
@@ -204,7 +236,10 @@ static int run_target(const bench_opts_t *o)
         fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
         return 1;
     }
-    if (strcmp(o->buffer, "managed") == 0) {
+    if (is_cuda(o)) {
+        managed = 1; /* freed with kvt_mem_free() */
+        st = alloc_device(o, e, o->buffer_size, &buf);
+    } else if (strcmp(o->buffer, "managed") == 0) {
         st = kvt_mem_alloc(e, o->buffer_size, KVT_ACCESS_REMOTE_RW, &buf);
         if (st == KVT_OK)
             touch(buf, o->buffer_size);
@@ -224,7 +259,8 @@ static int run_target(const bench_opts_t *o)
     }
     printf("segment: %s\n", kvt_engine_segment_name(e));
     printf("buffer: %p %llu bytes (%s), protocol %s\n", buf,
-           (unsigned long long)o->buffer_size, o->buffer, o->protocol);
+           (unsigned long long)o->buffer_size,
+           is_cuda(o) ? "cuda" : o->buffer, o->protocol);
     fflush(stdout);
     sigwait(&set, &sig);
     if (managed) {
@@ -348,7 +384,7 @@ static int run_initiator(const bench_opts_t *o)
     kvt_engine_h e;
     kvt_status_t st;
     const char *proto;
-    char *local;
+    char *local = NULL;
     int fatal = 0;
 
     if (o->segment == NULL) {
@@ -360,6 +396,20 @@ static int run_initiator(const bench_opts_t *o)
         fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
         return 1;
     }
+    /* Device memory is registered before the segment opens, so that the
+     * transport chosen for it knows (the choice depends on the kinds in
+     * use). */
+    if (is_cuda(o)) {
+        void *m = NULL;
+        st = alloc_device(o, e, span * o->threads, &m);
+        if (st != KVT_OK) {
+            fprintf(stderr, "kvt bench: cannot allocate device memory: %s\n",
+                    kvt_status_str(st));
+            kvt_engine_destroy(e);
+            return 1;
+        }
+        local = m;
+    }
     st = kvt_segment_open(e, o->segment, &seg);
     if (st == KVT_OK)
         st = kvt_segment_regions(e, seg, 0, &region, 1, &nregions);
@@ -369,8 +419,8 @@ static int run_initiator(const bench_opts_t *o)
         kvt_engine_destroy(e);
         return 1;
     }
-    if (kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &proto) !=
-        KVT_OK)
+    if (kvt_segment_transport(e, seg, is_cuda(o) ? KVT_MEM_CUDA : KVT_MEM_HOST,
+                              (kvt_mem_kind_t)region.kind, &proto) != KVT_OK)
         proto = "?";
     if (strcmp(o->protocol, "auto") != 0 && strcmp(o->protocol, proto) != 0)
         fprintf(stderr, "kvt bench: %s was asked for, but the segment is "
@@ -390,10 +440,11 @@ static int run_initiator(const bench_opts_t *o)
         kvt_engine_destroy(e);
         return 1;
     }
-    local = alloc_buffer(span * o->threads);
+    if (!is_cuda(o))
+        local = alloc_buffer(span * o->threads);
     if (local == NULL ||
-        kvt_mem_register(e, local, span * o->threads, KVT_ACCESS_REMOTE_RW) !=
-            KVT_OK) {
+        (!is_cuda(o) && kvt_mem_register(e, local, span * o->threads,
+                                         KVT_ACCESS_REMOTE_RW) != KVT_OK)) {
         fprintf(stderr, "kvt bench: cannot set up the local buffer\n");
         kvt_engine_destroy(e);
         return 1;
@@ -438,19 +489,23 @@ static int run_initiator(const bench_opts_t *o)
            gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
            secs, p50, p99, (unsigned long long)errors);
     if (o->json)
-        printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"block_size\":%llu,"
+        printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"memory\":\"%s\","
+               "\"remote_memory\":\"%s\",\"block_size\":%llu,"
                "\"batch_size\":%llu,\"threads\":%llu,\"seconds\":%.3f,"
                "\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
                "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu}\n",
-               o->op, proto, (unsigned long long)o->block,
+               o->op, proto, o->memory,
+               region.kind == KVT_MEM_CUDA ? "cuda" : "host",
+               (unsigned long long)o->block,
                (unsigned long long)o->batch, (unsigned long long)o->threads,
                secs, (unsigned long long)bytes, (unsigned long long)ops, gbps,
                p50, p99, (unsigned long long)errors);
     free(lat);
     free(ws);
     free(th);
-    kvt_engine_destroy(e);
-    munmap(local, span * o->threads);
+    kvt_engine_destroy(e); /* frees device memory from kvt_mem_alloc_ex() */
+    if (!is_cuda(o))
+        munmap(local, span * o->threads);
     return (errors || fatal) ? 1 : 0;
 }
 
