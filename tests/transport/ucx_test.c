@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "devmem.h"
 #include "kvt_test.h"
 #include "peer.h"
 
@@ -127,9 +128,58 @@ KVT_TEST(explicit_only)
     peer_stop(&a);
 }
 
+/*
+ * Device memory, where UCX has no CUDA support (Debian's UCX): ucx does not
+ * claim it, so with tcp allowed too one transport that moves every kind in
+ * use (tcp) carries the peer, and with ucx alone device memory has no
+ * transport while host memory still goes over ucx. Needs a CUDA driver
+ * (the test double, KVT_CUDA_LIBRARY).
+ */
+KVT_TEST(device_memory_elsewhere)
+{
+    peer_opts_t oa = {KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0, 0, 0, 1};
+    kvt_transport_info_t all[16];
+    const char *name = NULL;
+    kvt_segment_t s;
+    kvt_engine_h e;
+    size_t nt = 0;
+    void *dev;
+    peer_t a;
+
+    if (devmem_open() != 0)
+        SKIP("no CUDA driver (KVT_CUDA_LIBRARY)");
+    CHECK_OK(kvt_transports(all, 16, &nt));
+    for (size_t i = 0; i < nt && i < 16; i++)
+        if (all[i].id == KVT_TRANSPORT_UCX &&
+            (all[i].local_mem & (1u << KVT_MEM_CUDA)))
+            SKIP("this ucx moves device memory");
+    CHECK(peer_start(&a, &oa) == 0);
+    dev = devmem_alloc(1 << 20, 0);
+    CHECK(dev != NULL);
+    e = engine_new(KVT_TRANSPORT_UCX | KVT_TRANSPORT_TCP, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_mem_register(e, dev, 1 << 20, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, a.segment, &s));
+    CHECK_OK(kvt_segment_transport(e, s, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
+    CHECK(strcmp(name, "tcp") == 0);
+    CHECK(strcmp(seg_transport(e, s), "tcp") == 0);
+    kvt_engine_destroy(e);
+    e = engine_new(KVT_TRANSPORT_UCX, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_mem_register(e, dev, 1 << 20, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, a.segment, &s));
+    CHECK_ST(kvt_segment_transport(e, s, KVT_MEM_CUDA, KVT_MEM_CUDA, &name),
+             KVT_ERR_NOT_SUPPORTED);
+    CHECK(strcmp(seg_transport(e, s), "ucx") == 0);
+    kvt_engine_destroy(e);
+    peer_stop(&a);
+    devmem_free(dev);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(mixed_ucx_and_tcp, 120),
     KVT_CASE(explicit_only, 30),
+    KVT_CASE(device_memory_elsewhere, 60),
 };
 
 int main(int argc, char **argv)
