@@ -26,7 +26,21 @@ typedef struct {
 
 static devmem_drv_t devmem_drv;
 
-/* 0 when a driver is there, -1 otherwise. */
+/* Whether a driver library is there, without initialising it (a process
+ * that forks must not have called cuInit()). 0 or -1. */
+static inline int devmem_probe(void)
+{
+    const char *lib = getenv("KVT_CUDA_LIBRARY");
+    void *h = dlopen(lib != NULL && lib[0] ? lib : "libcuda.so.1", RTLD_NOW);
+
+    if (h == NULL)
+        return -1;
+    return dlsym(h, "cuInit") != NULL && dlsym(h, "cuMemAlloc_v2") != NULL
+               ? 0
+               : -1;
+}
+
+/* 0 when a driver is there (initialised now), -1 otherwise. */
 static inline int devmem_open(void)
 {
     const char *lib = getenv("KVT_CUDA_LIBRARY");
@@ -78,7 +92,7 @@ static inline void *devmem_alloc(size_t len, int dev)
 
 static inline void devmem_free(void *p)
 {
-    if (p != NULL && devmem_open() == 0)
+    if (p != NULL && devmem_open() == 0 && devmem_use(0) == 0)
         devmem_drv.MemFree((uint64_t)(uintptr_t)p);
 }
 

@@ -58,6 +58,7 @@ typedef struct kvt__alloc {
                       memory */
     uint32_t id;   /* names it to same-host peers; never 0, not reused */
     uint8_t kind;  /* kvt_mem_kind_t: device memory comes from its domain */
+    int16_t device; /* of device memory */
 } kvt__alloc_t;
 
 struct kvt_engine {

@@ -104,10 +104,11 @@ static kvt_status_t alloc_device(kvt_engine_h e, size_t length,
     a->length = length;
     a->fd = -1;
     a->kind = (uint8_t)p->kind;
+    a->device = (int16_t)p->device;
     rp.field_mask |= KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
     st = kvt_mem_register_ex(e, a->addr, length, &rp);
     if (st != KVT_OK) {
-        md->free(a->addr, length);
+        md->free(a->addr, length, p->device);
         free(a);
         return st;
     }
@@ -129,7 +130,7 @@ static void alloc_release(kvt__alloc_t *a)
     if (a->kind != KVT_MEM_HOST) {
         const kvt__md_ops_t *md = kvt__md_of((kvt_mem_kind_t)a->kind);
         if (md != NULL && md->free != NULL)
-            md->free(a->addr, a->length);
+            md->free(a->addr, a->length, a->device);
     } else {
         munmap(a->addr, a->length);
         close(a->fd);

@@ -184,6 +184,19 @@ const kvt__region_t *kvt__memreg_find_locked(const kvt__memreg_t *reg,
     return r->start <= addr && addr + len <= r->end ? r : NULL;
 }
 
+int kvt__memreg_contains_host_locked(const kvt__memreg_t *reg, uint64_t addr,
+                                     uint64_t len, uint32_t access)
+{
+    const kvt__region_t *r;
+
+    if (!kvt__memreg_contains_locked(reg, addr, len, access))
+        return 0;
+    if (reg->ndev == 0)
+        return 1;
+    r = kvt__memreg_find_locked(reg, addr, len);
+    return r != NULL && r->kind == KVT_MEM_HOST;
+}
+
 int kvt__memreg_contains_locked(const kvt__memreg_t *reg, uint64_t addr,
                                 uint64_t len, uint32_t access)
 {

@@ -90,6 +90,11 @@ static inline void kvt__memreg_unlock(kvt__memreg_t *reg)
  * With the read lock held: is [addr, addr+len) wholly inside one region
  * whose access includes all of @access? (@access 0: any region.)
  */
+/* As kvt__memreg_contains_locked(), and the region is host memory: for
+ * the paths that touch it with host code (a same-host peer's staged
+ * pieces). */
+int kvt__memreg_contains_host_locked(const kvt__memreg_t *reg, uint64_t addr,
+                                     uint64_t len, uint32_t access);
 int kvt__memreg_contains_locked(const kvt__memreg_t *reg, uint64_t addr,
                                 uint64_t len, uint32_t access);
 

@@ -43,8 +43,9 @@ int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m);
 /* Wait for everything queued: 0, or -1 when a copy failed. */
 int kvt__dev_sync(kvt__dstream_t *s);
 
-/* Pinned host memory; NULL when none (logged). */
-void *kvt__dev_host_alloc(size_t len);
+/* Pinned host memory (allocated under device @device); NULL when none
+ * (logged). */
+void *kvt__dev_host_alloc(size_t len, int device);
 void kvt__dev_host_free(void *p);
 
 #endif

@@ -55,9 +55,9 @@ int kvt__dev_sync(kvt__dstream_t *s)
     return -1;
 }
 
-void *kvt__dev_host_alloc(size_t len)
+void *kvt__dev_host_alloc(size_t len, int device)
 {
-    (void)len;
+    (void)len, (void)device;
     return NULL;
 }
 

@@ -38,7 +38,7 @@ typedef struct {
     /* Allocate @len bytes of this kind on @device (kvt_mem_alloc_ex()),
      * and free them. NULL: the domain does not allocate. */
     kvt_status_t (*alloc)(size_t len, int32_t device, void **addr_p);
-    void (*free)(void *addr, size_t len);
+    void (*free)(void *addr, size_t len, int32_t device);
 } kvt__md_ops_t;
 
 #define KVT_MEM_DOMAIN_REGISTER(short_name, ...)                               \

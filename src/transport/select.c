@@ -161,10 +161,12 @@ static int serves(kvt_engine_h e, kvt__seg_t *seg, unsigned i, unsigned l,
  * notification before the device bytes. The transport of highest
  * priority that serves every pair in use is opened, and carries every
  * pair it can. Returns 1 when done, 0 when none serves them all (or it
- * failed to open: then the pairs are routed one by one).
+ * could not be set up: then the pairs are routed one by one), -1 when
+ * its open failed with a session (*st_p: the open fails, as route_one()
+ * has it).
  */
 static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
-                        uint32_t rk)
+                        uint32_t rk, kvt_status_t *st_p)
 {
     int best = -1;
     kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
@@ -187,9 +189,11 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
     if (s == NULL) {
         kvt_status_t st = e->tl[best]->ops->open(e->tl[best], &peer, &s, &w);
         if (s != NULL)
-            seg->sess[seg->nsess++] = s;
-        if (st != KVT_OK)
-            return 0;
+            seg->sess[seg->nsess++] = s; /* failed or not, it stays */
+        if (st != KVT_OK) {
+            *st_p = st;
+            return s != NULL ? -1 : 0;
+        }
     }
     for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
         for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
@@ -216,8 +220,12 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
         if (seg->desc.regions[i].kind < KVT_MEM_KINDS)
             rk |= KVT__MEM_BIT(seg->desc.regions[i].kind);
     if (((lk | rk) & ~KVT__MEM_BIT(KVT_MEM_HOST)) != 0) {
-        if (route_single(e, seg, lk, rk))
+        kvt_status_t st = KVT_OK;
+        int r = route_single(e, seg, lk, rk, &st);
+        if (r > 0)
             return KVT_OK;
+        if (r < 0)
+            return st;
         KVT_LOG_W("segment %s: no transport moves every kind of memory in "
                   "use; each pair goes its own way, and a notification is "
                   "ordered only after the writes of its own transport",

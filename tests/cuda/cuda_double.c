@@ -66,7 +66,8 @@ typedef struct op {
  * streams is not ordered (as on a GPU), and a reader that does not wait
  * for a stream's copies sees stale bytes. */
 typedef struct stream {
-    _Atomic int failed; /* a copy failed since the last event */
+    _Atomic int failed;      /* a copy failed since the last event */
+    _Atomic int sync_failed; /* a copy failed since the last synchronise */
     _Atomic uint64_t queued, done;
     op_t *q_head, *q_tail; /* under lock */
     pthread_t thread;
@@ -164,6 +165,7 @@ static void *copy_main(void *arg)
             }
             if (fail_at != 0 && n == fail_at) {
                 s->failed = 1;
+                s->sync_failed = 1;
             } else {
                 for (size_t r = 0; r < o->height; r++)
                     memcpy((uint8_t *)o->dst + r * o->dpitch,
@@ -438,6 +440,8 @@ static CUresult unmap(uintptr_t p, int want_ipc)
 
 EXPORT CUresult cuMemFree(CUdeviceptr p)
 {
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
     return unmap((uintptr_t)p, 0);
 }
 
@@ -447,6 +451,8 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
     void *m;
 
     (void)flags;
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -591,9 +597,12 @@ EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
 
 EXPORT CUresult cuStreamCreate(CUstream *hs, unsigned int flags)
 {
-    stream_t *s = calloc(1, sizeof(stream_t));
+    stream_t *s;
 
     (void)flags;
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    s = calloc(1, sizeof(stream_t));
     if (s == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
@@ -613,8 +622,10 @@ EXPORT CUresult cuStreamSynchronize(CUstream hs)
     while (s->done < want)
         pthread_cond_wait(&done_cond, &lock);
     pthread_mutex_unlock(&lock);
-    return atomic_exchange(&s->failed, 0) ? CUDA_ERROR_LAUNCH_FAILED
-                                          : CUDA_SUCCESS;
+    /* Events and synchronisations each report a failure once: one does
+     * not take it from the other. */
+    return atomic_exchange(&s->sync_failed, 0) ? CUDA_ERROR_LAUNCH_FAILED
+                                               : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamDestroy(CUstream hs)

@@ -99,16 +99,19 @@ static int g_cuda; /* device memory on both sides (devmem.h) */
  * there first, and a batch's wait copies the device bytes of its READs
  * back into the mirror once it completed. The cases themselves read and
  * write the mirror as they would host memory; the peer's main region is
- * device memory too (peer.c).
+ * device memory too (peer.c). A shadow holds what the device buffer
+ * holds, so that only bytes the case changed are copied up: two batches
+ * in flight from the same bytes do not have their source rewritten under
+ * them (a race on a real device too).
  */
 typedef struct {
-    uint8_t *mirror, *dev;
+    uint8_t *mirror, *dev, *shadow;
     size_t len;
 } devbuf_t;
 
 typedef struct {
     kvt_batch_h b;
-    uint8_t *mirror, *dev;
+    uint8_t *mirror, *dev, *shadow;
     uint64_t len;
 } devread_t;
 
@@ -122,7 +125,7 @@ static size_t g_ndevreads;
 /* Where @p of a mirror lies in its device buffer; *span_p is clipped to
  * the buffer (a case may pass a span past it on purpose: kvt refuses
  * it). NULL for an address in no mirror. */
-static uint8_t *dev_of(const void *p, uint64_t *span_p)
+static uint8_t *dev_of(const void *p, uint64_t *span_p, uint8_t **shadow_p)
 {
     const uint8_t *q = p;
 
@@ -131,6 +134,7 @@ static uint8_t *dev_of(const void *p, uint64_t *span_p)
         if (b->mirror != NULL && q >= b->mirror && q < b->mirror + b->len) {
             if (*span_p > (uint64_t)(b->mirror + b->len - q))
                 *span_p = (uint64_t)(b->mirror + b->len - q);
+            *shadow_p = b->shadow + (q - b->mirror);
             return b->dev + (q - b->mirror);
         }
     }
@@ -154,19 +158,22 @@ static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
         uint64_t ls = c > 1 && d[i].local_stride ? d[i].local_stride
                                                    : d[i].length;
         uint64_t span = ls * (c - 1) + d[i].length;
-        uint8_t *dv;
+        uint8_t *dv, *sh = NULL;
         if (d[i].opcode == KVT_OP_NOTIFY || d[i].local_addr == NULL ||
-            (dv = dev_of(d[i].local_addr, &span)) == NULL)
+            (dv = dev_of(d[i].local_addr, &span, &sh)) == NULL)
             continue;
         x[i].local_addr = dv;
         if (d[i].opcode == KVT_OP_WRITE) {
-            CHECK(devmem_copy(dv, d[i].local_addr, span) == 0);
+            if (memcmp(sh, d[i].local_addr, span) != 0) {
+                CHECK(devmem_copy(dv, d[i].local_addr, span) == 0);
+                memcpy(sh, d[i].local_addr, span);
+            }
         } else if (d[i].opcode == KVT_OP_READ) {
             if (g_devreads == NULL)
                 g_devreads = calloc(MAX_DEVREADS, sizeof(*g_devreads));
             CHECK(g_devreads != NULL && g_ndevreads < MAX_DEVREADS);
             g_devreads[g_ndevreads++] =
-                (devread_t){b, (uint8_t *)d[i].local_addr, dv, span};
+                (devread_t){b, (uint8_t *)d[i].local_addr, dv, sh, span};
         }
     }
     pthread_mutex_unlock(&g_dev_lock);
@@ -188,8 +195,10 @@ static void conf_reads(kvt_batch_h b, int copy)
             g_devreads[k++] = *r;
             continue;
         }
-        if (copy)
+        if (copy) {
             CHECK(devmem_copy(r->mirror, r->dev, r->len) == 0);
+            memcpy(r->shadow, r->mirror, r->len);
+        }
     }
     g_ndevreads = k;
     pthread_mutex_unlock(&g_dev_lock);
@@ -280,14 +289,17 @@ static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
     f->local = map(local_len);
     if (g_cuda) {
         uint8_t *dv = devmem_alloc(local_len, 0);
+        uint8_t *sh = map(local_len);
         int i;
         CHECK(dv != NULL);
+        /* Both start as zeros (a real driver's memory is not cleared). */
+        CHECK(devmem_copy(dv, f->local, local_len) == 0);
         CHECK_OK(kvt_mem_register(f->e, dv, local_len, KVT_ACCESS_REMOTE_RW));
         pthread_mutex_lock(&g_dev_lock);
         for (i = 0; i < MAX_DEVBUFS && g_devbufs[i].mirror != NULL; i++)
             ;
         CHECK(i < MAX_DEVBUFS);
-        g_devbufs[i] = (devbuf_t){f->local, dv, local_len};
+        g_devbufs[i] = (devbuf_t){f->local, dv, sh, local_len};
         pthread_mutex_unlock(&g_dev_lock);
         return;
     }
@@ -303,6 +315,7 @@ static void teardown(fixture_t *f)
         for (int i = 0; i < MAX_DEVBUFS; i++) {
             if (g_devbufs[i].mirror == f->local) {
                 devmem_free(g_devbufs[i].dev);
+                munmap(g_devbufs[i].shadow, g_devbufs[i].len);
                 g_devbufs[i].mirror = NULL;
             }
         }
@@ -1194,7 +1207,9 @@ int main(int argc, char **argv)
             return KVT_TEST_SKIP;
         }
     }
-    if (g_cuda && devmem_open() != 0) {
+    /* Probed, not initialised: the cases fork (and a child of a process
+     * that initialised the driver cannot use it). */
+    if (g_cuda && devmem_probe() != 0) {
         fprintf(stderr, "skipped: no CUDA driver (KVT_CUDA_LIBRARY)\n");
         return KVT_TEST_SKIP;
     }

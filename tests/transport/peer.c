@@ -300,6 +300,25 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
     _exit(0);
 }
 
+/* A peer in an exec'd image (cuda peers, peer_start()): serve, exit. */
+__attribute__((constructor)) static void peer_exec_main(void)
+{
+    const char *v = getenv("KVT_TEST_PEER_EXEC");
+    static peer_opts_t o;
+    unsigned long long timeout;
+    int in, out;
+
+    if (v == NULL)
+        return;
+    if (sscanf(v, "%d %d %u %llu %d", &in, &out, &o.transports, &timeout,
+               &o.managed) != 5)
+        _exit(3);
+    unsetenv("KVT_TEST_PEER_EXEC");
+    o.timeout_ms = timeout;
+    o.cuda = 1;
+    peer_main(in, out, &o);
+}
+
 typedef struct {
     int in_fd, out_fd;
     const peer_opts_t *o;
@@ -337,6 +356,18 @@ int peer_start(peer_t *p, const peer_opts_t *o)
             if (read(leave_fd[0], &c, 1) != 1)
                 _exit(3);
             pthread_exit(NULL); /* peer_main() ends the process */
+        }
+        if (o->cuda) {
+            /* A fresh process: a real CUDA driver cannot be used in a
+             * child forked after the parent initialised it. The
+             * constructor below takes over in the new image. */
+            char env[128];
+            snprintf(env, sizeof(env), "%d %d %u %llu %d", to[0], from[1],
+                     o->transports, (unsigned long long)o->timeout_ms,
+                     o->managed);
+            setenv("KVT_TEST_PEER_EXEC", env, 1);
+            execl("/proc/self/exe", "kvt-test-peer", (char *)NULL);
+            _exit(3);
         }
         peer_main(to[0], from[1], o);
     }

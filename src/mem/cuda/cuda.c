@@ -133,12 +133,13 @@ const char *kvt__cuda_err(CUresult r)
     return s;
 }
 
-int kvt__cuda_ctx(int dev)
+int kvt__cuda_enter(int dev, CUcontext *prev_p)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
-    CUcontext c;
+    CUcontext c, cur = NULL;
     CUresult r;
 
+    *prev_p = NULL;
     if (d == NULL || dev < 0 || dev >= d->ndevices)
         return -1;
     pthread_mutex_lock(&ctx_lock);
@@ -157,12 +158,26 @@ int kvt__cuda_ctx(int dev)
         ctxs[dev] = c;
     }
     pthread_mutex_unlock(&ctx_lock);
+    if (d->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        cur = NULL;
+    *prev_p = cur;
+    if (cur == c)
+        return 0;
     r = d->CtxSetCurrent(c);
     if (r != CUDA_SUCCESS) {
         KVT_LOG_E("cuda: cannot use device %d: %s", dev, kvt__cuda_err(r));
         return -1;
     }
     return 0;
+}
+
+void kvt__cuda_leave(CUcontext prev)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext cur = NULL;
+
+    if (d != NULL && d->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != prev)
+        d->CtxSetCurrent(prev);
 }
 
 int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
@@ -196,13 +211,37 @@ int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
     return 1;
 }
 
+/*
+ * Whether the driver is in the process already: device memory cannot
+ * exist before it is, so registrations in a process that never loaded it
+ * do not pay for loading and initialising it (nor leave a forked child
+ * without CUDA).
+ */
+static int driver_present(void)
+{
+    const char *lib = getenv("KVT_CUDA_LIBRARY");
+    void *h;
+
+    if (loaded != NULL)
+        return 1;
+    h = dlopen(lib != NULL && lib[0] != '\0' ? lib : "libcuda.so.1",
+               RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        return 0;
+    dlclose(h);
+    return 1;
+}
+
 static int cuda_detect(const void *addr, size_t len, int32_t *device_p)
 {
     /* A range that starts in device memory but overruns it is refused
      * here (-1), rather than taken for host memory. */
     int32_t dev = -1;
-    int c = kvt__cuda_classify(addr, len, &dev);
+    int c;
 
+    if (!driver_present())
+        return 0;
+    c = kvt__cuda_classify(addr, len, &dev);
     if (c > 0)
         *device_p = dev;
     return c;
@@ -247,6 +286,7 @@ static int cuda_query(int32_t *devices_p, const char **detail_p)
 static kvt_status_t cuda_alloc(size_t len, int32_t device, void **addr_p)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
     CUdeviceptr p = 0;
     CUresult r;
 
@@ -263,9 +303,10 @@ static kvt_status_t cuda_alloc(size_t len, int32_t device, void **addr_p)
                   d->ndevices);
         return KVT_ERR_INVALID_PARAM;
     }
-    if (kvt__cuda_ctx(device) != 0)
+    if (kvt__cuda_enter(device, &prev) != 0)
         return KVT_ERR_IO;
     r = d->MemAlloc(&p, len);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         KVT_LOG_E("alloc: %zu bytes on cuda:%d: %s", len, (int)device,
                   kvt__cuda_err(r));
@@ -275,13 +316,16 @@ static kvt_status_t cuda_alloc(size_t len, int32_t device, void **addr_p)
     return KVT_OK;
 }
 
-static void cuda_free(void *addr, size_t len)
+static void cuda_free(void *addr, size_t len, int32_t device)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
 
     (void)len;
-    if (d != NULL && d->MemFree != NULL)
-        d->MemFree((CUdeviceptr)(uintptr_t)addr);
+    if (d == NULL || d->MemFree == NULL || kvt__cuda_enter(device, &prev) != 0)
+        return;
+    d->MemFree((CUdeviceptr)(uintptr_t)addr);
+    kvt__cuda_leave(prev);
 }
 
 KVT_MEM_DOMAIN_REGISTER(cuda, {
@@ -314,17 +358,21 @@ kvt__dstream_t *kvt__dev_stream_new(int device)
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
     kvt__dstream_t *s;
+    CUcontext prev;
     CUresult r;
 
-    if (d == NULL || kvt__cuda_ctx(device) != 0)
+    if (d == NULL || kvt__cuda_enter(device, &prev) != 0)
         return NULL;
     s = calloc(1, sizeof(*s));
-    if (s == NULL)
+    if (s == NULL) {
+        kvt__cuda_leave(prev);
         return NULL;
+    }
     s->dev = device;
     r = d->StreamCreate(&s->st, CU_STREAM_NON_BLOCKING);
     for (unsigned i = 0; r == CUDA_SUCCESS && i < KVT__DEV_MARKS; i++)
         r = d->EventCreate(&s->ev[i], CU_EVENT_DISABLE_TIMING);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "cannot create a stream", r);
         kvt__dev_stream_free(s);
@@ -336,17 +384,20 @@ kvt__dstream_t *kvt__dev_stream_new(int device)
 void kvt__dev_stream_free(kvt__dstream_t *s)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
 
     if (s == NULL || d == NULL)
         return;
-    kvt__cuda_ctx(s->dev);
-    if (s->st != NULL) {
-        d->StreamSynchronize(s->st);
-        d->StreamDestroy(s->st);
+    if (kvt__cuda_enter(s->dev, &prev) == 0) {
+        if (s->st != NULL) {
+            d->StreamSynchronize(s->st);
+            d->StreamDestroy(s->st);
+        }
+        for (unsigned i = 0; i < KVT__DEV_MARKS; i++)
+            if (s->ev[i] != NULL)
+                d->EventDestroy(s->ev[i]);
+        kvt__cuda_leave(prev);
     }
-    for (unsigned i = 0; i < KVT__DEV_MARKS; i++)
-        if (s->ev[i] != NULL)
-            d->EventDestroy(s->ev[i]);
     free(s);
 }
 
@@ -354,12 +405,14 @@ int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len)
 {
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
     CUresult r;
 
-    if (kvt__cuda_ctx(s->dev) != 0)
+    if (kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
     r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
                        (CUdeviceptr)(uintptr_t)src, len, s->st);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "a copy was refused", r);
         return -1;
@@ -373,12 +426,11 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
     CUDA_MEMCPY2D m;
+    CUcontext prev;
     CUresult r;
 
     if (rows == 1)
         return kvt__dev_copy(s, dst, src, width);
-    if (kvt__cuda_ctx(s->dev) != 0)
-        return -1;
     memset(&m, 0, sizeof(m));
     m.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
     m.srcDevice = (CUdeviceptr)(uintptr_t)src;
@@ -388,7 +440,10 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
     m.dstPitch = dpitch;
     m.WidthInBytes = width;
     m.Height = rows;
+    if (kvt__cuda_enter(s->dev, &prev) != 0)
+        return -1;
     r = d->Memcpy2DAsync(&m, s->st);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "a 2-D copy was refused", r);
         return -1;
@@ -399,29 +454,39 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
 int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
+    CUresult r;
 
-    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+    if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
-    return d->EventRecord(s->ev[m], s->st) == CUDA_SUCCESS ? 0 : -1;
+    r = d->EventRecord(s->ev[m], s->st);
+    kvt__cuda_leave(prev);
+    return r == CUDA_SUCCESS ? 0 : -1;
 }
 
 int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
+    CUresult r;
 
-    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+    if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
-    return d->EventSynchronize(s->ev[m]) == CUDA_SUCCESS ? 0 : -1;
+    r = d->EventSynchronize(s->ev[m]);
+    kvt__cuda_leave(prev);
+    return r == CUDA_SUCCESS ? 0 : -1;
 }
 
 int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
     CUresult r;
 
-    if (m >= KVT__DEV_MARKS || kvt__cuda_ctx(s->dev) != 0)
+    if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
     r = d->EventQuery(s->ev[m]);
+    kvt__cuda_leave(prev);
     return r == CUDA_SUCCESS ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 
@@ -429,11 +494,13 @@ int kvt__dev_sync(kvt__dstream_t *s)
 {
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
     CUresult r;
 
-    if (kvt__cuda_ctx(s->dev) != 0)
+    if (kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
     r = d->StreamSynchronize(s->st);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "a copy failed on the device", r);
         return -1;
@@ -441,16 +508,18 @@ int kvt__dev_sync(kvt__dstream_t *s)
     return 0;
 }
 
-void *kvt__dev_host_alloc(size_t len)
+void *kvt__dev_host_alloc(size_t len, int device)
 {
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
     void *p = NULL;
     CUresult r;
 
-    if (d == NULL || kvt__cuda_ctx(0) != 0)
+    if (d == NULL || kvt__cuda_enter(device, &prev) != 0)
         return NULL;
     r = d->MemHostAlloc(&p, len, CU_MEMHOSTALLOC_PORTABLE);
+    kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "no pinned host memory", r);
         return NULL;

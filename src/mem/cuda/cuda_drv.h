@@ -64,9 +64,13 @@ const char *kvt__cuda_err(CUresult r);
 
 /*
  * Make device @dev's primary context current on this thread (retained
- * once per device for the process's lifetime). 0, or -1 (logged).
+ * once per device for the process's lifetime), *prev_p the one that was:
+ * 0, or -1 (logged). kvt__cuda_leave() makes @prev current again, so
+ * that a caller's thread (a framework's, bound to its own device) keeps
+ * its context across kvt's calls.
  */
-int kvt__cuda_ctx(int dev);
+int kvt__cuda_enter(int dev, CUcontext *prev_p);
+void kvt__cuda_leave(CUcontext prev);
 
 /*
  * What the driver knows of [addr, addr + len): 1 when it is device memory

@@ -104,7 +104,11 @@ void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
     for (size_t i = 0; i < n; i++) {
         const kvt__region_t *r = kvt__memreg_at_locked(shm->reg, i);
         size_t lo = 0, hi = na;
-        regs[i] = (kvt__shm_region_t){r->start, r->end, r->access, 0};
+        /* Device memory is not shm's to move: published without access,
+         * so a same-host peer's copies into it are refused. */
+        regs[i] = (kvt__shm_region_t){r->start, r->end,
+                                      r->kind == KVT_MEM_HOST ? r->access : 0,
+                                      0};
         while (lo < hi) { /* last allocation starting at or below */
             size_t mid = lo + (hi - lo) / 2;
             if (al[mid].addr <= r->start)

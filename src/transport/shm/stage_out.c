@@ -102,10 +102,11 @@ void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
             cnt = run.count;
             ok = kvt__shm_run_check(&run, &span);
             /* The span in one region, or else each piece in one. */
-            if (ok && !kvt__memreg_contains_locked(reg, r->raddr, span,
-                                                   KVT_ACCESS_REMOTE_WRITE)) {
+            /* Host memory only: this thread copies with its own hands. */
+            if (ok && !kvt__memreg_contains_host_locked(
+                          reg, r->raddr, span, KVT_ACCESS_REMOTE_WRITE)) {
                 for (uint64_t p = 0; ok && p < cnt; p++)
-                    ok = kvt__memreg_contains_locked(
+                    ok = kvt__memreg_contains_host_locked(
                         reg, r->raddr + p * r->rstride, len,
                         KVT_ACCESS_REMOTE_WRITE);
             }

@@ -369,7 +369,7 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                uint64_t deadline_ns);
 
 /* tcp_dev.c */
-void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len);
+void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len, int dev);
 void kvt__tcp_stage_put(kvt__tcp_t *tcp, void *p, uint64_t len);
 void kvt__tcp_dev_fini(kvt__tcp_t *tcp);
 void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f);
@@ -380,6 +380,7 @@ int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
 int kvt__tcp_dev_read_sync(tcp_conn_t *c);
 void kvt__tcp_conn_stage_free(tcp_conn_t *c);
 void kvt__tcp_rx_dev_drop(tcp_conn_t *c);
+void kvt__tcp_dev_quiesce(tcp_conn_t *c);
 void kvt__tcp_mem_changed(kvt__tl_t *tl);
 
 /* tcp_submit.c */

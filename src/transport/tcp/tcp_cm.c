@@ -40,13 +40,15 @@ static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
 
 static void conn_free(tcp_conn_t *c)
 {
+    /* Its device copies complete before it leaves the list that
+     * unregistrations wait on. */
+    kvt__tcp_conn_stage_free(c);
     if (c->listed)
         kvt__tcp_inbound_del(c->w->tcp, c);
     pthread_mutex_destroy(&c->tx_lock);
     pthread_mutex_destroy(&c->out_lock);
     pthread_mutex_destroy(&c->rx_lock);
     pthread_mutex_destroy(&c->ev_lock);
-    kvt__tcp_conn_stage_free(c);
     free(c->rx_body);
     free(c->rx_segs);
     free(c->rx_pieces);
@@ -173,6 +175,9 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
             pthread_mutex_unlock(&s->lock);
             close(fd);
         }
+        /* A READ cut off mid-payload may have copies into device memory
+         * queued: they complete before its buffer is handed back. */
+        kvt__tcp_dev_quiesce(c);
         while (list != NULL) {
             tcp_frame_t *n = list->next_out;
             kvt__tcp_frame_complete(c, list, st, NULL);

@@ -42,7 +42,7 @@ struct mem_stage {
 
 /* ---- Pinned buffers ----------------------------------------------------- */
 
-void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len)
+void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len, int dev)
 {
     void *p = NULL;
 
@@ -52,10 +52,10 @@ void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len)
             p = tcp->stage_free[--tcp->nstage_free];
         pthread_mutex_unlock(&tcp->dev_lock);
         if (p == NULL)
-            p = kvt__dev_host_alloc(tcp->cfg->slice_size);
+            p = kvt__dev_host_alloc(tcp->cfg->slice_size, dev);
         return p;
     }
-    return kvt__dev_host_alloc(len);
+    return kvt__dev_host_alloc(len, dev);
 }
 
 void kvt__tcp_stage_put(kvt__tcp_t *tcp, void *p, uint64_t len)
@@ -97,7 +97,7 @@ void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
     uint64_t off = 0;
     int rc = 0;
 
-    f->stage = kvt__tcp_stage_get(tcp, f->stage_len);
+    f->stage = kvt__tcp_stage_get(tcp, f->stage_len, f->stage_dev);
     f->stage_tcp = tcp;
     pthread_mutex_lock(&tcp->dev_lock);
     if (tcp->tx_stream == NULL && f->stage != NULL) {
@@ -141,7 +141,7 @@ static mem_stage_t *stage_of(tcp_conn_t *c, int dev)
     if (m == NULL)
         return NULL;
     m->ds = kvt__dev_stream_new(dev);
-    m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK);
+    m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK, dev);
     atomic_store(&c->stage, m); /* complete before others see it */
     atomic_store(&c->w->tcp->dev_staged, 1);
     if (m->ds == NULL || m->buf == NULL)
@@ -272,6 +272,21 @@ int kvt__tcp_dev_read_sync(tcp_conn_t *c)
     rc = kvt__dev_sync(m->ds);
     m->queued = 0;
     return rc;
+}
+
+/* Wait for the connection's queued device copies (a failing connection,
+ * before its frames complete); the next frame starts with an empty ring. */
+void kvt__tcp_dev_quiesce(tcp_conn_t *c)
+{
+    mem_stage_t *m = atomic_load(&c->stage);
+
+    if (m == NULL || m->ds == NULL)
+        return;
+    kvt__dev_sync(m->ds);
+    memset(m->busy, 0, sizeof(m->busy));
+    m->fill = 0;
+    m->queued = 0;
+    m->failed = 0;
 }
 
 /* The current segment's region left the registry while part of a chunk

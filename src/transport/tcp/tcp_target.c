@@ -183,19 +183,34 @@ static void handle_read(tcp_conn_t *c)
         /* Device memory is sent from a pinned copy, made now; a piece
          * whose copy failed is refused with KVT_ERR_IO. */
         uint64_t off = 0;
-        int failed;
-        stage = kvt__tcp_stage_get(tcp, dev_bytes);
+        int failed, queued = 0;
+        int sdev = 0;
+        for (uint32_t s = 0; s < c->rx_nsegs; s++)
+            if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0) {
+                sdev = (int)c->rx_segs[s].dev1 - 1;
+                break;
+            }
+        stage = kvt__tcp_stage_get(tcp, dev_bytes, sdev);
         failed = stage == NULL;
+        /* Under the registry's read lock, checked again, until the copies
+         * completed: an unregistration waits for them. */
+        kvt__memreg_rdlock(tcp->reg);
         for (uint32_t s = 0; !failed && s < c->rx_nsegs; s++) {
             const rx_seg_t *g = &c->rx_segs[s];
             if (!g->valid || g->dev1 == 0)
                 continue;
-            failed = kvt__tcp_dev_read_stage(c, stage + off, g->addr, g->len,
+            failed = !kvt__memreg_contains_locked(tcp->reg, g->addr, g->len,
+                                                  KVT_ACCESS_REMOTE_READ) ||
+                     kvt__tcp_dev_read_stage(c, stage + off, g->addr, g->len,
                                              (int)g->dev1 - 1) != 0;
+            queued |= !failed;
             off += g->len;
         }
-        if (!failed)
-            failed = kvt__tcp_dev_read_sync(c) != 0;
+        /* Waited for even after a failure: the buffer goes back to the
+         * pool only once nothing writes into it. */
+        if (queued && kvt__tcp_dev_read_sync(c) != 0)
+            failed = 1;
+        kvt__memreg_unlock(tcp->reg);
         if (failed) {
             for (uint32_t s = 0; s < c->rx_nsegs; s++)
                 if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0)
