@@ -451,42 +451,39 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
     return 0;
 }
 
-int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
+enum { MARK_RECORD, MARK_WAIT, MARK_QUERY };
+
+/* Record, wait for or query marker @m of @s, under its device's context:
+ * the driver's result, or CUDA_ERROR_INVALID_VALUE without a context. */
+static CUresult mark_op(kvt__dstream_t *s, unsigned m, int op)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
     CUcontext prev;
     CUresult r;
 
     if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
-        return -1;
-    r = d->EventRecord(s->ev[m], s->st);
+        return CUDA_ERROR_INVALID_VALUE;
+    r = op == MARK_RECORD ? d->EventRecord(s->ev[m], s->st)
+        : op == MARK_WAIT ? d->EventSynchronize(s->ev[m])
+                          : d->EventQuery(s->ev[m]);
     kvt__cuda_leave(prev);
-    return r == CUDA_SUCCESS ? 0 : -1;
+    return r;
+}
+
+int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
+{
+    return mark_op(s, m, MARK_RECORD) == CUDA_SUCCESS ? 0 : -1;
 }
 
 int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
 {
-    const kvt__cuda_drv_t *d = kvt__cuda();
-    CUcontext prev;
-    CUresult r;
-
-    if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
-        return -1;
-    r = d->EventSynchronize(s->ev[m]);
-    kvt__cuda_leave(prev);
-    return r == CUDA_SUCCESS ? 0 : -1;
+    return mark_op(s, m, MARK_WAIT) == CUDA_SUCCESS ? 0 : -1;
 }
 
 int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m)
 {
-    const kvt__cuda_drv_t *d = kvt__cuda();
-    CUcontext prev;
-    CUresult r;
+    CUresult r = mark_op(s, m, MARK_QUERY);
 
-    if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
-        return -1;
-    r = d->EventQuery(s->ev[m]);
-    kvt__cuda_leave(prev);
     return r == CUDA_SUCCESS ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 
