@@ -82,6 +82,7 @@ typedef struct {
     double tflops;
     const char *protocol;
     const char *metadata;
+    int cuda; /* --memory=cuda: caches and aux buffers in device memory */
 } opts_t;
 
 /* Simulated compute of one layer for a prompt of @tokens. */
@@ -241,6 +242,9 @@ typedef struct {
     kvt_conn_h conn;
     uint8_t *arena;
     uint64_t arena_len;
+    /* --memory=cuda: the arena is device memory, which this code reaches
+     * through a host mirror and kvt_mem_copy() (host_of(), dev_sync()). */
+    uint8_t *mirror;
     kvt_kv_cache_t *caches;
     uint8_t *aux;
     uint64_t aux_slots;
@@ -283,6 +287,30 @@ static uint32_t run_bytes(const rank_t *r)
     return r->o->m->latent_bytes ? r->o->m->latent_bytes : r->o->m->head_bytes;
 }
 
+/* Where this code reads and writes @p of the arena: the arena itself, or
+ * its host mirror when the arena is device memory. */
+static uint8_t *host_of(const rank_t *r, uint8_t *p)
+{
+    return r->mirror != NULL ? r->mirror + (p - r->arena) : p;
+}
+
+/* Device memory: bring [p, +len) of the arena into the mirror (@to_dev
+ * 0) or from it to the device. 0, or -1 (reported). */
+static int dev_sync(rank_t *r, uint8_t *p, uint64_t len, int to_dev)
+{
+    kvt_status_t st;
+
+    if (r->mirror == NULL)
+        return 0;
+    st = to_dev ? kvt_mem_copy(p, host_of(r, p), len)
+                : kvt_mem_copy(host_of(r, p), p, len);
+    if (st != KVT_OK) {
+        report_error(r->side, r->rank, "device copy: %s", kvt_status_str(st));
+        return -1;
+    }
+    return 0;
+}
+
 /* Write (prefill) or check (decode) layer @l of logical blocks of a
  * request held in local blocks @ids. Returns mismatching bytes. */
 static uint64_t layer_bytes(rank_t *r, const req_t *q, uint32_t l,
@@ -295,7 +323,12 @@ static uint64_t layer_bytes(rank_t *r, const req_t *q, uint32_t l,
         const kvt_kv_cache_t *kc = &r->caches[l * r->ncache_per_layer + c];
         uint32_t kind = cache_kind(r, c);
         for (uint32_t b = 0; b < n; b++) {
-            uint8_t *blk = (uint8_t *)kc->base + ids[b] * kc->block_bytes;
+            uint8_t *dblk = (uint8_t *)kc->base + ids[b] * kc->block_bytes;
+            uint8_t *blk = host_of(r, dblk);
+            if (check && dev_sync(r, dblk, kc->block_bytes, 0) != 0) {
+                bad += kc->block_bytes;
+                continue;
+            }
             for (uint32_t t = 0; t < tpb; t++) {
                 uint64_t token = (uint64_t)b * tpb + t;
                 for (uint32_t h = 0; h < r->heads; h++) {
@@ -307,6 +340,8 @@ static uint64_t layer_bytes(rank_t *r, const req_t *q, uint32_t l,
                         run_fill(p, rb, s);
                 }
             }
+            if (!check)
+                dev_sync(r, dblk, kc->block_bytes, 1);
         }
     }
     return bad;
@@ -315,12 +350,17 @@ static uint64_t layer_bytes(rank_t *r, const req_t *q, uint32_t l,
 static void aux_bytes(rank_t *r, const req_t *q, uint64_t slot, int check,
                       uint64_t *bad)
 {
-    uint8_t *p = r->aux + slot * AUX_BYTES;
+    uint8_t *d = r->aux + slot * AUX_BYTES, *p = host_of(r, d);
     uint64_t s = mix64(q->room ^ 0xa0a0a0a0ull);
-    if (check)
-        *bad += run_check(p, AUX_BYTES, s);
-    else
+    if (check) {
+        if (dev_sync(r, d, AUX_BYTES, 0) != 0)
+            *bad += AUX_BYTES;
+        else
+            *bad += run_check(p, AUX_BYTES, s);
+    } else {
         run_fill(p, AUX_BYTES, s);
+        dev_sync(r, d, AUX_BYTES, 1);
+    }
 }
 
 static int rank_setup(rank_t *r)
@@ -365,7 +405,29 @@ static int rank_setup(rank_t *r)
         report_error(r->side, r->rank, "engine: %s", kvt_status_str(st));
         return -1;
     }
-    st = kvt_mem_alloc(r->e, r->arena_len, KVT_ACCESS_REMOTE_RW, &arena);
+    if (r->o->cuda) {
+        /* Device memory, one device per rank (round robin), and a host
+         * mirror for this code's own reads and writes. */
+        kvt_mem_domain_info_t dm[8];
+        kvt_mem_params_t mp = {0};
+        size_t nd = 0;
+        int32_t ndev = 1;
+        uint32_t idx = r->side == SIDE_PREFILL ? r->rank
+                                               : r->o->prefill_tp + r->rank;
+        if (kvt_mem_domains(dm, 8, &nd) == KVT_OK)
+            for (size_t i = 0; i < nd && i < 8; i++)
+                if (dm[i].kind == KVT_MEM_CUDA && dm[i].devices > 0)
+                    ndev = dm[i].devices;
+        mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
+        mp.kind = KVT_MEM_CUDA;
+        mp.device = (int32_t)(idx % (uint32_t)ndev);
+        st = kvt_mem_alloc_ex(r->e, r->arena_len, &mp, &arena);
+        r->mirror = calloc(1, r->arena_len);
+        if (st == KVT_OK && r->mirror == NULL)
+            st = KVT_ERR_NO_MEMORY;
+    } else {
+        st = kvt_mem_alloc(r->e, r->arena_len, KVT_ACCESS_REMOTE_RW, &arena);
+    }
     if (st != KVT_OK) {
         report_error(r->side, r->rank, "allocating %llu bytes: %s",
                      (unsigned long long)r->arena_len, kvt_status_str(st));
@@ -428,6 +490,7 @@ static void rank_teardown(rank_t *r)
 {
     kvt_conn_destroy(r->conn);
     kvt_engine_destroy(r->e); /* frees the arena */
+    free(r->mirror);
     free(r->caches);
     free(r->free_blocks);
 }
@@ -545,11 +608,15 @@ static int decode_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
         for (uint32_t l = 0; l < r->nlayers; l++)
             for (uint32_t c = 0; c < r->ncache_per_layer; c++) {
                 kvt_kv_cache_t *kc = &r->caches[l * r->ncache_per_layer + c];
-                for (uint32_t b = 0; b < jb->q.blocks; b++)
-                    memset((uint8_t *)kc->base + jb->ids[b] * kc->block_bytes,
-                           0xEE, kc->block_bytes);
+                for (uint32_t b = 0; b < jb->q.blocks; b++) {
+                    uint8_t *d =
+                        (uint8_t *)kc->base + jb->ids[b] * kc->block_bytes;
+                    memset(host_of(r, d), 0xEE, kc->block_bytes);
+                    dev_sync(r, d, kc->block_bytes, 1);
+                }
             }
-        memset(r->aux + jb->slot * AUX_BYTES, 0xEE, AUX_BYTES);
+        memset(host_of(r, r->aux + jb->slot * AUX_BYTES), 0xEE, AUX_BYTES);
+        dev_sync(r, r->aux + jb->slot * AUX_BYTES, AUX_BYTES, 1);
         if (st == KVT_OK)
             st = kvt_receiver_init(jb->room, jb->ids, jb->q.blocks, 0,
                                    &jb->slot, 1);
@@ -764,6 +831,9 @@ static void usage(void)
            "  --prefill-tp N          prefill tensor-parallel ranks (1)\n"
            "  --decode-tp N           decode tensor-parallel ranks (1)\n"
            "  --protocol P            tcp | shm | auto (default auto)\n"
+           "  --memory M              host | cuda: KV caches and aux buffers "
+           "in GPU memory\n"
+           "                          (needs a GPU; default host)\n"
            "  --metadata URI          bootstrap server http://HOST:PORT "
            "(default: start kvt metad)\n"
            "  --compute-ms-per-layer X  simulated prefill compute per layer "
@@ -853,6 +923,12 @@ static int parse(int argc, char **argv, opts_t *o)
                 return -1;
             }
             o->protocol = v;
+        } else if ((v = cli_opt(argc, argv, &i, "memory"))) {
+            if (strcmp(v, "host") && strcmp(v, "cuda")) {
+                fprintf(stderr, "kvt demo: --memory host|cuda\n");
+                return -1;
+            }
+            o->cuda = strcmp(v, "cuda") == 0;
         } else if ((v = cli_opt(argc, argv, &i, "metadata"))) {
             if (strncmp(v, "http://", 7) != 0) {
                 fprintf(stderr, "kvt demo: --metadata http://HOST:PORT\n");
@@ -906,6 +982,46 @@ static const char *json_safe(const char *s, char *out, size_t cap)
     return out;
 }
 
+/*
+ * --memory=cuda needs a GPU: asked in a child process, so that this one
+ * (which forks the ranks) never initialises the driver, after which a
+ * forked child could not use it. 0 when one is there; else -1 with the
+ * reason in @why.
+ */
+static int gpu_present(char *why, size_t cap)
+{
+    int fd[2], st = 0;
+    ssize_t n;
+    pid_t pid;
+
+    if (pipe(fd) != 0)
+        return -1;
+    pid = fork();
+    if (pid == 0) {
+        kvt_mem_domain_info_t d[8];
+        size_t nd = 0;
+        const char *w = "this kvt is built without CUDA (cuda.h not found)";
+        int ok = 0;
+        close(fd[0]);
+        if (kvt_mem_domains(d, 8, &nd) == KVT_OK)
+            for (size_t i = 0; i < nd && i < 8; i++)
+                if (d[i].kind == KVT_MEM_CUDA) {
+                    ok = d[i].available && d[i].devices > 0;
+                    w = d[i].detail;
+                }
+        if (write(fd[1], w, strlen(w)) < 0)
+            ok = 0;
+        _exit(ok ? 0 : 1);
+    }
+    close(fd[1]);
+    n = pid > 0 ? read(fd[0], why, cap - 1) : -1;
+    why[n > 0 ? n : 0] = '\0';
+    close(fd[0]);
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
 int kvt_cmd_demo(int argc, char **argv)
 {
     opts_t o;
@@ -922,6 +1038,16 @@ int kvt_cmd_demo(int argc, char **argv)
 
     if (parse(argc, argv, &o) != 0)
         return 2;
+    if (o.cuda) {
+        char why[256];
+        if (gpu_present(why, sizeof(why)) != 0) {
+            fprintf(stderr,
+                    "kvt demo: --memory=cuda needs a GPU and its CUDA driver; "
+                    "kvt finds none here: %s\n",
+                    why);
+            return 1;
+        }
+    }
     total = o.calib + o.requests;
     nranks = o.prefill_tp + o.decode_tp;
     rs = calloc(total, sizeof(*rs));
@@ -951,9 +1077,10 @@ int kvt_cmd_demo(int argc, char **argv)
     if (!o.json || tty)
         fprintf(stderr,
                 "kvt demo: %s, %u requests of %u..%u tokens, prefill tp %u, "
-                "decode tp %u, %s, %s, compute %.2f ms/layer at %u tokens\n",
+                "decode tp %u, %s, %s memory, %s, compute %.2f ms/layer at %u "
+                "tokens\n",
                 o.m->desc, o.requests, o.min_len, o.max_len, o.prefill_tp,
-                o.decode_tp, o.protocol,
+                o.decode_tp, o.protocol, o.cuda ? "GPU" : "host",
                 o.layerwise ? "layer-wise" : "whole requests",
                 layer_compute_ms(&o, o.max_len), o.max_len);
 

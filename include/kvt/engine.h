@@ -363,6 +363,19 @@ KVT_API kvt_status_t kvt_mem_alloc_ex(kvt_engine_h engine, size_t length,
                                       void **addr_p);
 
 /*
+ * kvt_mem_copy() - copy @len bytes from @src to @dst and wait, whatever
+ * memory each is: host memory, or device memory of a domain this build
+ * serves (through its driver: cuMemcpy for CUDA memory). For programs that
+ * fill or check device buffers they move with kvt (tools, tests); not a
+ * transfer, and neither side need be registered. The ranges must not
+ * overlap. Thread-safe; blocks until the bytes are there.
+ *
+ * Returns KVT_OK, KVT_ERR_INVALID_PARAM (a NULL address with @len > 0), or
+ * KVT_ERR_IO when the device's copy failed (logged).
+ */
+KVT_API kvt_status_t kvt_mem_copy(void *dst, const void *src, size_t len);
+
+/*
  * kvt_mem_free() - unregister and free memory from kvt_mem_alloc() or
  * kvt_mem_alloc_ex(). The
  * same guarantee as kvt_mem_unregister() holds before the memory is

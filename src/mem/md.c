@@ -72,6 +72,23 @@ kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
     return KVT_OK;
 }
 
+kvt_status_t kvt_mem_copy(void *dst, const void *src, size_t len)
+{
+    if (len == 0)
+        return KVT_OK;
+    if (dst == NULL || src == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    for (size_t i = 0; registered[i] != NULL; i++) {
+        int c = registered[i]->copy != NULL
+                    ? registered[i]->copy(dst, src, len)
+                    : 0;
+        if (c != 0)
+            return c > 0 ? KVT_OK : KVT_ERR_IO;
+    }
+    memcpy(dst, src, len);
+    return KVT_OK;
+}
+
 kvt_status_t kvt_mem_domains(kvt_mem_domain_info_t *out, size_t max,
                              size_t *count_p)
 {

@@ -39,6 +39,9 @@ typedef struct {
      * and free them. NULL: the domain does not allocate. */
     kvt_status_t (*alloc)(size_t len, int32_t device, void **addr_p);
     void (*free)(void *addr, size_t len, int32_t device);
+    /* Copy @len bytes when either side is this domain's memory, and wait:
+     * 1 (done), 0 (neither is: not this domain's), -1 (failed, logged). */
+    int (*copy)(void *dst, const void *src, size_t len);
 } kvt__md_ops_t;
 
 #define KVT_MEM_DOMAIN_REGISTER(short_name, ...)                               \

@@ -315,6 +315,16 @@ KVT_TEST(memory)
               kvt_mem_alloc_ex(e, 4096, &ap, &m));
         COVER(kvt_mem_alloc_ex, KVT_ERR_NO_MEMORY,
               kvt_mem_alloc_ex(e, (size_t)1 << 60, NULL, &m));
+        {
+            char a[64] = "kvt", b[64] = {0};
+            COVER(kvt_mem_copy, KVT_OK, kvt_mem_copy(b, a, sizeof(a)));
+            CHECK(strcmp(b, "kvt") == 0);
+            COVER(kvt_mem_copy, KVT_OK, kvt_mem_copy(NULL, NULL, 0));
+            COVER(kvt_mem_copy, KVT_ERR_INVALID_PARAM,
+                  kvt_mem_copy(NULL, a, 1));
+            UNCOVERED(kvt_mem_copy, KVT_ERR_IO,
+                      "a device copy failing: tests/cuda device_copy_fails");
+        }
         /* No CUDA driver here (tests/cuda covers the double's). */
         ap.kind = KVT_MEM_CUDA;
         COVER(kvt_mem_alloc_ex, KVT_ERR_NOT_SUPPORTED,

@@ -209,6 +209,43 @@ KVT_TEST(alloc_device)
     kvt_engine_destroy(e);
 }
 
+static void (*fail_copy)(long);
+
+/* kvt_mem_copy() between host and device memory, and a copy that fails on
+ * the device. */
+KVT_TEST(mem_copy)
+{
+    enum { LEN = 1 << 20 };
+    uint8_t *a = malloc(LEN), *b = calloc(1, LEN);
+    CUdeviceptr d0, d1;
+    void *h;
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    d0 = dev_alloc(0, LEN);
+    d1 = dev_alloc(1, LEN);
+    pattern_fill(a, LEN, 9, 0);
+    CHECK_OK(kvt_mem_copy((void *)d0, a, LEN));
+    CHECK_OK(kvt_mem_copy((void *)d1, (void *)d0, LEN)); /* device to device */
+    CHECK_OK(kvt_mem_copy(b, (void *)d1, LEN));
+    CHECK(memcmp(a, b, LEN) == 0);
+    h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
+    CHECK(h != NULL);
+    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
+    CHECK(fail_copy != NULL);
+    fail_copy(1);
+    CHECK_ST(kvt_mem_copy(b, (void *)d0, LEN), KVT_ERR_IO);
+    CHECK_OK(kvt_mem_copy(b, (void *)d0, LEN));
+    CHECK(memcmp(a, b, LEN) == 0);
+    /* A range running past its allocation is refused. */
+    CHECK_ST(kvt_mem_copy((void *)(d0 + LEN - 4096), a, 8192), KVT_ERR_IO);
+    CHECK(cu.MemFree(d0) == CUDA_SUCCESS && cu.MemFree(d1) == CUDA_SUCCESS);
+    free(a);
+    free(b);
+}
+
 KVT_TEST(no_driver_refuses)
 {
     kvt_mem_region_t r[1];
@@ -241,7 +278,6 @@ KVT_TEST(no_driver_refuses)
 
 /* ---- Moving device memory (a peer in another process) ------------------- */
 
-static void (*fail_copy)(long);
 
 static kvt_status_t run1(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
 {
@@ -401,6 +437,7 @@ int main(int argc, char **argv)
     static const kvt_test_case_t cases[] = {
         KVT_CASE(domain, 30), KVT_CASE(detect, 30),
         KVT_CASE(no_driver_refuses, 30), KVT_CASE(alloc_device, 30),
+        KVT_CASE(mem_copy, 30),
         KVT_CASE(same_host_device_routes, 60),
         KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60)};
 

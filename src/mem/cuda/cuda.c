@@ -202,7 +202,7 @@ int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
         return 0;
     if (d->MemGetAddressRange(&base, &size, p) != CUDA_SUCCESS ||
         p + len < p || p + len > base + size) {
-        KVT_LOG_E("register: [%p, +%zu) starts in device memory but runs "
+        KVT_LOG_E("cuda: [%p, +%zu) starts in device memory but runs "
                   "past its allocation [0x%llx, +%zu)",
                   addr, len, (unsigned long long)base, size);
         return -1;
@@ -328,6 +328,37 @@ static void cuda_free(void *addr, size_t len, int32_t device)
     kvt__cuda_leave(prev);
 }
 
+static int cuda_copy(void *dst, const void *src, size_t len)
+{
+    const kvt__cuda_drv_t *d;
+    int32_t dd = -1, sd = -1;
+    int cd, cs;
+    CUcontext prev;
+    CUresult r;
+
+    if (!driver_present() || (d = kvt__cuda()) == NULL)
+        return 0;
+    cd = kvt__cuda_classify(dst, len, &dd);
+    cs = kvt__cuda_classify(src, len, &sd);
+    if (cd < 0 || cs < 0)
+        return -1; /* runs past its allocation: logged */
+    if (cd == 0 && cs == 0)
+        return 0;
+    if (kvt__cuda_enter(cd > 0 ? dd : sd, &prev) != 0)
+        return -1;
+    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                       (CUdeviceptr)(uintptr_t)src, len, NULL);
+    if (r == CUDA_SUCCESS)
+        r = d->StreamSynchronize(NULL);
+    kvt__cuda_leave(prev);
+    if (r != CUDA_SUCCESS) {
+        KVT_LOG_E("copy: %zu bytes to %p from %p: %s", len, dst, src,
+                  kvt__cuda_err(r));
+        return -1;
+    }
+    return 1;
+}
+
 KVT_MEM_DOMAIN_REGISTER(cuda, {
                                   .name = "cuda",
                                   .kind = KVT_MEM_CUDA,
@@ -336,6 +367,7 @@ KVT_MEM_DOMAIN_REGISTER(cuda, {
                                   .query = cuda_query,
                                   .alloc = cuda_alloc,
                                   .free = cuda_free,
+                                  .copy = cuda_copy,
                               });
 
 /* ---- Staging copies (mem/dev.h) ----------------------------------------- */

@@ -150,6 +150,8 @@ typedef struct {
  * into a pinned buffer of the frame before it is queued.
  */
 #define STAGE_CHUNKS 4
+#define TCP_DEV_STREAMS 16 /* devices with a stream of their own; the rest
+                              share the last */
 #define STAGE_CHUNK (256u * 1024u)
 
 typedef struct mem_stage mem_stage_t;
@@ -282,8 +284,7 @@ struct kvt__tcp {
     pthread_mutex_t dev_lock;
     void **stage_free;
     unsigned nstage_free;
-    struct kvt__dstream *tx_stream;
-    int tx_stream_dev;
+    struct kvt__dstream *tx_stream[TCP_DEV_STREAMS]; /* per device */
     _Atomic int dev_staged; /* a connection staged device memory once */
 };
 

@@ -80,8 +80,10 @@ void kvt__tcp_dev_fini(kvt__tcp_t *tcp)
     free(tcp->stage_free);
     tcp->stage_free = NULL;
     tcp->nstage_free = 0;
-    kvt__dev_stream_free(tcp->tx_stream);
-    tcp->tx_stream = NULL;
+    for (unsigned i = 0; i < TCP_DEV_STREAMS; i++) {
+        kvt__dev_stream_free(tcp->tx_stream[i]);
+        tcp->tx_stream[i] = NULL;
+    }
 }
 
 /*
@@ -96,25 +98,27 @@ void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
     uint8_t *p;
     uint64_t off = 0;
     int rc = 0;
+    /* The stream of the frame's device (its copies under its context). */
+    struct kvt__dstream **ts =
+        &tcp->tx_stream[f->stage_dev < TCP_DEV_STREAMS ? f->stage_dev
+                                                       : TCP_DEV_STREAMS - 1];
 
     f->stage = kvt__tcp_stage_get(tcp, f->stage_len, f->stage_dev);
     f->stage_tcp = tcp;
     pthread_mutex_lock(&tcp->dev_lock);
-    if (tcp->tx_stream == NULL && f->stage != NULL) {
-        tcp->tx_stream = kvt__dev_stream_new(f->stage_dev);
-        tcp->tx_stream_dev = f->stage_dev;
-    }
-    if (tcp->tx_stream == NULL || f->stage == NULL)
+    if (*ts == NULL && f->stage != NULL)
+        *ts = kvt__dev_stream_new(f->stage_dev);
+    if (*ts == NULL || f->stage == NULL)
         rc = -1;
     p = f->stage;
     for (uint32_t k = 0; rc == 0 && k < f->nlsegs; k++) {
         if (f->lseg_dev1[k] == 0)
             continue;
-        rc = kvt__dev_copy(tcp->tx_stream, p + off, f->lsegs[k].iov_base,
+        rc = kvt__dev_copy(*ts, p + off, f->lsegs[k].iov_base,
                            f->lsegs[k].iov_len);
         off += f->lsegs[k].iov_len;
     }
-    if (tcp->tx_stream != NULL && kvt__dev_sync(tcp->tx_stream) != 0)
+    if (*ts != NULL && kvt__dev_sync(*ts) != 0)
         rc = -1;
     pthread_mutex_unlock(&tcp->dev_lock);
     off = 0;
