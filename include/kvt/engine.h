@@ -371,7 +371,9 @@ KVT_API kvt_status_t kvt_mem_alloc_ex(kvt_engine_h engine, size_t length,
  * overlap. Thread-safe; blocks until the bytes are there.
  *
  * Returns KVT_OK, KVT_ERR_INVALID_PARAM (a NULL address with @len > 0), or
- * KVT_ERR_IO when the device's copy failed (logged).
+ * KVT_ERR_IO when the device's copy failed, a range starts in device
+ * memory but runs past its allocation, or the device's driver is loaded
+ * but kvt cannot use it (logged).
  */
 KVT_API kvt_status_t kvt_mem_copy(void *dst, const void *src, size_t len);
 

@@ -476,6 +476,8 @@ EXPORT CUresult cuMemFreeHost(void *p)
 {
     size_t size = 0;
 
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].size != 0 && allocs[i].dev < 0 &&
@@ -536,6 +538,8 @@ EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
     CUresult r = CUDA_ERROR_NOT_FOUND;
     alloc_t *a;
 
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
     pthread_mutex_lock(&lock);
     a = find((uintptr_t)ptr, 1);
     if (a != NULL && a->dev >= 0) {

@@ -198,6 +198,11 @@ static void conf_reads(kvt_batch_h b, int copy)
         if (copy) {
             CHECK(devmem_copy(r->mirror, r->dev, r->len) == 0);
             memcpy(r->shadow, r->mirror, r->len);
+        } else {
+            /* Dropped: the device may hold what landed; the next WRITE
+             * from these bytes copies them up again. */
+            for (uint64_t q = 0; q < r->len; q++)
+                r->shadow[q] = (uint8_t)~r->mirror[q];
         }
     }
     g_ndevreads = k;

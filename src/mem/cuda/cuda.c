@@ -23,7 +23,7 @@
 #define MAX_DEVICES 64
 
 static kvt__cuda_drv_t drv;
-static const kvt__cuda_drv_t *loaded;
+static const kvt__cuda_drv_t *_Atomic loaded; /* set once, by load() */
 static char why[256];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -183,25 +183,29 @@ void kvt__cuda_leave(CUcontext prev)
 int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
-    CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    /* The allocation's range comes with the attributes: unlike
+     * cuMemGetAddressRange(), they need no current context (a thread
+     * bound to another device, or to none, asks too). */
+    CUpointer_attribute at[5] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                 CU_POINTER_ATTRIBUTE_IS_MANAGED};
+                                 CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
     unsigned int type = 0;
     int ordinal = -1, managed = 0;
-    void *vals[3] = {&type, &ordinal, &managed};
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, base = 0;
     size_t size = 0;
+    void *vals[5] = {&type, &ordinal, &managed, &base, &size};
 
     if (d == NULL)
         return 0;
     /* Host memory the driver never saw answers with type 0 (or an error
      * on older drivers): not device memory. Managed memory is host
      * memory to kvt: this process can touch it. */
-    if (d->PointerGetAttributes(3, at, vals, p) != CUDA_SUCCESS ||
+    if (d->PointerGetAttributes(5, at, vals, p) != CUDA_SUCCESS ||
         type != CU_MEMORYTYPE_DEVICE || managed)
         return 0;
-    if (d->MemGetAddressRange(&base, &size, p) != CUDA_SUCCESS ||
-        p + len < p || p + len > base + size) {
+    if (p < base || p + len < p || p + len > base + size) {
         KVT_LOG_E("cuda: [%p, +%zu) starts in device memory but runs "
                   "past its allocation [0x%llx, +%zu)",
                   addr, len, (unsigned long long)base, size);
@@ -336,8 +340,16 @@ static int cuda_copy(void *dst, const void *src, size_t len)
     CUcontext prev;
     CUresult r;
 
-    if (!driver_present() || (d = kvt__cuda()) == NULL)
+    if (!driver_present())
         return 0;
+    if ((d = kvt__cuda()) == NULL) {
+        /* The application's driver is loaded, kvt's could not be: either
+         * range may be device memory, which host code must not touch. */
+        KVT_LOG_E("copy: the CUDA driver is loaded but kvt cannot use it: "
+                  "%s",
+                  kvt__cuda_why());
+        return -1;
+    }
     cd = kvt__cuda_classify(dst, len, &dd);
     cs = kvt__cuda_classify(src, len, &sd);
     if (cd < 0 || cs < 0)
@@ -559,7 +571,11 @@ void *kvt__dev_host_alloc(size_t len, int device)
 void kvt__dev_host_free(void *p)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
 
-    if (p != NULL && d != NULL)
-        d->MemFreeHost(p);
+    /* Portable pinned memory: any device's context frees it. */
+    if (p == NULL || d == NULL || kvt__cuda_enter(0, &prev) != 0)
+        return;
+    d->MemFreeHost(p);
+    kvt__cuda_leave(prev);
 }

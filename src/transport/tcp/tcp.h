@@ -138,6 +138,7 @@ typedef struct {
     uint32_t piece;
     uint32_t valid;
     uint32_t dev1; /* device memory of device dev1 - 1; 0: host memory */
+    uint64_t soff; /* READ from device memory: where in the pinned copy */
 } rx_seg_t;
 
 /*

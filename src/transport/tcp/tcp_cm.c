@@ -41,10 +41,12 @@ static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
 static void conn_free(tcp_conn_t *c)
 {
     /* Its device copies complete before it leaves the list that
-     * unregistrations wait on. */
-    kvt__tcp_conn_stage_free(c);
+     * unregistrations wait on; the staging is freed only once it is off
+     * that list (an unregistration may be waiting on its stream). */
+    kvt__tcp_dev_quiesce(c);
     if (c->listed)
         kvt__tcp_inbound_del(c->w->tcp, c);
+    kvt__tcp_conn_stage_free(c);
     pthread_mutex_destroy(&c->tx_lock);
     pthread_mutex_destroy(&c->out_lock);
     pthread_mutex_destroy(&c->rx_lock);

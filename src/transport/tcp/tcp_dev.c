@@ -266,6 +266,11 @@ int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,
     return 0;
 }
 
+/* Wait for the copies queued by kvt__tcp_dev_read_stage(): through a
+ * marker of its own, which reports a copy before it that failed whoever
+ * else waits on the stream (kvt__tcp_mem_changed()). */
+#define READ_MARK (KVT__DEV_MARKS - 1)
+
 int kvt__tcp_dev_read_sync(tcp_conn_t *c)
 {
     mem_stage_t *m = atomic_load(&c->stage);
@@ -273,7 +278,10 @@ int kvt__tcp_dev_read_sync(tcp_conn_t *c)
 
     if (m == NULL || m->ds == NULL)
         return -1;
-    rc = kvt__dev_sync(m->ds);
+    rc = kvt__dev_mark(m->ds, READ_MARK) != 0 ||
+                 kvt__dev_mark_wait(m->ds, READ_MARK) != 0
+             ? -1
+             : 0;
     m->queued = 0;
     return rc;
 }

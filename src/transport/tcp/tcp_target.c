@@ -104,7 +104,7 @@ static void layout_pieces(tcp_conn_t *c, uint32_t need)
                 if (r != NULL && r->kind != KVT_MEM_HOST)
                     dev1 = (uint32_t)r->device + 1;
             }
-            c->rx_segs[s] = (rx_seg_t){a, p->len, i, (uint32_t)ok, dev1};
+            c->rx_segs[s] = (rx_seg_t){a, p->len, i, (uint32_t)ok, dev1, 0};
         }
     }
     kvt__memreg_unlock(reg);
@@ -163,7 +163,7 @@ static void handle_read(tcp_conn_t *c)
 {
     kvt__tcp_t *tcp = c->w->tcp;
     size_t nf, nvalid = 0;
-    uint64_t payload = 0, dev_bytes = 0, soff = 0;
+    uint64_t payload = 0, dev_bytes = 0;
     uint8_t *stage = NULL;
     kvt__wire_hdr_t h;
     tcp_resp_t *r;
@@ -183,7 +183,7 @@ static void handle_read(tcp_conn_t *c)
         /* Device memory is sent from a pinned copy, made now; a piece
          * whose copy failed is refused with KVT_ERR_IO. */
         uint64_t off = 0;
-        int failed, queued = 0;
+        int failed, queued = 0, changed = 0;
         int sdev = 0;
         for (uint32_t s = 0; s < c->rx_nsegs; s++)
             if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0) {
@@ -196,12 +196,19 @@ static void handle_read(tcp_conn_t *c)
          * completed: an unregistration waits for them. */
         kvt__memreg_rdlock(tcp->reg);
         for (uint32_t s = 0; !failed && s < c->rx_nsegs; s++) {
-            const rx_seg_t *g = &c->rx_segs[s];
+            rx_seg_t *g = &c->rx_segs[s];
             if (!g->valid || g->dev1 == 0)
                 continue;
-            failed = !kvt__memreg_contains_locked(tcp->reg, g->addr, g->len,
-                                                  KVT_ACCESS_REMOTE_READ) ||
-                     kvt__tcp_dev_read_stage(c, stage + off, g->addr, g->len,
+            if (!kvt__memreg_contains_locked(tcp->reg, g->addr, g->len,
+                                             KVT_ACCESS_REMOTE_READ)) {
+                /* Unregistered since the layout: this piece is refused,
+                 * as on the host path (its bytes leave the payload). */
+                c->rx_pstatus[g->piece] = KVT_ERR_ACCESS;
+                changed = 1;
+                continue;
+            }
+            g->soff = off;
+            failed = kvt__tcp_dev_read_stage(c, stage + off, g->addr, g->len,
                                              (int)g->dev1 - 1) != 0;
             queued |= !failed;
             off += g->len;
@@ -215,6 +222,9 @@ static void handle_read(tcp_conn_t *c)
             for (uint32_t s = 0; s < c->rx_nsegs; s++)
                 if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0)
                     c->rx_pstatus[c->rx_segs[s].piece] = KVT_ERR_IO;
+            changed = 1;
+        }
+        if (changed) {
             /* Every segment of a failed piece leaves the payload. */
             payload = 0;
             nvalid = 0;
@@ -227,6 +237,8 @@ static void handle_read(tcp_conn_t *c)
                     payload += g->len;
                 }
             }
+        }
+        if (failed) {
             if (stage != NULL)
                 kvt__tcp_stage_put(tcp, stage, dev_bytes);
             stage = NULL;
@@ -258,8 +270,8 @@ static void handle_read(tcp_conn_t *c)
         if (c->rx_segs[s].dev1 != 0) {
             /* From the pinned copy, which no unregistration affects
              * (seg_addr 0: not revalidated). */
-            r->iov[k++] = (struct iovec){stage + soff, c->rx_segs[s].len};
-            soff += c->rx_segs[s].len;
+            r->iov[k++] =
+                (struct iovec){stage + c->rx_segs[s].soff, c->rx_segs[s].len};
             r->seg_addr[j++] = 0;
             continue;
         }
