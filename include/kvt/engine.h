@@ -62,7 +62,9 @@ typedef struct {
  * kvt_transports() - the transports built into this library, in no
  * particular order: up to @max of them into @out, and how many there are
  * into *count_p. Whether an engine runs one also depends on its
- * parameters and on the machine (see kvt_segment_transport()).
+ * parameters and on the machine (see kvt_segment_transport()), and an
+ * engine's instance may move more kinds of memory than listed here (ucx:
+ * device memory when its UCX was built for CUDA).
  *
  * Thread-safe, does not block. Returns KVT_OK, or KVT_ERR_INVALID_PARAM
  * when @count_p is NULL or @out is NULL with @max > 0.

@@ -48,7 +48,7 @@ static kvt_status_t keys_take(kvt_engine_h e, kvt__region_t *r)
         kvt_status_t st;
 
         if (tl->ops->mem_reg == NULL ||
-            (tl->ops->caps.local_mem & KVT__MEM_BIT(r->kind)) == 0)
+            (tl->local_mem & KVT__MEM_BIT(r->kind)) == 0)
             continue;
         if (r->keys == NULL) {
             r->keys = calloc(KVT__TL_MAX, sizeof(*r->keys));

@@ -35,8 +35,8 @@ unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
         int ok;
 
         why[i] = NULL;
-        if ((ops->caps.local_mem & KVT__MEM_BIT(local)) == 0 ||
-            (ops->caps.remote_mem & KVT__MEM_BIT(remote)) == 0)
+        if ((e->tl[i]->local_mem & KVT__MEM_BIT(local)) == 0 ||
+            (e->tl[i]->remote_mem & KVT__MEM_BIT(remote)) == 0)
             ok = 0; /* not a transport for this memory: nothing to say */
         else if ((ops->caps.flags & KVT__TL_SAME_HOST) &&
                  (d->host_id != e->cfg.host_id || d->pid == 0))

@@ -246,6 +246,11 @@ struct kvt__tl {
     const kvt__tl_ops_t *ops;
     kvt_engine_h engine;
     unsigned index; /* in the engine's list */
+    /* The memory kinds this instance moves here and reaches in peers:
+     * its caps', unless create() found more or fewer (ucx moves device
+     * memory only when the UCX it runs on was built for it). Selection
+     * and registration go by these. */
+    uint32_t local_mem, remote_mem;
 };
 
 /*
@@ -345,6 +350,8 @@ static inline void kvt__tl_init(kvt__tl_t *tl, const kvt__tl_ops_t *ops,
     tl->ops = ops;
     tl->engine = e;
     tl->index = 0;
+    tl->local_mem = ops->caps.local_mem;
+    tl->remote_mem = ops->caps.remote_mem;
 }
 
 /*

@@ -124,6 +124,20 @@ static kvt_status_t context_create(kvt__ucx_t *ucx)
         KVT_LOG_E("ucx: ucp_init failed: %s", ucs_status_string(st));
         return KVT_ERR_IO;
     }
+#ifdef KVT_HAVE_CUDA
+    {
+        /* Device memory, when this UCX was built for it (CUDA transports,
+         * GPUDirect RDMA): its regions are then mapped with their memory
+         * type; otherwise ucx leaves device memory to other transports. */
+        ucp_context_attr_t a = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+        if (ucp_context_query(ucx->ctx, &a) == UCS_OK &&
+            (a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))) {
+            ucx->base.local_mem |= KVT__MEM_BIT(KVT_MEM_CUDA);
+            ucx->base.remote_mem |= KVT__MEM_BIT(KVT_MEM_CUDA);
+            KVT_LOG_I("ucx: this UCX moves CUDA memory");
+        }
+    }
+#endif
     return KVT_OK;
 }
 
@@ -345,7 +359,8 @@ static kvt_status_t ucx_mem_reg(kvt__tl_t *tl, const kvt__region_t *r,
         mp.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
     if (r->access & KVT_ACCESS_REMOTE_WRITE)
         mp.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
-    mp.memory_type = UCS_MEMORY_TYPE_HOST;
+    mp.memory_type = r->kind == KVT_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA
+                                             : UCS_MEMORY_TYPE_HOST;
     st = ucp_mem_map(ucx->ctx, &mp, &memh);
     if (st != UCS_OK) {
         KVT_LOG_E("ucx: ucp_mem_map of %#llx+%llu failed: %s",
