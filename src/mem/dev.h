@@ -27,18 +27,13 @@ void kvt__dev_stream_free(kvt__dstream_t *s);
 /* Queue a copy of @len bytes, either way between host and device memory
  * or device to device (unified addresses). */
 int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len);
-/* Queue @rows copies of @width bytes, @dpitch and @spitch apart. */
-int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
-                    const void *src, size_t spitch, size_t width, size_t rows);
 
 /* Markers: 0..KVT__DEV_MARKS-1 per stream. mark() records one after what
  * is queued; mark_wait() waits for it (0, or -1 when a copy before it
- * failed); mark_done() says whether it has completed (1), not yet (0), or
- * failed (-1). */
+ * failed). */
 #define KVT__DEV_MARKS 8
 int kvt__dev_mark(kvt__dstream_t *s, unsigned m);
 int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m);
-int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m);
 
 /* Wait for everything queued: 0, or -1 when a copy failed. */
 int kvt__dev_sync(kvt__dstream_t *s);

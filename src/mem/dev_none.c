@@ -23,14 +23,6 @@ int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len)
     return -1;
 }
 
-int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
-                    const void *src, size_t spitch, size_t width, size_t rows)
-{
-    (void)s, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width,
-        (void)rows;
-    return -1;
-}
-
 int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
 {
     (void)s, (void)m;
@@ -38,12 +30,6 @@ int kvt__dev_mark(kvt__dstream_t *s, unsigned m)
 }
 
 int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
-{
-    (void)s, (void)m;
-    return -1;
-}
-
-int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m)
 {
     (void)s, (void)m;
     return -1;

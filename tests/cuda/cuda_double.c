@@ -8,14 +8,16 @@
  * "Device" memory is a memfd mapped twice: the address handed out has no
  * access at all (so host code that touches device memory directly faults,
  * as it would on a GPU), and a second, private mapping is what the copy
- * thread reads and writes. Copies and events run in order on one copy
- * thread, each copy after a delay (KVT_CUDA_DOUBLE_DELAY_US, default 20),
- * so that code which uses a buffer before its copy completed sees stale
- * bytes. An IPC handle names the owner's pid and memfd; opening it maps
- * /proc/<pid>/fd/<fd>. Faults are injected through
+ * thread reads and writes. Each stream's copies and events run in order
+ * on a thread of that stream, each copy after a delay
+ * (KVT_CUDA_DOUBLE_DELAY_US, default 20), so that code which uses a buffer
+ * before its copy completed, or orders work across streams without
+ * waiting, sees stale bytes. Calls that need a context on the real driver
+ * fail here without one. Faults are injected through
  * kvt_cuda_double_fail_copy() or KVT_CUDA_DOUBLE_FAIL_COPY=N (the Nth
  * copy of the process fails, copying nothing); the next event recorded on
- * that stream, or its synchronisation, reports CUDA_ERROR_LAUNCH_FAILED.
+ * that stream, and its next synchronisation, report
+ * CUDA_ERROR_LAUNCH_FAILED.
  * KVT_CUDA_DOUBLE_DEVICES sets the number of devices (default 2; 0: none).
  */
 #ifndef _GNU_SOURCE
@@ -38,10 +40,7 @@
 
 /* The double's own controls, for tests (dlsym). */
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now);
-EXPORT void kvt_cuda_double_stats(long *copies_p, long *opens_p,
-                                  long *closes_p);
 #define MAX_ALLOCS 4096
-#define IPC_MAGIC 0x4b56544455ull /* "KVTDU" */
 
 typedef struct {
     uintptr_t view;   /* handed out; no access */
@@ -49,7 +48,6 @@ typedef struct {
     size_t size;
     int dev;          /* -1: pinned host memory */
     int fd;           /* device memory: its memfd */
-    int ipc;          /* opened from another process's handle */
 } alloc_t;
 
 typedef struct op {
@@ -89,21 +87,13 @@ static alloc_t allocs[MAX_ALLOCS];
 static stream_t *streams; /* under lock */
 static int started, ndev = 2;
 static unsigned delay_us = 20;
-static _Atomic long copies, fail_at, ipc_opens, ipc_closes;
+static _Atomic long copies, fail_at;
 static stream_t null_stream;
 static __thread int cur_dev = -1;
 
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now)
 {
     fail_at = nth_from_now > 0 ? copies + nth_from_now : 0;
-}
-
-EXPORT void kvt_cuda_double_stats(long *copies_p, long *opens_p,
-                                  long *closes_p)
-{
-    *copies_p = copies;
-    *opens_p = ipc_opens;
-    *closes_p = ipc_closes;
 }
 
 /* The allocation holding [p, p + len): device view or pinned host. */
@@ -357,46 +347,47 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *c)
 
 /* ---- Memory ------------------------------------------------------------ */
 
-static alloc_t *slot(void)
+/* List @a: 0, or -1 when the table is full. */
+static int record(alloc_t a)
 {
-    for (int i = 0; i < MAX_ALLOCS; i++)
-        if (allocs[i].size == 0)
-            return &allocs[i];
-    return NULL;
-}
+    int rc = -1;
 
-/* Map @fd twice: the view without access, the shadow read-write. */
-static CUresult map2(int fd, size_t size, int dev, int ipc, CUdeviceptr *p)
-{
-    void *view, *shadow;
-    alloc_t *a;
-
-    view = mmap(NULL, size, PROT_NONE, MAP_SHARED, fd, 0);
-    if (view == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    shadow = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (shadow == MAP_FAILED) {
-        munmap(view, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     pthread_mutex_lock(&lock);
-    a = slot();
-    if (a != NULL)
-        *a = (alloc_t){(uintptr_t)view, shadow, size, dev, fd, ipc};
-    pthread_mutex_unlock(&lock);
-    if (a == NULL) {
-        munmap(view, size);
-        munmap(shadow, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < MAX_ALLOCS && rc != 0; i++) {
+        if (allocs[i].size == 0) {
+            allocs[i] = a;
+            rc = 0;
+        }
     }
-    *p = (CUdeviceptr)(uintptr_t)view;
-    return CUDA_SUCCESS;
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
+/* Unlist the allocation handed out at @view, device memory (@device) or
+ * pinned host memory; its entry (size 0 when there is none). */
+static alloc_t take(uintptr_t view, int device)
+{
+    alloc_t a = {0};
+
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (allocs[i].size != 0 && allocs[i].view == view &&
+            (allocs[i].dev >= 0) == device) {
+            a = allocs[i];
+            allocs[i].size = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return a;
+}
+
+/* "Device" memory: a memfd mapped twice, the view handed out without
+ * access, the shadow read-write for the copies. */
 EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
 {
     size_t len = (size + 4095) & ~(size_t)4095;
-    CUresult r;
+    void *view = MAP_FAILED, *shadow = MAP_FAILED;
     int fd;
 
     if (cur_dev < 0)
@@ -404,32 +395,31 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     fd = memfd_create("kvt-cuda-double", MFD_CLOEXEC);
-    if (fd < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (ftruncate(fd, (off_t)len) != 0) {
-        close(fd);
+    if (fd >= 0 && ftruncate(fd, (off_t)len) == 0) {
+        view = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+        shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (view == MAP_FAILED || shadow == MAP_FAILED ||
+        record((alloc_t){(uintptr_t)view, shadow, len, cur_dev, fd}) != 0) {
+        if (view != MAP_FAILED)
+            munmap(view, len);
+        if (shadow != MAP_FAILED)
+            munmap(shadow, len);
+        if (fd >= 0)
+            close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    r = map2(fd, len, cur_dev, 0, p);
-    if (r != CUDA_SUCCESS)
-        close(fd);
-    return r;
+    *p = (CUdeviceptr)(uintptr_t)view;
+    return CUDA_SUCCESS;
 }
 
-static CUresult unmap(uintptr_t p, int want_ipc)
+EXPORT CUresult cuMemFree(CUdeviceptr p)
 {
-    alloc_t a = {0};
+    alloc_t a;
 
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (allocs[i].size != 0 && allocs[i].view == p &&
-            allocs[i].dev >= 0 && allocs[i].ipc == want_ipc) {
-            a = allocs[i];
-            allocs[i].size = 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&lock);
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
+    a = take((uintptr_t)p, 1);
     if (a.size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     munmap((void *)a.view, a.size);
@@ -438,16 +428,8 @@ static CUresult unmap(uintptr_t p, int want_ipc)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuMemFree(CUdeviceptr p)
-{
-    if (cur_dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
-    return unmap((uintptr_t)p, 0);
-}
-
 EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
 {
-    alloc_t *a;
     void *m;
 
     (void)flags;
@@ -459,12 +441,7 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
              -1, 0);
     if (m == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&lock);
-    a = slot();
-    if (a != NULL)
-        *a = (alloc_t){(uintptr_t)m, m, size, -1, -1, 0};
-    pthread_mutex_unlock(&lock);
-    if (a == NULL) {
+    if (record((alloc_t){(uintptr_t)m, m, size, -1, -1}) != 0) {
         munmap(m, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -474,23 +451,14 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
 
 EXPORT CUresult cuMemFreeHost(void *p)
 {
-    size_t size = 0;
+    alloc_t a;
 
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (allocs[i].size != 0 && allocs[i].dev < 0 &&
-            allocs[i].view == (uintptr_t)p) {
-            size = allocs[i].size;
-            allocs[i].size = 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-    if (size == 0)
+    a = take((uintptr_t)p, 0);
+    if (a.size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    munmap(p, size);
+    munmap(p, a.size);
     return CUDA_SUCCESS;
 }
 
@@ -565,38 +533,6 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
     if (n == 0)
         return CUDA_SUCCESS;
     return copy2d(d, sr, n, 1, n, n, s);
-}
-
-static uintptr_t end2d(size_t x, size_t y, size_t pitch, size_t w, size_t h)
-{
-    return x + (y + h - 1) * pitch + w;
-}
-
-EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
-{
-    uintptr_t sb, db;
-    uint8_t *sp, *dp;
-
-    if (c->WidthInBytes == 0 || c->Height == 0)
-        return CUDA_SUCCESS;
-    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY ||
-        c->dstMemoryType == CU_MEMORYTYPE_ARRAY ||
-        (c->Height > 1 && (c->srcPitch < c->WidthInBytes ||
-                           c->dstPitch < c->WidthInBytes)))
-        return CUDA_ERROR_INVALID_VALUE;
-    sb = c->srcMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->srcHost
-                                                 : (uintptr_t)c->srcDevice;
-    db = c->dstMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->dstHost
-                                                 : (uintptr_t)c->dstDevice;
-    sp = where(sb, end2d(c->srcXInBytes, c->srcY, c->srcPitch,
-                         c->WidthInBytes, c->Height));
-    dp = where(db, end2d(c->dstXInBytes, c->dstY, c->dstPitch,
-                         c->WidthInBytes, c->Height));
-    if (sp == NULL || dp == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    return copy2d(dp + c->dstXInBytes + c->dstY * c->dstPitch,
-                  sp + c->srcXInBytes + c->srcY * c->srcPitch,
-                  c->WidthInBytes, c->Height, c->dstPitch, c->srcPitch, s);
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *hs, unsigned int flags)
@@ -682,7 +618,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream hs)
     return enqueue(o, hs);
 }
 
-EXPORT CUresult cuEventQuery(CUevent e)
+static CUresult event_result(CUevent e)
 {
     int st = ((event_t *)e)->state;
 
@@ -698,7 +634,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
     while (ev->state == 0)
         pthread_cond_wait(&done_cond, &lock);
     pthread_mutex_unlock(&lock);
-    return cuEventQuery(e);
+    return event_result(e);
 }
 
 EXPORT CUresult cuEventDestroy(CUevent e)
@@ -706,68 +642,4 @@ EXPORT CUresult cuEventDestroy(CUevent e)
     cuEventSynchronize(e);
     free(e);
     return CUDA_SUCCESS;
-}
-
-/* ---- IPC ---------------------------------------------------------------- */
-
-typedef struct {
-    uint64_t magic;
-    int32_t pid, fd;
-    uint64_t size;
-    int32_t dev;
-} ipc_t;
-
-EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
-{
-    ipc_t v = {IPC_MAGIC, (int32_t)getpid(), -1, 0, 0};
-    alloc_t *a;
-
-    pthread_mutex_lock(&lock);
-    a = find((uintptr_t)p, 1);
-    if (a != NULL && a->dev >= 0 && !a->ipc) {
-        v.fd = a->fd;
-        v.size = a->size;
-        v.dev = a->dev;
-    }
-    pthread_mutex_unlock(&lock);
-    if (v.fd < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memset(h, 0, sizeof(*h));
-    memcpy(h->reserved, &v, sizeof(v));
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
-                                   unsigned int flags)
-{
-    char path[64];
-    ipc_t v;
-    CUresult r;
-    int fd;
-
-    (void)flags;
-    memcpy(&v, h.reserved, sizeof(v));
-    if (v.magic != IPC_MAGIC || v.pid == (int32_t)getpid())
-        return CUDA_ERROR_INVALID_VALUE; /* not in the exporting process */
-    if (cur_dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)v.pid, (int)v.fd);
-    fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    r = map2(fd, v.size, v.dev, 1, p);
-    if (r != CUDA_SUCCESS)
-        close(fd);
-    else
-        ipc_opens++;
-    return r;
-}
-
-EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
-{
-    CUresult r = unmap((uintptr_t)p, 1);
-
-    if (r == CUDA_SUCCESS)
-        ipc_closes++;
-    return r;
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The CUDA memory domain: device memory the driver knows, told apart at
- * registration by cuPointerGetAttributes() (memory type, device ordinal)
- * and cuMemGetAddressRange() (the allocation that holds it), recorded as
+ * registration by cuPointerGetAttributes() (memory type, device ordinal,
+ * the allocation that holds it), recorded as
  * kind KVT_MEM_CUDA on its device. The driver is loaded at run time
  * (cuda_drv.h); without one this domain detects nothing and refuses a
  * stated "cuda:N", and device pointers fail as host memory does not hold
@@ -64,20 +64,14 @@ static void load(void)
         SYM(CtxSetCurrent, "cuCtxSetCurrent") ||
         SYM(CtxGetCurrent, "cuCtxGetCurrent") ||
         SYM(PointerGetAttributes, "cuPointerGetAttributes") ||
-        SYM(MemGetAddressRange, "cuMemGetAddressRange_v2") ||
         SYM(MemcpyAsync, "cuMemcpyAsync") ||
-        SYM(Memcpy2DAsync, "cuMemcpy2DAsync_v2") ||
         SYM(StreamCreate, "cuStreamCreate") ||
         SYM(StreamDestroy, "cuStreamDestroy_v2") ||
         SYM(StreamSynchronize, "cuStreamSynchronize") ||
         SYM(EventCreate, "cuEventCreate") ||
         SYM(EventRecord, "cuEventRecord") ||
-        SYM(EventQuery, "cuEventQuery") ||
         SYM(EventSynchronize, "cuEventSynchronize") ||
         SYM(EventDestroy, "cuEventDestroy_v2") ||
-        SYM(IpcGetMemHandle, "cuIpcGetMemHandle") ||
-        SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2") ||
-        SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle") ||
         SYM(MemHostAlloc, "cuMemHostAlloc") ||
         SYM(MemFreeHost, "cuMemFreeHost")) {
         dlclose(h);
@@ -464,40 +458,9 @@ int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len)
     return 0;
 }
 
-int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
-                    const void *src, size_t spitch, size_t width, size_t rows)
-{
-    static _Atomic int said;
-    const kvt__cuda_drv_t *d = kvt__cuda();
-    CUDA_MEMCPY2D m;
-    CUcontext prev;
-    CUresult r;
+enum { MARK_RECORD, MARK_WAIT };
 
-    if (rows == 1)
-        return kvt__dev_copy(s, dst, src, width);
-    memset(&m, 0, sizeof(m));
-    m.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
-    m.srcDevice = (CUdeviceptr)(uintptr_t)src;
-    m.srcPitch = spitch;
-    m.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
-    m.dstDevice = (CUdeviceptr)(uintptr_t)dst;
-    m.dstPitch = dpitch;
-    m.WidthInBytes = width;
-    m.Height = rows;
-    if (kvt__cuda_enter(s->dev, &prev) != 0)
-        return -1;
-    r = d->Memcpy2DAsync(&m, s->st);
-    kvt__cuda_leave(prev);
-    if (r != CUDA_SUCCESS) {
-        said_once(&said, "a 2-D copy was refused", r);
-        return -1;
-    }
-    return 0;
-}
-
-enum { MARK_RECORD, MARK_WAIT, MARK_QUERY };
-
-/* Record, wait for or query marker @m of @s, under its device's context:
+/* Record or wait for marker @m of @s, under its device's context:
  * the driver's result, or CUDA_ERROR_INVALID_VALUE without a context. */
 static CUresult mark_op(kvt__dstream_t *s, unsigned m, int op)
 {
@@ -508,8 +471,7 @@ static CUresult mark_op(kvt__dstream_t *s, unsigned m, int op)
     if (m >= KVT__DEV_MARKS || kvt__cuda_enter(s->dev, &prev) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     r = op == MARK_RECORD ? d->EventRecord(s->ev[m], s->st)
-        : op == MARK_WAIT ? d->EventSynchronize(s->ev[m])
-                          : d->EventQuery(s->ev[m]);
+                          : d->EventSynchronize(s->ev[m]);
     kvt__cuda_leave(prev);
     return r;
 }
@@ -524,12 +486,6 @@ int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
     return mark_op(s, m, MARK_WAIT) == CUDA_SUCCESS ? 0 : -1;
 }
 
-int kvt__dev_mark_done(kvt__dstream_t *s, unsigned m)
-{
-    CUresult r = mark_op(s, m, MARK_QUERY);
-
-    return r == CUDA_SUCCESS ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
-}
 
 int kvt__dev_sync(kvt__dstream_t *s)
 {

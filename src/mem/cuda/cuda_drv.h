@@ -7,7 +7,7 @@
  * $KVT_CUDA_LIBRARY), so that one build runs on hosts with and without a
  * GPU and links no CUDA library. cuda.h gives the types only: every call
  * goes through this table, by the symbol names the CUDA 12+ headers map
- * the calls to (cuMemGetAddressRange_v2, ...), which every driver since
+ * the calls to (cuMemAlloc_v2, ...), which every driver since
  * CUDA 11 exports.
  *
  * Thread safety: the table is loaded once (the first kvt__cuda() call, any
@@ -27,20 +27,14 @@ typedef struct {
     CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*PointerGetAttributes)(unsigned int, CUpointer_attribute *,
                                      void **, CUdeviceptr);
-    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
     CUresult (*StreamCreate)(CUstream *, unsigned int);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned int);
     CUresult (*EventRecord)(CUevent, CUstream);
-    CUresult (*EventQuery)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventDestroy)(CUevent);
-    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
-    CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
-    CUresult (*IpcCloseMemHandle)(CUdeviceptr);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
     CUresult (*MemFreeHost)(void *);
     /* Optional (NULL when absent): allocation, for tools and tests. */
