@@ -432,6 +432,76 @@ KVT_TEST(device_copy_fails)
     free(host);
 }
 
+/*
+ * The target unregisters its device memory while writes stream into it,
+ * then overwrites it (on another stream of the driver). No write may land
+ * after the unregistration returned: every copy queued into the region
+ * before it completes first. The double delays each copy (500 us), so
+ * that copies still queued would land after the overwrite.
+ */
+KVT_TEST(unregister_under_load)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 0, 0, 1};
+    enum { N = 256, BLK = 1 << 20, ROUNDS = 6 };
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_state_t bs;
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    kvt_batch_h b;
+    const char *r;
+    void *dev;
+    peer_t p;
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_TCP, 0);
+    CHECK(e != NULL);
+    dev = (void *)dev_alloc(0, BLK);
+    CHECK_OK(kvt_mem_register(e, dev, BLK, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    /* All into one block, which the overwrite then covers quickly. */
+    for (int i = 0; i < N; i++)
+        d[i] = xd(KVT_OP_WRITE, seg, dev, p.main_addr, BLK);
+    CHECK_OK(kvt_batch_create(e, N, &b));
+    /* Each round: writes under way, the target unregisters and
+     * overwrites; nothing of the writes may show afterwards. The moment
+     * of the unregistration against the copies in flight varies, so a few
+     * rounds are run. */
+    for (int round = 0; round < ROUNDS; round++) {
+        if (round > 0) {
+            r = peer_cmd(&p, "reg %llu %llu", (unsigned long long)p.main_addr,
+                         (unsigned long long)PEER_MAIN_LEN);
+            CHECK(r != NULL && atoi(r) == KVT_OK);
+        }
+        CHECK_OK(kvt_batch_submit(b, d, N));
+        for (int i = 0; i < 20000; i++) {
+            kvt_batch_query(b, &bs);
+            if (bs.completed >= 2 + (uint32_t)round)
+                break;
+            usleep(100);
+        }
+        r = peer_cmd(&p, "unregfill %llu %llu 90",
+                     (unsigned long long)p.main_addr, (unsigned long long)BLK);
+        CHECK(r != NULL && atoi(r) == KVT_OK);
+        CHECK(kvt_batch_wait(b, 30000) != KVT_INPROGRESS);
+        kvt_batch_query(b, &bs);
+        CHECK(bs.failed > 0); /* the writes after it were refused */
+        usleep(50000);
+        r = peer_cmd(&p, "count %llu %llu 90",
+                     (unsigned long long)p.main_addr, (unsigned long long)BLK);
+        CHECK(r != NULL && strcmp(r, "0") == 0);
+        CHECK_OK(kvt_batch_reset(b));
+    }
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+    devmem_free(dev);
+    free(d);
+}
+
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
@@ -439,7 +509,8 @@ int main(int argc, char **argv)
         KVT_CASE(no_driver_refuses, 30), KVT_CASE(alloc_device, 30),
         KVT_CASE(mem_copy, 30),
         KVT_CASE(same_host_device_routes, 60),
-        KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60)};
+        KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60),
+        KVT_CASE(unregister_under_load, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
         no_driver = 1;
