@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The host memory domain: what the process can read and write itself.
- * It detects nothing (it is what no other domain claims) and takes any
- * device number for host memory ("cpu:0" in Mooncake's locations) as
- * none.
+ * The host memory domain: what the process can read and write itself,
+ * detected before any other domain (a device driver is asked only about
+ * what the process cannot read); any device number for host memory
+ * ("cpu:0" in Mooncake's locations) is taken as none.
  *
  * A range is host memory only when the process has it mapped, readable,
  * from end to end (/proc/self/maps). Device memory of a driver kvt does
@@ -94,13 +94,13 @@ static int covered(uintptr_t lo, uintptr_t hi)
     return a < nspans && spans[a].lo <= lo && hi <= spans[a].hi;
 }
 
-static kvt_status_t host_check(const void *addr, size_t len, int32_t device)
+/* Whether [addr, +len) is mapped readable from end to end (1), quietly. */
+static int readable(const void *addr, size_t len)
 {
     uintptr_t lo = (uintptr_t)addr, hi = lo + len;
     static int said;
     int ok;
 
-    (void)device;
     pthread_mutex_lock(&lock);
     ok = covered(lo, hi);
     if (!ok) {
@@ -116,7 +116,22 @@ static kvt_status_t host_check(const void *addr, size_t len, int32_t device)
         }
     }
     pthread_mutex_unlock(&lock);
-    if (!ok) {
+    return ok;
+}
+
+/* Host memory is what the process can read: asked first, so that host
+ * registrations never ask a device driver (device memory is never
+ * readable: drivers reserve its addresses without access). */
+static int host_detect(const void *addr, size_t len, int32_t *device_p)
+{
+    *device_p = -1;
+    return readable(addr, len);
+}
+
+static kvt_status_t host_check(const void *addr, size_t len, int32_t device)
+{
+    (void)device;
+    if (!readable(addr, len)) {
         KVT_LOG_E("register: [%p, +%zu) is not host memory this process can "
                   "read (device memory of a driver this kvt did not find, "
                   "or unmapped)",
@@ -129,5 +144,6 @@ static kvt_status_t host_check(const void *addr, size_t len, int32_t device)
 KVT_MEM_DOMAIN_REGISTER(host, {
                                   .name = "host",
                                   .kind = KVT_MEM_HOST,
+                                  .detect = host_detect,
                                   .check = host_check,
                               });

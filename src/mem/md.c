@@ -41,7 +41,9 @@ kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
     kvt_status_t st;
 
     if (kind == KVT_MEM_AUTO) {
-        /* Every domain that can tell its own memory, then host memory. */
+        /* Every domain that can tell its own memory, host memory first
+         * (src/CMakeLists.txt registers it first); what none claims is
+         * checked as host memory, which says why it is refused. */
         for (size_t i = 0; registered[i] != NULL; i++) {
             int32_t dev = -1;
             int c;

@@ -10,7 +10,8 @@
  *
  * A domain answers two questions about a range at registration: whether
  * the range is its memory (detect(), for a caller that does not say; the
- * host domain answers last and takes what no other claims), and whether a
+ * host domain answers first, claiming what the process can read, so that
+ * device drivers are asked only about the rest), and whether a
  * range the caller says is its memory really is (check()). The transports
  * that move a kind say so in their capabilities (transport.h); the
  * registry records each region's kind and device.
@@ -25,8 +26,7 @@ typedef struct {
     kvt_mem_kind_t kind;
     /* Whether [addr, +len) is this domain's memory: 1, with *device_p its
      * device; 0 when not; -1 when it is but cannot be registered (it runs
-     * past its allocation, say: logged here). The host domain has none:
-     * it is what no other domain claims. */
+     * past its allocation, say: logged here). */
     int (*detect)(const void *addr, size_t len, int32_t *device_p);
     /* Whether [addr, +len) on @device may be registered as this kind:
      * KVT_OK, or why not (logged here). */
