@@ -158,9 +158,9 @@ KVT_TEST(detect)
     CHECK_ST(kvt_mem_register_ex(e, (void *)(d1 + 8192), 4096, &mp),
              KVT_ERR_NOT_SUPPORTED);
     /* A range that runs past its allocation. */
-    CHECK_ST(kvt_mem_register_ex(e, (void *)(d1 + (1 << 20) - 4096), 8192,
-                                 NULL),
-             KVT_ERR_NOT_SUPPORTED);
+    CHECK_ST(
+        kvt_mem_register_ex(e, (void *)(d1 + (1 << 20) - 4096), 8192, NULL),
+        KVT_ERR_NOT_SUPPORTED);
     /* Host memory stated as CUDA memory. */
     pinned = malloc(8192);
     mp.kind = KVT_MEM_CUDA;
@@ -278,7 +278,6 @@ KVT_TEST(no_driver_refuses)
 
 /* ---- Moving device memory (a peer in another process) ------------------- */
 
-
 static kvt_status_t run1(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
 {
     kvt_batch_h b;
@@ -306,6 +305,41 @@ static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
 }
 
 /*
+ * A peer with its main region in device memory, and an engine here with
+ * @len bytes of device memory registered and the peer's segment open.
+ * Skips without the driver.
+ */
+typedef struct {
+    peer_t p;
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    void *dev;
+} dev_pair_t;
+
+static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len)
+{
+    peer_opts_t o = {transports, 0, 0, 0, 1};
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    CHECK(peer_start(&x->p, &o) == 0);
+    x->e = engine_new(transports, 0);
+    CHECK(x->e != NULL);
+    x->dev = (void *)dev_alloc(0, len);
+    CHECK_OK(kvt_mem_register(x->e, x->dev, len, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(x->e, x->p.segment, &x->seg));
+}
+
+static void dev_pair_end(dev_pair_t *x)
+{
+    kvt_engine_destroy(x->e);
+    peer_stop(&x->p);
+    devmem_free(x->dev);
+}
+
+/*
  * A same-host peer whose memory is on the device: one transport carries
  * every kind of memory (tcp stages device memory; shm moves host memory
  * only), so that a notification sent after device writes follows them.
@@ -314,49 +348,36 @@ static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
  */
 KVT_TEST(same_host_device_routes)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 1};
     enum { LEN = 4 << 20 };
-    kvt_engine_h e;
-    kvt_segment_t seg;
     kvt_xfer_desc_t d[2];
     const char *name = NULL;
     uint8_t *host = malloc(LEN);
-    void *dev;
     const char *r;
-    peer_t p;
+    dev_pair_t x;
 
-    cuda_domain();
-    double_open();
-    if (no_driver)
-        SKIP("needs the driver");
-    CHECK(peer_start(&p, &o) == 0);
-    e = engine_new(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0);
-    CHECK(e != NULL);
-    dev = (void *)dev_alloc(0, LEN);
-    CHECK_OK(kvt_mem_register(e, dev, LEN, KVT_ACCESS_REMOTE_RW));
-    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
-    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
+    dev_pair(&x, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, LEN);
+    CHECK_OK(
+        kvt_segment_transport(x.e, x.seg, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
     CHECK(strcmp(name, "tcp") == 0);
-    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
+    CHECK_OK(
+        kvt_segment_transport(x.e, x.seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
     CHECK(strcmp(name, "tcp") == 0);
     /* Device to device through the peer: fill ours, write, notify. */
     pattern_fill(host, LEN, 21, 0);
-    CHECK(devmem_copy(dev, host, LEN) == 0);
-    d[0] = xd(KVT_OP_WRITE, seg, dev, p.main_addr, LEN);
-    d[1] = xd(KVT_OP_NOTIFY, seg, "done", 0, 4);
-    CHECK_OK(run1(e, d, 2));
-    r = peer_cmd(&p, "notify 5000 %llu %llu 21",
-                 (unsigned long long)p.main_addr, (unsigned long long)LEN);
+    CHECK(devmem_copy(x.dev, host, LEN) == 0);
+    d[0] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    d[1] = xd(KVT_OP_NOTIFY, x.seg, "done", 0, 4);
+    CHECK_OK(run1(x.e, d, 2));
+    r = peer_cmd(&x.p, "notify 5000 %llu %llu 21",
+                 (unsigned long long)x.p.main_addr, (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "done 0") == 0);
     /* And back: read the peer's device memory into ours. */
-    CHECK(devmem_copy(dev, memset(host, 0, LEN), LEN) == 0);
-    d[0] = xd(KVT_OP_READ, seg, dev, p.main_addr, LEN);
-    CHECK_OK(run1(e, d, 1));
-    CHECK(devmem_copy(host, dev, LEN) == 0);
+    CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
+    d[0] = xd(KVT_OP_READ, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(run1(x.e, d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 21, 0) == 0);
-    kvt_engine_destroy(e);
-    peer_stop(&p);
-    devmem_free(dev);
+    dev_pair_end(&x);
     free(host);
 }
 
@@ -388,47 +409,33 @@ KVT_TEST(same_host_host_only)
  */
 KVT_TEST(device_copy_fails)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 0, 0, 1};
     enum { LEN = 1 << 20 };
-    kvt_engine_h e;
-    kvt_segment_t seg;
     kvt_xfer_desc_t d;
     uint8_t *host = malloc(LEN);
-    void *dev, *h;
-    peer_t p;
+    dev_pair_t x;
+    void *h;
 
-    cuda_domain();
-    double_open();
-    if (no_driver)
-        SKIP("needs the driver");
+    dev_pair(&x, KVT_TRANSPORT_TCP, LEN);
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
     *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
     CHECK(fail_copy != NULL);
-    CHECK(peer_start(&p, &o) == 0);
-    e = engine_new(KVT_TRANSPORT_TCP, 0);
-    CHECK(e != NULL);
-    dev = (void *)dev_alloc(0, LEN);
-    CHECK_OK(kvt_mem_register(e, dev, LEN, KVT_ACCESS_REMOTE_RW));
-    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     pattern_fill(host, LEN, 5, 0);
-    CHECK(devmem_copy(dev, host, LEN) == 0);
-    d = xd(KVT_OP_WRITE, seg, dev, p.main_addr, LEN);
+    CHECK(devmem_copy(x.dev, host, LEN) == 0);
+    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
     fail_copy(1); /* the write's copy out of device memory */
-    CHECK_ST(run1(e, &d, 1), KVT_ERR_IO);
-    CHECK_OK(run1(e, &d, 1));
-    CHECK(peer_cmd(&p, "check %llu %llu 5", (unsigned long long)p.main_addr,
+    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(peer_cmd(&x.p, "check %llu %llu 5", (unsigned long long)x.p.main_addr,
                    (unsigned long long)LEN) != NULL);
     d.opcode = KVT_OP_READ;
     fail_copy(1); /* the read's first copy into device memory */
-    CHECK_ST(run1(e, &d, 1), KVT_ERR_IO);
-    CHECK(devmem_copy(dev, memset(host, 0, LEN), LEN) == 0);
-    CHECK_OK(run1(e, &d, 1));
-    CHECK(devmem_copy(host, dev, LEN) == 0);
+    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
+    CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 5, 0) == 0);
-    kvt_engine_destroy(e);
-    peer_stop(&p);
-    devmem_free(dev);
+    dev_pair_end(&x);
     free(host);
 }
 
@@ -441,38 +448,26 @@ KVT_TEST(device_copy_fails)
  */
 KVT_TEST(unregister_under_load)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP, 0, 0, 0, 1};
     enum { N = 256, BLK = 1 << 20, ROUNDS = 6 };
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t bs;
-    kvt_engine_h e;
-    kvt_segment_t seg;
     kvt_batch_h b;
     const char *r;
-    void *dev;
-    peer_t p;
+    dev_pair_t x;
 
-    cuda_domain();
-    double_open();
-    if (no_driver)
-        SKIP("needs the driver");
-    CHECK(peer_start(&p, &o) == 0);
-    e = engine_new(KVT_TRANSPORT_TCP, 0);
-    CHECK(e != NULL);
-    dev = (void *)dev_alloc(0, BLK);
-    CHECK_OK(kvt_mem_register(e, dev, BLK, KVT_ACCESS_REMOTE_RW));
-    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    dev_pair(&x, KVT_TRANSPORT_TCP, BLK);
     /* All into one block, which the overwrite then covers quickly. */
     for (int i = 0; i < N; i++)
-        d[i] = xd(KVT_OP_WRITE, seg, dev, p.main_addr, BLK);
-    CHECK_OK(kvt_batch_create(e, N, &b));
+        d[i] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, BLK);
+    CHECK_OK(kvt_batch_create(x.e, N, &b));
     /* Each round: writes under way, the target unregisters and
      * overwrites; nothing of the writes may show afterwards. The moment
      * of the unregistration against the copies in flight varies, so a few
      * rounds are run. */
     for (int round = 0; round < ROUNDS; round++) {
         if (round > 0) {
-            r = peer_cmd(&p, "reg %llu %llu", (unsigned long long)p.main_addr,
+            r = peer_cmd(&x.p, "reg %llu %llu",
+                         (unsigned long long)x.p.main_addr,
                          (unsigned long long)PEER_MAIN_LEN);
             CHECK(r != NULL && atoi(r) == KVT_OK);
         }
@@ -483,33 +478,36 @@ KVT_TEST(unregister_under_load)
                 break;
             usleep(100);
         }
-        r = peer_cmd(&p, "unregfill %llu %llu 90",
-                     (unsigned long long)p.main_addr, (unsigned long long)BLK);
+        r = peer_cmd(&x.p, "unregfill %llu %llu 90",
+                     (unsigned long long)x.p.main_addr,
+                     (unsigned long long)BLK);
         CHECK(r != NULL && atoi(r) == KVT_OK);
         CHECK(kvt_batch_wait(b, 30000) != KVT_INPROGRESS);
         kvt_batch_query(b, &bs);
         CHECK(bs.failed > 0); /* the writes after it were refused */
         usleep(50000);
-        r = peer_cmd(&p, "count %llu %llu 90",
-                     (unsigned long long)p.main_addr, (unsigned long long)BLK);
+        r = peer_cmd(&x.p, "count %llu %llu 90",
+                     (unsigned long long)x.p.main_addr,
+                     (unsigned long long)BLK);
         CHECK(r != NULL && strcmp(r, "0") == 0);
         CHECK_OK(kvt_batch_reset(b));
     }
     CHECK_OK(kvt_batch_free(b));
-    kvt_engine_destroy(e);
-    peer_stop(&p);
-    devmem_free(dev);
+    dev_pair_end(&x);
     free(d);
 }
 
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
-        KVT_CASE(domain, 30), KVT_CASE(detect, 30),
-        KVT_CASE(no_driver_refuses, 30), KVT_CASE(alloc_device, 30),
+        KVT_CASE(domain, 30),
+        KVT_CASE(detect, 30),
+        KVT_CASE(no_driver_refuses, 30),
+        KVT_CASE(alloc_device, 30),
         KVT_CASE(mem_copy, 30),
         KVT_CASE(same_host_device_routes, 60),
-        KVT_CASE(same_host_host_only, 30), KVT_CASE(device_copy_fails, 60),
+        KVT_CASE(same_host_host_only, 30),
+        KVT_CASE(device_copy_fails, 60),
         KVT_CASE(unregister_under_load, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
