@@ -306,8 +306,9 @@ static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
 
 /*
  * A peer with its main region in device memory, and an engine here with
- * @len bytes of device memory registered and the peer's segment open.
- * Skips without the driver.
+ * @len bytes of device memory registered and the peer's segment open
+ * (@conns connections a peer over tcp; 0: the default). Skips without the
+ * driver.
  */
 typedef struct {
     peer_t p;
@@ -316,17 +317,24 @@ typedef struct {
     void *dev;
 } dev_pair_t;
 
-static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len)
+static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len,
+                     unsigned conns)
 {
     peer_opts_t o = {transports, 0, 0, 0, 1};
+    kvt_engine_params_t ep = {0};
 
     cuda_domain();
     double_open();
     if (no_driver)
         SKIP("needs the driver");
     CHECK(peer_start(&x->p, &o) == 0);
-    x->e = engine_new(transports, 0);
-    CHECK(x->e != NULL);
+    ep.field_mask = KVT_ENGINE_PARAM_TRANSPORTS;
+    ep.transports = transports;
+    if (conns != 0) {
+        ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
+        ep.conns_per_peer = conns;
+    }
+    CHECK_OK(kvt_engine_create(&ep, &x->e));
     x->dev = (void *)dev_alloc(0, len);
     CHECK_OK(kvt_mem_register(x->e, x->dev, len, KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(x->e, x->p.segment, &x->seg));
@@ -355,7 +363,7 @@ KVT_TEST(same_host_device_routes)
     const char *r;
     dev_pair_t x;
 
-    dev_pair(&x, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, LEN);
+    dev_pair(&x, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, LEN, 0);
     CHECK_OK(
         kvt_segment_transport(x.e, x.seg, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
     CHECK(strcmp(name, "tcp") == 0);
@@ -415,7 +423,7 @@ KVT_TEST(device_copy_fails)
     dev_pair_t x;
     void *h;
 
-    dev_pair(&x, KVT_TRANSPORT_TCP, LEN);
+    dev_pair(&x, KVT_TRANSPORT_TCP, LEN, 0);
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
     *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
@@ -455,7 +463,9 @@ KVT_TEST(unregister_under_load)
     const char *r;
     dev_pair_t x;
 
-    dev_pair(&x, KVT_TRANSPORT_TCP, BLK);
+    /* One connection: the writes, all into one block, land one after the
+     * other (over two they would race each other). */
+    dev_pair(&x, KVT_TRANSPORT_TCP, BLK, 1);
     /* All into one block, which the overwrite then covers quickly. */
     for (int i = 0; i < N; i++)
         d[i] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, BLK);

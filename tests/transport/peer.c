@@ -138,21 +138,28 @@ static int regmany(kvt_engine_h e, int managed, uint64_t n, uint64_t len,
 /*
  * cuda: the main region is device memory, and commands reach it through a
  * host mirror: dev_in() brings [a, a+b) of it into the mirror and returns
- * where it lies there, dev_out() writes it back. Other addresses pass
+ * where it lies there (dev_at() without bringing it, for a command that
+ * overwrites all of it), dev_out() writes it back. Other addresses pass
  * through.
  */
 static uint8_t *g_main, *g_mirror;
 
-static void *dev_in(uint64_t a, uint64_t b)
+static void *dev_at(uint64_t a, uint64_t b, int bring)
 {
     uint64_t m = (uint64_t)(uintptr_t)g_main;
 
     if (g_mirror == NULL || a < m || a - m >= PEER_MAIN_LEN)
         return (void *)(uintptr_t)a;
     if (b > PEER_MAIN_LEN - (a - m) ||
-        devmem_copy(g_mirror + (a - m), (void *)(uintptr_t)a, b) != 0)
+        (bring &&
+         devmem_copy(g_mirror + (a - m), (void *)(uintptr_t)a, b) != 0))
         _exit(4);
     return g_mirror + (a - m);
+}
+
+static void *dev_in(uint64_t a, uint64_t b)
+{
+    return dev_at(a, b, 1);
 }
 
 static void dev_out(uint64_t a, uint64_t b)
@@ -245,7 +252,7 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             /* Unregister the region at a, then overwrite [a, a+b) with
              * byte c: a remote write landing after this is visible. */
             int st = kvt_mem_unregister(e, (void *)(uintptr_t)a);
-            memset(dev_in(a, b), (int)c, b);
+            memset(dev_at(a, b, 0), (int)c, b); /* all of it: not read */
             dev_out(a, b);
             reply(out, "%d", st);
         } else if (sscanf(line, "count %llu %llu %llu", &a, &b, &c) == 3) {
