@@ -104,9 +104,11 @@ static kvt_status_t register_regions(kvt_engine_h e, const kvt_mem_region_t *in,
                              &kind, &dev);
         if (st != KVT_OK)
             break;
-        tmp[i] = (kvt__region_t){
-            a,   a + in[i].length, in[i].access, (uint16_t)kind, (int16_t)dev,
-            NULL};
+        tmp[i] = (kvt__region_t){.start = a,
+                                 .end = a + in[i].length,
+                                 .access = in[i].access,
+                                 .kind = (uint16_t)kind,
+                                 .device = (int16_t)dev};
         st = keys_take(e, &tmp[i]);
     }
     if (st == KVT_OK)

@@ -128,6 +128,13 @@ kvt_status_t kvt__memreg_add(kvt__memreg_t *reg, const kvt__region_t *regions,
         reg->regions = n;
         reg->cap = cap;
     }
+    /* Each registration is told apart from any earlier one at the same
+     * address (a peer caching what it learnt of a region goes by it). */
+    for (size_t i = 0; i < count; i++) {
+        if (++reg->serial == 0)
+            reg->serial = 1;
+        tmp[i].serial = reg->serial;
+    }
     /* Merge the sorted new regions into the sorted array, from the back. */
     {
         size_t i = reg->count, j = count, k = reg->count + count;

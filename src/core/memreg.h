@@ -42,6 +42,10 @@ typedef struct {
     /* Per transport (by its index in the engine), or NULL when no
      * transport keeps anything for the region; owned by the registry. */
     kvt__tl_key_t *keys;
+    /* Set by kvt__memreg_add(): this registration's number, never 0,
+     * different from every other region's of the registry (until 2^32
+     * registrations later). */
+    uint32_t serial;
 } kvt__region_t;
 
 typedef struct {
@@ -50,6 +54,7 @@ typedef struct {
     size_t count;
     size_t cap;
     size_t ndev; /* regions of a device kind (not host memory) */
+    uint32_t serial; /* the last region's (kvt__region_t.serial) */
     _Atomic uint64_t gen;
 } kvt__memreg_t;
 

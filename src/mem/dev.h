@@ -28,6 +28,12 @@ void kvt__dev_stream_free(kvt__dstream_t *s);
  * or device to device (unified addresses). */
 int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len);
 
+/* Queue @height pieces of @width bytes, the k-th from src + k * spitch to
+ * dst + k * dpitch (a 2-D copy where the driver takes those pitches). */
+int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
+                    const void *src, size_t spitch, size_t width,
+                    size_t height);
+
 /* Markers: 0..KVT__DEV_MARKS-1 per stream. mark() records one after what
  * is queued; mark_wait() waits for it (0, or -1 when a copy before it
  * failed). */
@@ -42,5 +48,26 @@ int kvt__dev_sync(kvt__dstream_t *s);
  * (logged). */
 void *kvt__dev_host_alloc(size_t len, int device);
 void kvt__dev_host_free(void *p);
+
+/* Whether device memory can be moved here: a driver with devices
+ * (loading it on first use). */
+int kvt__dev_usable(void);
+
+/*
+ * Same-host sharing. export() gives what another process on this host
+ * needs to reach the device allocation holding [addr, +len) on @device
+ * (*base_p, *size_p: the allocation's range), with one sharing per
+ * allocation; open() maps such a handle into this process, under
+ * @device's context (*ptr_p: the allocation's base here); close() undoes
+ * one open(). export() and open() return 0, or -1 with *why_p (static or
+ * thread-local text).
+ */
+#define KVT__DEV_IPC_BYTES 64
+int kvt__dev_ipc_export(const void *addr, size_t len, int device,
+                        uint64_t *base_p, uint64_t *size_p,
+                        uint8_t handle[KVT__DEV_IPC_BYTES], const char **why_p);
+int kvt__dev_ipc_open(const uint8_t handle[KVT__DEV_IPC_BYTES], int device,
+                      void **ptr_p, const char **why_p);
+void kvt__dev_ipc_close(void *ptr, int device);
 
 #endif

@@ -51,3 +51,40 @@ void kvt__dev_host_free(void *p)
 {
     (void)p;
 }
+
+int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
+                    const void *src, size_t spitch, size_t width,
+                    size_t height)
+{
+    (void)s, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width,
+        (void)height;
+    return -1;
+}
+
+int kvt__dev_usable(void)
+{
+    return 0;
+}
+
+int kvt__dev_ipc_export(const void *addr, size_t len, int device,
+                        uint64_t *base_p, uint64_t *size_p,
+                        uint8_t handle[KVT__DEV_IPC_BYTES], const char **why_p)
+{
+    (void)addr, (void)len, (void)device, (void)base_p, (void)size_p,
+        (void)handle;
+    *why_p = "kvt was built without device memory";
+    return -1;
+}
+
+int kvt__dev_ipc_open(const uint8_t handle[KVT__DEV_IPC_BYTES], int device,
+                      void **ptr_p, const char **why_p)
+{
+    (void)handle, (void)device, (void)ptr_p;
+    *why_p = "kvt was built without device memory";
+    return -1;
+}
+
+void kvt__dev_ipc_close(void *ptr, int device)
+{
+    (void)ptr, (void)device;
+}

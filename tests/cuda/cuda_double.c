@@ -29,10 +29,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +42,8 @@
 
 /* The double's own controls, for tests (dlsym). */
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now);
+EXPORT long kvt_cuda_double_ipc_opens(void);
+EXPORT long kvt_cuda_double_ipc_live(void);
 #define MAX_ALLOCS 4096
 
 typedef struct {
@@ -48,7 +52,21 @@ typedef struct {
     size_t size;
     int dev;          /* -1: pinned host memory */
     int fd;           /* device memory: its memfd */
+    /* Opened from another process's IPC handle: that process and the
+     * memfd's inode, and how many opens it has. */
+    int imported, refs;
+    pid_t pid;
+    uint64_t ino;
 } alloc_t;
+
+/* An IPC handle: the exporter's memfd, reached through /proc. */
+typedef struct {
+    uint32_t magic;
+    int32_t pid, fd, dev;
+    uint64_t ino, size;
+} ipc_handle_t;
+#define IPC_MAGIC 0x4b564449u
+_Static_assert(sizeof(ipc_handle_t) <= CU_IPC_HANDLE_SIZE, "handle fits");
 
 typedef struct op {
     struct op *next;
@@ -87,13 +105,32 @@ static alloc_t allocs[MAX_ALLOCS];
 static stream_t *streams; /* under lock */
 static int started, ndev = 2;
 static unsigned delay_us = 20;
-static _Atomic long copies, fail_at;
+static _Atomic long copies, fail_at, ipc_opens;
 static stream_t null_stream;
 static __thread int cur_dev = -1;
 
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now)
 {
     fail_at = nth_from_now > 0 ? copies + nth_from_now : 0;
+}
+
+/* Imports of another process's memory made so far (not counting opens
+ * of a handle already open, which the driver counts as references). */
+EXPORT long kvt_cuda_double_ipc_opens(void)
+{
+    return ipc_opens;
+}
+
+/* Imports open now. */
+EXPORT long kvt_cuda_double_ipc_live(void)
+{
+    long n = 0;
+
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        n += allocs[i].size != 0 && allocs[i].imported;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* The allocation holding [p, p + len): device view or pinned host. */
@@ -400,7 +437,7 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
         shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     }
     if (view == MAP_FAILED || shadow == MAP_FAILED ||
-        record((alloc_t){(uintptr_t)view, shadow, len, cur_dev, fd}) != 0) {
+        record((alloc_t){(uintptr_t)view, shadow, len, cur_dev, fd, 0, 0, 0, 0}) != 0) {
         if (view != MAP_FAILED)
             munmap(view, len);
         if (shadow != MAP_FAILED)
@@ -419,6 +456,14 @@ EXPORT CUresult cuMemFree(CUdeviceptr p)
 
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
+    pthread_mutex_lock(&lock);
+    {
+        alloc_t *f = find((uintptr_t)p, 1);
+        int imported = f != NULL && f->imported;
+        pthread_mutex_unlock(&lock);
+        if (imported) /* freed by cuIpcCloseMemHandle only */
+            return CUDA_ERROR_INVALID_VALUE;
+    }
     a = take((uintptr_t)p, 1);
     if (a.size == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -441,7 +486,7 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
              -1, 0);
     if (m == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (record((alloc_t){(uintptr_t)m, m, size, -1, -1}) != 0) {
+    if (record((alloc_t){(uintptr_t)m, m, size, -1, -1, 0, 0, 0, 0}) != 0) {
         munmap(m, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -533,6 +578,139 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
     if (n == 0)
         return CUDA_SUCCESS;
     return copy2d(d, sr, n, 1, n, n, s);
+}
+
+EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
+{
+    uintptr_t sb, db;
+    size_t sspan, dspan;
+    uint8_t *d, *sr;
+
+    if (c->Height == 0 || c->WidthInBytes == 0)
+        return CUDA_SUCCESS;
+    if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
+        c->srcPitch > INT32_MAX || c->dstPitch > INT32_MAX)
+        return CUDA_ERROR_INVALID_VALUE; /* as the driver: pitch bounds */
+    sb = c->srcMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->srcHost
+                                                : (uintptr_t)c->srcDevice;
+    db = c->dstMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)c->dstHost
+                                                : (uintptr_t)c->dstDevice;
+    sb += c->srcY * c->srcPitch + c->srcXInBytes;
+    db += c->dstY * c->dstPitch + c->dstXInBytes;
+    sspan = (c->Height - 1) * c->srcPitch + c->WidthInBytes;
+    dspan = (c->Height - 1) * c->dstPitch + c->WidthInBytes;
+    d = where(db, dspan);
+    sr = where(sb, sspan);
+    if (d == NULL || sr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy2d(d, sr, c->WidthInBytes, c->Height, c->dstPitch,
+                  c->srcPitch, s);
+}
+
+/* ---- IPC ---------------------------------------------------------------- */
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    ipc_handle_t x = {IPC_MAGIC, (int32_t)getpid(), -1, 0, 0, 0};
+    struct stat sb;
+    alloc_t *a;
+
+    pthread_mutex_lock(&lock);
+    a = find((uintptr_t)p, 1);
+    if (a != NULL && a->dev >= 0 && !a->imported) {
+        x.fd = a->fd;
+        x.dev = a->dev;
+        x.size = a->size;
+    }
+    pthread_mutex_unlock(&lock);
+    if (x.fd < 0 || fstat(x.fd, &sb) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    x.ino = (uint64_t)sb.st_ino;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, &x, sizeof(x));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
+                                   unsigned int flags)
+{
+    ipc_handle_t x;
+    char path[64];
+    struct stat sb;
+    void *view = MAP_FAILED, *shadow = MAP_FAILED;
+    int fd;
+
+    (void)flags;
+    memcpy(&x, h.reserved, sizeof(x));
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (x.magic != IPC_MAGIC || x.size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (x.pid == (int32_t)getpid()) /* as the driver: not one's own */
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        alloc_t *a = &allocs[i];
+        if (a->size != 0 && a->imported && a->pid == x.pid && a->ino == x.ino) {
+            a->refs++;
+            *p = (CUdeviceptr)a->view;
+            pthread_mutex_unlock(&lock);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)x.pid, (int)x.fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_ino != x.ino ||
+        (uint64_t)sb.st_size < x.size) {
+        close(fd);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    view = mmap(NULL, x.size, PROT_NONE, MAP_SHARED, fd, 0);
+    shadow = mmap(NULL, x.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (view == MAP_FAILED || shadow == MAP_FAILED ||
+        record((alloc_t){(uintptr_t)view, shadow, x.size, x.dev, fd, 1, 1,
+                         x.pid, x.ino}) != 0) {
+        if (view != MAP_FAILED)
+            munmap(view, x.size);
+        if (shadow != MAP_FAILED)
+            munmap(shadow, x.size);
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ipc_opens++;
+    *p = (CUdeviceptr)(uintptr_t)view;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    alloc_t a = {0};
+
+    if (cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        alloc_t *f = &allocs[i];
+        if (f->size != 0 && f->imported && f->view == (uintptr_t)p) {
+            if (--f->refs == 0) {
+                a = *f;
+                f->size = 0;
+            } else {
+                a.refs = 1;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    if (a.size == 0)
+        return a.refs ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)a.view, a.size);
+    munmap(a.shadow, a.size);
+    close(a.fd);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *hs, unsigned int flags)

@@ -9,7 +9,8 @@
 
 static kvt__region_t R(uint64_t a, uint64_t len, uint32_t acc)
 {
-    kvt__region_t r = {a, a + len, acc, KVT_MEM_HOST, -1, NULL};
+    kvt__region_t r = {.start = a, .end = a + len, .access = acc,
+                       .kind = KVT_MEM_HOST, .device = -1};
     return r;
 }
 

@@ -9,6 +9,7 @@
  * them (mem/host.c).
  */
 #include <dlfcn.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -78,6 +79,10 @@ static void load(void)
         return;
     }
 #undef SYM
+    sym(h, "cuIpcGetMemHandle", &drv.IpcGetMemHandle, 1);
+    sym(h, "cuIpcOpenMemHandle_v2", &drv.IpcOpenMemHandle, 1);
+    sym(h, "cuIpcCloseMemHandle", &drv.IpcCloseMemHandle, 1);
+    sym(h, "cuMemcpy2DAsync_v2", &drv.Memcpy2DAsync, 1);
     sym(h, "cuMemAlloc_v2", &drv.MemAlloc, 1);
     sym(h, "cuMemFree_v2", &drv.MemFree, 1);
     r = drv.Init(0);
@@ -176,6 +181,14 @@ void kvt__cuda_leave(CUcontext prev)
 
 int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
 {
+    uint64_t base, size;
+
+    return kvt__cuda_classify_range(addr, len, dev_p, &base, &size);
+}
+
+int kvt__cuda_classify_range(const void *addr, size_t len, int32_t *dev_p,
+                             uint64_t *base_p, uint64_t *size_p)
+{
     const kvt__cuda_drv_t *d = kvt__cuda();
     /* The allocation's range comes with the attributes: unlike
      * cuMemGetAddressRange(), they need no current context (a thread
@@ -206,6 +219,8 @@ int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
         return -1;
     }
     *dev_p = ordinal;
+    *base_p = (uint64_t)base;
+    *size_p = (uint64_t)size;
     return 1;
 }
 
@@ -534,4 +549,153 @@ void kvt__dev_host_free(void *p)
         return;
     d->MemFreeHost(p);
     kvt__cuda_leave(prev);
+}
+
+int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
+                    const void *src, size_t spitch, size_t width,
+                    size_t height)
+{
+    static _Atomic int said;
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUDA_MEMCPY2D c;
+    CUcontext prev;
+    CUresult r = CUDA_SUCCESS;
+
+    if (height == 1 || (dpitch == width && spitch == width))
+        return kvt__dev_copy(s, dst, src, width * height);
+    if (kvt__cuda_enter(s->dev, &prev) != 0)
+        return -1;
+    /* The driver bounds pitches (the device's maximum pitch, 2^31 - 1 on
+     * every GPU so far): wider strides go one row a copy. */
+    if (d->Memcpy2DAsync != NULL && dpitch <= INT32_MAX &&
+        spitch <= INT32_MAX) {
+        memset(&c, 0, sizeof(c));
+        c.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+        c.srcDevice = (CUdeviceptr)(uintptr_t)src;
+        c.srcPitch = spitch;
+        c.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+        c.dstDevice = (CUdeviceptr)(uintptr_t)dst;
+        c.dstPitch = dpitch;
+        c.WidthInBytes = width;
+        c.Height = height;
+        r = d->Memcpy2DAsync(&c, s->st);
+    } else {
+        for (size_t k = 0; k < height && r == CUDA_SUCCESS; k++)
+            r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst + k * dpitch,
+                               (CUdeviceptr)(uintptr_t)src + k * spitch,
+                               width, s->st);
+    }
+    kvt__cuda_leave(prev);
+    if (r != CUDA_SUCCESS) {
+        said_once(&said, "a strided copy was refused", r);
+        return -1;
+    }
+    return 0;
+}
+
+int kvt__dev_usable(void)
+{
+    return kvt__cuda() != NULL;
+}
+
+/* ---- Same-host sharing (mem/dev.h) -------------------------------------- */
+
+_Static_assert(sizeof(CUipcMemHandle) == KVT__DEV_IPC_BYTES,
+               "an IPC handle is CU_IPC_HANDLE_SIZE bytes");
+
+int kvt__dev_ipc_export(const void *addr, size_t len, int device,
+                        uint64_t *base_p, uint64_t *size_p,
+                        uint8_t handle[KVT__DEV_IPC_BYTES], const char **why_p)
+{
+    static _Thread_local char buf[160];
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUipcMemHandle h;
+    CUcontext prev;
+    int32_t dev = -1;
+    CUresult r;
+
+    *why_p = NULL;
+    if (d == NULL) {
+        *why_p = kvt__cuda_why();
+        return -1;
+    }
+    if (d->IpcGetMemHandle == NULL) {
+        *why_p = "the CUDA driver lacks cuIpcGetMemHandle";
+        return -1;
+    }
+    if (kvt__cuda_classify_range(addr, len, &dev, base_p, size_p) != 1 ||
+        dev != device) {
+        *why_p = "the range is no longer device memory of its device";
+        return -1;
+    }
+    if (kvt__cuda_enter(device, &prev) != 0) {
+        *why_p = "no context on its device";
+        return -1;
+    }
+    r = d->IpcGetMemHandle(&h, (CUdeviceptr)*base_p);
+    kvt__cuda_leave(prev);
+    if (r != CUDA_SUCCESS) {
+        /* Memory of the virtual-memory API, say, which legacy IPC
+         * handles do not cover. */
+        snprintf(buf, sizeof(buf), "cuIpcGetMemHandle: %s",
+                 kvt__cuda_err(r));
+        *why_p = buf;
+        return -1;
+    }
+    memcpy(handle, &h, sizeof(h));
+    return 0;
+}
+
+int kvt__dev_ipc_open(const uint8_t handle[KVT__DEV_IPC_BYTES], int device,
+                      void **ptr_p, const char **why_p)
+{
+    static _Thread_local char buf[160];
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUipcMemHandle h;
+    CUdeviceptr p = 0;
+    CUcontext prev;
+    CUresult r;
+
+    *why_p = NULL;
+    if (d == NULL) {
+        *why_p = kvt__cuda_why();
+        return -1;
+    }
+    if (d->IpcOpenMemHandle == NULL || d->IpcCloseMemHandle == NULL) {
+        *why_p = "the CUDA driver lacks cuIpcOpenMemHandle";
+        return -1;
+    }
+    if (kvt__cuda_enter(device, &prev) != 0) {
+        *why_p = "no context on the device";
+        return -1;
+    }
+    memcpy(&h, handle, sizeof(h));
+    /* Opened again in the same context, the driver counts references and
+     * answers the same address. */
+    r = d->IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    kvt__cuda_leave(prev);
+    if (r != CUDA_SUCCESS) {
+        snprintf(buf, sizeof(buf), "cuIpcOpenMemHandle: %s",
+                 kvt__cuda_err(r));
+        *why_p = buf;
+        return -1;
+    }
+    *ptr_p = (void *)(uintptr_t)p;
+    return 0;
+}
+
+void kvt__dev_ipc_close(void *ptr, int device)
+{
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUcontext prev;
+    CUresult r;
+
+    if (d == NULL || d->IpcCloseMemHandle == NULL ||
+        kvt__cuda_enter(device, &prev) != 0)
+        return;
+    r = d->IpcCloseMemHandle((CUdeviceptr)(uintptr_t)ptr);
+    kvt__cuda_leave(prev);
+    if (r != CUDA_SUCCESS)
+        KVT_LOG_W("cuda: closing a peer's memory at %p: %s", ptr,
+                  kvt__cuda_err(r));
 }

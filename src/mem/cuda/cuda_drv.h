@@ -37,6 +37,12 @@ typedef struct {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
     CUresult (*MemFreeHost)(void *);
+    /* Optional (NULL when absent): same-host sharing of device memory
+     * (legacy IPC handles), and 2-D copies (strided pieces). */
+    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
     /* Optional (NULL when absent): allocation, for tools and tests. */
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -73,5 +79,10 @@ void kvt__cuda_leave(CUcontext prev);
  * but runs past its allocation (logged).
  */
 int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p);
+
+/* As kvt__cuda_classify(), with the allocation's range (*base_p, *size_p)
+ * when it is device memory. */
+int kvt__cuda_classify_range(const void *addr, size_t len, int32_t *dev_p,
+                             uint64_t *base_p, uint64_t *size_p);
 
 #endif
