@@ -317,10 +317,12 @@ typedef struct {
     void *dev;
 } dev_pair_t;
 
-static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len,
-                     unsigned conns)
+/* As dev_pair(), the peer's main region as @peer_mem says: device
+ * memory (1), plain host memory (0), kvt_mem_alloc() memory (2). */
+static void dev_pair_with(dev_pair_t *x, uint32_t transports, size_t len,
+                          unsigned conns, int peer_mem)
 {
-    peer_opts_t o = {transports, 0, 0, 0, 1};
+    peer_opts_t o = {transports, 0, peer_mem == 2, 0, peer_mem == 1};
     kvt_engine_params_t ep = {0};
 
     cuda_domain();
@@ -340,6 +342,12 @@ static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len,
     CHECK_OK(kvt_segment_open(x->e, x->p.segment, &x->seg));
 }
 
+static void dev_pair(dev_pair_t *x, uint32_t transports, size_t len,
+                     unsigned conns)
+{
+    dev_pair_with(x, transports, len, conns, 1);
+}
+
 static void dev_pair_end(dev_pair_t *x)
 {
     kvt_engine_destroy(x->e);
@@ -349,10 +357,10 @@ static void dev_pair_end(dev_pair_t *x)
 
 /*
  * A same-host peer whose memory is on the device: one transport carries
- * every kind of memory (tcp stages device memory; shm moves host memory
- * only), so that a notification sent after device writes follows them.
- * The double delays every copy (KVT_CUDA_DOUBLE_DELAY_US, set by the
- * test): a notification that overtook the copies would see old bytes.
+ * every kind of memory (shm, through the driver's sharing), so that a
+ * notification sent after device writes follows them. The double delays
+ * every copy (KVT_CUDA_DOUBLE_DELAY_US, set by the test): a notification
+ * that overtook the copies would see old bytes.
  */
 KVT_TEST(same_host_device_routes)
 {
@@ -366,10 +374,10 @@ KVT_TEST(same_host_device_routes)
     dev_pair(&x, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, LEN, 0);
     CHECK_OK(
         kvt_segment_transport(x.e, x.seg, KVT_MEM_CUDA, KVT_MEM_CUDA, &name));
-    CHECK(strcmp(name, "tcp") == 0);
+    CHECK(strcmp(name, "shm") == 0);
     CHECK_OK(
         kvt_segment_transport(x.e, x.seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
-    CHECK(strcmp(name, "tcp") == 0);
+    CHECK(strcmp(name, "shm") == 0);
     /* Device to device through the peer: fill ours, write, notify. */
     pattern_fill(host, LEN, 21, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
@@ -389,7 +397,7 @@ KVT_TEST(same_host_device_routes)
     free(host);
 }
 
-/* Without device memory, a same-host peer is served by shm alone. */
+/* Without device memory, a same-host peer is served by shm. */
 KVT_TEST(same_host_host_only)
 {
     peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
@@ -404,8 +412,17 @@ KVT_TEST(same_host_host_only)
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &name));
     CHECK(strcmp(name, "shm") == 0);
-    CHECK_ST(kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name),
-             KVT_ERR_NOT_SUPPORTED);
+    /* Device memory would go the same way (the driver's sharing), with a
+     * driver; without one this engine has no device memory to send. */
+    if (no_driver) {
+        CHECK_ST(
+            kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name),
+            KVT_ERR_NOT_SUPPORTED);
+    } else {
+        CHECK_OK(
+            kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name));
+        CHECK(strcmp(name, "shm") == 0);
+    }
     kvt_engine_destroy(e);
     peer_stop(&p);
 }
@@ -415,7 +432,7 @@ KVT_TEST(same_host_host_only)
  * copy) and into it (a read's); the descriptor fails with KVT_ERR_IO and
  * the next one on the same connection succeeds.
  */
-KVT_TEST(device_copy_fails)
+static void copy_fails(uint32_t transport)
 {
     enum { LEN = 1 << 20 };
     kvt_xfer_desc_t d;
@@ -423,7 +440,7 @@ KVT_TEST(device_copy_fails)
     dev_pair_t x;
     void *h;
 
-    dev_pair(&x, KVT_TRANSPORT_TCP, LEN, 0);
+    dev_pair(&x, transport, LEN, 0);
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
     *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
@@ -447,6 +464,18 @@ KVT_TEST(device_copy_fails)
     free(host);
 }
 
+KVT_TEST(device_copy_fails)
+{
+    copy_fails(KVT_TRANSPORT_TCP);
+}
+
+/* The same over shm: the device copy into the peer's opened memory, and
+ * out of it. */
+KVT_TEST(device_copy_fails_shm)
+{
+    copy_fails(KVT_TRANSPORT_SHM);
+}
+
 /*
  * The target unregisters its device memory while writes stream into it,
  * then overwrites it (on another stream of the driver). No write may land
@@ -454,7 +483,7 @@ KVT_TEST(device_copy_fails)
  * before it completes first. The double delays each copy (500 us), so
  * that copies still queued would land after the overwrite.
  */
-KVT_TEST(unregister_under_load)
+static void unregister_load(uint32_t transport)
 {
     enum { N = 256, BLK = 1 << 20, ROUNDS = 6 };
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
@@ -465,7 +494,7 @@ KVT_TEST(unregister_under_load)
 
     /* One connection: the writes, all into one block, land one after the
      * other (over two they would race each other). */
-    dev_pair(&x, KVT_TRANSPORT_TCP, BLK, 1);
+    dev_pair(&x, transport, BLK, 1);
     /* All into one block, which the overwrite then covers quickly. */
     for (int i = 0; i < N; i++)
         d[i] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, BLK);
@@ -507,6 +536,226 @@ KVT_TEST(unregister_under_load)
     free(d);
 }
 
+KVT_TEST(unregister_under_load)
+{
+    unregister_load(KVT_TRANSPORT_TCP);
+}
+
+/* Over shm the initiator's device copies run into the target's memory
+ * opened in its own process: the registry barrier waits for them. */
+KVT_TEST(unregister_under_load_shm)
+{
+    unregister_load(KVT_TRANSPORT_SHM);
+}
+
+static long (*ipc_opens)(void), (*ipc_live)(void);
+
+static void ipc_counters(void)
+{
+    void *h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
+
+    CHECK(h != NULL);
+    *(void **)&ipc_opens = dlsym(h, "kvt_cuda_double_ipc_opens");
+    *(void **)&ipc_live = dlsym(h, "kvt_cuda_double_ipc_live");
+    CHECK(ipc_opens != NULL && ipc_live != NULL);
+}
+
+/*
+ * The peer's device region is opened once and kept: many writes, one
+ * opening. Registered again (a new registration at the same address),
+ * it is opened afresh and the old opening closed, so nothing is written
+ * through a stale one.
+ */
+KVT_TEST(ipc_cached)
+{
+    enum { LEN = 1 << 20 };
+    uint8_t *host = malloc(LEN);
+    kvt_xfer_desc_t d;
+    const char *r;
+    dev_pair_t x;
+    long opens;
+
+    dev_pair(&x, KVT_TRANSPORT_SHM, LEN, 0);
+    ipc_counters();
+    opens = ipc_opens();
+    CHECK(ipc_live() == 0);
+    for (int i = 0; i < 16; i++) {
+        pattern_fill(host, LEN, 40 + (uint64_t)i, 0);
+        CHECK(devmem_copy(x.dev, host, LEN) == 0);
+        d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+        CHECK_OK(run1(x.e, &d, 1));
+    }
+    CHECK(ipc_opens() == opens + 1);
+    CHECK(ipc_live() == 1);
+    r = peer_cmd(&x.p, "check %llu %llu 55", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    r = peer_cmd(&x.p, "unreg %llu", (unsigned long long)x.p.main_addr);
+    CHECK(r != NULL && atoi(r) == KVT_OK);
+    r = peer_cmd(&x.p, "reg %llu %llu", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)PEER_MAIN_LEN);
+    CHECK(r != NULL && atoi(r) == KVT_OK);
+    pattern_fill(host, LEN, 60, 0);
+    CHECK(devmem_copy(x.dev, host, LEN) == 0);
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(ipc_opens() == opens + 2);
+    CHECK(ipc_live() == 1);
+    r = peer_cmd(&x.p, "check %llu %llu 60", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    dev_pair_end(&x);
+    free(host);
+}
+
+/*
+ * Device memory here, host memory there, over shm: plain memory (through
+ * the bounce buffer and cross-memory attach) and kvt_mem_alloc() memory
+ * (a device copy into the mapping); contiguous and strided, both ways.
+ * And host memory here into the peer's device memory.
+ */
+static void host_there(int peer_mem)
+{
+    enum { LEN = 4 << 20, PIECE = 3000, STRIDE = 8192, N = 300 };
+    uint8_t *host = malloc(LEN), *orig = malloc(LEN);
+    kvt_xfer_desc_t d;
+    const char *name = NULL, *r;
+    dev_pair_t x;
+
+    dev_pair_with(&x, KVT_TRANSPORT_SHM, LEN, 0, peer_mem);
+    CHECK_OK(
+        kvt_segment_transport(x.e, x.seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name));
+    CHECK(strcmp(name, "shm") == 0);
+    /* Contiguous, past the bounce buffer's size. */
+    pattern_fill(host, LEN, 81, 0);
+    CHECK(devmem_copy(x.dev, host, LEN) == 0);
+    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(run1(x.e, &d, 1));
+    r = peer_cmd(&x.p, "check %llu %llu 81", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
+    d.opcode = KVT_OP_READ;
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
+    CHECK(pattern_check(host, LEN, 81, 0) == 0);
+    /* Strided: N pieces of PIECE bytes every STRIDE here, packed there;
+     * read back strided the other way. */
+    r = peer_cmd(&x.p, "fill %llu %llu 0", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL);
+    pattern_fill(orig, LEN, 82, 0);
+    CHECK(devmem_copy(x.dev, orig, LEN) == 0);
+    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
+    d.count = N;
+    d.local_stride = STRIDE;
+    d.remote_stride = PIECE;
+    CHECK_OK(run1(x.e, &d, 1));
+    d.opcode = KVT_OP_READ;
+    d.local_addr = (uint8_t *)x.dev + LEN / 2;
+    d.local_stride = PIECE;
+    d.remote_stride = 0;
+    d.count = 1;
+    d.length = (uint64_t)N * PIECE;
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
+    for (int k = 0; k < N; k++)
+        CHECK(memcmp(host + LEN / 2 + (size_t)k * PIECE,
+                     orig + (size_t)k * STRIDE, PIECE) == 0);
+    dev_pair_end(&x);
+    free(host);
+    free(orig);
+}
+
+KVT_TEST(device_to_plain_host)
+{
+    host_there(0);
+}
+
+KVT_TEST(device_to_mapped_host)
+{
+    host_there(2);
+}
+
+/* Host memory here into the peer's device memory and back. */
+KVT_TEST(host_to_device)
+{
+    enum { LEN = 4 << 20 };
+    peer_opts_t o = {KVT_TRANSPORT_SHM, 0, 0, 0, 1};
+    uint8_t *host = malloc(LEN);
+    kvt_xfer_desc_t d;
+    kvt_segment_t seg;
+    const char *name = NULL, *r;
+    kvt_engine_h e;
+    peer_t p;
+
+    cuda_domain();
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    CHECK(peer_start(&p, &o) == 0);
+    e = engine_new(KVT_TRANSPORT_SHM, 0);
+    CHECK(e != NULL);
+    CHECK_OK(kvt_mem_register(e, host, LEN, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_CUDA, &name));
+    CHECK(strcmp(name, "shm") == 0);
+    pattern_fill(host, LEN, 83, 0);
+    d = xd(KVT_OP_WRITE, seg, host, p.main_addr, LEN);
+    CHECK_OK(run1(e, &d, 1));
+    r = peer_cmd(&p, "check %llu %llu 83", (unsigned long long)p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    memset(host, 0, LEN);
+    d.opcode = KVT_OP_READ;
+    CHECK_OK(run1(e, &d, 1));
+    CHECK(pattern_check(host, LEN, 83, 0) == 0);
+    kvt_engine_destroy(e);
+    peer_stop(&p);
+    free(host);
+}
+
+/*
+ * The target killed while device copies into its memory are queued: the
+ * batch ends (failed, not hung) and the engine opens the next peer.
+ */
+KVT_TEST(peer_killed_mid_copy)
+{
+    enum { N = 4096, BLK = 4096 };
+    kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
+    kvt_batch_state_t bs;
+    kvt_batch_h b;
+    kvt_status_t st;
+    dev_pair_t x;
+    peer_t p2;
+    peer_opts_t o = {KVT_TRANSPORT_SHM, 0, 0, 0, 1};
+    kvt_segment_t seg2;
+
+    dev_pair(&x, KVT_TRANSPORT_SHM, (size_t)N * BLK, 0);
+    /* Every other block there: each its own device copy (500 us each in
+     * the double), about two seconds of copies in all. */
+    for (int i = 0; i < N; i++)
+        d[i] = xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
+                  x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
+    CHECK_OK(kvt_batch_create(x.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    usleep(100000);
+    kvt_batch_query(b, &bs);
+    CHECK(bs.completed < N); /* still copying */
+    peer_kill(&x.p, SIGKILL);
+    st = kvt_batch_wait(b, 30000);
+    CHECK(st != KVT_INPROGRESS && st != KVT_OK);
+    kvt_batch_query(b, &bs);
+    CHECK(bs.failed > 0);
+    CHECK_OK(kvt_batch_free(b));
+    CHECK(peer_start(&p2, &o) == 0);
+    CHECK_OK(kvt_segment_open(x.e, p2.segment, &seg2));
+    d[0] = xd(KVT_OP_WRITE, seg2, x.dev, p2.main_addr, BLK);
+    CHECK_OK(run1(x.e, d, 1));
+    peer_stop(&p2);
+    dev_pair_end(&x);
+    free(d);
+}
+
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
@@ -518,7 +767,14 @@ int main(int argc, char **argv)
         KVT_CASE(same_host_device_routes, 60),
         KVT_CASE(same_host_host_only, 30),
         KVT_CASE(device_copy_fails, 60),
-        KVT_CASE(unregister_under_load, 60)};
+        KVT_CASE(device_copy_fails_shm, 60),
+        KVT_CASE(unregister_under_load, 60),
+        KVT_CASE(unregister_under_load_shm, 60),
+        KVT_CASE(ipc_cached, 60),
+        KVT_CASE(device_to_plain_host, 60),
+        KVT_CASE(device_to_mapped_host, 60),
+        KVT_CASE(host_to_device, 60),
+        KVT_CASE(peer_killed_mid_copy, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
         no_driver = 1;

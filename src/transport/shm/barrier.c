@@ -104,11 +104,14 @@ void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
     for (size_t i = 0; i < n; i++) {
         const kvt__region_t *r = kvt__memreg_at_locked(shm->reg, i);
         size_t lo = 0, hi = na;
-        /* Device memory is not shm's to move: published without access,
-         * so a same-host peer's copies into it are refused. */
-        regs[i] = (kvt__shm_region_t){r->start, r->end,
-                                      r->kind == KVT_MEM_HOST ? r->access : 0,
-                                      0};
+        /* Device memory is reached through the driver's sharing (an
+         * IPC request names the region by its serial). */
+        regs[i] = (kvt__shm_region_t){.start = r->start,
+                                      .end = r->end,
+                                      .access = r->access,
+                                      .serial = r->serial,
+                                      .kind = r->kind,
+                                      .device = r->device};
         while (lo < hi) { /* last allocation starting at or below */
             size_t mid = lo + (hi - lo) / 2;
             if (al[mid].addr <= r->start)
@@ -116,7 +119,8 @@ void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
             else
                 hi = mid;
         }
-        if (lo > 0 && r->end <= al[lo - 1].addr + al[lo - 1].length)
+        if (r->kind == KVT_MEM_HOST && lo > 0 &&
+            r->end <= al[lo - 1].addr + al[lo - 1].length)
             regs[i].map_id = al[lo - 1].id;
     }
 out_unlock:

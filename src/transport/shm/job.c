@@ -28,10 +28,9 @@
 static void job_done(shm_session_t *s, job_t *j);
 static void job_end(shm_session_t *s, job_t *j, int park);
 
-/* The snapshot region holding [lo, hi) with @access, or NULL. */
-static const kvt__shm_region_t *region_find(const kvt__shm_chan_t *ch,
-                                            uint32_t n, uint64_t lo,
-                                            uint64_t hi, uint32_t access)
+const kvt__shm_region_t *kvt__shm_region_find(const kvt__shm_chan_t *ch,
+                                              uint32_t n, uint64_t lo,
+                                              uint64_t hi, uint32_t access)
 {
     uint32_t a = 0, b = n;
 
@@ -55,10 +54,118 @@ static int pieces_registered(const kvt__shm_chan_t *ch, uint32_t n,
 {
     for (uint32_t q = 0; q < g->count; q++) {
         uint64_t a = g->raddr + q * g->rstride;
-        if (region_find(ch, n, a, a + g->len, access) == NULL)
+        if (kvt__shm_region_find(ch, n, a, a + g->len, access) == NULL)
             return 0;
     }
     return 1;
+}
+
+/* Whether some piece of a strided segment lies in device memory there
+ * (each piece is registered). */
+static int pieces_on_device(const kvt__shm_chan_t *ch, uint32_t n,
+                            const seg_t *g, uint32_t access)
+{
+    for (uint32_t q = 0; q < g->count; q++) {
+        uint64_t a = g->raddr + q * g->rstride;
+        const kvt__shm_region_t *r =
+            kvt__shm_region_find(ch, n, a, a + g->len, access);
+        if (r != NULL && r->kind != KVT_MEM_HOST)
+            return 1;
+    }
+    return 0;
+}
+
+/* The device of the job's stream: this side's, else the one the target's
+ * memory was opened under. */
+static void dev_stream_of(rw_plan_t *p, const seg_t *g, int dev)
+{
+    if (p->ndev + p->nbounce == 0)
+        p->sdev = g->ldev >= 0 ? g->ldev : dev >= 0 ? dev : 0;
+}
+
+/*
+ * Plan segment @i of @j, which touches device memory on either side
+ * (@r: the region holding its span, or NULL when only each piece lies in
+ * one). Device memory there needs the target's allocation opened here;
+ * host memory there with device memory here, a mapping (else the bounce
+ * buffer). What is not at hand yet is asked for (p->need: the job is
+ * tried again once it is) unless @final or refused before: device memory
+ * there then fails with KVT_ERR_NOT_SUPPORTED.
+ */
+static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
+                     seg_t *g, uint32_t i, const kvt__shm_region_t *r,
+                     uint32_t access, rw_plan_t *p, int final)
+{
+    uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
+
+    if (r == NULL) {
+        if (!pieces_on_device(ch, n, g, access)) {
+            dev_stream_of(p, g, -1);
+            p->how[i] = HOW_BOUNCE;
+            p->nbounce++;
+            return;
+        }
+        /* Each piece's device region opened (dev.c resolves them). */
+        for (uint32_t q = 0; q < g->count; q++) {
+            uint64_t a = g->raddr + q * g->rstride;
+            const kvt__shm_region_t *x =
+                kvt__shm_region_find(ch, n, a, a + g->len, access);
+            if (x->kind != KVT_MEM_HOST &&
+                kvt__shm_ipc_find(s, x->serial) == NULL &&
+                !kvt__shm_ipc_refused(s, x->serial) && !final) {
+                p->want_ipc = x->serial;
+                p->want_ipc_addr = x->start;
+                p->need++;
+                return;
+            }
+        }
+        dev_stream_of(p, g, -1);
+        p->how[i] = HOW_DEV;
+        p->dloc[i] = NULL;
+        p->ndev++;
+        return;
+    }
+    if (r->kind != KVT_MEM_HOST) {
+        const ipc_t *x = kvt__shm_ipc_find(s, r->serial);
+        if (x != NULL && g->raddr >= x->base && end <= x->base + x->len) {
+            dev_stream_of(p, g, x->dev);
+            p->how[i] = HOW_DEV;
+            p->dloc[i] = x->local + (g->raddr - x->base);
+            p->ndev++;
+            return;
+        }
+        if (x == NULL && !final && !kvt__shm_ipc_refused(s, r->serial)) {
+            p->want_ipc = r->serial;
+            p->want_ipc_addr = r->start;
+            p->need++;
+            return;
+        }
+        kvt__shm_dev_refused(s, "its device memory could not be opened");
+        g->st = KVT_ERR_NOT_SUPPORTED;
+        return;
+    }
+    /* Host memory there, device memory here. */
+    if (r->map_id != 0) {
+        const map_t *m = kvt__shm_map_find(s, r->map_id);
+        int refused = 0;
+        for (unsigned k = 0; k < s->nnomap; k++)
+            refused |= s->nomap[k] == r->map_id;
+        if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
+            dev_stream_of(p, g, -1);
+            p->how[i] = HOW_DEV;
+            p->dloc[i] = m->local + (g->raddr - m->base);
+            p->ndev++;
+            return;
+        }
+        if (m == NULL && !final && !refused) {
+            p->want_map = r->map_id;
+            p->need++;
+            return;
+        }
+    }
+    dev_stream_of(p, g, -1);
+    p->how[i] = HOW_BOUNCE;
+    p->nbounce++;
 }
 
 /* Fail the segments of [from, to) that are still OK. */
@@ -79,7 +186,8 @@ void kvt__shm_segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st)
  * when the lease is closed, the mappings are to be reconciled or
  * map_lock is taken (nothing held, nothing done; run the job alone).
  */
-static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
+static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try,
+                    int final)
 {
     kvt__shm_chan_t *ch = s->ch;
     uint32_t access = j->op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE
@@ -108,10 +216,13 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
         pthread_rwlock_rdlock(&s->map_lock);
     }
     p->ncma = p->nmap = p->nstage = p->want_map = 0;
+    p->ndev = p->nbounce = p->need = p->want_ipc = 0;
+    p->ds = NULL;
     n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
     for (uint32_t i = 0; i < j->nsegs; i++) {
         seg_t *g = &j->segs[i];
-        const kvt__shm_region_t *r = region_find(ch, n, g->vlo, g->vhi, access);
+        const kvt__shm_region_t *r =
+            kvt__shm_region_find(ch, n, g->vlo, g->vhi, access);
         const map_t *m = NULL;
         uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
 
@@ -122,6 +233,11 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
         if (r == NULL &&
             !(g->count > 1 && pieces_registered(ch, n, g, access))) {
             g->st = KVT_ERR_ACCESS;
+            continue;
+        }
+        if (g->ldev >= 0 || (r != NULL ? r->kind != KVT_MEM_HOST
+                                       : pieces_on_device(ch, n, g, access))) {
+            dev_plan(s, ch, n, g, i, r, access, p, final);
             continue;
         }
         if (r != NULL && r->map_id != 0) {
@@ -147,10 +263,24 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try)
 }
 
 /* After the mapped copies of a job begun with rw_begin(): cross-memory
- * attach (under map_lock), then map_lock and the lease are released. */
+ * attach (under map_lock), the device copies waited for (dev.c), then
+ * map_lock and the lease are released. */
 static void rw_release(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
+    kvt_status_t st;
+
     p->st = p->ncma > 0 ? kvt__shm_cma_run(s, j, p->how) : KVT_OK;
+    st = kvt__shm_dev_finish(s, j, p);
+    if (p->st == KVT_OK)
+        p->st = st;
+    pthread_rwlock_unlock(&s->map_lock);
+    kvt__shm_lease_release(s);
+}
+
+/* Give up a job begun with rw_begin() before copying anything (what it
+ * needs is asked for first). */
+static void rw_abort(shm_session_t *s)
+{
     pthread_rwlock_unlock(&s->map_lock);
     kvt__shm_lease_release(s);
 }
@@ -169,7 +299,7 @@ static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
 
     if (st == KVT_OK && p->nstage > 0)
         st = kvt__shm_stage_run(s, j, p->how);
-    if (st == KVT_OK && p->ncma + p->nmap > 0 &&
+    if (st == KVT_OK && p->ncma + p->nmap + p->ndev + p->nbounce > 0 &&
         kvt__shm_target_check(s, &st)) {
         if (kvt__now_ns() < j->deadline)
             return 1;
@@ -188,17 +318,50 @@ static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
  * rw_finish(). */
 static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
+    kvt__shm_dev_issue(s, j, p); /* the device's copies overlap the rest */
     kvt__shm_rw_copy_maps(j, p);
     rw_release(s, j, p);
     return rw_finish(s, j, p);
 }
 
+/* Ask for what a job begun with rw_begin() needs (p->need). Fails the
+ * job and the session when the target does not answer by the job's
+ * deadline or the socket broke: -1. */
+static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
+{
+    kvt_status_t st = KVT_OK;
+
+    if (p->want_ipc != 0)
+        st = kvt__shm_ipc_request(s, p->want_ipc, p->want_ipc_addr,
+                                  j->deadline);
+    if (st == KVT_OK && p->want_map != 0)
+        kvt__shm_map_request(s, p->want_map, 0);
+    if (st != KVT_OK) {
+        kvt__shm_segs_fail(j, 0, j->nsegs, st);
+        kvt__shm_session_kill(&s->base, st);
+        return -1;
+    }
+    return 0;
+}
+
+/* Tries of a job that needs openings or mappings (each try gets one of
+ * each, or their refusal) before the rest fails or is bounced. */
+#define NEED_TRIES 8
+
 /* Run a READ or WRITE job alone; as rw_finish(). */
 static int rw_run(shm_session_t *s, job_t *j)
 {
-    rw_plan_t p; /* 9 KiB */
+    rw_plan_t p; /* 17 KiB */
 
-    return rw_begin(s, j, &p, 0) == 0 ? rw_rest(s, j, &p) : 0;
+    for (unsigned t = 0;; t++) {
+        if (rw_begin(s, j, &p, 0, t + 1 >= NEED_TRIES) != 0)
+            return 0;
+        if (p.need == 0)
+            return rw_rest(s, j, &p);
+        rw_abort(s);
+        if (rw_fetch(s, j, &p) != 0)
+            return 0;
+    }
 }
 
 /*
@@ -234,14 +397,29 @@ int kvt__shm_seg_siblings(const seg_t *a, const seg_t *b)
 void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
                            job_t *j2)
 {
-    rw_plan_t p[2]; /* 18 KiB */
+    rw_plan_t p[2]; /* 34 KiB */
+    int r2;
 
-    if (rw_begin(s, j, &p[0], 0) != 0) {
+    if (rw_begin(s, j, &p[0], 0, 0) != 0) {
         job_done(s, j);
         kvt__shm_job_run(s2, j2);
         return;
     }
-    if (rw_begin(s2, j2, &p[1], 1) != 0) {
+    if (p[0].need > 0) { /* each alone, once what it needs is at hand */
+        rw_abort(s);
+        if (rw_fetch(s, j, &p[0]) != 0)
+            job_done(s, j);
+        else
+            kvt__shm_job_run(s, j);
+        kvt__shm_job_run(s2, j2);
+        return;
+    }
+    r2 = rw_begin(s2, j2, &p[1], 1, 0);
+    if (r2 == 0 && p[1].need > 0) { /* alone, after the first */
+        rw_abort(s2);
+        r2 = 1;
+    }
+    if (r2 != 0) {
         job_end(s, j, rw_rest(s, j, &p[0]));
         kvt__shm_job_run(s2, j2);
         return;
@@ -258,6 +436,8 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         p[0].loc[i] = p[1].loc[i] = NULL;
         atomic_fetch_add_explicit(&s->shm->paired, 1, memory_order_relaxed);
     }
+    kvt__shm_dev_issue(s2, j2, &p[1]);
+    kvt__shm_dev_issue(s, j, &p[0]);
     kvt__shm_rw_copy_maps(j2, &p[1]);
     kvt__shm_rw_copy_maps(j, &p[0]);
     rw_release(s2, j2, &p[1]);

@@ -60,6 +60,7 @@ void kvt__shm_maps_reconcile(shm_session_t *s)
         s->nmaps = k;
         atomic_store(&s->mapped, (uint32_t)k);
         s->nnomap = 0;
+        kvt__shm_ipcs_reconcile_locked(s);
         atomic_store(&s->map_seq, ch->snap_seq);
     }
     pthread_rwlock_unlock(&s->map_lock);
@@ -115,7 +116,9 @@ void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
     for (;;) { /* skip answers to requests that timed out earlier */
         kvt__shm_msg_t a;
         if (kvt__shm_recv_msg(s->sock, &a, &fd) != (ssize_t)sizeof(a) ||
-            a.magic != KVT_SHM_MAGIC || a.type != KVT_SHM_MAP_ACK)
+            a.magic != KVT_SHM_MAGIC ||
+            (a.type != KVT_SHM_MAP_ACK && a.type != KVT_SHM_IPC_ACK) ||
+            (a.seq == m.seq && a.type != KVT_SHM_MAP_ACK))
             goto out;
         if (a.seq == m.seq) {
             m = a;

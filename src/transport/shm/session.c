@@ -33,6 +33,7 @@ static void release_resources(shm_session_t *s)
     s->nmaps = 0;
     atomic_store(&s->mapped, 0);
     pthread_rwlock_unlock(&s->map_lock);
+    kvt__shm_ipcs_release(s);
     if (s->ch != NULL)
         munmap(s->ch, s->ch_len);
     s->ch = NULL;
@@ -135,10 +136,11 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
         kvt__comp_t *comp = d->comp;
         uint32_t c = d->count;
         uint64_t L = d->len, ls = d->lstride, rs = d->rstride, la = d->laddr;
+        int32_t ldev = d->lkind != KVT_MEM_HOST ? d->ldev : -1;
 
         p->pieces[i] = 0;
         if (d->op == KVT_OP_NOTIFY) {
-            seg_t g = {.count = 1, .st = KVT_OK, .comp = comp};
+            seg_t g = {.count = 1, .st = KVT_OK, .ldev = -1, .comp = comp};
             plan_open(p, KVT_OP_NOTIFY, dl);
             if (p->jobs != NULL) {
                 p->cur->nlen = (uint32_t)L;
@@ -167,6 +169,7 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
                         .rstride = rs,
                         .count = (uint32_t)cnt,
                         .st = KVT_OK,
+                        .ldev = ldev,
                         .comp = comp};
             g.vlo = g.raddr;
             g.vhi = g.raddr + (cnt - 1) * rs + L;
@@ -188,6 +191,7 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
                             .vlo = vlo,
                             .vhi = vlo + L,
                             .st = KVT_OK,
+                            .ldev = ldev,
                             .comp = comp};
                 if (g.len > target - p->cur_bytes)
                     g.len = target - p->cur_bytes;
@@ -358,6 +362,7 @@ static void session_destroy(kvt__session_t *base)
         release_resources(s);
     pool_unlink(s);
     free(s->maps);
+    free(s->ipcs);
     pthread_mutex_destroy(&s->sock_lock);
     pthread_rwlock_destroy(&s->map_lock);
     pthread_mutex_destroy(&s->lock);
@@ -468,12 +473,21 @@ static int shm_reachable(kvt__tl_t *tl, const kvt__segdesc_t *d,
     return 1;
 }
 
+/* Device memory through the driver's same-host sharing (dev.c), when a
+ * device memory domain is built; an engine whose process finds no driver
+ * leaves it out (kvt__shm_create()). */
+#ifdef KVT_HAVE_CUDA
+#define SHM_MEM (KVT__MEM_BIT(KVT_MEM_HOST) | KVT__MEM_BIT(KVT_MEM_CUDA))
+#else
+#define SHM_MEM KVT__MEM_BIT(KVT_MEM_HOST)
+#endif
+
 /* clang-format off */
 KVT_TRANSPORT_REGISTER(shm, {
     .name = "shm",
     .id = KVT_TRANSPORT_SHM,
-    .caps = {.local_mem = KVT__MEM_BIT(KVT_MEM_HOST),
-             .remote_mem = KVT__MEM_BIT(KVT_MEM_HOST),
+    .caps = {.local_mem = SHM_MEM,
+             .remote_mem = SHM_MEM,
              .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED,
              .priority = 100},
     .create = kvt__shm_create,

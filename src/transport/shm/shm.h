@@ -31,9 +31,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "mem/dev.h"
 #include "transport/transport.h"
 
-#define KVT_SHM_VERSION 3
+#define KVT_SHM_VERSION 4
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
 #define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
 #define KVT_SHM_NOTES 64u
@@ -90,6 +91,9 @@ typedef struct {
     uint64_t end; /* exclusive */
     uint32_t access;
     uint32_t map_id; /* kvt_mem_alloc() allocation holding it; 0: none */
+    uint32_t serial; /* the registration (kvt__region_t.serial) */
+    uint16_t kind;   /* kvt_mem_kind_t */
+    int16_t device;  /* of device memory; -1 for host memory */
 } kvt__shm_region_t;
 
 typedef struct {
@@ -146,6 +150,11 @@ enum {
     KVT_SHM_MAP_ACK = 4,   /* target: status, id, seq, addr, length; the
                               allocation's memfd rides along on success */
     KVT_SHM_BELL = 5,      /* initiator: notifications wait */
+    KVT_SHM_IPC = 6,       /* initiator: id (a device region's serial),
+                              addr (its start), seq */
+    KVT_SHM_IPC_ACK = 7,   /* target: status, id, seq, addr and length (the
+                              allocation holding the region), pid (its
+                              device), handle; on failure, name says why */
 };
 
 typedef struct {
@@ -160,6 +169,7 @@ typedef struct {
     uint64_t addr;
     uint64_t length;
     char name[KVT_WIRE_NAME_MAX + 1];
+    uint8_t handle[KVT__DEV_IPC_BYTES];
 } kvt__shm_msg_t;
 
 typedef struct shm_tchan shm_tchan_t;
@@ -192,6 +202,7 @@ struct kvt__shm {
     _Atomic uint32_t helper_seq; /* futex word: work for the helper */
     _Atomic int helper_stop;
     int ptracer_held;
+    _Atomic int ipc_said; /* an export was refused: said once */
 
     /* Initiator role (session.c). Lock order: pool_lock -> session lock. */
     pthread_mutex_t pool_lock;
@@ -209,6 +220,12 @@ struct kvt__shm {
     int stopping;
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
+    /* Device copies (dev.c): idle streams and pinned bounce buffers, kept
+     * for the executors; under dev_lock. */
+    pthread_mutex_t dev_lock;
+    struct kvt__shm_dstream *dstreams;
+    struct kvt__shm_bounce *bounces;
+    unsigned nbounces;
 };
 
 struct shm_tchan {
@@ -266,6 +283,10 @@ void kvt__shm_registry_changed(kvt__tl_t *tl);
  * @out (room for 108 bytes, sun_path); returns its length. */
 size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
                           uint16_t port);
+
+/* dev.c: free the device streams and bounce buffers kept for the
+ * initiator's executors (the engine is being destroyed). */
+void kvt__shm_dev_fini(kvt__shm_t *shm);
 
 /* pool.c: stop the initiator workers and cancel every session. */
 void kvt__shm_sessions_stop(kvt__shm_t *shm);

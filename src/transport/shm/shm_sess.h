@@ -93,11 +93,15 @@ typedef struct {
     uint64_t vlo, vhi; /* must lie wholly in one region */
     uint32_t count;
     int32_t st;
+    int32_t ldev;      /* the local side's device; -1 for host memory */
     kvt__comp_t *comp; /* of the descriptor it is part of */
 } seg_t;
 
-/* How a segment is copied (rw_run). */
-enum { HOW_NONE, HOW_MAP, HOW_CMA, HOW_STAGE };
+/* How a segment is copied (rw_run). HOW_DEV: by the device (a device
+ * copy between this side and the target's memory as opened or mapped
+ * here); HOW_BOUNCE: device memory here, host memory there that is not
+ * mapped: through a pinned bounce buffer and cross-memory attach. */
+enum { HOW_NONE, HOW_MAP, HOW_CMA, HOW_STAGE, HOW_DEV, HOW_BOUNCE };
 
 /* One allocation per submission: this header, the jobs, the segments and
  * the notification messages; freed when its last job completes. */
@@ -121,6 +125,15 @@ typedef struct {
     uint64_t base, len; /* in the target */
     uint8_t *local;
 } map_t;
+
+/* A device allocation of the target, opened here through the driver's
+ * sharing, for the device region registered as @serial. */
+typedef struct {
+    uint32_t serial;
+    int dev;            /* the context it was opened under */
+    uint64_t base, len; /* the allocation, in the target */
+    uint8_t *local;     /* its base here */
+} ipc_t;
 
 struct shm_session {
     kvt__session_t base;
@@ -150,6 +163,13 @@ struct shm_session {
     _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
     uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
     unsigned nnomap;
+    /* The target's device regions opened here (dev.c), under map_lock as
+     * the mappings are, and the refused ones until the next snapshot. */
+    ipc_t *ipcs;
+    size_t nipcs, icap;
+    uint32_t noipc[NOMAP_MAX];
+    unsigned nnoipc;
+    _Atomic int dev_said; /* a device transfer was refused: said once */
 
     pthread_mutex_t sock_lock;
     uint64_t req_seq;
@@ -178,8 +198,19 @@ typedef struct {
 typedef struct {
     uint32_t ncma, nmap, nstage, want_map;
     kvt_status_t st; /* of the attached copies (rw_release) */
+    /* Device copies: segments by the device and through the bounce
+     * buffer, and those waiting for an opening or a mapping (need) that
+     * is asked for (want_ipc, the region's serial and start) before the
+     * job is tried again. */
+    uint32_t ndev, nbounce, need, want_ipc;
+    uint64_t want_ipc_addr;
+    int sdev;                    /* the device of the job's stream */
+    int dfail;                   /* a device copy could not be queued */
+    struct kvt__shm_dstream *ds; /* the job's stream, once issued */
     uint8_t how[JOB_SEGS];
     uint8_t *loc[JOB_SEGS];
+    uint8_t *dloc[JOB_SEGS]; /* HOW_DEV: the target's side here; NULL:
+                                resolved piece by piece */
 } rw_plan_t;
 
 /* ---- Across the files of the initiator side -------------------------- */
@@ -214,6 +245,31 @@ void kvt__shm_maps_reconcile(shm_session_t *s);
 void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline);
 void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p);
 void kvt__shm_maps_prefetch(shm_session_t *s, uint64_t deadline);
+
+/* dev.c */
+struct kvt__shm_dstream {
+    struct kvt__shm_dstream *next;
+    kvt__dstream_t *s;
+    int dev;
+};
+struct kvt__shm_bounce {
+    struct kvt__shm_bounce *next;
+    uint8_t *buf;
+};
+const ipc_t *kvt__shm_ipc_find(shm_session_t *s, uint32_t serial);
+int kvt__shm_ipc_refused(shm_session_t *s, uint32_t serial);
+kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,
+                                  uint64_t start, uint64_t deadline);
+void kvt__shm_ipcs_reconcile_locked(shm_session_t *s);
+void kvt__shm_ipcs_release(shm_session_t *s);
+void kvt__shm_dev_refused(shm_session_t *s, const char *why);
+void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p);
+kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p);
+
+/* job.c: the snapshot region holding [lo, hi) with @access, or NULL. */
+const kvt__shm_region_t *kvt__shm_region_find(const kvt__shm_chan_t *ch,
+                                              uint32_t n, uint64_t lo,
+                                              uint64_t hi, uint32_t access);
 
 /* cma.c */
 kvt_status_t kvt__shm_cma_run(shm_session_t *s, job_t *j, const uint8_t *how);

@@ -138,6 +138,50 @@ static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
     return rc;
 }
 
+/*
+ * Answer an IPC request: the driver's handle of the device allocation
+ * holding the region the request names (by start and serial, so that a
+ * later registration at the same address is not taken for it). The
+ * registry's read lock is held across the export, so the region cannot
+ * go (and its memory be freed) in between. A refusal says why, in the
+ * answer and once in this process's log.
+ */
+static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
+{
+    const kvt__region_t *r;
+    const char *why = "no such device region is registered";
+    kvt__shm_msg_t m;
+
+    kvt__shm_msg_init(&m, KVT_SHM_IPC_ACK);
+    m.id = req->id;
+    m.seq = req->seq;
+    m.status = KVT_ERR_NOT_FOUND;
+    kvt__memreg_rdlock(shm->reg);
+    r = kvt__memreg_find_locked(shm->reg, req->addr, 1);
+    if (r != NULL && r->start == req->addr && r->serial == req->id &&
+        r->kind != KVT_MEM_HOST) {
+        uint64_t base = 0, size = 0;
+        if (kvt__dev_ipc_export((const void *)(uintptr_t)r->start,
+                                r->end - r->start, r->device, &base, &size,
+                                m.handle, &why) == 0) {
+            m.status = KVT_OK;
+            m.addr = base;
+            m.length = size;
+            m.pid = (uint32_t)r->device;
+        } else {
+            m.status = KVT_ERR_NOT_SUPPORTED;
+            if (!atomic_exchange(&shm->ipc_said, 1))
+                KVT_LOG_W("shm: device memory at %#llx cannot be shared with "
+                          "same-host peers (%s); their transfers into it fail",
+                          (unsigned long long)r->start, why);
+        }
+    }
+    kvt__memreg_unlock(shm->reg);
+    if (m.status != KVT_OK)
+        snprintf(m.name, sizeof(m.name), "%s", why);
+    return send_msg(c->fd, &m, -1) == KVT_OK ? 0 : -1;
+}
+
 static void chan_free(shm_tchan_t *c)
 {
     if (c->fd >= 0)
@@ -185,6 +229,8 @@ static void chan_event(kvt__shm_t *shm, shm_tchan_t *c, uint32_t events)
             bad = 1;
         } else if (m.type == KVT_SHM_MAP) {
             bad = serve_map(shm, c, &m) != 0;
+        } else if (m.type == KVT_SHM_IPC) {
+            bad = serve_ipc(shm, c, &m) != 0;
         } else if (m.type != KVT_SHM_BELL) {
             KVT_LOG_W("shm: unexpected message %u from %s; closing", m.type,
                       c->peer);
@@ -369,7 +415,15 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
     shm->epfd = -1;
     pthread_mutex_init(&shm->chan_lock, NULL);
     pthread_mutex_init(&shm->pool_lock, NULL);
+    pthread_mutex_init(&shm->dev_lock, NULL);
     pthread_cond_init(&shm->pool_cond, NULL);
+    /* Device memory, both ways, only where a driver with devices is
+     * found: the initiator opens the target's memory through it, even
+     * from host memory (without one, tcp carries such transfers). */
+    if (!kvt__dev_usable()) {
+        shm->base.local_mem &= ~KVT__MEM_BIT(KVT_MEM_CUDA);
+        shm->base.remote_mem &= ~KVT__MEM_BIT(KVT_MEM_CUDA);
+    }
     nl = kvt__shm_sock_name(sa.sun_path, shm->cfg->host_id, (uint32_t)getpid(),
                             shm->cfg->port);
     memcpy(shm->sock_name, sa.sun_path, nl);
@@ -414,6 +468,7 @@ err_free:
     if (shm->evfd >= 0)
         close(shm->evfd);
     pthread_cond_destroy(&shm->pool_cond);
+    pthread_mutex_destroy(&shm->dev_lock);
     pthread_mutex_destroy(&shm->pool_lock);
     pthread_mutex_destroy(&shm->chan_lock);
     free(shm);
@@ -475,7 +530,9 @@ void kvt__shm_destroy(kvt__tl_t *tl)
     close(shm->epfd);
     close(shm->evfd);
     free(shm->workers);
+    kvt__shm_dev_fini(shm);
     pthread_cond_destroy(&shm->pool_cond);
+    pthread_mutex_destroy(&shm->dev_lock);
     pthread_mutex_destroy(&shm->pool_lock);
     pthread_mutex_destroy(&shm->chan_lock);
     free(shm);
