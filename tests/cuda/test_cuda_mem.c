@@ -464,6 +464,57 @@ static void copy_fails(uint32_t transport)
     free(host);
 }
 
+/*
+ * Over tcp the device copies of the frames behind the head of the send
+ * queue run ahead while it is sent. One of those failing fails its own
+ * descriptor only (zeros were sent for it); every other block lands.
+ */
+KVT_TEST(copy_ahead_fails)
+{
+    enum { N = 16, BLK = 1 << 20 };
+    kvt_xfer_desc_t d[N];
+    uint8_t *host = malloc((size_t)N * BLK);
+    kvt_batch_h b;
+    unsigned failed = 0;
+    dev_pair_t x;
+    void *h;
+
+    dev_pair(&x, KVT_TRANSPORT_TCP, (size_t)N * BLK, 1);
+    h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
+    CHECK(h != NULL);
+    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
+    CHECK(fail_copy != NULL);
+    /* Every other block there, so that no two frames merge; block i
+     * holds the pattern of where it goes. */
+    for (int i = 0; i < N; i++)
+        pattern_fill(host + (size_t)i * BLK, BLK, 7, (uint64_t)i * 2 * BLK);
+    CHECK(devmem_copy(x.dev, host, (size_t)N * BLK) == 0);
+    for (int i = 0; i < N; i++)
+        d[i] = xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
+                  x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
+    fail_copy(5);
+    CHECK_OK(kvt_batch_create(x.e, N, &b));
+    CHECK_OK(kvt_batch_submit(b, d, N));
+    CHECK(kvt_batch_wait(b, 30000) != KVT_INPROGRESS);
+    for (int i = 0; i < N; i++) {
+        kvt_status_t st = kvt_batch_entry(b, (size_t)i, NULL);
+        const char *r;
+        CHECK(st == KVT_OK || st == KVT_ERR_IO);
+        if (st != KVT_OK) {
+            failed++;
+            continue;
+        }
+        r = peer_cmd(&x.p, "check %llu %llu 7",
+                     (unsigned long long)(x.p.main_addr + (uint64_t)i * 2 * BLK),
+                     (unsigned long long)BLK);
+        CHECK(r != NULL && strcmp(r, "0") == 0);
+    }
+    CHECK(failed == 1);
+    CHECK_OK(kvt_batch_free(b));
+    dev_pair_end(&x);
+    free(host);
+}
+
 KVT_TEST(device_copy_fails)
 {
     copy_fails(KVT_TRANSPORT_TCP);
@@ -768,6 +819,7 @@ int main(int argc, char **argv)
         KVT_CASE(same_host_host_only, 30),
         KVT_CASE(device_copy_fails, 60),
         KVT_CASE(device_copy_fails_shm, 60),
+        KVT_CASE(copy_ahead_fails, 60),
         KVT_CASE(unregister_under_load, 60),
         KVT_CASE(unregister_under_load_shm, 60),
         KVT_CASE(ipc_cached, 60),

@@ -149,7 +149,7 @@ static int serve_map(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
 static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
 {
     const kvt__region_t *r;
-    const char *why = "no such device region is registered";
+    const char *why = "no such device region is registered for peers";
     kvt__shm_msg_t m;
 
     kvt__shm_msg_init(&m, KVT_SHM_IPC_ACK);
@@ -159,7 +159,7 @@ static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
     kvt__memreg_rdlock(shm->reg);
     r = kvt__memreg_find_locked(shm->reg, req->addr, 1);
     if (r != NULL && r->start == req->addr && r->serial == req->id &&
-        r->kind != KVT_MEM_HOST) {
+        r->kind != KVT_MEM_HOST && r->access != 0) {
         uint64_t base = 0, size = 0;
         if (kvt__dev_ipc_export((const void *)(uintptr_t)r->start,
                                 r->end - r->start, r->device, &base, &size,

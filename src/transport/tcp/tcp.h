@@ -54,6 +54,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "mem/dev.h"
 #include "transport/transport.h"
 
 #define TICK_NS (50ull * 1000000ull)
@@ -107,6 +108,10 @@ typedef struct tcp_frame {
     int stage_dev;
     _Atomic int dev_failed;
     kvt__tcp_t *stage_tcp;
+    /* Copied ahead (kvt__tcp_frame_prefetch()): on this stream of its
+     * connection, complete once its marker is; NULL when not pending. */
+    kvt__dstream_t *stage_ds;
+    unsigned stage_mark;
     uint8_t hdr[KVT_WIRE_HDR_LEN];
     uint8_t *body;
     struct iovec iov[]; /* send vector; for READ the local segments follow */
@@ -168,6 +173,12 @@ struct tcp_conn {
 
     pthread_mutex_t tx_lock;
     tcp_tx_t *txq_head, *txq_tail;
+    /* Under tx_lock: the stream on which the device copies of the WRITE
+     * frames behind the head run ahead (tcp_dev.c), its device, and the
+     * next marker. */
+    kvt__dstream_t *tx_ds;
+    int tx_ds_dev;
+    unsigned tx_mark;
     int dead; /* under tx_lock */
 
     pthread_mutex_t out_lock;
@@ -375,6 +386,13 @@ void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len, int dev);
 void kvt__tcp_stage_put(kvt__tcp_t *tcp, void *p, uint64_t len);
 void kvt__tcp_dev_fini(kvt__tcp_t *tcp);
 void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f);
+/* tx_lock held: a device WRITE frame at the head of the send queue is
+ * ready to send (staged now, or its copies ahead waited for); the device
+ * copies of the next ones behind it are queued to run while it is sent. */
+void kvt__tcp_frame_ready(tcp_conn_t *c, tcp_frame_t *f);
+/* The connection failed (dead, its queue taken): the copies ahead are
+ * waited for, so the frames can be freed. */
+void kvt__tcp_tx_quiesce(tcp_conn_t *c, tcp_tx_t *list);
 int kvt__tcp_rx_dev(tcp_conn_t *c);
 int kvt__tcp_rx_dev_finish(tcp_conn_t *c);
 int kvt__tcp_dev_read_stage(tcp_conn_t *c, void *dst, uint64_t src,

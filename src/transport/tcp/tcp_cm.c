@@ -152,6 +152,7 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
     c->dead = 1;
     t = c->txq_head;
     c->txq_head = c->txq_tail = NULL;
+    kvt__tcp_tx_quiesce(c, t); /* copies ahead into the frames' buffers */
     pthread_mutex_unlock(&c->tx_lock);
     for (; t != NULL; t = tn) {
         tn = t->next;

@@ -13,9 +13,13 @@
  *
  * Sending (a WRITE from device memory, a READ_RESP from it): the device
  * bytes are copied into one pinned buffer of the frame, and the frame
- * sends from there; copies by submitting threads go through one stream
- * of the transport at a time, copies by a worker through its
- * connection's stream.
+ * sends from there. A WRITE's copies are queued when the frame behind it
+ * starts to send: the next TX_AHEAD device frames of the queue are copied
+ * on the connection's own stream (under tx_lock), each followed by a
+ * marker, while the head goes out; a frame reaching the head waits for
+ * its marker only, so device-to-host copies overlap the socket. A frame
+ * that reaches the head uncopied (the first, or one of another device)
+ * is copied then, through the transport's stream of its device.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -28,6 +32,7 @@
 #include "util/log.h"
 
 #define STAGE_KEEP 32 /* pinned buffers kept for reuse */
+#define TX_AHEAD 2    /* device WRITE frames copied ahead of the head */
 
 struct mem_stage {
     kvt__dstream_t *ds;
@@ -86,17 +91,116 @@ void kvt__tcp_dev_fini(kvt__tcp_t *tcp)
     }
 }
 
+/* Queue the copies of @f's device segments into f->stage on @ds: 0 or
+ * -1 (some may be queued: wait for @ds before the buffer is reused). */
+static int stage_queue(kvt__dstream_t *ds, tcp_frame_t *f)
+{
+    uint64_t off = 0;
+    int rc = 0;
+
+    for (uint32_t k = 0; rc == 0 && k < f->nlsegs; k++) {
+        if (f->lseg_dev1[k] == 0)
+            continue;
+        rc = kvt__dev_copy(ds, (uint8_t *)f->stage + off, f->lsegs[k].iov_base,
+                           f->lsegs[k].iov_len);
+        off += f->lsegs[k].iov_len;
+    }
+    return rc;
+}
+
+/* Point @f's device segments at its pinned copy (@ok), or at zeros with
+ * its pieces to fail. */
+static void stage_point(kvt__tcp_t *tcp, tcp_frame_t *f, int ok)
+{
+    uint64_t off = 0;
+
+    for (uint32_t k = 0; k < f->nlsegs; k++) {
+        if (f->lseg_dev1[k] == 0)
+            continue;
+        f->lsegs[k].iov_base =
+            ok ? (void *)((uint8_t *)f->stage + off) : tcp->zeros;
+        off += f->lsegs[k].iov_len;
+    }
+    if (!ok)
+        atomic_store(&f->dev_failed, 1);
+}
+
+/* Copy ahead the device WRITE frames behind the head, from @t on (tx_lock
+ * held). */
+static void frame_prefetch(tcp_conn_t *c, tcp_tx_t *t)
+{
+    kvt__tcp_t *tcp = c->w->tcp;
+    unsigned n = 0;
+
+    for (; t != NULL && n < TX_AHEAD; t = t->next) {
+        tcp_frame_t *f = (tcp_frame_t *)t;
+        int rc;
+        if (t->is_resp || f->type != KVT_WIRE_WRITE || f->lseg_dev1 == NULL)
+            continue;
+        n++;
+        if (f->stage != NULL || f->stage_ds != NULL ||
+            atomic_load(&f->dev_failed))
+            continue;
+        if (c->tx_ds == NULL) {
+            c->tx_ds = kvt__dev_stream_new(f->stage_dev);
+            c->tx_ds_dev = f->stage_dev;
+            if (c->tx_ds == NULL)
+                return; /* staged at the head instead */
+        }
+        if (c->tx_ds_dev != f->stage_dev)
+            continue;
+        f->stage = kvt__tcp_stage_get(tcp, f->stage_len, f->stage_dev);
+        f->stage_tcp = tcp;
+        if (f->stage == NULL)
+            continue; /* staged at the head, which says why */
+        rc = stage_queue(c->tx_ds, f);
+        f->stage_mark = c->tx_mark++ % KVT__DEV_MARKS;
+        if (rc == 0)
+            rc = kvt__dev_mark(c->tx_ds, f->stage_mark);
+        if (rc != 0) {
+            kvt__dev_sync(c->tx_ds);
+            stage_point(tcp, f, 0);
+            continue;
+        }
+        f->stage_ds = c->tx_ds;
+    }
+}
+
+void kvt__tcp_frame_ready(tcp_conn_t *c, tcp_frame_t *f)
+{
+    kvt__tcp_t *tcp = c->w->tcp;
+
+    if (f->stage_ds != NULL) {
+        /* Copied ahead: pointed at the copy once it completed. The
+         * markers cycle, so a later frame's may have been recorded over
+         * this one's: it then waits for that one too, which follows it on
+         * the same stream. */
+        stage_point(tcp, f, kvt__dev_mark_wait(f->stage_ds, f->stage_mark) == 0);
+        f->stage_ds = NULL;
+    } else if (f->stage == NULL && !atomic_load(&f->dev_failed)) {
+        kvt__tcp_frame_stage(tcp, f);
+    }
+    frame_prefetch(c, f->tx.next);
+}
+
+void kvt__tcp_tx_quiesce(tcp_conn_t *c, tcp_tx_t *list)
+{
+    if (c->tx_ds != NULL)
+        kvt__dev_sync(c->tx_ds);
+    for (tcp_tx_t *t = list; t != NULL; t = t->next)
+        if (!t->is_resp)
+            ((tcp_frame_t *)t)->stage_ds = NULL;
+}
+
 /*
  * A WRITE frame with device segments reached the head of the send queue
- * (tx_lock held, nothing of it sent): copy them into one pinned buffer
- * and send from there. On failure the frame sends zeros for them and its
- * pieces fail with KVT_ERR_IO (the target may hold the zeros: a write
- * that failed may have landed).
+ * uncopied (tx_lock held, nothing of it sent): copy them into one pinned
+ * buffer and send from there. On failure the frame sends zeros for them
+ * and its pieces fail with KVT_ERR_IO (the target may hold the zeros: a
+ * write that failed may have landed).
  */
 void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
 {
-    uint8_t *p;
-    uint64_t off = 0;
     int rc = 0;
     /* The stream of the frame's device (its copies under its context). */
     struct kvt__dstream **ts =
@@ -110,27 +214,12 @@ void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
         *ts = kvt__dev_stream_new(f->stage_dev);
     if (*ts == NULL || f->stage == NULL)
         rc = -1;
-    p = f->stage;
-    for (uint32_t k = 0; rc == 0 && k < f->nlsegs; k++) {
-        if (f->lseg_dev1[k] == 0)
-            continue;
-        rc = kvt__dev_copy(*ts, p + off, f->lsegs[k].iov_base,
-                           f->lsegs[k].iov_len);
-        off += f->lsegs[k].iov_len;
-    }
+    if (rc == 0)
+        rc = stage_queue(*ts, f);
     if (*ts != NULL && kvt__dev_sync(*ts) != 0)
         rc = -1;
     pthread_mutex_unlock(&tcp->dev_lock);
-    off = 0;
-    for (uint32_t k = 0; k < f->nlsegs; k++) {
-        if (f->lseg_dev1[k] == 0)
-            continue;
-        f->lsegs[k].iov_base =
-            rc == 0 ? (void *)((uint8_t *)f->stage + off) : tcp->zeros;
-        off += f->lsegs[k].iov_len;
-    }
-    if (rc != 0)
-        atomic_store(&f->dev_failed, 1);
+    stage_point(tcp, f, rc == 0);
 }
 
 /* ---- Receiving ---------------------------------------------------------- */
@@ -314,6 +403,9 @@ void kvt__tcp_rx_dev_drop(tcp_conn_t *c)
 void kvt__tcp_conn_stage_free(tcp_conn_t *c)
 {
     mem_stage_t *m = atomic_exchange(&c->stage, NULL);
+
+    kvt__dev_stream_free(c->tx_ds); /* waits for what is queued */
+    c->tx_ds = NULL;
 
     if (m == NULL)
         return;

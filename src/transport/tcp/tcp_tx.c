@@ -67,9 +67,8 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
             kvt__tcp_resp_revalidate(tcp, (tcp_resp_t *)t);
         } else if (!t->is_resp) {
             tcp_frame_t *f = (tcp_frame_t *)t;
-            if (f->type == KVT_WIRE_WRITE && f->lseg_dev1 != NULL &&
-                f->stage == NULL && !atomic_load(&f->dev_failed))
-                kvt__tcp_frame_stage(tcp, f);
+            if (f->type == KVT_WIRE_WRITE && f->lseg_dev1 != NULL)
+                kvt__tcp_frame_ready(c, f);
         }
         mh.msg_iov = t->cur;
         mh.msg_iovlen = (size_t)(t->cnt > IOV_MAX ? IOV_MAX : t->cnt);
