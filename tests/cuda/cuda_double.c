@@ -19,6 +19,8 @@
  * that stream, and its next synchronisation, report
  * CUDA_ERROR_LAUNCH_FAILED.
  * KVT_CUDA_DOUBLE_DEVICES sets the number of devices (default 2; 0: none).
+ * KVT_CUDA_DOUBLE_NO_IPC=1 refuses to export IPC handles (as the driver
+ * does for memory of the virtual-memory API).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -103,7 +105,7 @@ static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
 static alloc_t allocs[MAX_ALLOCS];
 static stream_t *streams; /* under lock */
-static int started, ndev = 2;
+static int started, ndev = 2, no_ipc;
 static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, ipc_opens;
 static stream_t null_stream;
@@ -304,6 +306,8 @@ EXPORT CUresult cuInit(unsigned int flags)
             delay_us = (unsigned)atoi(v);
         if ((v = getenv("KVT_CUDA_DOUBLE_FAIL_COPY")) != NULL)
             fail_at = atol(v);
+        if ((v = getenv("KVT_CUDA_DOUBLE_NO_IPC")) != NULL)
+            no_ipc = atoi(v);
         pthread_atfork(fork_prepare, fork_parent, fork_child);
         null_stream.next = streams;
         streams = &null_stream;
@@ -615,6 +619,8 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
     struct stat sb;
     alloc_t *a;
 
+    if (no_ipc) /* as the driver for memory of the virtual-memory API */
+        return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     a = find((uintptr_t)p, 1);
     if (a != NULL && a->dev >= 0 && !a->imported) {

@@ -766,6 +766,75 @@ KVT_TEST(host_to_device)
 }
 
 /*
+ * A target whose driver will not share its device memory: transfers with
+ * it go through the staging slots, copied by the target itself, both
+ * ways, contiguous (larger than a slot) and strided, from device memory
+ * and from host memory here; nothing is opened.
+ */
+KVT_TEST(ipc_refused_stages)
+{
+    enum { LEN = 3 << 20, PIECE = 3000, STRIDE = 8192, N = 300 };
+    uint8_t *host = malloc(LEN), *orig = malloc(LEN);
+    uint8_t *hbuf = malloc(LEN);
+    kvt_xfer_desc_t d;
+    const char *r;
+    dev_pair_t x;
+
+    ipc_counters();
+    setenv("KVT_CUDA_DOUBLE_NO_IPC", "1", 1); /* the peer's driver */
+    dev_pair(&x, KVT_TRANSPORT_SHM, LEN, 0);
+    unsetenv("KVT_CUDA_DOUBLE_NO_IPC");
+    CHECK(ipc_live() == 0);
+    /* Device memory here, contiguous, both ways. */
+    pattern_fill(orig, LEN, 91, 0);
+    CHECK(devmem_copy(x.dev, orig, LEN) == 0);
+    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(run1(x.e, &d, 1));
+    r = peer_cmd(&x.p, "check %llu %llu 91", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
+    d.opcode = KVT_OP_READ;
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
+    CHECK(pattern_check(host, LEN, 91, 0) == 0);
+    /* Strided pieces here, packed there, and read back packed. */
+    pattern_fill(orig, LEN, 92, 0);
+    CHECK(devmem_copy(x.dev, orig, LEN) == 0);
+    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
+    d.count = N;
+    d.local_stride = STRIDE;
+    CHECK_OK(run1(x.e, &d, 1));
+    d = xd(KVT_OP_READ, x.seg, (uint8_t *)x.dev + LEN / 2 + 4096,
+           x.p.main_addr, (uint64_t)N * PIECE);
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(devmem_copy(host, x.dev, LEN) == 0);
+    for (int k = 0; k < N; k++)
+        CHECK(memcmp(host + LEN / 2 + 4096 + (size_t)k * PIECE,
+                     orig + (size_t)k * STRIDE, PIECE) == 0);
+    /* Host memory here. */
+    CHECK_OK(kvt_mem_register(x.e, hbuf, LEN, KVT_ACCESS_REMOTE_RW));
+    pattern_fill(hbuf, LEN, 93, 0);
+    d = xd(KVT_OP_WRITE, x.seg, hbuf, x.p.main_addr, LEN);
+    CHECK_OK(run1(x.e, &d, 1));
+    r = peer_cmd(&x.p, "check %llu %llu 93", (unsigned long long)x.p.main_addr,
+                 (unsigned long long)LEN);
+    CHECK(r != NULL && strcmp(r, "0") == 0);
+    memset(hbuf, 0, LEN);
+    d.opcode = KVT_OP_READ;
+    CHECK_OK(run1(x.e, &d, 1));
+    CHECK(pattern_check(hbuf, LEN, 93, 0) == 0);
+    /* Outside the peer's registry: refused by the target's own check. */
+    d = xd(KVT_OP_WRITE, x.seg, hbuf, x.p.guard_addr, 4096);
+    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_ACCESS);
+    CHECK(ipc_live() == 0);
+    dev_pair_end(&x);
+    free(host);
+    free(orig);
+    free(hbuf);
+}
+
+/*
  * The target killed while device copies into its memory are queued: the
  * batch ends (failed, not hung) and the engine opens the next peer.
  */
@@ -826,6 +895,7 @@ int main(int argc, char **argv)
         KVT_CASE(device_to_plain_host, 60),
         KVT_CASE(device_to_mapped_host, 60),
         KVT_CASE(host_to_device, 60),
+        KVT_CASE(ipc_refused_stages, 60),
         KVT_CASE(peer_killed_mid_copy, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {

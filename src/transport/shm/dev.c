@@ -64,8 +64,9 @@ static void ipc_close(ipc_t *x)
 void kvt__shm_dev_refused(shm_session_t *s, const char *why)
 {
     if (!atomic_exchange(&s->dev_said, 1))
-        KVT_LOG_W("shm: device memory of %s cannot be reached from this "
-                  "process (%s); those transfers fail",
+        KVT_LOG_W("shm: device memory of %s cannot be opened in this "
+                  "process (%s); transfers with it are staged through the "
+                  "target's memory",
                   s->base.name, why);
 }
 
@@ -235,7 +236,7 @@ void kvt__shm_ipcs_release(shm_session_t *s)
 
 /* ---- Streams and bounce buffers ---------------------------------------- */
 
-static struct kvt__shm_dstream *dstream_get(kvt__shm_t *shm, int dev)
+struct kvt__shm_dstream *kvt__shm_dstream_get(kvt__shm_t *shm, int dev)
 {
     struct kvt__shm_dstream **pp, *d = NULL;
 
@@ -262,7 +263,7 @@ static struct kvt__shm_dstream *dstream_get(kvt__shm_t *shm, int dev)
     return d;
 }
 
-static void dstream_put(kvt__shm_t *shm, struct kvt__shm_dstream *d)
+void kvt__shm_dstream_put(kvt__shm_t *shm, struct kvt__shm_dstream *d)
 {
     pthread_mutex_lock(&shm->dev_lock);
     d->next = shm->dstreams;
@@ -384,7 +385,7 @@ void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p)
     p->dfail = 0;
     if (p->ndev + p->nbounce == 0)
         return;
-    p->ds = dstream_get(s->shm, p->sdev);
+    p->ds = kvt__shm_dstream_get(s->shm, p->sdev);
     if (p->ds == NULL) {
         for (uint32_t i = 0; i < j->nsegs; i++)
             if (p->how[i] == HOW_DEV || p->how[i] == HOW_BOUNCE)
@@ -524,7 +525,7 @@ kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
     }
     if (p->nbounce > 0)
         st = bounce_run(s, j, p);
-    dstream_put(s->shm, p->ds);
+    kvt__shm_dstream_put(s->shm, p->ds);
     p->ds = NULL;
     return st;
 }

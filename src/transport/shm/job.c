@@ -90,7 +90,7 @@ static void dev_stream_of(rw_plan_t *p, const seg_t *g, int dev)
  * host memory there with device memory here, a mapping (else the bounce
  * buffer). What is not at hand yet is asked for (p->need: the job is
  * tried again once it is) unless @final or refused before: device memory
- * there then fails with KVT_ERR_NOT_SUPPORTED.
+ * there then goes through the staging slots, which the target copies.
  */
 static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
                      seg_t *g, uint32_t i, const kvt__shm_region_t *r,
@@ -99,25 +99,37 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
     uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
 
     if (r == NULL) {
+        int stage = 0;
         if (!pieces_on_device(ch, n, g, access)) {
             dev_stream_of(p, g, -1);
             p->how[i] = HOW_BOUNCE;
             p->nbounce++;
             return;
         }
-        /* Each piece's device region opened (dev.c resolves them). */
-        for (uint32_t q = 0; q < g->count; q++) {
+        /* Each piece reachable here (dev.c resolves them one by one):
+         * its device region opened, its host region mapped; else the
+         * segment goes through the staging slots. */
+        for (uint32_t q = 0; q < g->count && !stage; q++) {
             uint64_t a = g->raddr + q * g->rstride;
             const kvt__shm_region_t *x =
                 kvt__shm_region_find(ch, n, a, a + g->len, access);
-            if (x->kind != KVT_MEM_HOST &&
-                kvt__shm_ipc_find(s, x->serial) == NULL &&
-                !kvt__shm_ipc_refused(s, x->serial) && !final) {
-                p->want_ipc = x->serial;
-                p->want_ipc_addr = x->start;
-                p->need++;
-                return;
+            if (x->kind == KVT_MEM_HOST) {
+                stage = x->map_id == 0 ||
+                        kvt__shm_map_find(s, x->map_id) == NULL;
+            } else if (kvt__shm_ipc_find(s, x->serial) == NULL) {
+                if (!kvt__shm_ipc_refused(s, x->serial) && !final) {
+                    p->want_ipc = x->serial;
+                    p->want_ipc_addr = x->start;
+                    p->need++;
+                    return;
+                }
+                stage = 1;
             }
+        }
+        if (stage) {
+            p->how[i] = HOW_STAGE;
+            p->nstage++;
+            return;
         }
         dev_stream_of(p, g, -1);
         p->how[i] = HOW_DEV;
@@ -140,8 +152,11 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
             p->need++;
             return;
         }
+        /* Not shared by the driver (or past the allocation it holds):
+         * through the target, which copies the slots itself. */
         kvt__shm_dev_refused(s, "its device memory could not be opened");
-        g->st = KVT_ERR_NOT_SUPPORTED;
+        p->how[i] = HOW_STAGE;
+        p->nstage++;
         return;
     }
     /* Host memory there, device memory here. */

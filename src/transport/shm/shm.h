@@ -50,7 +50,9 @@
  * token-major blocks) into memory the initiator cannot map. It copies
  * them into a slot; the target's service thread checks each run against
  * its registry and copies it out. Cross-memory attach pins the target's
- * page once per vector, so it is slow for such pieces. */
+ * page once per vector, so it is slow for such pieces. Device memory of
+ * the target that the driver does not share goes through the slots too,
+ * both ways: the target copies runs of a READ slot into it. */
 #define KVT_SHM_STAGE_SLOTS 8u
 #define KVT_SHM_STAGE_BYTES (512u * 1024u)
 #define KVT_SHM_STAGE_RUNS 256u
@@ -81,6 +83,7 @@ typedef struct {
 typedef struct {
     alignas(64) _Atomic uint32_t state;
     uint32_t nruns;
+    uint32_t op; /* KVT_OP_WRITE: into the target; KVT_OP_READ: out */
     kvt__shm_run_t runs[KVT_SHM_STAGE_RUNS];
     alignas(64) uint8_t data[KVT_SHM_STAGE_BYTES];
 } kvt__shm_slot_t;

@@ -182,15 +182,23 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* A run as this side wrote it (the slot's copy is the peer's to
+ * change): the job segment, where its pieces are here, and where in the
+ * slot. */
+typedef struct {
+    uint64_t laddr;
+    uint32_t seg, off, len, count;
+} hrun_t;
+
 /* The slots one executor holds for one job (at most all of them), and
- * the job segment of each run. */
+ * their runs. */
 typedef struct {
     uint32_t n;
     uint32_t slot[KVT_SHM_STAGE_SLOTS];
     uint32_t nruns[KVT_SHM_STAGE_SLOTS]; /* this side's count, not the
                                             slot's, which the peer can
                                             write */
-    uint32_t seg[KVT_SHM_STAGE_SLOTS][KVT_SHM_STAGE_RUNS];
+    hrun_t run[KVT_SHM_STAGE_SLOTS][KVT_SHM_STAGE_RUNS];
 } held_t;
 
 /* How each segment of a job is copied, and where it lies in a mapping
@@ -256,6 +264,8 @@ struct kvt__shm_bounce {
     struct kvt__shm_bounce *next;
     uint8_t *buf;
 };
+struct kvt__shm_dstream *kvt__shm_dstream_get(kvt__shm_t *shm, int dev);
+void kvt__shm_dstream_put(kvt__shm_t *shm, struct kvt__shm_dstream *d);
 const ipc_t *kvt__shm_ipc_find(shm_session_t *s, uint32_t serial);
 int kvt__shm_ipc_refused(shm_session_t *s, uint32_t serial);
 kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,

@@ -20,6 +20,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "core/memreg.h"
+#include "mem/md.h"
 #include "transport/shm/shm.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -36,6 +38,77 @@ static void stage_copy(void *dst, const void *src, size_t len)
 #endif
 
 static void *helper_main(void *arg);
+
+/* Copy one piece between the slot and registered memory of @r (host
+ * memory with this thread's stores; device memory through the driver):
+ * 1, or 0 when a device copy failed. */
+static int piece_copy(const kvt__region_t *r, uint8_t *mem, uint8_t *slot,
+                      uint64_t len, uint32_t op)
+{
+    const kvt__md_ops_t *md;
+
+    if (r->kind == KVT_MEM_HOST) {
+#ifdef KVT_TSAN
+        if (op == KVT_OP_WRITE)
+            stage_copy(mem, slot, len);
+        else
+            stage_copy(slot, mem, len);
+#else
+        if (op == KVT_OP_WRITE)
+            kvt__shm_copy(mem, slot, len, 1);
+        else
+            memcpy(slot, mem, len);
+#endif
+        return 1;
+    }
+    md = kvt__md_of((kvt_mem_kind_t)r->kind);
+    if (md == NULL || md->copy == NULL)
+        return 0;
+    return op == KVT_OP_WRITE ? md->copy(mem, slot, len) == 1
+                              : md->copy(slot, mem, len) == 1;
+}
+
+/*
+ * One staged run (untrusted, read once into @r): each piece must lie in
+ * one registered region with the access @op needs; a run whose span lies
+ * in one host region is copied in one strided pass. With the registry's
+ * read lock held. 1 when every piece was copied, else 0 (possibly after
+ * some were).
+ */
+static int run_copy(const kvt__shm_run_t *r, uint8_t *data, kvt__memreg_t *reg,
+                    uint32_t op)
+{
+    uint32_t access =
+        op == KVT_OP_WRITE ? KVT_ACCESS_REMOTE_WRITE : KVT_ACCESS_REMOTE_READ;
+    const kvt__region_t *g;
+    uint64_t span = 0;
+    uint8_t *src;
+
+    if (!kvt__shm_run_check(r, &span))
+        return 0;
+    src = data + r->off;
+    g = kvt__memreg_find_locked(reg, r->raddr, span);
+    if (g != NULL && (g->access & access) == access &&
+        g->kind == KVT_MEM_HOST && op == KVT_OP_WRITE) {
+#ifdef KVT_TSAN
+        for (uint64_t p = 0; p < r->count; p++, src += r->len)
+            stage_copy((void *)(uintptr_t)(r->raddr + p * r->rstride), src,
+                       r->len);
+#else
+        kvt__shm_copy_strided((void *)(uintptr_t)r->raddr, r->rstride, src,
+                              r->len, r->len, r->count, 1);
+#endif
+        return 1;
+    }
+    for (uint64_t p = 0; p < r->count; p++, src += r->len) {
+        uint64_t a = r->raddr + p * r->rstride;
+        g = kvt__memreg_find_locked(reg, a, r->len);
+        if (g == NULL || (g->access & access) != access ||
+            !piece_copy(g, (uint8_t *)(uintptr_t)a, src, r->len, op))
+            return 0;
+    }
+    return 1;
+}
 
 /* Have the helper thread copy out slots beside the service thread,
  * starting it the first time. Service thread only. */
@@ -73,7 +146,7 @@ void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
 
     for (uint32_t k = 0; k < KVT_SHM_STAGE_SLOTS; k++) {
         kvt__shm_slot_t *sl = &ch->stage[k];
-        uint32_t nruns;
+        uint32_t nruns, op;
 
         uint32_t full = KVT_SHM_SLOT_FULL;
 
@@ -91,36 +164,15 @@ void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper)
                 break;
             }
         nruns = sl->nruns < KVT_SHM_STAGE_RUNS ? sl->nruns : KVT_SHM_STAGE_RUNS;
+        op = sl->op; /* one read of what the peer can change */
         kvt__memreg_rdlock(reg);
         for (uint32_t i = 0; i < nruns; i++) {
-            kvt__shm_run_t run, *r = &run;
-            uint64_t len, cnt, span = 0;
+            kvt__shm_run_t run;
             int ok;
             /* One read of what the peer can change at any time. */
             memcpy(&run, &sl->runs[i], sizeof(run));
-            len = run.len;
-            cnt = run.count;
-            ok = kvt__shm_run_check(&run, &span);
-            /* The span in one region, or else each piece in one. */
-            /* Host memory only: this thread copies with its own hands. */
-            if (ok && !kvt__memreg_contains_host_locked(
-                          reg, r->raddr, span, KVT_ACCESS_REMOTE_WRITE)) {
-                for (uint64_t p = 0; ok && p < cnt; p++)
-                    ok = kvt__memreg_contains_host_locked(
-                        reg, r->raddr + p * r->rstride, len,
-                        KVT_ACCESS_REMOTE_WRITE);
-            }
-            if (ok) {
-                const uint8_t *src = sl->data + r->off;
-#ifdef KVT_TSAN
-                for (uint64_t p = 0; p < cnt; p++, src += len)
-                    stage_copy((void *)(uintptr_t)(r->raddr + p * r->rstride),
-                               src, len);
-#else
-                kvt__shm_copy_strided((void *)(uintptr_t)r->raddr, r->rstride,
-                                      src, len, len, cnt, 1);
-#endif
-            }
+            ok = (op == KVT_OP_WRITE || op == KVT_OP_READ) &&
+                 run_copy(&run, sl->data, reg, op);
             sl->runs[i].st = ok ? KVT_OK : KVT_ERR_ACCESS;
         }
         kvt__memreg_unlock(reg);

@@ -172,7 +172,8 @@ static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
             m.status = KVT_ERR_NOT_SUPPORTED;
             if (!atomic_exchange(&shm->ipc_said, 1))
                 KVT_LOG_W("shm: device memory at %#llx cannot be shared with "
-                          "same-host peers (%s); their transfers into it fail",
+                          "same-host peers (%s); their transfers with it are "
+                          "staged through this process",
                           (unsigned long long)r->start, why);
         }
     }
