@@ -536,19 +536,23 @@ KVT_TEST(device_copy_fails_shm)
  */
 static void unregister_load(uint32_t transport)
 {
-    enum { N = 256, BLK = 1 << 20, ROUNDS = 6 };
+    enum { N = 256, BLK = 1 << 20, ROUNDS = 6, SPREAD = 32 };
     kvt_xfer_desc_t *d = calloc(N, sizeof(*d));
     kvt_batch_state_t bs;
     kvt_batch_h b;
     const char *r;
     dev_pair_t x;
+    /* Over tcp one connection: the writes, all into one block (which the
+     * overwrite then covers quickly), land one after the other (over two
+     * they would race each other). shm runs jobs on several threads at
+     * once: its writes go to SPREAD blocks in turn, so that none races
+     * another. */
+    uint64_t span = transport == KVT_TRANSPORT_SHM ? SPREAD * BLK : BLK;
 
-    /* One connection: the writes, all into one block, land one after the
-     * other (over two they would race each other). */
     dev_pair(&x, transport, BLK, 1);
-    /* All into one block, which the overwrite then covers quickly. */
     for (int i = 0; i < N; i++)
-        d[i] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, BLK);
+        d[i] = xd(KVT_OP_WRITE, x.seg, x.dev,
+                  x.p.main_addr + (uint64_t)i * BLK % span, BLK);
     CHECK_OK(kvt_batch_create(x.e, N, &b));
     /* Each round: writes under way, the target unregisters and
      * overwrites; nothing of the writes may show afterwards. The moment
@@ -570,7 +574,7 @@ static void unregister_load(uint32_t transport)
         }
         r = peer_cmd(&x.p, "unregfill %llu %llu 90",
                      (unsigned long long)x.p.main_addr,
-                     (unsigned long long)BLK);
+                     (unsigned long long)span);
         CHECK(r != NULL && atoi(r) == KVT_OK);
         CHECK(kvt_batch_wait(b, 30000) != KVT_INPROGRESS);
         kvt_batch_query(b, &bs);
@@ -578,7 +582,7 @@ static void unregister_load(uint32_t transport)
         usleep(50000);
         r = peer_cmd(&x.p, "count %llu %llu 90",
                      (unsigned long long)x.p.main_addr,
-                     (unsigned long long)BLK);
+                     (unsigned long long)span);
         CHECK(r != NULL && strcmp(r, "0") == 0);
         CHECK_OK(kvt_batch_reset(b));
     }
