@@ -14,12 +14,14 @@
  *   kvt/connector.h the prefill/decode KV connector and bootstrap server
  *   kvt/metad.h     the metadata server and the bootstrap client
  *   kvt/log.h       the library's log, for code built on it
+ *   kvt/metrics.h   an engine's metrics, Prometheus text, /metrics
  */
 #include <kvt/connector.h>
 #include <kvt/defs.h>
 #include <kvt/engine.h>
 #include <kvt/log.h>
 #include <kvt/metad.h>
+#include <kvt/metrics.h>
 #include <kvt/status.h>
 #include <kvt/transfer.h>
 #include <kvt/version.h>

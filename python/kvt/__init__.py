@@ -9,6 +9,18 @@ on kvt unchanged. See docs/python.md for the call-by-call mapping.
 """
 
 from kvt._kvt import (
+    AccessError,
+    BusyError,
+    CanceledError,
+    Error,
+    InvalidArgumentError,
+    NotFoundError,
+    NotSupportedError,
+    PeerError,
+    ProtocolError,
+    ResourceError,
+    StateError,
+    TransferTimeoutError,
     NOTIFY_MAX,
     Read,
     TransferEngine,
@@ -18,17 +30,33 @@ from kvt._kvt import (
     VERSION_MINOR,
     VERSION_PATCH,
     Write,
+    metrics_listen,
+    metrics_port,
     status_str,
 )
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = [
+    "AccessError",
+    "BusyError",
+    "CanceledError",
+    "Error",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "NotSupportedError",
+    "PeerError",
+    "ProtocolError",
+    "ResourceError",
+    "StateError",
+    "TransferTimeoutError",
     "NOTIFY_MAX",
     "Read",
     "TransferEngine",
     "TransferNotify",
     "TransferOpcode",
     "Write",
+    "metrics_listen",
+    "metrics_port",
     "status_str",
 ]

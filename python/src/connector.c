@@ -29,21 +29,10 @@ typedef struct {
 
 static PyTypeObject *room_type;
 
-/* Raise the Python exception that fits a kvt status. */
+/* Raise the kvt.Error subclass that fits a kvt status. */
 static PyObject *raise_status(const char *what, kvt_status_t st)
 {
-    PyObject *exc = PyExc_RuntimeError;
-
-    if (st == KVT_ERR_INVALID_PARAM || st == KVT_ERR_EXISTS)
-        exc = PyExc_ValueError;
-    else if (st == KVT_ERR_UNREACHABLE || st == KVT_ERR_TIMEDOUT ||
-             st == KVT_ERR_IO || st == KVT_ERR_CONN_LOST)
-        exc = PyExc_ConnectionError;
-    else if (st == KVT_ERR_NO_MEMORY)
-        return PyErr_NoMemory();
-    PyErr_Format(exc, "%s: %s (%s)", what, kvt_status_str(st),
-                 kvt_status_name(st));
-    return NULL;
+    return kvtpy_raise(st, what);
 }
 
 /* An unsigned value of item @i of a tuple-like sequence. */
@@ -394,7 +383,7 @@ static void conn_dealloc(PyObject *o)
 static int need_conn(conn_obj_t *self)
 {
     if (self->conn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the connector is closed");
+        kvtpy_state_error("the connector is closed");
         return -1;
     }
     return 0;
@@ -546,7 +535,7 @@ static PyType_Spec conn_spec = {
 static int need_room(room_obj_t *self)
 {
     if (self->room == NULL || self->owner->conn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the room is closed");
+        kvtpy_state_error("the room is closed");
         return -1;
     }
     return 0;

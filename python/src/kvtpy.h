@@ -150,8 +150,16 @@ typedef struct {
 
 PyTypeObject *kvtpy_engine_type_create(PyObject *module);
 
-/* 0 when initialized, else -1 with RuntimeError set. */
+/* 0 when initialized, else -1 with kvt.StateError set. */
 int kvtpy_need_engine(kvtpy_engine_t *self);
+
+/* module.c: the kvt.Error hierarchy. Raise the subclass of kvt.Error
+ * that fits @st ("what: message (KVT_ERR_...)", with .status set);
+ * returns NULL. */
+PyObject *kvtpy_raise(kvt_status_t st, const char *what);
+/* kvt.StateError (an object used before it is ready or after it is
+ * closed) with @msg; returns NULL. */
+PyObject *kvtpy_state_error(const char *msg);
 
 static inline PyObject *kvtpy_int(long v)
 {

@@ -225,10 +225,48 @@ static PyObject *status_str(PyObject *mod, PyObject *arg)
     return PyUnicode_FromString(kvt_status_str((kvt_status_t)v));
 }
 
+
+
+static PyObject *metrics_port(PyObject *mod, PyObject *unused)
+{
+    (void)mod, (void)unused;
+    return PyLong_FromLong(kvt_metrics_port());
+}
+
+static PyObject *metrics_listen(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"port", "host", NULL};
+    const char *host = NULL;
+    int port = 0;
+    uint16_t got = 0;
+    kvt_status_t st;
+
+    (void)mod;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iz", kwlist, &port, &host))
+        return NULL;
+    if (port < 0 || port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "port out of range");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_metrics_listen(host, (uint16_t)port, &got);
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK)
+        return kvtpy_raise(st, "metrics_listen");
+    return PyLong_FromLong(got);
+}
+
 static PyMethodDef module_methods[] = {
     {"status_str", status_str, METH_O,
      "status_str(code) -> str: the message of a kvt status code (as "
      "returned by register_memory and friends)."},
+    {"metrics_port", metrics_port, METH_NOARGS,
+     "metrics_port() -> the port of this process's /metrics listener, 0 "
+     "when none runs (KVT_METRICS_PORT starts one with the first engine)."},
+    {"metrics_listen", (PyCFunction)(void (*)(void))metrics_listen,
+     METH_VARARGS | METH_KEYWORDS,
+     "metrics_listen(port=0, host=None) -> port: serve /metrics of every "
+     "engine of this process (127.0.0.1 unless host says otherwise)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -240,6 +278,153 @@ static struct PyModuleDef module_def = {
     .m_size = -1,
     .m_methods = module_methods,
 };
+
+/* ---- The kvt.Error hierarchy -------------------------------------------- */
+
+/* One subclass per family of statuses; each also derives from the builtin
+ * exception a caller would have caught before (ValueError for bad
+ * arguments, ConnectionError for a lost peer, ...). */
+enum {
+    EXC_ERROR,
+    EXC_STATE,
+    EXC_INVALID,
+    EXC_NOT_FOUND,
+    EXC_NOT_SUPPORTED,
+    EXC_RESOURCE,
+    EXC_ACCESS,
+    EXC_TIMEOUT,
+    EXC_PEER,
+    EXC_PROTOCOL,
+    EXC_CANCELED,
+    EXC_BUSY,
+    EXC_N
+};
+
+static PyObject *exc[EXC_N];
+
+static const struct {
+    const char *name, *doc;
+} exc_info[EXC_N] = {
+    {"Error", "A kvt call failed; .status is the kvt status (negative)."},
+    {"StateError", "Used before it was initialized, or after close()."},
+    {"InvalidArgumentError",
+     "Bad arguments: KVT_ERR_INVALID_PARAM, EXISTS, NOT_REGISTERED, "
+     "OVERFLOW."},
+    {"NotFoundError", "KVT_ERR_NOT_FOUND."},
+    {"NotSupportedError", "KVT_ERR_NOT_SUPPORTED."},
+    {"ResourceError", "KVT_ERR_NO_MEMORY, NO_SPACE."},
+    {"AccessError", "The peer refused the range: KVT_ERR_ACCESS."},
+    {"TransferTimeoutError", "KVT_ERR_TIMEDOUT."},
+    {"PeerError", "The peer is gone or unreachable: KVT_ERR_UNREACHABLE, "
+                  "CONN_LOST, IO."},
+    {"ProtocolError", "KVT_ERR_PROTOCOL, VERSION."},
+    {"CanceledError", "KVT_ERR_CANCELED, CLOSED."},
+    {"BusyError", "KVT_ERR_BUSY, AGAIN."},
+};
+
+static int exc_family(kvt_status_t st)
+{
+    switch (st) {
+    case KVT_ERR_INVALID_PARAM:
+    case KVT_ERR_EXISTS:
+    case KVT_ERR_NOT_REGISTERED:
+    case KVT_ERR_OVERFLOW:
+        return EXC_INVALID;
+    case KVT_ERR_NOT_FOUND: return EXC_NOT_FOUND;
+    case KVT_ERR_NOT_SUPPORTED: return EXC_NOT_SUPPORTED;
+    case KVT_ERR_NO_MEMORY:
+    case KVT_ERR_NO_SPACE:
+        return EXC_RESOURCE;
+    case KVT_ERR_ACCESS: return EXC_ACCESS;
+    case KVT_ERR_TIMEDOUT: return EXC_TIMEOUT;
+    case KVT_ERR_UNREACHABLE:
+    case KVT_ERR_CONN_LOST:
+    case KVT_ERR_IO:
+        return EXC_PEER;
+    case KVT_ERR_PROTOCOL:
+    case KVT_ERR_VERSION:
+        return EXC_PROTOCOL;
+    case KVT_ERR_CANCELED:
+    case KVT_ERR_CLOSED:
+        return EXC_CANCELED;
+    case KVT_ERR_BUSY:
+    case KVT_ERR_AGAIN:
+        return EXC_BUSY;
+    default: return EXC_ERROR;
+    }
+}
+
+static PyObject *raise_with(int family, long status, PyObject *msg)
+{
+    PyObject *e;
+    if (msg == NULL)
+        return NULL;
+    PyObject *v;
+
+    e = PyObject_CallFunctionObjArgs(exc[family], msg, NULL);
+    Py_DECREF(msg);
+    if (e == NULL)
+        return NULL;
+    v = PyLong_FromLong(status);
+    if (v != NULL && PyObject_SetAttrString(e, "status", v) == 0)
+        PyErr_SetObject(exc[family], e);
+    Py_XDECREF(v);
+    Py_DECREF(e);
+    return NULL;
+}
+
+PyObject *kvtpy_raise(kvt_status_t st, const char *what)
+{
+    return raise_with(exc_family(st), (long)st,
+                      PyUnicode_FromFormat("%s: %s (%s)", what,
+                                           kvt_status_str(st),
+                                           kvt_status_name(st)));
+}
+
+PyObject *kvtpy_state_error(const char *msg)
+{
+    return raise_with(EXC_STATE, (long)KVT_ERR_INVALID_PARAM,
+                      PyUnicode_FromString(msg));
+}
+
+static int exc_init(PyObject *m)
+{
+    PyObject *builtin[EXC_N] = {
+        NULL,
+        PyExc_RuntimeError,
+        PyExc_ValueError,
+        PyExc_LookupError,
+        NULL,
+        PyExc_MemoryError,
+        PyExc_PermissionError,
+        PyExc_TimeoutError,
+        PyExc_ConnectionError,
+        NULL,
+        NULL,
+        NULL,
+    };
+    char qual[64];
+
+    for (int i = 0; i < EXC_N; i++) {
+        PyObject *bases;
+        snprintf(qual, sizeof(qual), "kvt.%s", exc_info[i].name);
+        if (i == EXC_ERROR)
+            bases = Py_BuildValue("(O)", PyExc_Exception);
+        else if (builtin[i] != NULL)
+            bases = Py_BuildValue("(OO)", exc[EXC_ERROR], builtin[i]);
+        else
+            bases = Py_BuildValue("(O)", exc[EXC_ERROR]);
+        if (bases == NULL)
+            return -1;
+        Py_XDECREF(exc[i]);
+        exc[i] = PyErr_NewExceptionWithDoc(qual, exc_info[i].doc, bases, NULL);
+        Py_DECREF(bases);
+        if (exc[i] == NULL ||
+            PyModule_AddObjectRef(m, exc_info[i].name, exc[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
 
 PyMODINIT_FUNC PyInit__kvt(void);
 int kvtpy_connector_init(PyObject *m); /* connector.c */
@@ -261,6 +446,8 @@ PyMODINIT_FUNC PyInit__kvt(void)
     if (kvtpy_logger == NULL)
         goto err;
 
+    if (exc_init(m) < 0)
+        goto err;
     kvtpy_notify_type = kvtpy_notify_type_create(m);
     if (kvtpy_notify_type == NULL)
         goto err;

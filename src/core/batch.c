@@ -46,6 +46,8 @@ void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
     if (atomic_fetch_sub_explicit(&s->remaining, 1, memory_order_acq_rel) != 1)
         goto out;
     final = atomic_load_explicit(&s->err, memory_order_relaxed);
+    kvt__stats_done(&b->engine->stats, s->st_tl, s->st_op, s->st_bytes,
+                    s->st_t0, final);
     atomic_store_explicit(&s->status, final, memory_order_release);
     if (final != KVT_OK) {
         int32_t zero = 0;
@@ -73,6 +75,7 @@ out:
 /* A slot failed before any transport took it. */
 static void comp_fail(kvt__comp_t *c, kvt_status_t st)
 {
+    c->st_tl = 0xff;
     kvt__comp_expect(c, 1);
     kvt__comp_done(c, st);
 }
@@ -273,6 +276,7 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     kvt_segment_t last_id = 0;
     kvt__seg_t *last = NULL;
     size_t nheld = 0;
+    uint64_t t0;
     int one = 1;
 
     if (b == NULL || (descs == NULL && count > 0))
@@ -291,8 +295,20 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
     base = b->used;
     b->used += count;
+    t0 = kvt__now_ns();
+    {
+        kvt__stats_shard_t *sh = kvt__stats_shard(&e->stats);
+        atomic_fetch_add_explicit(&sh->batches, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sh->descs, count, memory_order_relaxed);
+    }
     for (size_t i = 0; i < count; i++) {
         kvt__comp_t *s = &b->slots[base + i];
+        s->st_t0 = t0;
+        s->st_op = (uint8_t)descs[i].opcode;
+        s->st_bytes = descs[i].opcode == KVT_OP_NOTIFY
+                          ? 0
+                          : descs[i].length *
+                                (descs[i].count > 1 ? descs[i].count : 1);
         atomic_store_explicit(&s->status, KVT_INPROGRESS, memory_order_relaxed);
         atomic_store_explicit(&s->err, KVT_OK, memory_order_relaxed);
         atomic_store_explicit(&s->remaining, 0, memory_order_relaxed);
@@ -336,6 +352,7 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
             continue;
         }
         x->comp = &b->slots[base + i];
+        x->comp->st_tl = (uint8_t)s->tl->index;
         if (nvalid > 0 && sess[nvalid - 1] != s)
             one = 0;
         sess[nvalid++] = s;

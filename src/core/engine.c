@@ -354,6 +354,11 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     st = kvt__memreg_init(&e->reg);
     if (st != KVT_OK)
         goto err_meta;
+    st = kvt__stats_init(e);
+    if (st != KVT_OK) {
+        kvt__memreg_fini(&e->reg);
+        goto err_meta;
+    }
     pthread_mutex_init(&e->sess_lock, NULL);
     pthread_mutex_init(&e->nq_lock, NULL);
     pthread_mutex_init(&e->batch_lock, NULL);
@@ -404,6 +409,7 @@ err_locks:
     pthread_mutex_destroy(&e->nq_lock);
     pthread_mutex_destroy(&e->sess_lock);
     kvt__memreg_fini(&e->reg);
+    kvt__stats_fini(e);
 err_meta:
     kvt__meta_destroy(e->meta);
     free(e);
@@ -417,6 +423,7 @@ void kvt_engine_destroy(kvt_engine_h e)
 
     if (e == NULL)
         return;
+    kvt__stats_unlist(e); /* off /metrics before anything goes */
     atomic_store(&e->stopping, 1);
     /* Withdraw from the metadata backend first, so that peers stop
      * finding this engine. */
@@ -449,6 +456,7 @@ void kvt_engine_destroy(kvt_engine_h e)
     pthread_mutex_destroy(&e->nq_lock);
     pthread_mutex_destroy(&e->sess_lock);
     kvt__memreg_fini(&e->reg);
+    kvt__stats_fini(e);
     free(e);
 }
 
@@ -510,8 +518,12 @@ void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
     snprintf(n->n.from, sizeof(n->n.from), "%s", from);
     n->n.length = (uint32_t)len;
     memcpy(n->n.data, data, len);
+    atomic_fetch_add_explicit(&e->stats.notifies_received, 1,
+                              memory_order_relaxed);
     pthread_mutex_lock(&e->nq_lock);
     if (e->nq_len >= NOTIFY_QUEUE_MAX) {
+        atomic_fetch_add_explicit(&e->stats.notifies_dropped, 1,
+                                  memory_order_relaxed);
         kvt__notify_node_t *old = e->nq_head;
         e->nq_head = old->next;
         if (e->nq_head == NULL)

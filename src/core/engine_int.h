@@ -9,6 +9,7 @@
 #include <kvt/kvt.h>
 
 #include "core/memreg.h"
+#include "core/stats.h"
 #include "core/wire.h"
 #include "transport/transport.h"
 
@@ -111,6 +112,8 @@ struct kvt_engine {
     _Atomic uint64_t landed;
 
     _Atomic int stopping;
+
+    kvt__stats_t stats; /* stats.c */
 };
 
 /* ---- Segments (segment.c) ----------------------------------------------- */

@@ -176,8 +176,12 @@ void kvt__seg_ref(kvt__seg_t *g)
 
 static void seg_free(kvt__seg_t *g)
 {
-    for (unsigned i = 0; i < g->nsess; i++)
+    for (unsigned i = 0; i < g->nsess; i++) {
+        unsigned t = g->sess[i]->tl->index;
         g->sess[i]->ops->destroy_session(g->sess[i]);
+        if (t < KVT__STATS_TL)
+            atomic_fetch_add(&g->engine->stats.sess_closed[t], 1);
+    }
     pthread_mutex_destroy(&g->desc_lock);
     kvt__segdesc_clear(&g->desc);
     free(g);
@@ -231,6 +235,8 @@ void kvt__session_init(kvt__session_t *s, kvt__tl_t *tl,
     memcpy(s->name, seg->name, sizeof(s->name));
     atomic_store(&s->dead, 0);
     kvt__seg_ref(seg);
+    if (tl->index < KVT__STATS_TL)
+        atomic_fetch_add(&s->engine->stats.sess_opened[tl->index], 1);
 }
 
 void kvt__session_hold(kvt__session_t *s)

@@ -165,6 +165,8 @@ static int conn_refuse(kvt__ctrl_t *ctrl, cconn_t *c, kvt_status_t st,
                        const char *why)
 {
     c->closing = 1;
+    atomic_fetch_add_explicit(&ctrl->e->stats.hs_refused, 1,
+                              memory_order_relaxed);
     return conn_respond(ctrl, c, KVT_WIRE_ERROR, st, why, strlen(why), NULL, 0);
 }
 

@@ -380,9 +380,13 @@ struct kvt__comp {
     _Atomic int32_t status;     /* KVT_INPROGRESS until final */
     _Atomic int32_t err;        /* the first failure of a piece */
     _Atomic uint32_t remaining; /* pieces not yet completed */
-    uint32_t reserved;
+    /* For the metrics (core/stats.h): the operation, the transport's
+     * index (0xff: refused before any took it), bytes, submission time. */
+    uint8_t st_op, st_tl;
+    uint16_t reserved;
     struct kvt_batch *batch;
     uint64_t user_data;
+    uint64_t st_bytes, st_t0;
 };
 
 static inline void kvt__comp_expect(kvt__comp_t *c, uint32_t pieces)

@@ -1,0 +1,656 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Engine metrics (include/kvt/metrics.h): the sharded counters, the
+ * struct and Prometheus renderings, and the process's /metrics listener.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "core/stats.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+/* ---- Counting ------------------------------------------------------------ */
+
+static _Atomic unsigned next_shard;
+static _Thread_local unsigned my_shard = ~0u;
+
+kvt__stats_shard_t *kvt__stats_shard(kvt__stats_t *st)
+{
+    if (my_shard == ~0u)
+        my_shard = atomic_fetch_add_explicit(&next_shard, 1,
+                                             memory_order_relaxed) %
+                   KVT__STATS_SHARDS;
+    return &st->shards[my_shard];
+}
+
+/* Latency bucket bounds, microseconds: 10 us to 10 s in a 1-2-5 series. */
+static const uint64_t bounds_us[KVT_STATS_LATENCY_BUCKETS - 1] = {
+    10,     20,     50,      100,     200,     500,     1000,
+    2000,   5000,   10000,   20000,   50000,   100000,  200000,
+    500000, 1000000, 2000000, 5000000, 10000000};
+
+uint64_t kvt_stats_latency_bound_us(unsigned i)
+{
+    return i < KVT_STATS_LATENCY_BUCKETS - 1 ? bounds_us[i] : 0;
+}
+
+static unsigned size_class(uint64_t bytes)
+{
+    return bytes <= 4096 ? 0 : bytes <= 65536 ? 1 : bytes <= (1u << 20) ? 2 : 3;
+}
+
+static unsigned bucket_of(uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    unsigned i = 0;
+
+    while (i < KVT_STATS_LATENCY_BUCKETS - 1 && us > bounds_us[i])
+        i++;
+    return i;
+}
+
+#define ADD(a, v) atomic_fetch_add_explicit(&(a), (v), memory_order_relaxed)
+
+void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op,
+                     uint64_t bytes, uint64_t t0, int32_t status)
+{
+    kvt__stats_shard_t *sh;
+    kvt__tl_ctr_t *c;
+    uint64_t ns;
+    unsigned sc;
+
+    if (st->shards == NULL)
+        return;
+    sh = kvt__stats_shard(st);
+    if (tl >= KVT__STATS_TL) {
+        ADD(sh->refused[kvt__stats_status_index(status)], 1);
+        return;
+    }
+    c = &sh->tl[tl];
+    if (status == KVT_OK) {
+        unsigned k = op == KVT_OP_WRITE ? 0 : op == KVT_OP_READ ? 1 : 2;
+        ADD(c->ops[k], 1);
+        if (k < 2)
+            ADD(c->bytes[k], bytes);
+    } else {
+        ADD(c->fail[kvt__stats_status_index(status)], 1);
+    }
+    ns = kvt__now_ns();
+    ns = ns > t0 ? ns - t0 : 0;
+    sc = size_class(bytes);
+    ADD(c->lat[sc][bucket_of(ns)], 1);
+    ADD(c->lat_sum[sc], ns);
+}
+
+#define LOAD(a) atomic_load_explicit(&(a), memory_order_relaxed)
+
+kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *out)
+{
+    kvt__stats_t *st;
+    uint64_t done = 0;
+
+    if (e == NULL || out == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    if (out->version != KVT_STATS_VERSION)
+        return KVT_ERR_VERSION;
+    st = &e->stats;
+    memset(out, 0, sizeof(*out));
+    out->version = KVT_STATS_VERSION;
+    out->ntransports = e->ntl < KVT_STATS_TRANSPORTS ? e->ntl
+                                                     : KVT_STATS_TRANSPORTS;
+    for (unsigned t = 0; t < out->ntransports; t++) {
+        kvt_transport_stats_t *o = &out->transports[t];
+        snprintf(o->name, sizeof(o->name), "%s", e->tl[t]->ops->name);
+        o->sessions_opened = LOAD(st->sess_opened[t]);
+        o->sessions_open = o->sessions_opened - LOAD(st->sess_closed[t]);
+    }
+    for (unsigned k = 0; st->shards != NULL && k < KVT__STATS_SHARDS; k++) {
+        kvt__stats_shard_t *sh = &st->shards[k];
+        out->batches += LOAD(sh->batches);
+        out->descriptors += LOAD(sh->descs);
+        for (unsigned i = 0; i < KVT_STATS_STATUSES; i++) {
+            uint64_t v = LOAD(sh->refused[i]);
+            out->refused[i] += v;
+            done += v;
+        }
+        for (unsigned t = 0; t < out->ntransports; t++) {
+            kvt__tl_ctr_t *c = &sh->tl[t];
+            kvt_transport_stats_t *o = &out->transports[t];
+            uint64_t w = LOAD(c->ops[0]), r = LOAD(c->ops[1]),
+                     n = LOAD(c->ops[2]);
+            o->writes += w;
+            o->reads += r;
+            o->notifies += n;
+            done += w + r + n;
+            o->write_bytes += LOAD(c->bytes[0]);
+            o->read_bytes += LOAD(c->bytes[1]);
+            for (unsigned i = 0; i < KVT_STATS_STATUSES; i++) {
+                uint64_t v = LOAD(c->fail[i]);
+                o->failures[i] += v;
+                done += v;
+            }
+            for (unsigned s = 0; s < KVT_STATS_SIZE_CLASSES; s++) {
+                for (unsigned b = 0; b < KVT_STATS_LATENCY_BUCKETS; b++)
+                    o->latency[s][b] += LOAD(c->lat[s][b]);
+                o->latency_sum_ns[s] += LOAD(c->lat_sum[s]);
+            }
+        }
+    }
+    /* Read in this order, completions may be counted that their
+     * submission was not yet: never below 0. */
+    out->inflight = out->descriptors > done ? out->descriptors - done : 0;
+    out->notifies_received = LOAD(st->notifies_received);
+    out->notifies_dropped = LOAD(st->notifies_dropped);
+    out->handshakes_refused = LOAD(st->hs_refused);
+    out->handshakes_failed = LOAD(st->hs_failed);
+    pthread_mutex_lock(&e->sess_lock);
+    out->segments_open = e->nnames;
+    pthread_mutex_unlock(&e->sess_lock);
+    kvt__memreg_rdlock(&e->reg);
+    out->regions = kvt__memreg_count_locked(&e->reg);
+    for (size_t i = 0; i < out->regions; i++) {
+        const kvt__region_t *r = kvt__memreg_at_locked(&e->reg, i);
+        out->region_bytes += r->end - r->start;
+    }
+    kvt__memreg_unlock(&e->reg);
+    return KVT_OK;
+}
+
+/* ---- Prometheus text ----------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t cap, len;
+} out_t;
+
+__attribute__((format(printf, 2, 3))) static void put(out_t *o,
+                                                      const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(o->len < o->cap ? o->buf + o->len : NULL,
+                  o->len < o->cap ? o->cap - o->len : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        o->len += (size_t)n;
+}
+
+/* A label value with \, " and newlines escaped (the exposition format's
+ * rules), into @dst (room for 2 * KVT_WIRE_NAME_MAX + 1). */
+static void label_escape(char *dst, size_t cap, const char *src)
+{
+    size_t k = 0;
+
+    for (; *src != '\0' && k + 3 < cap; src++) {
+        if (*src == '\\' || *src == '"') {
+            dst[k++] = '\\';
+            dst[k++] = *src;
+        } else if (*src == '\n') {
+            dst[k++] = '\\';
+            dst[k++] = 'n';
+        } else {
+            dst[k++] = *src;
+        }
+    }
+    dst[k] = '\0';
+}
+
+static void head(out_t *o, const char *name, const char *type,
+                 const char *help, int with_meta)
+{
+    if (with_meta)
+        put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static const char *const size_label[KVT_STATS_SIZE_CLASSES] = {
+    "le_4KiB", "le_64KiB", "le_1MiB", "gt_1MiB"};
+
+/* The text of one engine; @meta: with HELP and TYPE lines (once per
+ * metric family in a scrape: the first engine's). */
+static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
+                   int meta)
+{
+    char en[2 * KVT_WIRE_NAME_MAX + 2];
+    static const char *const opname[3] = {"write", "read", "notify"};
+
+    label_escape(en, sizeof(en), e->cfg.seg_name);
+
+    head(o, "kvt_transfer_descriptors_total", "counter",
+         "Descriptors completed successfully, by transport and operation.",
+         meta);
+    for (unsigned t = 0; t < s->ntransports; t++) {
+        const kvt_transport_stats_t *x = &s->transports[t];
+        const uint64_t v[3] = {x->writes, x->reads, x->notifies};
+        for (unsigned k = 0; k < 3; k++)
+            put(o,
+                "kvt_transfer_descriptors_total{engine=\"%s\",transport=\"%s\","
+                "op=\"%s\"} %llu\n",
+                en, x->name, opname[k], (unsigned long long)v[k]);
+    }
+    head(o, "kvt_transfer_bytes_total", "counter",
+         "Bytes moved by descriptors completed successfully.", meta);
+    for (unsigned t = 0; t < s->ntransports; t++) {
+        const kvt_transport_stats_t *x = &s->transports[t];
+        put(o,
+            "kvt_transfer_bytes_total{engine=\"%s\",transport=\"%s\","
+            "op=\"write\"} %llu\n"
+            "kvt_transfer_bytes_total{engine=\"%s\",transport=\"%s\","
+            "op=\"read\"} %llu\n",
+            en, x->name, (unsigned long long)x->write_bytes, en, x->name,
+            (unsigned long long)x->read_bytes);
+    }
+    head(o, "kvt_transfer_failures_total", "counter",
+         "Descriptors that failed, by transport and status.", meta);
+    for (unsigned t = 0; t < s->ntransports; t++) {
+        const kvt_transport_stats_t *x = &s->transports[t];
+        for (unsigned i = 1; i < KVT_STATS_STATUSES; i++)
+            if (x->failures[i] != 0)
+                put(o,
+                    "kvt_transfer_failures_total{engine=\"%s\",transport=\"%s\","
+                    "status=\"%s\"} %llu\n",
+                    en, x->name, kvt_status_name(-(int)i),
+                    (unsigned long long)x->failures[i]);
+    }
+    head(o, "kvt_transfer_refused_total", "counter",
+         "Descriptors refused before any transport took them, by status.",
+         meta);
+    for (unsigned i = 1; i < KVT_STATS_STATUSES; i++)
+        if (s->refused[i] != 0)
+            put(o, "kvt_transfer_refused_total{engine=\"%s\",status=\"%s\"} "
+                   "%llu\n",
+                en, kvt_status_name(-(int)i),
+                (unsigned long long)s->refused[i]);
+    head(o, "kvt_transfer_latency_seconds", "histogram",
+         "Time from submission to the final state of each descriptor, by "
+         "transport and size class.",
+         meta);
+    for (unsigned t = 0; t < s->ntransports; t++) {
+        const kvt_transport_stats_t *x = &s->transports[t];
+        for (unsigned c = 0; c < KVT_STATS_SIZE_CLASSES; c++) {
+            uint64_t cum = 0;
+            for (unsigned b = 0; b < KVT_STATS_LATENCY_BUCKETS; b++) {
+                cum += x->latency[c][b];
+                if (b + 1 < KVT_STATS_LATENCY_BUCKETS)
+                    put(o,
+                        "kvt_transfer_latency_seconds_bucket{engine=\"%s\","
+                        "transport=\"%s\",size=\"%s\",le=\"%g\"} %llu\n",
+                        en, x->name, size_label[c],
+                        (double)bounds_us[b] / 1e6, (unsigned long long)cum);
+                else
+                    put(o,
+                        "kvt_transfer_latency_seconds_bucket{engine=\"%s\","
+                        "transport=\"%s\",size=\"%s\",le=\"+Inf\"} %llu\n",
+                        en, x->name, size_label[c], (unsigned long long)cum);
+            }
+            put(o,
+                "kvt_transfer_latency_seconds_sum{engine=\"%s\","
+                "transport=\"%s\",size=\"%s\"} %.9f\n"
+                "kvt_transfer_latency_seconds_count{engine=\"%s\","
+                "transport=\"%s\",size=\"%s\"} %llu\n",
+                en, x->name, size_label[c],
+                (double)x->latency_sum_ns[c] / 1e9, en, x->name,
+                size_label[c], (unsigned long long)cum);
+        }
+    }
+    head(o, "kvt_batches_total", "counter",
+         "Submissions of descriptors (kvt_batch_submit calls).", meta);
+    put(o, "kvt_batches_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->batches);
+    head(o, "kvt_descriptors_submitted_total", "counter",
+         "Descriptors submitted.", meta);
+    put(o, "kvt_descriptors_submitted_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->descriptors);
+    head(o, "kvt_descriptors_inflight", "gauge",
+         "Descriptors submitted and not yet final.", meta);
+    put(o, "kvt_descriptors_inflight{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->inflight);
+    head(o, "kvt_sessions_opened_total", "counter",
+         "Sessions opened to peers, by transport.", meta);
+    for (unsigned t = 0; t < s->ntransports; t++)
+        put(o, "kvt_sessions_opened_total{engine=\"%s\",transport=\"%s\"} "
+               "%llu\n",
+            en, s->transports[t].name,
+            (unsigned long long)s->transports[t].sessions_opened);
+    head(o, "kvt_sessions_open", "gauge", "Sessions to peers open now.", meta);
+    for (unsigned t = 0; t < s->ntransports; t++)
+        put(o, "kvt_sessions_open{engine=\"%s\",transport=\"%s\"} %llu\n", en,
+            s->transports[t].name,
+            (unsigned long long)s->transports[t].sessions_open);
+    head(o, "kvt_segments_open", "gauge", "Remote segments open now.", meta);
+    put(o, "kvt_segments_open{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->segments_open);
+    head(o, "kvt_notifications_received_total", "counter",
+         "Notifications received from peers.", meta);
+    put(o, "kvt_notifications_received_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->notifies_received);
+    head(o, "kvt_notifications_dropped_total", "counter",
+         "Notifications dropped because the queue was full.", meta);
+    put(o, "kvt_notifications_dropped_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->notifies_dropped);
+    head(o, "kvt_handshakes_refused_total", "counter",
+         "Handshakes of peers this engine refused.", meta);
+    put(o, "kvt_handshakes_refused_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->handshakes_refused);
+    head(o, "kvt_handshake_failures_total", "counter",
+         "Handshakes with peers that failed (refused, unreachable).", meta);
+    put(o, "kvt_handshake_failures_total{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->handshakes_failed);
+    head(o, "kvt_registered_regions", "gauge",
+         "Local memory regions registered now.", meta);
+    put(o, "kvt_registered_regions{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->regions);
+    head(o, "kvt_registered_bytes", "gauge",
+         "Bytes of local memory registered now.", meta);
+    put(o, "kvt_registered_bytes{engine=\"%s\"} %llu\n", en,
+        (unsigned long long)s->region_bytes);
+}
+
+/* One engine's text into @o; @meta as for render(). */
+static kvt_status_t engine_text(kvt_engine_h e, out_t *o, int meta)
+{
+    kvt_engine_stats_t *s = malloc(sizeof(*s));
+    kvt_status_t st;
+
+    if (s == NULL)
+        return KVT_ERR_NO_MEMORY;
+    s->version = KVT_STATS_VERSION;
+    st = kvt_engine_stats(e, s);
+    if (st == KVT_OK)
+        render(e, s, o, meta);
+    free(s);
+    return st;
+}
+
+kvt_status_t kvt_engine_metrics_text(kvt_engine_h e, char *buf, size_t cap,
+                                     size_t *len_p)
+{
+    out_t o = {buf, cap, 0};
+    kvt_status_t st;
+
+    if (e == NULL || len_p == NULL || (buf == NULL && cap > 0))
+        return KVT_ERR_INVALID_PARAM;
+    st = engine_text(e, &o, 1);
+    if (st != KVT_OK)
+        return st;
+    *len_p = o.len;
+    if (o.len >= cap) {
+        if (cap > 0)
+            buf[cap - 1] = '\0';
+        return KVT_ERR_NO_SPACE;
+    }
+    return KVT_OK;
+}
+
+/* ---- The process's engines and its /metrics listener --------------------- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvt_engine_h *engines;
+static size_t nengines, cengines;
+static int lst_fd = -1;
+static uint16_t lst_port;
+static pthread_t lst_thread;
+static int env_tried;
+
+#define MAX_CLIENTS 64
+#define REQ_MAX 4096
+#define REQ_NS (2000ull * 1000000ull)
+
+/* The text of every live engine, malloc'd into *buf_p. */
+static size_t all_text(char **buf_p)
+{
+    out_t o = {NULL, 0, 0};
+
+    for (int pass = 0; pass < 2; pass++) {
+        pthread_mutex_lock(&reg_lock);
+        for (size_t i = 0; i < nengines; i++)
+            engine_text(engines[i], &o, i == 0);
+        pthread_mutex_unlock(&reg_lock);
+        if (pass == 0) {
+            /* Room for what may have grown in between. */
+            o.cap = o.len + 65536;
+            o.buf = malloc(o.cap);
+            if (o.buf == NULL)
+                return 0;
+            o.len = 0;
+        }
+    }
+    if (o.len >= o.cap)
+        o.len = o.cap - 1;
+    o.buf[o.len] = '\0';
+    *buf_p = o.buf;
+    return o.len;
+}
+
+typedef struct {
+    int fd;
+    uint64_t deadline;
+    size_t got;
+    char req[REQ_MAX];
+} client_t;
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void answer(client_t *c)
+{
+    char hdr[256], *body = NULL;
+    const char *type = "text/plain; charset=utf-8", *status = "200 OK";
+    size_t blen = 0;
+    int is_get = strncmp(c->req, "GET ", 4) == 0;
+
+    if (is_get && (strncmp(c->req + 4, "/metrics ", 9) == 0 ||
+                   strncmp(c->req + 4, "/metrics?", 9) == 0)) {
+        blen = all_text(&body);
+        type = "text/plain; version=0.0.4; charset=utf-8";
+    } else if (is_get && strncmp(c->req + 4, "/health ", 8) == 0) {
+        body = strdup("ok\n");
+        blen = body != NULL ? 3 : 0;
+    } else {
+        status = is_get ? "404 Not Found" : "405 Method Not Allowed";
+    }
+    snprintf(hdr, sizeof(hdr),
+             "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+             "Connection: close\r\n\r\n",
+             status, type, blen);
+    send_all(c->fd, hdr, strlen(hdr));
+    if (body != NULL)
+        send_all(c->fd, body, blen);
+    free(body);
+}
+
+static void *lst_main(void *arg)
+{
+    static client_t cl[MAX_CLIENTS];
+    struct pollfd pf[MAX_CLIENTS + 1];
+    unsigned n = 0;
+
+    (void)arg;
+    for (;;) {
+        uint64_t now = kvt__now_ns();
+        int r;
+        pf[0] = (struct pollfd){.fd = lst_fd,
+                                .events = n < MAX_CLIENTS ? POLLIN : 0};
+        for (unsigned i = 0; i < n; i++)
+            pf[i + 1] = (struct pollfd){.fd = cl[i].fd, .events = POLLIN};
+        r = poll(pf, n + 1, 200);
+        if (r < 0 && errno != EINTR)
+            break;
+        now = kvt__now_ns();
+        for (unsigned i = 0; i < n;) {
+            client_t *c = &cl[i];
+            int done = 0;
+            if (pf[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+                ssize_t got = recv(c->fd, c->req + c->got,
+                                   REQ_MAX - 1 - c->got, MSG_DONTWAIT);
+                if (got <= 0) {
+                    done = got == 0 || (errno != EAGAIN && errno != EINTR);
+                } else {
+                    c->got += (size_t)got;
+                    c->req[c->got] = '\0';
+                    if (strstr(c->req, "\r\n\r\n") != NULL ||
+                        strstr(c->req, "\n\n") != NULL) {
+                        answer(c);
+                        done = 1;
+                    } else if (c->got >= REQ_MAX - 1) {
+                        done = 1; /* too long: dropped */
+                    }
+                }
+            }
+            if (!done && now >= c->deadline)
+                done = 1; /* too slow: dropped */
+            if (done) {
+                close(c->fd);
+                cl[i] = cl[--n];
+                pf[i + 1] = pf[n + 1];
+                continue;
+            }
+            i++;
+        }
+        if ((pf[0].revents & POLLIN) && n < MAX_CLIENTS) {
+            int fd = accept4(lst_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                cl[n].fd = fd;
+                cl[n].got = 0;
+                cl[n].deadline = now + REQ_NS;
+                n++;
+            } else if (errno == EMFILE || errno == ENFILE) {
+                usleep(100000); /* at the descriptor limit: back off */
+            }
+        }
+    }
+    return NULL;
+}
+
+kvt_status_t kvt_metrics_listen(const char *host, uint16_t port,
+                                uint16_t *port_p)
+{
+    kvt_status_t st = KVT_OK;
+    int fd = -1;
+
+    pthread_mutex_lock(&reg_lock);
+    if (lst_fd >= 0) {
+        if (port_p != NULL)
+            *port_p = lst_port;
+        pthread_mutex_unlock(&reg_lock);
+        return KVT_ERR_EXISTS;
+    }
+    st = kvt__sock_listen(host != NULL && host[0] != '\0' ? host : "127.0.0.1",
+                          port, &fd, &port);
+    if (st != KVT_OK)
+        st = KVT_ERR_IO;
+    if (st == KVT_OK) {
+        lst_fd = fd;
+        lst_port = port;
+        if (pthread_create(&lst_thread, NULL, lst_main, NULL) != 0) {
+            close(fd);
+            lst_fd = -1;
+            lst_port = 0;
+            st = KVT_ERR_NO_MEMORY;
+        } else {
+            pthread_detach(lst_thread);
+            KVT_LOG_I("metrics at http://%s:%u/metrics",
+                      host != NULL && host[0] != '\0' ? host : "127.0.0.1",
+                      port);
+        }
+    } else {
+        KVT_LOG_E("metrics: cannot listen on %s:%u",
+                  host != NULL && host[0] != '\0' ? host : "127.0.0.1", port);
+    }
+    if (st == KVT_OK && port_p != NULL)
+        *port_p = port;
+    pthread_mutex_unlock(&reg_lock);
+    return st;
+}
+
+uint16_t kvt_metrics_port(void)
+{
+    uint16_t p;
+
+    pthread_mutex_lock(&reg_lock);
+    p = lst_fd >= 0 ? lst_port : 0;
+    pthread_mutex_unlock(&reg_lock);
+    return p;
+}
+
+kvt_status_t kvt__stats_init(kvt_engine_h e)
+{
+    kvt_engine_h *n;
+    const char *port;
+    int try_env = 0;
+
+    if (posix_memalign((void **)&e->stats.shards, 64,
+                       KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t)) != 0)
+        return KVT_ERR_NO_MEMORY;
+    memset(e->stats.shards, 0, KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t));
+    pthread_mutex_lock(&reg_lock);
+    if (nengines == cengines) {
+        size_t cap = cengines ? 2 * cengines : 8;
+        n = realloc(engines, cap * sizeof(*n));
+        if (n == NULL) {
+            pthread_mutex_unlock(&reg_lock);
+            free(e->stats.shards);
+            e->stats.shards = NULL;
+            return KVT_ERR_NO_MEMORY;
+        }
+        engines = n;
+        cengines = cap;
+    }
+    engines[nengines++] = e;
+    if (!env_tried) {
+        env_tried = 1;
+        try_env = 1;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    port = getenv("KVT_METRICS_PORT");
+    if (try_env && port != NULL && port[0] != '\0') {
+        char *end;
+        unsigned long p = strtoul(port, &end, 10);
+        if (*end != '\0' || p > 65535)
+            KVT_LOG_E("KVT_METRICS_PORT=%s is not a port", port);
+        else
+            kvt_metrics_listen(getenv("KVT_METRICS_HOST"), (uint16_t)p, NULL);
+    }
+    return KVT_OK;
+}
+
+void kvt__stats_unlist(kvt_engine_h e)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (size_t i = 0; i < nengines; i++) {
+        if (engines[i] == e) {
+            engines[i] = engines[--nengines];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+void kvt__stats_fini(kvt_engine_h e)
+{
+    kvt__stats_unlist(e);
+    free(e->stats.shards);
+    e->stats.shards = NULL;
+}
