@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <kvt/connector.h>
 #include <kvt/defs.h>
 #include <kvt/engine.h>
 
@@ -110,6 +111,31 @@ KVT_API kvt_status_t kvt_engine_metrics_text(kvt_engine_h e, char *buf,
                                              size_t cap, size_t *len_p);
 
 /*
+ * A connector's rooms: how many are in each state now (indexed by
+ * kvt_poll_t), how many entered and left each state, the time rooms
+ * spent in each state they left (the mean time in a state is
+ * state_ns / left), and the tail of prefill rooms: from the moment their
+ * last blocks were handed over (kvt_sender_send*() with the last ones)
+ * to success, as a histogram with the latency buckets above.
+ */
+typedef struct {
+    uint32_t version; /* in: KVT_STATS_VERSION */
+    uint32_t reserved;
+    uint64_t rooms[5], entered[5], left[5], state_ns[5];
+    uint64_t tail[KVT_STATS_LATENCY_BUCKETS];
+    uint64_t tail_sum_ns, tails;
+} kvt_conn_stats_t;
+
+/*
+ * kvt_conn_stats() - @conn's room metrics into @stats (version set by the
+ * caller). Any thread; does not block. Returns KVT_OK; KVT_ERR_VERSION
+ * for a version this library does not know; KVT_ERR_INVALID_PARAM for
+ * NULL arguments. The /metrics listener serves them too (kvt_conn_*
+ * families, labelled with the connector's engine).
+ */
+KVT_API kvt_status_t kvt_conn_stats(kvt_conn_h conn, kvt_conn_stats_t *stats);
+
+/*
  * The /metrics listener: one per process, serving the text of every live
  * engine of the process (each with its engine label) at GET /metrics,
  * and "ok" at GET /health. Started by the first engine created when
@@ -129,6 +155,26 @@ KVT_API kvt_status_t kvt_engine_metrics_text(kvt_engine_h e, char *buf,
 KVT_API kvt_status_t kvt_metrics_listen(const char *host, uint16_t port,
                                         uint16_t *port_p);
 KVT_API uint16_t kvt_metrics_port(void);
+
+/*
+ * More text for the /metrics listener (the connector's rooms; an
+ * application's own): each scrape calls @fn(@owner, buf, cap, meta)
+ * after the engines' text, from the listener's thread; @fn writes
+ * samples into @buf as snprintf() does (@buf may be NULL with @cap 0) and
+ * returns the length they need; @meta is 1 for the first source of a
+ * scrape (write HELP and TYPE lines then), else 0. @fn must not block
+ * nor call the kvt_metrics_* functions.
+ *
+ * kvt_metrics_source_add() returns KVT_OK; KVT_ERR_INVALID_PARAM for a
+ * NULL @owner or @fn; KVT_ERR_NO_MEMORY. kvt_metrics_source_del()
+ * removes @owner, and once it returns no scrape calls its @fn. Both
+ * thread-safe.
+ */
+typedef size_t (*kvt_metrics_text_fn)(void *owner, char *buf, size_t cap,
+                                      int meta);
+KVT_API kvt_status_t kvt_metrics_source_add(void *owner,
+                                            kvt_metrics_text_fn fn);
+KVT_API void kvt_metrics_source_del(void *owner);
 
 #ifdef __cplusplus
 }

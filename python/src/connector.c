@@ -403,6 +403,64 @@ static PyObject *conn_segment_name(PyObject *o, PyObject *unused)
     return PyUnicode_FromString(kvt_engine_segment_name(self->engine));
 }
 
+/* get_metrics(): the rooms by state, the time spent in states and the
+ * prefill tail, as a dict. */
+static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
+{
+    static const char *const names[5] = {"failed", "bootstrapping",
+                                          "waiting_for_input",
+                                          "transferring", "success"};
+    conn_obj_t *self = (conn_obj_t *)o;
+    kvt_conn_stats_t s = {.version = KVT_STATS_VERSION};
+    PyObject *d, *states, *tail;
+    kvt_status_t st;
+    uint64_t cum = 0;
+
+    (void)unused;
+    if (need_conn(self) < 0)
+        return NULL;
+    st = kvt_conn_stats(self->conn, &s);
+    if (st != KVT_OK)
+        return raise_status("get_metrics", st);
+    states = PyDict_New();
+    tail = PyList_New(0);
+    for (unsigned i = 0; states != NULL && i < 5; i++) {
+        PyObject *x = Py_BuildValue(
+            "{sKsKsKsd}", "rooms", (unsigned long long)s.rooms[i], "entered",
+            (unsigned long long)s.entered[i], "left",
+            (unsigned long long)s.left[i], "seconds",
+            (double)s.state_ns[i] / 1e9);
+        if (x == NULL || PyDict_SetItemString(states, names[i], x) < 0) {
+            Py_XDECREF(x);
+            Py_CLEAR(states);
+            break;
+        }
+        Py_DECREF(x);
+    }
+    for (unsigned b = 0; tail != NULL && b < KVT_STATS_LATENCY_BUCKETS; b++) {
+        uint64_t us = kvt_stats_latency_bound_us(b);
+        PyObject *pair;
+        cum += s.tail[b];
+        pair = Py_BuildValue("(dK)", us ? (double)us / 1e6 : Py_HUGE_VAL,
+                             (unsigned long long)cum);
+        if (pair == NULL || PyList_Append(tail, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_CLEAR(tail);
+            break;
+        }
+        Py_DECREF(pair);
+    }
+    if (states == NULL || tail == NULL) {
+        Py_XDECREF(states);
+        Py_XDECREF(tail);
+        return NULL;
+    }
+    d = Py_BuildValue("{sNs{sNsdsK}}", "states", states, "tail", "buckets",
+                      tail, "sum_seconds", (double)s.tail_sum_ns / 1e9,
+                      "count", (unsigned long long)s.tails);
+    return d;
+}
+
 static PyObject *conn_step_begin(PyObject *o, PyObject *unused)
 {
     conn_obj_t *self = (conn_obj_t *)o;
@@ -501,6 +559,9 @@ static PyMethodDef conn_methods[] = {
      "unusable)"},
     {"segment_name", conn_segment_name, METH_NOARGS,
      "segment_name() -> the engine's segment name (host:port)"},
+    {"get_metrics", conn_get_metrics, METH_NOARGS,
+     "get_metrics() -> dict: rooms by state, time in each state, the "
+     "prefill tail (kvt extension)"},
     {"step_begin", conn_step_begin, METH_NOARGS,
      "step_begin() -> id of a new forward step (prefill)"},
     {"layer_ready", conn_layer_ready, METH_VARARGS,

@@ -856,6 +856,9 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
     KVT_LOG_I("connector: %s rank %u/%u (dp %u/%u) on %s, %u layers",
               kvt__role_str(c->role), c->tp_rank, c->tp_size, c->dp_rank,
               c->dp_size, c->seg_name, c->lay.nlayers);
+    /* Served by the process's /metrics listener, if one runs (a failure
+     * only leaves the connector out of it). */
+    kvt_metrics_source_add(c, kvt__conn_metrics_text);
     *conn_p = c;
     return KVT_OK;
 
@@ -896,6 +899,7 @@ void kvt_conn_destroy(kvt_conn_h c)
 
     if (c == NULL)
         return;
+    kvt_metrics_source_del(c);
     if (c->role == KVT_ROLE_PREFILL) {
         kvt_bootc_h bc = NULL;
         if (kvt_bootc_create(&bc) == KVT_OK)

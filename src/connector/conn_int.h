@@ -32,6 +32,7 @@
 #include <kvt/connector.h>
 #include <kvt/log.h>
 #include <kvt/metad.h>
+#include <kvt/metrics.h>
 #include <kvt/transfer.h>
 
 #include "layout.h"
@@ -169,6 +170,7 @@ struct kvt_room {
     kvt__chunk_t *chunks, **chunk_tail;
     uint64_t next_block;
     int got_last;
+    uint64_t t_last_ns; /* when the last blocks were handed over (prefill) */
     kvt__job_t *jobs;
     /* Decode. */
     char server[KVT__NAME_MAX];
@@ -263,7 +265,17 @@ typedef struct {
 
 #define KVT__ROOM_HASH 1024
 
+/* The connector's metrics (kvt_conn_stats()): rooms by state now, rooms
+ * that entered each state, the time rooms spent in each state they left,
+ * and the tail of prefill rooms: from the last blocks handed over to
+ * success. */
+typedef struct {
+    _Atomic uint64_t rooms[5], entered[5], left[5], state_ns[5];
+    _Atomic uint64_t tail[KVT_STATS_LATENCY_BUCKETS], tail_ns, tails;
+} kvt__conn_stats_t;
+
 struct kvt_conn {
+    kvt__conn_stats_t stats;
     kvt_engine_h engine;
     int role;
     uint32_t tp_rank, tp_size, dp_rank, dp_size;
@@ -422,5 +434,8 @@ int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
 
 kvt__topo_t *kvt__topo_get(kvt_conn_h c, const char *server);
 void kvt__topo_forget(kvt_conn_h c, const char *name);
+
+/* stats.c: the connector's /metrics text (kvt_metrics_source_add()). */
+size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta);
 
 #endif

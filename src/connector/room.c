@@ -52,15 +52,48 @@ int kvt__room_is_final(const struct kvt_room *r)
     return r->state == KVT_POLL_SUCCESS || r->state == KVT_POLL_FAILED;
 }
 
+/* Count @r leaving its state for @state, now (@now_ns). */
+static void room_account(struct kvt_room *r, kvt_poll_t state, uint64_t now_ns)
+{
+    kvt__conn_stats_t *st = &r->conn->stats;
+    unsigned from = (unsigned)r->state, to = (unsigned)state;
+
+    if (from < 5) {
+        atomic_fetch_sub(&st->rooms[from], 1);
+        atomic_fetch_add(&st->left[from], 1);
+        atomic_fetch_add(&st->state_ns[from], now_ns > r->t_state_ns
+                                                   ? now_ns - r->t_state_ns
+                                                   : 0);
+    }
+    if (to < 5) {
+        atomic_fetch_add(&st->rooms[to], 1);
+        atomic_fetch_add(&st->entered[to], 1);
+    }
+    if (state == KVT_POLL_SUCCESS && r->role == KVT_ROLE_PREFILL &&
+        r->t_last_ns != 0) {
+        uint64_t ns = now_ns > r->t_last_ns ? now_ns - r->t_last_ns : 0;
+        unsigned b = 0;
+        while (b < KVT_STATS_LATENCY_BUCKETS - 1 &&
+               ns / 1000 > kvt_stats_latency_bound_us(b))
+            b++;
+        atomic_fetch_add(&st->tail[b], 1);
+        atomic_fetch_add(&st->tail_ns, ns);
+        atomic_fetch_add(&st->tails, 1);
+    }
+}
+
 void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
 {
     va_list ap;
+    uint64_t now_ns;
 
     if (kvt__room_is_final(r) || r->state == state)
         return;
+    now_ns = kvt__conn_now_ns();
+    room_account(r, state, now_ns);
     r->state = state;
     r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__conn_now_ns();
+    r->t_state_ns = now_ns;
     va_start(ap, fmt);
     vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
     va_end(ap);
@@ -94,6 +127,7 @@ void kvt__room_final(struct kvt_room *r, kvt_poll_t state)
         r->error = r->ferr;
         snprintf(r->reason, sizeof(r->reason), "%s", r->freason);
     }
+    room_account(r, state, kvt__conn_now_ns());
     r->state = state;
     r->t_state = kvt__conn_now_ms();
     r->t_state_ns = kvt__conn_now_ns();
@@ -135,6 +169,8 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     r->serial = ++c->next_serial;
     r->role = role;
     r->state = KVT_POLL_BOOTSTRAPPING;
+    atomic_fetch_add(&c->stats.rooms[KVT_POLL_BOOTSTRAPPING], 1);
+    atomic_fetch_add(&c->stats.entered[KVT_POLL_BOOTSTRAPPING], 1);
     r->t_created = r->t_state = kvt__conn_now_ms();
     r->t_state_ns = kvt__conn_now_ns();
     r->chunk_tail = &r->chunks;
@@ -166,6 +202,8 @@ void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
             break;
         }
     }
+    if ((unsigned)r->state < 5)
+        atomic_fetch_sub(&c->stats.rooms[r->state], 1);
     kvt__job_free_all(r);
     while (r->chunks != NULL) {
         kvt__chunk_t *k = r->chunks;
@@ -391,6 +429,8 @@ kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
     st = KVT_OK;
     r->next_block += n;
     r->got_last = is_last != 0;
+    if (r->got_last)
+        r->t_last_ns = kvt__conn_now_ns();
     if (kvt__room_is_final(r) || r->failing)
         goto out;
     k = calloc(1, sizeof(*k));

@@ -190,7 +190,7 @@ __attribute__((format(printf, 2, 3))) static void put(out_t *o,
 
 /* A label value with \, " and newlines escaped (the exposition format's
  * rules), into @dst (room for 2 * KVT_WIRE_NAME_MAX + 1). */
-static void label_escape(char *dst, size_t cap, const char *src)
+void kvt__stats_label_escape(char *dst, size_t cap, const char *src)
 {
     size_t k = 0;
 
@@ -226,7 +226,7 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
     char en[2 * KVT_WIRE_NAME_MAX + 2];
     static const char *const opname[3] = {"write", "read", "notify"};
 
-    label_escape(en, sizeof(en), e->cfg.seg_name);
+    kvt__stats_label_escape(en, sizeof(en), e->cfg.seg_name);
 
     head(o, "kvt_transfer_descriptors_total", "counter",
          "Descriptors completed successfully, by transport and operation.",
@@ -399,6 +399,11 @@ kvt_status_t kvt_engine_metrics_text(kvt_engine_h e, char *buf, size_t cap,
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static kvt_engine_h *engines;
 static size_t nengines, cengines;
+static struct provider {
+    void *owner;
+    kvt_metrics_text_fn fn;
+} *providers;
+static size_t nproviders, cproviders;
 static int lst_fd = -1;
 static uint16_t lst_port;
 static pthread_t lst_thread;
@@ -417,6 +422,11 @@ static size_t all_text(char **buf_p)
         pthread_mutex_lock(&reg_lock);
         for (size_t i = 0; i < nengines; i++)
             engine_text(engines[i], &o, i == 0);
+        for (size_t i = 0; i < nproviders; i++)
+            o.len += providers[i].fn(providers[i].owner,
+                                     o.len < o.cap ? o.buf + o.len : NULL,
+                                     o.len < o.cap ? o.cap - o.len : 0,
+                                     i == 0);
         pthread_mutex_unlock(&reg_lock);
         if (pass == 0) {
             /* Room for what may have grown in between. */
@@ -634,6 +644,38 @@ kvt_status_t kvt__stats_init(kvt_engine_h e)
             kvt_metrics_listen(getenv("KVT_METRICS_HOST"), (uint16_t)p, NULL);
     }
     return KVT_OK;
+}
+
+kvt_status_t kvt_metrics_source_add(void *owner, kvt_metrics_text_fn fn)
+{
+    if (owner == NULL || fn == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&reg_lock);
+    if (nproviders == cproviders) {
+        size_t cap = cproviders ? 2 * cproviders : 4;
+        struct provider *n = realloc(providers, cap * sizeof(*n));
+        if (n == NULL) {
+            pthread_mutex_unlock(&reg_lock);
+            return KVT_ERR_NO_MEMORY;
+        }
+        providers = n;
+        cproviders = cap;
+    }
+    providers[nproviders++] = (struct provider){owner, fn};
+    pthread_mutex_unlock(&reg_lock);
+    return KVT_OK;
+}
+
+void kvt_metrics_source_del(void *owner)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (size_t i = 0; i < nproviders; i++) {
+        if (providers[i].owner == owner) {
+            providers[i] = providers[--nproviders];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
 }
 
 void kvt__stats_unlist(kvt_engine_h e)

@@ -381,6 +381,32 @@ static inline void ct_rank_fini(rank_t *r)
 
 /* Wait until every room is final (or @limit_s passes); then check each
  * against @want. Returns 0 when all match. */
+/* After every room of the rank succeeded: the connector's metrics say so
+ * (each room entered SUCCESS and is there now, none is anywhere else,
+ * and each prefill room's tail was measured). */
+static inline void ct_check_stats(rank_t *r)
+{
+    kvt_conn_stats_t s = {.version = KVT_STATS_VERSION};
+    uint64_t n = 0;
+
+    for (uint32_t i = 0; i < r->cfg->nrooms; i++)
+        n += r->room[i] != NULL;
+    CHECK_OK(kvt_conn_stats(r->conn, &s));
+    CHECK(s.rooms[KVT_POLL_SUCCESS] == n && s.entered[KVT_POLL_SUCCESS] == n);
+    CHECK(s.rooms[KVT_POLL_BOOTSTRAPPING] == 0 &&
+          s.rooms[KVT_POLL_WAITING_FOR_INPUT] == 0 &&
+          s.rooms[KVT_POLL_TRANSFERRING] == 0 &&
+          s.rooms[KVT_POLL_FAILED] == 0);
+    CHECK(s.entered[KVT_POLL_BOOTSTRAPPING] == n &&
+          s.left[KVT_POLL_BOOTSTRAPPING] == n);
+    if (r->side == SIDE_PREFILL) {
+        uint64_t sum = 0;
+        for (unsigned b = 0; b < KVT_STATS_LATENCY_BUCKETS; b++)
+            sum += s.tail[b];
+        CHECK(s.tails == n && sum == n);
+    }
+}
+
 static inline int ct_wait_rooms(rank_t *r, kvt_poll_t want, double limit_s)
 {
     double t0 = kvt_test_now();
@@ -566,6 +592,8 @@ static inline int ct_prefill_main(const ccfg_t *c, uint32_t rank, uint16_t port)
     }
 wait:
     rc = ct_wait_rooms(r, c->expect_prefill, c->time_limit_s);
+    if (rc == 0 && c->expect_prefill == KVT_POLL_SUCCESS)
+        ct_check_stats(r);
     ct_barrier();
     ct_rank_fini(r);
     free(r);
@@ -702,8 +730,10 @@ static inline int ct_decode_main(const ccfg_t *c, uint32_t rank, uint16_t port)
             CHECK_OK(kvt_room_abort(r->room[i], "test abort"));
     }
     rc = ct_wait_rooms(r, c->expect_decode, c->time_limit_s);
-    if (rc == 0 && c->expect_decode == KVT_POLL_SUCCESS)
+    if (rc == 0 && c->expect_decode == KVT_POLL_SUCCESS) {
         rc = ct_verify(r);
+        ct_check_stats(r);
+    }
     ct_barrier();
     ct_rank_fini(r);
     free(r);
