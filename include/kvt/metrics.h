@@ -156,6 +156,9 @@ KVT_API kvt_status_t kvt_metrics_listen(const char *host, uint16_t port,
                                         uint16_t *port_p);
 KVT_API uint16_t kvt_metrics_port(void);
 
+typedef size_t (*kvt_metrics_text_fn)(void *owner, char *buf, size_t cap,
+                                      int meta);
+
 /*
  * More text for the /metrics listener (the connector's rooms; an
  * application's own): each scrape calls @fn(@owner, buf, cap, meta)
@@ -170,8 +173,6 @@ KVT_API uint16_t kvt_metrics_port(void);
  * removes @owner, and once it returns no scrape calls its @fn. Both
  * thread-safe.
  */
-typedef size_t (*kvt_metrics_text_fn)(void *owner, char *buf, size_t cap,
-                                      int meta);
 KVT_API kvt_status_t kvt_metrics_source_add(void *owner,
                                             kvt_metrics_text_fn fn);
 KVT_API void kvt_metrics_source_del(void *owner);
