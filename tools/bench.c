@@ -288,6 +288,43 @@ typedef struct {
     int fatal;
 } worker_t;
 
+/* Bytes this engine moved so far (its metrics). */
+static uint64_t moved(kvt_engine_h e)
+{
+    kvt_engine_stats_t s = {.version = KVT_STATS_VERSION};
+    uint64_t b = 0;
+
+    if (kvt_engine_stats(e, &s) != KVT_OK)
+        return 0;
+    for (unsigned i = 0; i < s.ntransports; i++)
+        b += s.transports[i].write_bytes + s.transports[i].read_bytes;
+    return b;
+}
+
+/* While the threads run: a line on the terminal, redrawn every second,
+ * with the last second's throughput and the time left. Nothing when
+ * stderr is not a terminal or in --json mode. */
+static void progress(kvt_engine_h e, const bench_opts_t *o, double t0)
+{
+    double t_end = t0 + o->duration, last = t0;
+    uint64_t before = moved(e);
+
+    if (o->json || !isatty(STDERR_FILENO))
+        return;
+    while (now_s() + 1.0 < t_end) {
+        double now;
+        uint64_t b;
+        usleep(1000000);
+        now = now_s();
+        b = moved(e);
+        fprintf(stderr, "\r  %.3f GB/s, %.0f s left   ",
+                (double)(b - before) / (now - last) / 1e9, t_end - now);
+        before = b;
+        last = now;
+    }
+    fprintf(stderr, "\r%60s\r", "");
+}
+
 static void *initiator_thread(void *arg)
 {
     worker_t *w = arg;
@@ -457,6 +494,7 @@ static int run_initiator(const bench_opts_t *o)
                            .t_end = t0 + o->duration};
         pthread_create(&th[i], NULL, initiator_thread, &ws[i]);
     }
+    progress(e, o, t0);
     for (unsigned i = 0; i < o->threads; i++) {
         pthread_join(th[i], NULL);
         bytes += ws[i].bytes;

@@ -10,6 +10,7 @@ int kvt_cmd_bench(int argc, char **argv);
 int kvt_cmd_info(int argc, char **argv);
 int kvt_cmd_demo(int argc, char **argv);
 int kvt_cmd_metad(int argc, char **argv);
+int kvt_cmd_stats(int argc, char **argv);
 
 /*
  * Option helpers: "--name=value" or "--name value". cli_opt() returns the

@@ -16,6 +16,7 @@ static const struct {
     {"info", kvt_cmd_info, "print version and build options"},
     {"demo", kvt_cmd_demo, "run a prefill/decode demo on this machine"},
     {"metad", kvt_cmd_metad, "metadata and PD bootstrap HTTP server"},
+    {"stats", kvt_cmd_stats, "live view of processes' /metrics"},
 };
 
 static void usage(FILE *f)

@@ -295,11 +295,14 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
     base = b->used;
     b->used += count;
-    t0 = kvt__now_ns();
+    t0 = 0;
     {
         kvt__stats_shard_t *sh = kvt__stats_shard(&e->stats);
-        atomic_fetch_add_explicit(&sh->batches, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&sh->descs, count, memory_order_relaxed);
+        if (sh != NULL) {
+            t0 = kvt__now_ns();
+            atomic_fetch_add_explicit(&sh->batches, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&sh->descs, count, memory_order_relaxed);
+        }
     }
     for (size_t i = 0; i < count; i++) {
         kvt__comp_t *s = &b->slots[base + i];

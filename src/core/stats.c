@@ -27,6 +27,8 @@ static _Thread_local unsigned my_shard = ~0u;
 
 kvt__stats_shard_t *kvt__stats_shard(kvt__stats_t *st)
 {
+    if (st->shards == NULL)
+        return NULL;
     if (my_shard == ~0u)
         my_shard = atomic_fetch_add_explicit(&next_shard, 1,
                                              memory_order_relaxed) %
@@ -611,10 +613,20 @@ kvt_status_t kvt__stats_init(kvt_engine_h e)
     const char *port;
     int try_env = 0;
 
-    if (posix_memalign((void **)&e->stats.shards, 64,
-                       KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t)) != 0)
-        return KVT_ERR_NO_MEMORY;
-    memset(e->stats.shards, 0, KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t));
+    const char *off = getenv("KVT_METRICS");
+
+    /* KVT_METRICS=off: no counting on the data path (to measure what it
+     * costs); the engine's metrics then read 0. */
+    if (off != NULL && (strcmp(off, "off") == 0 || strcmp(off, "0") == 0)) {
+        e->stats.shards = NULL;
+    } else {
+        if (posix_memalign((void **)&e->stats.shards, 64,
+                           KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t)) !=
+            0)
+            return KVT_ERR_NO_MEMORY;
+        memset(e->stats.shards, 0,
+               KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t));
+    }
     pthread_mutex_lock(&reg_lock);
     if (nengines == cengines) {
         size_t cap = cengines ? 2 * cengines : 8;
