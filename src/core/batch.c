@@ -299,9 +299,9 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     {
         kvt__stats_shard_t *sh = kvt__stats_shard(&e->stats);
         if (sh != NULL) {
-            t0 = kvt__now_ns();
-            atomic_fetch_add_explicit(&sh->batches, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&sh->descs, count, memory_order_relaxed);
+            t0 = kvt__stats_ticks();
+            KVT__BUMP(sh->batches, 1);
+            KVT__BUMP(sh->descs, count);
         }
     }
     for (size_t i = 0; i < count; i++) {

@@ -22,19 +22,130 @@
 
 /* ---- Counting ------------------------------------------------------------ */
 
-static _Atomic unsigned next_shard;
-static _Thread_local unsigned my_shard = ~0u;
+static _Atomic uint64_t next_id = 1, next_thread = 1;
+/* The calling thread's state, in one thread-local object (its address is
+ * computed once per call: in a shared library each thread-local access
+ * may cost a call). */
+#define TCACHE 4
+typedef struct {
+    uint64_t thread; /* this thread's number, 0 until it counts */
+    /* Its blocks of the last engines it counted for. */
+    struct {
+        uint64_t id;
+        kvt__stats_shard_t *b;
+    } cache[TCACHE];
+    unsigned next;
+    /* Inside kvt__comp_run_begin()/end(): the moment of the run, read on
+     * its first use (0: not yet). */
+    int in_run;
+    uint64_t run_now;
+} tls_t;
+static _Thread_local tls_t tls;
+
+void kvt__comp_run_begin(void)
+{
+    tls_t *t = &tls;
+
+    t->in_run = 1;
+    t->run_now = 0;
+}
+
+void kvt__comp_run_end(void)
+{
+    tls.in_run = 0;
+}
+
+static kvt__stats_shard_t *shard_of(kvt__stats_t *st, tls_t *t)
+{
+    kvt__stats_shard_t *b;
+
+    if (!st->on)
+        return NULL;
+    for (unsigned i = 0; i < TCACHE; i++)
+        if (t->cache[i].id == st->id)
+            return t->cache[i].b;
+    if (t->thread == 0)
+        t->thread = atomic_fetch_add(&next_thread, 1);
+    /* Counted for this engine before (the cache forgot it), or a new
+     * block, pushed onto the engine's list. */
+    for (b = atomic_load_explicit(&st->shards, memory_order_acquire);
+         b != NULL && b->owner != t->thread; b = b->next)
+        ;
+    if (b == NULL) {
+        if (posix_memalign((void **)&b, 64, sizeof(*b)) != 0)
+            return NULL;
+        memset(b, 0, sizeof(*b));
+        b->owner = t->thread;
+        b->next = atomic_load_explicit(&st->shards, memory_order_relaxed);
+        while (!atomic_compare_exchange_weak_explicit(
+            &st->shards, &b->next, b, memory_order_release,
+            memory_order_relaxed))
+            ;
+    }
+    t->cache[t->next].id = st->id;
+    t->cache[t->next].b = b;
+    t->next = (t->next + 1) % TCACHE;
+    return b;
+}
 
 kvt__stats_shard_t *kvt__stats_shard(kvt__stats_t *st)
 {
-    if (st->shards == NULL)
-        return NULL;
-    if (my_shard == ~0u)
-        my_shard = atomic_fetch_add_explicit(&next_shard, 1,
-                                             memory_order_relaxed) %
-                   KVT__STATS_SHARDS;
-    return &st->shards[my_shard];
+    return shard_of(st, &tls);
 }
+
+/* The TSC, where it runs at a constant rate through every power state
+ * (constant_tsc and nonstop_tsc in /proc/cpuinfo), calibrated against
+ * CLOCK_MONOTONIC once; else CLOCK_MONOTONIC itself. */
+static pthread_once_t tsc_once = PTHREAD_ONCE_INIT;
+static int tsc_on;
+static double ns_per_tick = 1.0;
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static void tsc_init(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    int c = 0, n = 0;
+    uint64_t t0, t1, r0, r1;
+
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof(line), f) != NULL && !(c && n))
+        if (strncmp(line, "flags", 5) == 0) {
+            c = strstr(line, " constant_tsc") != NULL;
+            n = strstr(line, " nonstop_tsc") != NULL;
+            break;
+        }
+    fclose(f);
+    if (!c || !n)
+        return;
+    t0 = kvt__now_ns();
+    r0 = __rdtsc();
+    do
+        t1 = kvt__now_ns();
+    while (t1 - t0 < 2000000);
+    r1 = __rdtsc();
+    if (r1 <= r0)
+        return;
+    ns_per_tick = (double)(t1 - t0) / (double)(r1 - r0);
+    tsc_on = 1;
+}
+
+uint64_t kvt__stats_ticks(void)
+{
+    return tsc_on ? __rdtsc() : kvt__now_ns();
+}
+#else
+static void tsc_init(void)
+{
+}
+
+uint64_t kvt__stats_ticks(void)
+{
+    return kvt__now_ns();
+}
+#endif
 
 /* Latency bucket bounds, microseconds: 10 us to 10 s in a 1-2-5 series. */
 static const uint64_t bounds_us[KVT_STATS_LATENCY_BUCKETS - 1] = {
@@ -62,37 +173,42 @@ static unsigned bucket_of(uint64_t ns)
     return i;
 }
 
-#define ADD(a, v) atomic_fetch_add_explicit(&(a), (v), memory_order_relaxed)
 
 void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op,
                      uint64_t bytes, uint64_t t0, int32_t status)
 {
-    kvt__stats_shard_t *sh;
+    tls_t *t = &tls;
+    kvt__stats_shard_t *sh = shard_of(st, t);
     kvt__tl_ctr_t *c;
-    uint64_t ns;
+    uint64_t ns, now;
     unsigned sc;
 
-    if (st->shards == NULL)
+    if (sh == NULL)
         return;
-    sh = kvt__stats_shard(st);
     if (tl >= KVT__STATS_TL) {
-        ADD(sh->refused[kvt__stats_status_index(status)], 1);
+        KVT__BUMP(sh->refused[kvt__stats_status_index(status)], 1);
         return;
     }
     c = &sh->tl[tl];
     if (status == KVT_OK) {
         unsigned k = op == KVT_OP_WRITE ? 0 : op == KVT_OP_READ ? 1 : 2;
-        ADD(c->ops[k], 1);
+        KVT__BUMP(c->ops[k], 1);
         if (k < 2)
-            ADD(c->bytes[k], bytes);
+            KVT__BUMP(c->bytes[k], bytes);
     } else {
-        ADD(c->fail[kvt__stats_status_index(status)], 1);
+        KVT__BUMP(c->fail[kvt__stats_status_index(status)], 1);
     }
-    ns = kvt__now_ns();
-    ns = ns > t0 ? ns - t0 : 0;
+    if (t->in_run) {
+        if (t->run_now == 0)
+            t->run_now = kvt__stats_ticks();
+        now = t->run_now;
+    } else {
+        now = kvt__stats_ticks();
+    }
+    ns = now > t0 ? (uint64_t)((double)(now - t0) * ns_per_tick) : 0;
     sc = size_class(bytes);
-    ADD(c->lat[sc][bucket_of(ns)], 1);
-    ADD(c->lat_sum[sc], ns);
+    KVT__BUMP(c->lat[sc][bucket_of(ns)], 1);
+    KVT__BUMP(c->lat_sum[sc], ns);
 }
 
 #define LOAD(a) atomic_load_explicit(&(a), memory_order_relaxed)
@@ -117,8 +233,9 @@ kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *out)
         o->sessions_opened = LOAD(st->sess_opened[t]);
         o->sessions_open = o->sessions_opened - LOAD(st->sess_closed[t]);
     }
-    for (unsigned k = 0; st->shards != NULL && k < KVT__STATS_SHARDS; k++) {
-        kvt__stats_shard_t *sh = &st->shards[k];
+    for (kvt__stats_shard_t *sh =
+             atomic_load_explicit(&st->shards, memory_order_acquire);
+         sh != NULL; sh = sh->next) {
         out->batches += LOAD(sh->batches);
         out->descriptors += LOAD(sh->descs);
         for (unsigned i = 0; i < KVT_STATS_STATUSES; i++) {
@@ -617,24 +734,17 @@ kvt_status_t kvt__stats_init(kvt_engine_h e)
 
     /* KVT_METRICS=off: no counting on the data path (to measure what it
      * costs); the engine's metrics then read 0. */
-    if (off != NULL && (strcmp(off, "off") == 0 || strcmp(off, "0") == 0)) {
-        e->stats.shards = NULL;
-    } else {
-        if (posix_memalign((void **)&e->stats.shards, 64,
-                           KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t)) !=
-            0)
-            return KVT_ERR_NO_MEMORY;
-        memset(e->stats.shards, 0,
-               KVT__STATS_SHARDS * sizeof(kvt__stats_shard_t));
-    }
+    e->stats.on = !(off != NULL &&
+                    (strcmp(off, "off") == 0 || strcmp(off, "0") == 0));
+    e->stats.id = atomic_fetch_add(&next_id, 1);
+    atomic_store(&e->stats.shards, NULL);
+    pthread_once(&tsc_once, tsc_init);
     pthread_mutex_lock(&reg_lock);
     if (nengines == cengines) {
         size_t cap = cengines ? 2 * cengines : 8;
         n = realloc(engines, cap * sizeof(*n));
         if (n == NULL) {
             pthread_mutex_unlock(&reg_lock);
-            free(e->stats.shards);
-            e->stats.shards = NULL;
             return KVT_ERR_NO_MEMORY;
         }
         engines = n;
@@ -704,7 +814,12 @@ void kvt__stats_unlist(kvt_engine_h e)
 
 void kvt__stats_fini(kvt_engine_h e)
 {
+    kvt__stats_shard_t *b = atomic_exchange(&e->stats.shards, NULL);
+
     kvt__stats_unlist(e);
-    free(e->stats.shards);
-    e->stats.shards = NULL;
+    while (b != NULL) {
+        kvt__stats_shard_t *n = b->next;
+        free(b);
+        b = n;
+    }
 }

@@ -106,6 +106,11 @@ typedef struct kvt__comp kvt__comp_t;
 
 static inline void kvt__comp_expect(kvt__comp_t *c, uint32_t pieces);
 void kvt__comp_done(kvt__comp_t *c, kvt_status_t status);
+/* Around a run of kvt__comp_done() calls that report one moment (the
+ * pieces of a job or a frame, completed together): the metrics read the
+ * clock once for the run. Not nested; same thread. */
+void kvt__comp_run_begin(void);
+void kvt__comp_run_end(void);
 
 /* ---- Normalised descriptors ---------------------------------------------- */
 

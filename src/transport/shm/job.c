@@ -471,6 +471,7 @@ static void job_unref(job_t *j)
  * run of segments. */
 static void job_complete(job_t *j)
 {
+    kvt__comp_run_begin();
     for (uint32_t i = 0; i < j->nsegs;) {
         kvt__comp_t *c = j->segs[i].comp;
         kvt_status_t st = KVT_OK;
@@ -479,6 +480,7 @@ static void job_complete(job_t *j)
                 st = j->segs[i].st;
         kvt__comp_done(c, st);
     }
+    kvt__comp_run_end();
     job_unref(j);
 }
 

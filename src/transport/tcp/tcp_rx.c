@@ -33,8 +33,10 @@ void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
         st = KVT_ERR_IO;
         pst = NULL;
     }
+    kvt__comp_run_begin();
     for (uint32_t i = 0; i < f->npieces; i++)
         kvt__comp_done(f->comps[i], pst ? pst[i] : st);
+    kvt__comp_run_end();
     kvt__tcp_frame_put(f);
 }
 
