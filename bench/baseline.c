@@ -81,18 +81,28 @@ static size_t size_arg(const char *s)
     char *e;
     double v = strtod(s, &e);
     switch (*e) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1048576; break;
-    case 'G': case 'g': v *= 1073741824.0; break;
-    default: break;
+    case 'K':
+    case 'k':
+        v *= 1024;
+        break;
+    case 'M':
+    case 'm':
+        v *= 1048576;
+        break;
+    case 'G':
+    case 'g':
+        v *= 1073741824.0;
+        break;
+    default:
+        break;
     }
     return (size_t)v;
 }
 
 static char *touched(size_t n)
 {
-    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
     if (p == MAP_FAILED) {
         perror("mmap");
         exit(2);
@@ -187,9 +197,9 @@ static void copy_out(char *d, const char *s, size_t n)
 #ifdef __SSE2__
     for (size_t i = 0; i < n; i += 64)
         for (size_t k = 0; k < 64; k += 16)
-            _mm_stream_si128((__m128i *)(void *)(d + i + k),
-                             _mm_load_si128((const __m128i *)(const void *)(
-                                 s + i + k)));
+            _mm_stream_si128(
+                (__m128i *)(void *)(d + i + k),
+                _mm_load_si128((const __m128i *)(const void *)(s + i + k)));
     _mm_sfence();
 #else
     memcpy(d, s, n);
@@ -322,8 +332,8 @@ int main(int argc, char **argv)
         printf("%.2f\n", lat[n / 2]);
         return 0;
     }
-    if (argc == 4 && (strcmp(argv[1], "memcpy") == 0 ||
-                      strcmp(argv[1], "cma") == 0)) {
+    if (argc == 4 &&
+        (strcmp(argv[1], "memcpy") == 0 || strcmp(argv[1], "cma") == 0)) {
         size_t total = size_arg(argv[2]) << 20, blk = size_arg(argv[3]);
         size_t len = 512ul << 20, off = 0, done = 0;
         char *src = touched(len);
@@ -362,8 +372,7 @@ int main(int argc, char **argv)
         pid_t pid;
         char *dst;
         double t0;
-        if (piece == 0 || span > len ||
-            (dst = child_area(len, &pid)) == NULL)
+        if (piece == 0 || span > len || (dst = child_area(len, &pid)) == NULL)
             return 2;
         t0 = now();
         for (size_t w = 0; done < total; w = (w + 1) % (len / span)) {
@@ -382,7 +391,8 @@ int main(int argc, char **argv)
                     r[nr++] = (struct iovec){b, piece};
             }
             if (process_vm_writev(pid, l, (unsigned long)nl, r,
-                                  (unsigned long)nr, 0) != (ssize_t)(1024 * piece)) {
+                                  (unsigned long)nr,
+                                  0) != (ssize_t)(1024 * piece)) {
                 perror("process_vm_writev");
                 return child_end(pid, 0);
             }

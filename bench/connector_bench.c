@@ -182,10 +182,10 @@ static void rank_setup(rank_t *r, uint16_t boot)
     }
     r->aux.item_bytes = 64;
     r->aux.count = 4;
-    r->aux.base = o->managed ? (uint8_t *)r->arena +
-                                   (((block * pool + 4095) & ~4095ull) *
-                                    r->ncaches)
-                             : calloc(4, 64);
+    r->aux.base = o->managed
+                      ? (uint8_t *)r->arena +
+                            (((block * pool + 4095) & ~4095ull) * r->ncaches)
+                      : calloc(4, 64);
     r->aux_slot = r->prefill ? 1 : 2;
 
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot);
@@ -402,16 +402,23 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"mode", 1, 0, 'm'},         {"layers", 1, 0, 'L'},
-        {"kv-heads", 1, 0, 'H'},     {"head-bytes", 1, 0, 'B'},
-        {"block-tokens", 1, 0, 'T'}, {"tokens", 1, 0, 'n'},
-        {"layout", 1, 0, 'y'},       {"prefill-tp", 1, 0, 'P'},
-        {"decode-tp", 1, 0, 'D'},    {"compute-ms", 1, 0, 'c'},
-        {"rounds", 1, 0, 'r'},       {"submit-interval", 1, 0, 'i'},
-        {"workers", 1, 0, 'w'},      {"conns", 1, 0, 'C'},
-        {"protocol", 1, 0, 'p'},     {"memory", 1, 0, 'M'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"mode", 1, 0, 'm'},
+                                          {"layers", 1, 0, 'L'},
+                                          {"kv-heads", 1, 0, 'H'},
+                                          {"head-bytes", 1, 0, 'B'},
+                                          {"block-tokens", 1, 0, 'T'},
+                                          {"tokens", 1, 0, 'n'},
+                                          {"layout", 1, 0, 'y'},
+                                          {"prefill-tp", 1, 0, 'P'},
+                                          {"decode-tp", 1, 0, 'D'},
+                                          {"compute-ms", 1, 0, 'c'},
+                                          {"rounds", 1, 0, 'r'},
+                                          {"submit-interval", 1, 0, 'i'},
+                                          {"workers", 1, 0, 'w'},
+                                          {"conns", 1, 0, 'C'},
+                                          {"protocol", 1, 0, 'p'},
+                                          {"memory", 1, 0, 'M'},
+                                          {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
                .heads = 8,
@@ -541,8 +548,7 @@ int main(int argc, char **argv)
                "layout=%s bytes=%llu ms=%.3f gbps=%.3f\n",
                o.tcp_only ? "tcp" : "auto", o.managed ? "managed" : "malloc",
                o.P, o.D, o.head_major ? "head" : "token",
-               (unsigned long long)bytes,
-               t * 1e3, (double)bytes / t / 1e9);
+               (unsigned long long)bytes, t * 1e3, (double)bytes / t / 1e9);
     }
     for (int i = 0; i < nranks; i++) {
         char q = 'q';

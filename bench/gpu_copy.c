@@ -70,8 +70,8 @@ static CUdeviceptr dev_alloc(int dev, size_t len)
     if (cu.DevicePrimaryCtxRetain(&c, dev) != CUDA_SUCCESS ||
         cu.CtxSetCurrent(c) != CUDA_SUCCESS ||
         cu.MemAlloc(&p, len) != CUDA_SUCCESS) {
-        fprintf(stderr, "kvt_gpu_copy: cannot allocate %zu bytes on %d\n",
-                len, dev);
+        fprintf(stderr, "kvt_gpu_copy: cannot allocate %zu bytes on %d\n", len,
+                dev);
         exit(1);
     }
     return p;

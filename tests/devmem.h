@@ -35,9 +35,8 @@ static inline int devmem_probe(void)
 
     if (h == NULL)
         return -1;
-    return dlsym(h, "cuInit") != NULL && dlsym(h, "cuMemAlloc_v2") != NULL
-               ? 0
-               : -1;
+    return dlsym(h, "cuInit") != NULL && dlsym(h, "cuMemAlloc_v2") != NULL ? 0
+                                                                           : -1;
 }
 
 /* 0 when a driver is there (initialised now), -1 otherwise. */

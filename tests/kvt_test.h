@@ -24,7 +24,7 @@
 #define CHECK(cond)                                                            \
     do {                                                                       \
         if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,  \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
                     #cond);                                                    \
             exit(1);                                                           \
         }                                                                      \
@@ -35,7 +35,7 @@
         kvt_status_t st_ = (expr);                                             \
         kvt_status_t want_ = (want);                                           \
         if (st_ != want_) {                                                    \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__, \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__,  \
                     __LINE__, #expr, kvt_status_name(st_),                     \
                     kvt_status_name(want_));                                   \
             exit(1);                                                           \
@@ -57,7 +57,10 @@ typedef struct {
 } kvt_test_case_t;
 
 #define KVT_TEST(name) static void test_##name(void)
-#define KVT_CASE(name, timeout) {#name, test_##name, timeout}
+#define KVT_CASE(name, timeout)                                                \
+    {                                                                          \
+#name, test_##name, timeout                                            \
+    }
 
 static inline double kvt_test_now(void)
 {
@@ -136,7 +139,9 @@ static inline int kvt_test_main(const kvt_test_case_t *cases, size_t n,
         else
             failed++;
         printf("%s %s (%.2f s)\n",
-               rc == 0 ? "ok  " : rc == KVT_TEST_SKIP ? "skip" : "FAIL",
+               rc == 0               ? "ok  "
+               : rc == KVT_TEST_SKIP ? "skip"
+                                     : "FAIL",
                cases[i].name, kvt_test_now() - t0);
         fflush(stdout);
     }
@@ -150,8 +155,8 @@ static inline int kvt_test_main(const kvt_test_case_t *cases, size_t n,
     int main(int argc, char **argv)                                            \
     {                                                                          \
         static const kvt_test_case_t cases_[] = {__VA_ARGS__};                 \
-        return kvt_test_main(cases_, sizeof(cases_) / sizeof(cases_[0]),       \
-                             argc, argv);                                      \
+        return kvt_test_main(cases_, sizeof(cases_) / sizeof(cases_[0]), argc, \
+                             argv);                                            \
     }
 
 #endif

@@ -133,8 +133,8 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         fprintf(stderr, "kvt bench: bad value in '%s'\n", argv[i]);
         return -1;
     }
-    if (o->mode == NULL || (strcmp(o->mode, "target") != 0 &&
-                            strcmp(o->mode, "initiator") != 0)) {
+    if (o->mode == NULL ||
+        (strcmp(o->mode, "target") != 0 && strcmp(o->mode, "initiator") != 0)) {
         fprintf(stderr, "kvt bench: --mode=target or --mode=initiator\n");
         return -1;
     }
@@ -259,8 +259,8 @@ static int run_target(const bench_opts_t *o)
     }
     printf("segment: %s\n", kvt_engine_segment_name(e));
     printf("buffer: %p %llu bytes (%s), protocol %s\n", buf,
-           (unsigned long long)o->buffer_size,
-           is_cuda(o) ? "cuda" : o->buffer, o->protocol);
+           (unsigned long long)o->buffer_size, is_cuda(o) ? "cuda" : o->buffer,
+           o->protocol);
     fflush(stdout);
     sigwait(&set, &sig);
     if (managed) {
@@ -351,16 +351,16 @@ static void *initiator_thread(void *arg)
         kvt_status_t st;
 
         for (uint64_t i = 0; i < o->batch; i++) {
-            d[i].opcode = strcmp(o->op, "read") == 0 ? KVT_OP_READ
-                                                     : KVT_OP_WRITE;
+            d[i].opcode =
+                strcmp(o->op, "read") == 0 ? KVT_OP_READ : KVT_OP_WRITE;
             d[i].segment = w->seg;
             d[i].local_addr = w->local + i * o->block;
             d[i].remote_addr = w->remote + win * span + i * o->block;
             if (ws != 0) {
                 /* The same few blocks over and over, on both sides. */
                 d[i].local_addr = w->local + (i * o->block) % ws;
-                d[i].remote_addr = w->remote + w->id * ws +
-                                   (win * span + i * o->block) % ws;
+                d[i].remote_addr =
+                    w->remote + w->id * ws + (win * span + i * o->block) % ws;
             }
             d[i].length = o->block;
         }
@@ -460,19 +460,23 @@ static int run_initiator(const bench_opts_t *o)
                               (kvt_mem_kind_t)region.kind, &proto) != KVT_OK)
         proto = "?";
     if (strcmp(o->protocol, "auto") != 0 && strcmp(o->protocol, proto) != 0)
-        fprintf(stderr, "kvt bench: %s was asked for, but the segment is "
-                        "served by %s (the log says why)\n",
+        fprintf(stderr,
+                "kvt bench: %s was asked for, but the segment is "
+                "served by %s (the log says why)\n",
                 o->protocol, proto);
     if (o->working_set != 0 &&
-        region.length < (o->working_set > o->block ? o->working_set : o->block) * o->threads) {
+        region.length <
+            (o->working_set > o->block ? o->working_set : o->block) *
+                o->threads) {
         fprintf(stderr, "kvt bench: the target's buffer is smaller than the "
                         "working sets\n");
         kvt_engine_destroy(e);
         return 1;
     }
     if (region.length < span) {
-        fprintf(stderr, "kvt bench: the target's buffer (%llu bytes) is "
-                        "smaller than one batch (%llu bytes)\n",
+        fprintf(stderr,
+                "kvt bench: the target's buffer (%llu bytes) is "
+                "smaller than one batch (%llu bytes)\n",
                 (unsigned long long)region.length, (unsigned long long)span);
         kvt_engine_destroy(e);
         return 1;
@@ -488,8 +492,12 @@ static int run_initiator(const bench_opts_t *o)
     }
     t0 = now_s();
     for (unsigned i = 0; i < o->threads; i++) {
-        ws[i] = (worker_t){.o = o, .e = e, .seg = seg, .id = i,
-                           .local = local + i * span, .remote = region.addr,
+        ws[i] = (worker_t){.o = o,
+                           .e = e,
+                           .seg = seg,
+                           .id = i,
+                           .local = local + i * span,
+                           .remote = region.addr,
                            .remote_len = region.length,
                            .t_end = t0 + o->duration};
         pthread_create(&th[i], NULL, initiator_thread, &ws[i]);
@@ -520,8 +528,7 @@ static int run_initiator(const bench_opts_t *o)
     printf("kvt bench: %s %s, block %llu B, batch %llu, threads %llu, "
            "protocol %s\n",
            o->op, o->segment, (unsigned long long)o->block,
-           (unsigned long long)o->batch, (unsigned long long)o->threads,
-           proto);
+           (unsigned long long)o->batch, (unsigned long long)o->threads, proto);
     printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
            "p50 %.1f us p99 %.1f us, errors %llu\n",
            gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
@@ -534,10 +541,10 @@ static int run_initiator(const bench_opts_t *o)
                "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu}\n",
                o->op, proto, o->memory,
                region.kind == KVT_MEM_CUDA ? "cuda" : "host",
-               (unsigned long long)o->block,
-               (unsigned long long)o->batch, (unsigned long long)o->threads,
-               secs, (unsigned long long)bytes, (unsigned long long)ops, gbps,
-               p50, p99, (unsigned long long)errors);
+               (unsigned long long)o->block, (unsigned long long)o->batch,
+               (unsigned long long)o->threads, secs, (unsigned long long)bytes,
+               (unsigned long long)ops, gbps, p50, p99,
+               (unsigned long long)errors);
     free(lat);
     free(ws);
     free(th);
@@ -552,6 +559,5 @@ int kvt_cmd_bench(int argc, char **argv)
     bench_opts_t o;
     if (parse(argc, argv, &o) != 0)
         return 2;
-    return strcmp(o.mode, "target") == 0 ? run_target(&o)
-                                          : run_initiator(&o);
+    return strcmp(o.mode, "target") == 0 ? run_target(&o) : run_initiator(&o);
 }

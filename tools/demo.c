@@ -42,17 +42,18 @@
 #include "cli.h"
 #include "demo.h"
 
-/* ---- Models --------------------------------------------------------------- */
-
+/* ---- Models ---------------------------------------------------------------
+ */
 
 static const model_t models[] = {
-    {"llama3-8b", "Llama-3-8B-like: 32 layers, 8 KV heads x 128, bf16",
-     32, 0, 8, 256, 0, 16, 218e6, 4096},
+    {"llama3-8b", "Llama-3-8B-like: 32 layers, 8 KV heads x 128, bf16", 32, 0,
+     8, 256, 0, 16, 218e6, 4096},
     {"llama3-8b-eagle",
-     "Llama-3-8B-like with a 1-layer draft model (speculative decoding)",
-     32, 1, 8, 256, 0, 16, 218e6, 4096},
-    {"deepseek-v3", "DeepSeek-V3-like MLA: 61 layers, latent 512 + 64 rope, "
-                    "bf16",
+     "Llama-3-8B-like with a 1-layer draft model (speculative decoding)", 32, 1,
+     8, 256, 0, 16, 218e6, 4096},
+    {"deepseek-v3",
+     "DeepSeek-V3-like MLA: 61 layers, latent 512 + 64 rope, "
+     "bf16",
      61, 0, 0, 0, (512 + 64) * 2, 16, 37e9 / 61, 7168},
 };
 
@@ -81,7 +82,8 @@ req_t demo_request(const opts_t *o, uint32_t i)
     return r;
 }
 
-/* ---- The demo process ------------------------------------------------------ */
+/* ---- The demo process ------------------------------------------------------
+ */
 
 typedef struct {
     pid_t pid;
@@ -116,7 +118,8 @@ static uint16_t free_port(void)
 
 static int port_open(uint16_t port)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
     ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
@@ -138,8 +141,8 @@ static pid_t spawn_metad(uint16_t port)
             dup2(dn, 1);
             dup2(dn, 2);
         }
-        execl("/proc/self/exe", "kvt", "metad", "--host", "127.0.0.1",
-              "--port", ps, (char *)NULL);
+        execl("/proc/self/exe", "kvt", "metad", "--host", "127.0.0.1", "--port",
+              ps, (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -315,8 +318,8 @@ static int parse(int argc, char **argv, opts_t *o)
             return -1;
         }
     }
-    if (o->m->kv_heads && (o->m->kv_heads % o->prefill_tp ||
-                           o->m->kv_heads % o->decode_tp)) {
+    if (o->m->kv_heads &&
+        (o->m->kv_heads % o->prefill_tp || o->m->kv_heads % o->decode_tp)) {
         fprintf(stderr, "kvt demo: %u KV heads do not split over tp %u/%u\n",
                 o->m->kv_heads, o->prefill_tp, o->decode_tp);
         return -1;
@@ -333,9 +336,8 @@ static const char *json_safe(const char *s, char *out, size_t cap)
 {
     size_t n = 0;
     for (; *s && n + 1 < cap; s++)
-        out[n++] = (*s == '"' || *s == '\\' || (unsigned char)*s < 0x20)
-                       ? ' '
-                       : *s;
+        out[n++] =
+            (*s == '"' || *s == '\\' || (unsigned char)*s < 0x20) ? ' ' : *s;
     out[n] = '\0';
     return out;
 }
@@ -474,7 +476,8 @@ int kvt_cmd_demo(int argc, char **argv)
             break;
         }
         for (uint32_t i = 0; i < nranks; i++) {
-            if (!ch[i].exited && waitpid(ch[i].pid, &st, WNOHANG) == ch[i].pid) {
+            if (!ch[i].exited &&
+                waitpid(ch[i].pid, &st, WNOHANG) == ch[i].pid) {
                 ch[i].exited = 1;
                 if (!ch[i].done) {
                     snprintf(first_error + strlen(first_error),
@@ -482,8 +485,7 @@ int kvt_cmd_demo(int argc, char **argv)
                              "%s rank %u died (%s %d); ",
                              ch[i].side ? "decode" : "prefill", ch[i].rank,
                              WIFSIGNALED(st) ? "signal" : "exit",
-                             WIFSIGNALED(st) ? WTERMSIG(st)
-                                             : WEXITSTATUS(st));
+                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     failed_ranks++;
                 }
             }
@@ -555,14 +557,16 @@ int kvt_cmd_demo(int argc, char **argv)
             last_print = now_ns();
             if (tty) {
                 int w = 30, fill = (int)(w * decoded / o.requests);
-                fprintf(stderr, "\r[%.*s%*s] %u/%u requests, %.2f GB, "
-                                "%.2f GB/s  ",
+                fprintf(stderr,
+                        "\r[%.*s%*s] %u/%u requests, %.2f GB, "
+                        "%.2f GB/s  ",
                         fill, "##############################", w - fill, "",
                         decoded, o.requests, (double)bytes / 1e9,
                         secs > 0 ? (double)bytes / 1e9 / secs : 0);
             } else {
-                fprintf(stderr, "progress: %u/%u requests, %.2f GB, "
-                                "%.2f GB/s\n",
+                fprintf(stderr,
+                        "progress: %u/%u requests, %.2f GB, "
+                        "%.2f GB/s\n",
                         decoded, o.requests, (double)bytes / 1e9,
                         secs > 0 ? (double)bytes / 1e9 / secs : 0);
             }
@@ -671,8 +675,8 @@ int kvt_cmd_demo(int argc, char **argv)
                    (unsigned long long)verified, gbps, secs, tail50, tail99,
                    whole50, whole99, layer50, o.prefill_tp, o.decode_tp,
                    o.layerwise ? "true" : "false", o.protocol,
-                   rc ? json_safe(first_error[0] ? first_error : "failed",
-                                  esc, sizeof(esc))
+                   rc ? json_safe(first_error[0] ? first_error : "failed", esc,
+                                  sizeof(esc))
                       : "");
         free(tail);
         free(whole);

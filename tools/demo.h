@@ -17,8 +17,8 @@ typedef struct {
     const char *name;
     const char *desc;
     uint32_t layers, draft_layers;
-    uint32_t kv_heads;   /* K/V heads in all (0 for MLA) */
-    uint32_t head_bytes; /* per head per token: head_dim * 2 (bf16) */
+    uint32_t kv_heads;     /* K/V heads in all (0 for MLA) */
+    uint32_t head_bytes;   /* per head per token: head_dim * 2 (bf16) */
     uint32_t latent_bytes; /* MLA: (kv_lora_rank + rope dims) * 2 */
     uint32_t tokens_per_block;
     /* FLOPs model: active parameters per layer, and the width that
@@ -33,7 +33,7 @@ typedef struct {
     uint32_t submit_interval;
     uint64_t seed;
     int layerwise, json;
-    uint32_t calib; /* calibration requests run first */
+    uint32_t calib;    /* calibration requests run first */
     double compute_ms; /* < 0: from the FLOPs model */
     double tflops;
     const char *protocol;
@@ -50,12 +50,12 @@ typedef struct {
 } req_t;
 
 enum {
-    REP_READY = 1,   /* a rank is up */
-    REP_PREFILL,     /* prefill rank finished a request */
-    REP_DECODE,      /* decode rank finished a request */
-    REP_CALIB,       /* calibration: one request moved without compute */
-    REP_DONE,        /* a rank finished the whole list */
-    REP_ERROR,       /* a rank failed; text follows */
+    REP_READY = 1, /* a rank is up */
+    REP_PREFILL,   /* prefill rank finished a request */
+    REP_DECODE,    /* decode rank finished a request */
+    REP_CALIB,     /* calibration: one request moved without compute */
+    REP_DONE,      /* a rank finished the whole list */
+    REP_ERROR,     /* a rank failed; text follows */
 };
 
 /* One record, written atomically to the pipe (< PIPE_BUF). */

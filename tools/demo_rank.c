@@ -24,7 +24,8 @@
 
 #include "demo.h"
 
-/* ---- KV contents ----------------------------------------------------------- */
+/* ---- KV contents -----------------------------------------------------------
+ */
 
 /*
  * The bytes of one head of one token: 64-bit words derived from a seed of
@@ -70,9 +71,8 @@ static uint64_t run_check(const uint8_t *p, uint32_t bytes, uint64_t seed)
     return bad;
 }
 
-/* ---- Reports from ranks to the demo process -------------------------------- */
-
-
+/* ---- Reports from ranks to the demo process --------------------------------
+ */
 
 static int rep_fd = -1;
 
@@ -92,7 +92,6 @@ static void report_error(int side, uint32_t rank, const char *fmt, ...)
     report(&r);
 }
 
-
 static void sleep_until(uint64_t t)
 {
     struct timespec ts = {(time_t)(t / 1000000000ull),
@@ -101,7 +100,8 @@ static void sleep_until(uint64_t t)
         ;
 }
 
-/* ---- A rank ---------------------------------------------------------------- */
+/* ---- A rank ----------------------------------------------------------------
+ */
 
 #define AUX_BYTES 64
 
@@ -111,8 +111,8 @@ typedef struct {
     uint32_t rank, tp;
     uint32_t heads, head0; /* local heads and the first global one */
     uint32_t ncache_per_layer;
-    uint32_t nlayers;      /* target + draft */
-    uint64_t pool;         /* blocks */
+    uint32_t nlayers; /* target + draft */
+    uint64_t pool;    /* blocks */
     uint64_t block_bytes;
     kvt_engine_h e;
     kvt_conn_h conn;
@@ -208,7 +208,8 @@ static uint64_t layer_bytes(rank_t *r, const req_t *q, uint32_t l,
             for (uint32_t t = 0; t < tpb; t++) {
                 uint64_t token = (uint64_t)b * tpb + t;
                 for (uint32_t h = 0; h < r->heads; h++) {
-                    uint64_t s = run_seed(q->room, l, kind, token, r->head0 + h);
+                    uint64_t s =
+                        run_seed(q->room, l, kind, token, r->head0 + h);
                     uint8_t *p = blk + ((uint64_t)t * r->heads + h) * rb;
                     if (check)
                         bad += run_check(p, rb, s);
@@ -249,8 +250,8 @@ static int rank_setup(rank_t *r)
     char boot[64];
     kvt_status_t st;
     uint64_t per_cache, off = 0;
-    uint32_t maxb = (r->o->max_len + m->tokens_per_block - 1) /
-                    m->tokens_per_block;
+    uint32_t maxb =
+        (r->o->max_len + m->tokens_per_block - 1) / m->tokens_per_block;
     void *arena;
 
     r->nlayers = m->layers + m->draft_layers;
@@ -266,16 +267,15 @@ static int rank_setup(rank_t *r)
     r->pool = (uint64_t)maxb * r->o->concurrency * 2 + 8;
     r->aux_slots = (uint64_t)r->o->concurrency * 2;
     per_cache = r->pool * r->block_bytes;
-    r->arena_len = per_cache * r->nlayers * r->ncache_per_layer +
-                   r->aux_slots * AUX_BYTES;
+    r->arena_len =
+        per_cache * r->nlayers * r->ncache_per_layer + r->aux_slots * AUX_BYTES;
 
     ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST | KVT_ENGINE_PARAM_TRANSPORTS;
     ep.local_host = "127.0.0.1";
-    ep.transports = strcmp(r->o->protocol, "tcp") == 0
-                        ? KVT_TRANSPORT_TCP
-                        : strcmp(r->o->protocol, "shm") == 0
-                              ? KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM
-                              : KVT_TRANSPORT_ALL;
+    ep.transports = strcmp(r->o->protocol, "tcp") == 0 ? KVT_TRANSPORT_TCP
+                    : strcmp(r->o->protocol, "shm") == 0
+                        ? KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM
+                        : KVT_TRANSPORT_ALL;
     st = kvt_engine_create(&ep, &r->e);
     if (st != KVT_OK) {
         report_error(r->side, r->rank, "engine: %s", kvt_status_str(st));
@@ -288,8 +288,8 @@ static int rank_setup(rank_t *r)
         kvt_mem_params_t mp = {0};
         size_t nd = 0;
         int32_t ndev = 1;
-        uint32_t idx = r->side == SIDE_PREFILL ? r->rank
-                                               : r->o->prefill_tp + r->rank;
+        uint32_t idx =
+            r->side == SIDE_PREFILL ? r->rank : r->o->prefill_tp + r->rank;
         if (kvt_mem_domains(dm, 8, &nd) == KVT_OK)
             for (size_t i = 0; i < nd && i < 8; i++)
                 if (dm[i].kind == KVT_MEM_CUDA && dm[i].devices > 0)
@@ -310,8 +310,8 @@ static int rank_setup(rank_t *r)
         return -1;
     }
     r->arena = arena;
-    r->caches = calloc((size_t)r->nlayers * r->ncache_per_layer,
-                       sizeof(*r->caches));
+    r->caches =
+        calloc((size_t)r->nlayers * r->ncache_per_layer, sizeof(*r->caches));
     for (uint32_t l = 0; l < r->nlayers; l++) {
         for (uint32_t c = 0; c < r->ncache_per_layer; c++) {
             kvt_kv_cache_t *kc = &r->caches[l * r->ncache_per_layer + c];
@@ -407,8 +407,8 @@ static int prefill_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
 
     for (uint32_t j = 0; j < nj; j++) {
         job_t *jb = &jobs[j];
-        kvt_status_t st = kvt_sender_create(r->conn, NULL, jb->q.room,
-                                            &jb->room);
+        kvt_status_t st =
+            kvt_sender_create(r->conn, NULL, jb->q.room, &jb->room);
         if (st == KVT_OK)
             st = kvt_sender_init(jb->room, jb->q.blocks, &jb->slot, 1);
         if (st != KVT_OK) {
@@ -459,8 +459,10 @@ static int prefill_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
     for (uint32_t j = 0; j < nj; j++) {
         kvt_room_info_t info;
         rep_t rep = {.type = calib ? REP_CALIB : REP_PREFILL,
-                     .side = SIDE_PREFILL, .rank = r->rank,
-                     .room = jobs[j].q.room, .t_first = jobs[j].t_first,
+                     .side = SIDE_PREFILL,
+                     .rank = r->rank,
+                     .room = jobs[j].q.room,
+                     .t_first = jobs[j].t_first,
                      .t_last = jobs[j].t_last};
         kvt_room_wait(jobs[j].room, -1);
         kvt_room_info(jobs[j].room, &info);
@@ -477,8 +479,8 @@ static int decode_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
 {
     for (uint32_t j = 0; j < nj; j++) {
         job_t *jb = &jobs[j];
-        kvt_status_t st = kvt_receiver_create(r->conn, NULL, jb->q.room, -1,
-                                              &jb->room);
+        kvt_status_t st =
+            kvt_receiver_create(r->conn, NULL, jb->q.room, -1, &jb->room);
         /* Poison the blocks, so that a byte that did not arrive fails the
          * check even if an earlier request left the right value there. */
         for (uint32_t l = 0; l < r->nlayers; l++)
@@ -507,8 +509,10 @@ static int decode_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
         job_t *jb = &jobs[j];
         kvt_room_info_t info;
         rep_t rep = {.type = calib ? REP_CALIB : REP_DECODE,
-                     .side = SIDE_DECODE, .rank = r->rank,
-                     .room = jb->q.room, .t_first = jb->t_first};
+                     .side = SIDE_DECODE,
+                     .rank = r->rank,
+                     .room = jb->q.room,
+                     .t_first = jb->t_first};
         uint64_t bad = 0;
 
         kvt_room_wait(jb->room, -1);
@@ -517,7 +521,8 @@ static int decode_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
         rep.t_last = info.changed_ns;
         rep.ok = info.state == KVT_POLL_SUCCESS;
         rep.bytes = (uint64_t)jb->q.blocks * r->block_bytes * r->nlayers *
-                        r->ncache_per_layer + AUX_BYTES;
+                        r->ncache_per_layer +
+                    AUX_BYTES;
         if (rep.ok) {
             for (uint32_t l = 0; l < r->nlayers; l++)
                 bad += layer_bytes(r, &jb->q, l, jb->ids, jb->q.blocks, 1);
@@ -539,10 +544,12 @@ static int decode_batch(rank_t *r, job_t *jobs, uint32_t nj, int calib)
 
 void demo_rank_main(const opts_t *o, int side, uint32_t rank, int fd)
 {
-    rank_t r = {.o = o, .side = side, .rank = rank,
+    rank_t r = {.o = o,
+                .side = side,
+                .rank = rank,
                 .tp = side == SIDE_PREFILL ? o->prefill_tp : o->decode_tp};
-    uint32_t maxb = (o->max_len + o->m->tokens_per_block - 1) /
-                    o->m->tokens_per_block;
+    uint32_t maxb =
+        (o->max_len + o->m->tokens_per_block - 1) / o->m->tokens_per_block;
     job_t *jobs = calloc(o->concurrency, sizeof(*jobs));
     uint32_t total = o->calib + o->requests;
     rep_t done = {.type = REP_DONE, .side = (uint32_t)side, .rank = rank};
@@ -562,8 +569,9 @@ void demo_rank_main(const opts_t *o, int side, uint32_t rank, int fd)
      * above, keep theirs), so that it does not take the CPU from the
      * transfers it measures, as GPU work would not. */
     if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19) != 0)
-        report_error(side, rank, "cannot lower the checking thread's "
-                                 "priority: %s",
+        report_error(side, rank,
+                     "cannot lower the checking thread's "
+                     "priority: %s",
                      strerror(errno));
     {
         rep_t ready = {.type = REP_READY, .side = (uint32_t)side, .rank = rank};

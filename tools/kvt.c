@@ -58,10 +58,23 @@ int cli_parse_size(const char *s, uint64_t *out)
     if (errno != 0 || end == s || v < 0)
         return -1;
     switch (*end) {
-    case 'k': case 'K': v *= 1024.0; end++; break;
-    case 'm': case 'M': v *= 1048576.0; end++; break;
-    case 'g': case 'G': v *= 1073741824.0; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        v *= 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1048576.0;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1073741824.0;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end == 'i' || *end == 'B')
         end += (*end == 'i' && end[1] == 'B') ? 2 : 1;

@@ -45,9 +45,8 @@ typedef struct {
     int nc;
 } snap_t;
 
-static const char *const states[5] = {"failed", "bootstrapping",
-                                      "waiting_for_input", "transferring",
-                                      "success"};
+static const char *const states[5] = {
+    "failed", "bootstrapping", "waiting_for_input", "transferring", "success"};
 
 /* GET /metrics from host:port within 2 s; malloc'd body or NULL. */
 static char *fetch(const char *target)
@@ -158,7 +157,7 @@ static void parse(snap_t *s, const char *target, char *text)
     for (char *line = strtok(text, "\n"); line != NULL;
          line = strtok(NULL, "\n")) {
         char name[96], labels[512] = "", eng[160] = "", tl[16] = "",
-                                        op[16] = "", le[32] = "";
+                       op[16] = "", le[32] = "";
         char *brace = strchr(line, '{'), *sp;
         double v;
         row_t *r;
@@ -180,8 +179,7 @@ static void parse(snap_t *s, const char *target, char *text)
             while (k < s->nc && strcmp(s->cengine[k], eng) != 0)
                 k++;
             if (k == s->nc && s->nc < MAX_ROWS)
-                snprintf(s->cengine[s->nc++], sizeof(s->cengine[0]), "%s",
-                         eng);
+                snprintf(s->cengine[s->nc++], sizeof(s->cengine[0]), "%s", eng);
             for (int i = 0; k < s->nc && i < 5; i++)
                 if (!strcmp(st, states[i]))
                     s->rooms[k][i] = v;
@@ -260,8 +258,8 @@ static void fmt_us(char *out, size_t cap, double us)
         snprintf(out, cap, "%.0fs", us / 1e6);
 }
 
-static void show(const snap_t *p, const snap_t *s, double dt, int tty,
-                 int nt, char **targets, const int *down)
+static void show(const snap_t *p, const snap_t *s, double dt, int tty, int nt,
+                 char **targets, const int *down)
 {
     char ts[32];
     time_t now = time(NULL);
@@ -269,9 +267,9 @@ static void show(const snap_t *p, const snap_t *s, double dt, int tty,
     strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&now));
     if (tty) {
         printf("\033[H\033[2Jkvt stats  %s  every %.1f s\n\n", ts, dt);
-        printf("%-22s %-5s %10s %10s %9s %7s %7s %6s %5s\n", "engine",
-               "tl", "write MB/s", "read MB/s", "desc/s", "p50", "p99",
-               "fail/s", "sess");
+        printf("%-22s %-5s %10s %10s %9s %7s %7s %6s %5s\n", "engine", "tl",
+               "write MB/s", "read MB/s", "desc/s", "p50", "p99", "fail/s",
+               "sess");
     }
     for (int i = 0; i < s->n; i++) {
         const row_t *r = &s->rows[i], *a = prev_of(p, r);
@@ -285,8 +283,7 @@ static void show(const snap_t *p, const snap_t *s, double dt, int tty,
         if (tty)
             printf("%-22.22s %-5s %10.1f %10.1f %9.0f %7s %7s %6.1f "
                    "%5.0f\n",
-                   r->engine, r->transport, w, rd, d, p50, p99, f,
-                   r->sessions);
+                   r->engine, r->transport, w, rd, d, p50, p99, f, r->sessions);
         else
             printf("%s engine=%s transport=%s write_MBps=%.1f read_MBps=%.1f "
                    "desc_per_s=%.0f p50=%s p99=%s fail_per_s=%.1f "
@@ -318,15 +315,15 @@ static void show(const snap_t *p, const snap_t *s, double dt, int tty,
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvt stats [--interval=SECONDS] [--count=N] HOST:PORT...\n"
-            "\n"
-            "A live view of processes' /metrics (start them with\n"
-            "KVT_METRICS_PORT=PORT): throughput per engine and transport,\n"
-            "descriptors per second, latency percentiles (the upper bound of\n"
-            "the bucket) over the last interval, failures, sessions and\n"
-            "connector rooms. A table on a terminal, plain lines otherwise.\n"
-            "--count=N stops after N refreshes (default: until interrupted).\n");
+    fprintf(
+        f, "usage: kvt stats [--interval=SECONDS] [--count=N] HOST:PORT...\n"
+           "\n"
+           "A live view of processes' /metrics (start them with\n"
+           "KVT_METRICS_PORT=PORT): throughput per engine and transport,\n"
+           "descriptors per second, latency percentiles (the upper bound of\n"
+           "the bucket) over the last interval, failures, sessions and\n"
+           "connector rooms. A table on a terminal, plain lines otherwise.\n"
+           "--count=N stops after N refreshes (default: until interrupted).\n");
 }
 
 int kvt_cmd_stats(int argc, char **argv)

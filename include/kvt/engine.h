@@ -425,11 +425,11 @@ typedef struct {
  * protocol version, on either side), KVT_ERR_PROTOCOL (an answer that is
  * not the protocol), KVT_ERR_ACCESS or KVT_ERR_BUSY (the peer refused this
  * engine; KVT_ERR_BUSY also while it is still closing what is left of this
- * engine's failed session to it: try again), KVT_ERR_NOT_SUPPORTED (no transport both engines run serves
- * it), KVT_ERR_IO (a transport could not set the session up, or the
- * metadata backend failed), KVT_ERR_NO_SPACE (2^30 segments open),
- * KVT_ERR_CLOSED (the engine is being destroyed), KVT_ERR_NO_MEMORY.
- * Thread-safe.
+ * engine's failed session to it: try again), KVT_ERR_NOT_SUPPORTED (no
+ * transport both engines run serves it), KVT_ERR_IO (a transport could not set
+ * the session up, or the metadata backend failed), KVT_ERR_NO_SPACE (2^30
+ * segments open), KVT_ERR_CLOSED (the engine is being destroyed),
+ * KVT_ERR_NO_MEMORY. Thread-safe.
  */
 KVT_API kvt_status_t kvt_segment_open(kvt_engine_h engine, const char *name,
                                       kvt_segment_t *segment_p);

@@ -90,7 +90,8 @@ typedef struct {
  * completions apart. Returns KVT_OK; KVT_ERR_VERSION for a version this
  * library does not know; KVT_ERR_INVALID_PARAM for NULL arguments.
  */
-KVT_API kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *stats);
+KVT_API kvt_status_t kvt_engine_stats(kvt_engine_h e,
+                                      kvt_engine_stats_t *stats);
 
 /* The upper bound of latency bucket @i in microseconds (0 for the last,
  * unbounded one). */

@@ -70,10 +70,10 @@ typedef struct kvt_batch *kvt_batch_h;
 
 /* Aggregate state of a batch. */
 typedef struct {
-    size_t submitted; /* descriptors submitted so far */
-    size_t completed; /* final, KVT_OK */
-    size_t failed;    /* final, with an error */
-    size_t pending;   /* submitted - completed - failed */
+    size_t submitted;         /* descriptors submitted so far */
+    size_t completed;         /* final, KVT_OK */
+    size_t failed;            /* final, with an error */
+    size_t pending;           /* submitted - completed - failed */
     kvt_status_t first_error; /* status of the first failure, or KVT_OK */
 } kvt_batch_state_t;
 
@@ -244,9 +244,8 @@ typedef struct {
  * KVT_ERR_TIMEDOUT, KVT_ERR_CANCELED, KVT_ERR_PROTOCOL, KVT_ERR_VERSION,
  * KVT_ERR_IO).
  */
-KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine,
-                                     kvt_segment_t segment, const void *msg,
-                                     size_t length);
+KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine, kvt_segment_t segment,
+                                     const void *msg, size_t length);
 
 /*
  * kvt_notify_recv() - take up to @max received notifications, oldest first,

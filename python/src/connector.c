@@ -408,8 +408,8 @@ static PyObject *conn_segment_name(PyObject *o, PyObject *unused)
 static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
 {
     static const char *const names[5] = {"failed", "bootstrapping",
-                                          "waiting_for_input",
-                                          "transferring", "success"};
+                                         "waiting_for_input", "transferring",
+                                         "success"};
     conn_obj_t *self = (conn_obj_t *)o;
     kvt_conn_stats_t s = {.version = KVT_STATS_VERSION};
     PyObject *d, *states, *tail;
@@ -425,11 +425,11 @@ static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
     states = PyDict_New();
     tail = PyList_New(0);
     for (unsigned i = 0; states != NULL && i < 5; i++) {
-        PyObject *x = Py_BuildValue(
-            "{sKsKsKsd}", "rooms", (unsigned long long)s.rooms[i], "entered",
-            (unsigned long long)s.entered[i], "left",
-            (unsigned long long)s.left[i], "seconds",
-            (double)s.state_ns[i] / 1e9);
+        PyObject *x =
+            Py_BuildValue("{sKsKsKsd}", "rooms", (unsigned long long)s.rooms[i],
+                          "entered", (unsigned long long)s.entered[i], "left",
+                          (unsigned long long)s.left[i], "seconds",
+                          (double)s.state_ns[i] / 1e9);
         if (x == NULL || PyDict_SetItemString(states, names[i], x) < 0) {
             Py_XDECREF(x);
             Py_CLEAR(states);
@@ -456,8 +456,8 @@ static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
         return NULL;
     }
     d = Py_BuildValue("{sNs{sNsdsK}}", "states", states, "tail", "buckets",
-                      tail, "sum_seconds", (double)s.tail_sum_ns / 1e9,
-                      "count", (unsigned long long)s.tails);
+                      tail, "sum_seconds", (double)s.tail_sum_ns / 1e9, "count",
+                      (unsigned long long)s.tails);
     return d;
 }
 

@@ -82,17 +82,15 @@ static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
     name = kvtpy_cstr(a[0], "peer_server_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_segment_open(e->engine, name, &seg);
+    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
     if (st == KVT_OK) {
         opened = 1;
         st = kvt_segment_regions(e->engine, seg, 1, NULL, 0, &count);
     }
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK) {
+    Py_END_ALLOW_THREADS if (st != KVT_OK)
+    {
         kvtpy_log("info", "send_probe(%s): %s: %s", name,
-                  opened ? "descriptor query failed"
-                         : "cannot open segment",
+                  opened ? "descriptor query failed" : "cannot open segment",
                   kvt_status_name(st));
         return kvtpy_int(-1);
     }
@@ -116,14 +114,11 @@ static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
     name = kvtpy_cstr(arg, "segment_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_segment_open(e->engine, name, &seg);
-    if (st == KVT_OK &&
-        kvt_segment_transport(e->engine, seg, KVT_MEM_HOST, KVT_MEM_HOST,
-                              &t) != KVT_OK)
+    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
+    if (st == KVT_OK && kvt_segment_transport(e->engine, seg, KVT_MEM_HOST,
+                                              KVT_MEM_HOST, &t) != KVT_OK)
         t = "";
-    Py_END_ALLOW_THREADS
-    return PyUnicode_FromString(t);
+    Py_END_ALLOW_THREADS return PyUnicode_FromString(t);
 }
 
 /*
@@ -146,12 +141,11 @@ static PyObject *m_get_first_buffer_address(PyObject *self, PyObject *arg)
     name = kvtpy_cstr(arg, "segment_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_segment_open(e->engine, name, &seg);
+    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
     if (st == KVT_OK)
         st = kvt_segment_regions(e->engine, seg, 1, &region, 1, &count);
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK) {
+    Py_END_ALLOW_THREADS if (st != KVT_OK)
+    {
         kvtpy_log("warning", "get_first_buffer_address(%s): %s (%s)", name,
                   kvt_status_name(st), kvt_status_str(st));
         return PyLong_FromUnsignedLongLong(0);
@@ -221,23 +215,19 @@ static PyObject *register_regions(kvtpy_engine_t *self, const char *fname,
 {
     kvt_status_t st;
 
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_mem_register_batch(self->engine, r, n);
-    Py_END_ALLOW_THREADS
-    if (st == KVT_OK)
-        return kvtpy_int(0);
+    Py_BEGIN_ALLOW_THREADS st = kvt_mem_register_batch(self->engine, r, n);
+    Py_END_ALLOW_THREADS if (st == KVT_OK) return kvtpy_int(0);
     kvtpy_log("error", "%s(%#llx, %llu%s): %s (%s)", fname,
-                  (unsigned long long)(uintptr_t)r[0].addr,
-                  (unsigned long long)r[0].length, n > 1 ? ", ..." : "",
-                  kvt_status_name(st), kvt_status_str(st));
+              (unsigned long long)(uintptr_t)r[0].addr,
+              (unsigned long long)r[0].length, n > 1 ? ", ..." : "",
+              kvt_status_name(st), kvt_status_str(st));
     return kvtpy_int(st);
 }
 
 static PyObject *m_register_memory(PyObject *self, PyObject *const *args,
                                    Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const params[] = {"buffer_addr", "capacity",
-                                         "location"};
+    static const char *const params[] = {"buffer_addr", "capacity", "location"};
     PyObject *a[3];
     uint64_t addr, len;
     kvt_mem_region_t r = {0};
@@ -248,8 +238,7 @@ static PyObject *m_register_memory(PyObject *self, PyObject *const *args,
             0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0 ||
         kvtpy_u64(a[0], "buffer_addr", &addr) < 0 ||
-        kvtpy_u64(a[1], "capacity", &len) < 0 ||
-        kind_of(a[2], &kind, &dev) < 0)
+        kvtpy_u64(a[1], "capacity", &len) < 0 || kind_of(a[2], &kind, &dev) < 0)
         return NULL;
     if (kind == (kvt_mem_kind_t)KVT_MEM_KINDS)
         return bad_location("register_memory", a[2]);
@@ -272,8 +261,8 @@ static PyObject *m_batch_register_memory(PyObject *self, PyObject *const *args,
     kvt_mem_kind_t kind;
     int32_t dev;
 
-    if (kvtpy_args("batch_register_memory", args, nargs, kwnames, params, 2,
-                   3, a) < 0 ||
+    if (kvtpy_args("batch_register_memory", args, nargs, kwnames, params, 2, 3,
+                   a) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0 ||
         kind_of(a[2], &kind, &dev) < 0)
         return NULL;
@@ -287,8 +276,8 @@ static PyObject *m_batch_register_memory(PyObject *self, PyObject *const *args,
         return NULL;
     if (n != nc) {
         kvtpy_log("error",
-                  "batch_register_memory: %zd addresses but %zd capacities",
-                  n, nc);
+                  "batch_register_memory: %zd addresses but %zd capacities", n,
+                  nc);
         return kvtpy_int(KVT_ERR_INVALID_PARAM);
     }
     if (n == 0)
@@ -319,10 +308,9 @@ static PyObject *unregister_addrs(kvtpy_engine_t *self, const char *fname,
 {
     kvt_status_t st;
 
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_mem_unregister_batch(self->engine, addrs, n);
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK)
+    Py_BEGIN_ALLOW_THREADS st =
+        kvt_mem_unregister_batch(self->engine, addrs, n);
+    Py_END_ALLOW_THREADS if (st != KVT_OK)
         kvtpy_log("error", "%s(%#llx%s): %s (%s)", fname,
                   (unsigned long long)(uintptr_t)addrs[0], n > 1 ? ", ..." : "",
                   kvt_status_name(st), kvt_status_str(st));
@@ -385,10 +373,10 @@ static PyObject *m_allocate_managed_buffer(PyObject *self, PyObject *arg)
 
     if (kvtpy_need_engine(e) < 0 || kvtpy_u64(arg, "length", &len) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_mem_alloc(e->engine, (size_t)len, KVT_ACCESS_REMOTE_RW, &p);
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK) {
+    Py_BEGIN_ALLOW_THREADS st =
+        kvt_mem_alloc(e->engine, (size_t)len, KVT_ACCESS_REMOTE_RW, &p);
+    Py_END_ALLOW_THREADS if (st != KVT_OK)
+    {
         kvtpy_log("error", "allocate_managed_buffer(%llu): %s (%s)",
                   (unsigned long long)len, kvt_status_name(st),
                   kvt_status_str(st));
@@ -411,13 +399,11 @@ static PyObject *m_free_managed_buffer(PyObject *self, PyObject *const *args,
         kvtpy_need_engine(e) < 0 || kvtpy_u64(a[0], "buffer_addr", &addr) < 0 ||
         kvtpy_u64(a[1], "length", &len) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_mem_free(e->engine, (void *)(uintptr_t)addr);
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK)
-        kvtpy_log("error", "free_managed_buffer(%#llx): %s (%s)",
-                  (unsigned long long)addr, kvt_status_name(st),
-                  kvt_status_str(st));
+    Py_BEGIN_ALLOW_THREADS st =
+        kvt_mem_free(e->engine, (void *)(uintptr_t)addr);
+    Py_END_ALLOW_THREADS if (st != KVT_OK) kvtpy_log(
+        "error", "free_managed_buffer(%#llx): %s (%s)",
+        (unsigned long long)addr, kvt_status_name(st), kvt_status_str(st));
     return kvtpy_int(st);
 }
 
@@ -429,14 +415,13 @@ static PyObject *m_free_managed_buffer(PyObject *self, PyObject *const *args,
 static PyObject *m_write_bytes_to_buffer(PyObject *self, PyObject *const *args,
                                          Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const params[] = {"dest_address", "src_ptr",
-                                         "length"};
+    static const char *const params[] = {"dest_address", "src_ptr", "length"};
     PyObject *a[3];
     uint64_t addr, len;
     Py_buffer view;
 
-    if (kvtpy_args("write_bytes_to_buffer", args, nargs, kwnames, params, 3,
-                   3, a) < 0 ||
+    if (kvtpy_args("write_bytes_to_buffer", args, nargs, kwnames, params, 3, 3,
+                   a) < 0 ||
         kvtpy_u64(a[0], "dest_address", &addr) < 0 ||
         kvtpy_u64(a[2], "length", &len) < 0)
         return NULL;
@@ -475,16 +460,15 @@ static PyObject *m_write_bytes_to_buffer(PyObject *self, PyObject *const *args,
     return kvtpy_int(0);
 }
 
-static PyObject *m_read_bytes_from_buffer(PyObject *self,
-                                          PyObject *const *args,
+static PyObject *m_read_bytes_from_buffer(PyObject *self, PyObject *const *args,
                                           Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const params[] = {"source_address", "length"};
     PyObject *a[2];
     uint64_t addr, len;
 
-    if (kvtpy_args("read_bytes_from_buffer", args, nargs, kwnames, params, 2,
-                   2, a) < 0 ||
+    if (kvtpy_args("read_bytes_from_buffer", args, nargs, kwnames, params, 2, 2,
+                   a) < 0 ||
         kvtpy_u64(a[0], "source_address", &addr) < 0 ||
         kvtpy_u64(a[1], "length", &len) < 0)
         return NULL;
@@ -546,8 +530,8 @@ static int split_host_port(const char *s, char *host, size_t hostsz,
 
 static int is_p2p(const char *s)
 {
-    return s != NULL && (strcmp(s, "P2PHANDSHAKE") == 0 ||
-                         strcmp(s, "p2p") == 0);
+    return s != NULL &&
+           (strcmp(s, "P2PHANDSHAKE") == 0 || strcmp(s, "p2p") == 0);
 }
 
 /*
@@ -588,8 +572,7 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
         return -1;
     }
     if (split_host_port(local_hostname, host, sizeof(host), &port) < 0) {
-        kvtpy_log("error",
-                  "initialize: local_hostname '%s' is not host[:port]",
+        kvtpy_log("error", "initialize: local_hostname '%s' is not host[:port]",
                   local_hostname);
         return -1;
     }
@@ -631,10 +614,8 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
      * the GIL; the flag makes it refuse instead of creating a second
      * engine. */
     self->initializing = 1;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_engine_create(&p, &engine);
-    Py_END_ALLOW_THREADS
-    self->initializing = 0;
+    Py_BEGIN_ALLOW_THREADS st = kvt_engine_create(&p, &engine);
+    Py_END_ALLOW_THREADS self->initializing = 0;
     if (st != KVT_OK) {
         if (!p2p && st == KVT_ERR_NOT_SUPPORTED)
             kvtpy_log("error",
@@ -690,8 +671,8 @@ static PyObject *m_initialize(PyObject *self, PyObject *const *args,
             return NULL;
         server = PyUnicode_AsUTF8AndSize(uri, NULL);
     }
-    r = kvtpy_int(do_initialize((kvtpy_engine_t *)self, local, server, protocol,
-                              device));
+    r = kvtpy_int(
+        do_initialize((kvtpy_engine_t *)self, local, server, protocol, device));
     Py_XDECREF(uri);
     return r;
 }
@@ -728,8 +709,8 @@ static PyObject *m_initialize_ext(PyObject *self, PyObject *const *args,
             return NULL;
         server = PyUnicode_AsUTF8AndSize(uri, NULL);
     }
-    r = kvtpy_int(do_initialize((kvtpy_engine_t *)self, local, server, protocol,
-                              device));
+    r = kvtpy_int(
+        do_initialize((kvtpy_engine_t *)self, local, server, protocol, device));
     Py_XDECREF(uri);
     return r;
 }
@@ -743,7 +724,8 @@ static PyObject *m_get_rpc_port(PyObject *self, PyObject *unused)
     return kvtpy_int(kvt_engine_rpc_port(e->engine));
 }
 
-/* ---- Metrics (kvt extension) ---------------------------------------------- */
+/* ---- Metrics (kvt extension) ----------------------------------------------
+ */
 
 /* d[key] = v (an int); 0 or -1. */
 static int put_u64(PyObject *d, const char *key, uint64_t v)
@@ -945,10 +927,8 @@ static void engine_dealloc(PyObject *obj)
      * batch, the pooled ones and those behind ids included. It waits for
      * the engine's threads, which take the GIL to log (logging.getLogger
      * ("kvt")): released meanwhile. */
-    Py_BEGIN_ALLOW_THREADS
-    kvt_engine_destroy(self->engine);
-    Py_END_ALLOW_THREADS
-    self->engine = NULL;
+    Py_BEGIN_ALLOW_THREADS kvt_engine_destroy(self->engine);
+    Py_END_ALLOW_THREADS self->engine = NULL;
     kvtpy_ids_fini(&self->ids);
     pthread_mutex_destroy(&self->pool_lock);
     tp_free(obj);
@@ -956,15 +936,28 @@ static void engine_dealloc(PyObject *obj)
 }
 
 #define FAST(name, doc)                                                        \
-    {#name, (PyCFunction)(void (*)(void))m_##name,                             \
-     METH_FASTCALL | METH_KEYWORDS, doc}
-#define ONE(name, doc) {#name, m_##name, METH_O, doc}
-#define NONE(name, doc) {#name, m_##name, METH_NOARGS, doc}
+    {                                                                          \
+#name, (PyCFunction)(void (*)(void))m_##name,                          \
+            METH_FASTCALL | METH_KEYWORDS, doc                                 \
+    }
+#define ONE(name, doc)                                                         \
+    {                                                                          \
+#name, m_##name, METH_O, doc                                           \
+    }
+#define NONE(name, doc)                                                        \
+    {                                                                          \
+#name, m_##name, METH_NOARGS, doc                                      \
+    }
 /* Methods defined in transfer.c. */
 #define XFAST(name, doc)                                                       \
-    {#name, (PyCFunction)(void (*)(void))kvtpy_m_##name,                       \
-     METH_FASTCALL | METH_KEYWORDS, doc}
-#define XONE(name, doc) {#name, kvtpy_m_##name, METH_O, doc}
+    {                                                                          \
+#name, (PyCFunction)(void (*)(void))kvtpy_m_##name,                    \
+            METH_FASTCALL | METH_KEYWORDS, doc                                 \
+    }
+#define XONE(name, doc)                                                        \
+    {                                                                          \
+#name, kvtpy_m_##name, METH_O, doc                                     \
+    }
 
 static PyMethodDef engine_methods[] = {
     FAST(initialize,
@@ -1006,55 +999,55 @@ static PyMethodDef engine_methods[] = {
         "get_first_buffer_address(segment_name) -> address of the peer's "
         "lowest registered region, or 0"),
     XFAST(transfer_sync_write,
-         "transfer_sync_write(target_hostname, buffer, peer_buffer_address, "
-         "length, transport_hint='') -> 0 or -1"),
+          "transfer_sync_write(target_hostname, buffer, peer_buffer_address, "
+          "length, transport_hint='') -> 0 or -1"),
     XFAST(transfer_sync_read,
-         "transfer_sync_read(target_hostname, buffer, peer_buffer_address, "
-         "length, transport_hint='') -> 0 or -1"),
+          "transfer_sync_read(target_hostname, buffer, peer_buffer_address, "
+          "length, transport_hint='') -> 0 or -1"),
     XFAST(transfer_sync,
-         "transfer_sync(target_hostname, buffer, peer_buffer_address, "
-         "length, opcode, notify=None, transport_hint='') -> 0 or -1"),
+          "transfer_sync(target_hostname, buffer, peer_buffer_address, "
+          "length, opcode, notify=None, transport_hint='') -> 0 or -1"),
     XFAST(batch_transfer_sync_write,
-         "batch_transfer_sync_write(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, transport_hint='') -> 0 or -1"),
+          "batch_transfer_sync_write(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, transport_hint='') -> 0 or -1"),
     XFAST(batch_transfer_sync_read,
-         "batch_transfer_sync_read(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, transport_hint='') -> 0 or -1"),
+          "batch_transfer_sync_read(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, transport_hint='') -> 0 or -1"),
     XFAST(batch_transfer_sync,
-         "batch_transfer_sync(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, opcode, notify=None, "
-         "transport_hint='') -> 0 or -1"),
+          "batch_transfer_sync(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, opcode, notify=None, "
+          "transport_hint='') -> 0 or -1"),
     XFAST(batch_transfer_async_write,
-         "batch_transfer_async_write(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, transport_hint='') -> batch id, "
-         "or 0"),
+          "batch_transfer_async_write(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, transport_hint='') -> batch id, "
+          "or 0"),
     XFAST(batch_transfer_async_read,
-         "batch_transfer_async_read(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, transport_hint='') -> batch id, "
-         "or 0"),
+          "batch_transfer_async_read(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, transport_hint='') -> batch id, "
+          "or 0"),
     XFAST(batch_transfer_async,
-         "batch_transfer_async(target_hostname, buffers, "
-         "peer_buffer_addresses, lengths, opcode, transport_hint='') -> "
-         "batch id, or 0"),
+          "batch_transfer_async(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, opcode, transport_hint='') -> "
+          "batch id, or 0"),
     XFAST(transfer_submit_write,
-         "transfer_submit_write(target_hostname, buffer, "
-         "peer_buffer_address, length, transport_hint='') -> batch id, or "
-         "0"),
+          "transfer_submit_write(target_hostname, buffer, "
+          "peer_buffer_address, length, transport_hint='') -> batch id, or "
+          "0"),
     XONE(transfer_check_status,
-        "transfer_check_status(batch_id) -> 1 completed, 0 pending, -1 "
-        "failed, -2 timed out\n\nThe id is freed when it completed or "
-        "failed."),
+         "transfer_check_status(batch_id) -> 1 completed, 0 pending, -1 "
+         "failed, -2 timed out\n\nThe id is freed when it completed or "
+         "failed."),
     XONE(get_batch_transfer_status,
-        "get_batch_transfer_status(batch_ids) -> 0 if all completed, else "
-        "-1\n\nWaits until every listed batch is final, then frees the "
-        "ids."),
+         "get_batch_transfer_status(batch_ids) -> 0 if all completed, else "
+         "-1\n\nWaits until every listed batch is final, then frees the "
+         "ids."),
     NONE(get_notifies,
          "get_notifies() -> list of TransferNotify received since the last "
          "call"),
     XFAST(send_notify,
-         "send_notify(target_hostname, notify) -> 0 or -1 (kvt extension)\n"
-         "\nDelivered after every write this engine submitted to the target"
-         " before it."),
+          "send_notify(target_hostname, notify) -> 0 or -1 (kvt extension)\n"
+          "\nDelivered after every write this engine submitted to the target"
+          " before it."),
     NONE(get_metrics,
          "get_metrics() -> dict of the engine's counters (kvt extension; "
          "docs/metrics.md)"),
@@ -1087,7 +1080,5 @@ static PyType_Spec engine_spec = {
 
 PyTypeObject *kvtpy_engine_type_create(PyObject *module)
 {
-    return (PyTypeObject *)PyType_FromModuleAndSpec(module, &engine_spec,
-                                                    NULL);
+    return (PyTypeObject *)PyType_FromModuleAndSpec(module, &engine_spec, NULL);
 }
-

@@ -24,7 +24,7 @@
 /* ---- module.c: shared objects and helpers ------------------------------- */
 
 /* Set once by the module's init function; strong references. */
-extern PyObject *kvtpy_logger;      /* logging.getLogger("kvt") */
+extern PyObject *kvtpy_logger;          /* logging.getLogger("kvt") */
 extern PyTypeObject *kvtpy_notify_type; /* kvt.TransferNotify */
 
 /* Log through Python's logging module at @level ("debug", "info",
@@ -51,8 +51,7 @@ int kvtpy_u64(PyObject *o, const char *what, uint64_t *v);
 Py_ssize_t kvtpy_seq_len(PyObject *seq, const char *what);
 
 /* Item @i of a sequence as an unsigned 64-bit value (see kvtpy_u64). */
-int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what,
-                   uint64_t *v);
+int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what, uint64_t *v);
 
 /* A NUL-terminated UTF-8 view of a str or bytes object, valid while @o
  * lives. Returns NULL with an exception set. */
@@ -137,9 +136,9 @@ void kvtpy_ids_finish(kvtpy_ids_t *t, const kvt_batch_h *batches,
 
 typedef struct {
     PyObject_HEAD
-    /* NULL until initialize() succeeds; then fixed for the object's life,
-     * so methods read it without a lock. */
-    kvt_engine_h engine;
+        /* NULL until initialize() succeeds; then fixed for the object's life,
+         * so methods read it without a lock. */
+        kvt_engine_h engine;
     pthread_mutex_t pool_lock;
     kvt_batch_h pool[KVTPY_POOL_MAX];
     int npool;

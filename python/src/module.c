@@ -68,16 +68,16 @@ int kvtpy_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
         }
         if (!found) {
             PyErr_Format(PyExc_TypeError,
-                         "%s() got an unexpected keyword argument '%U'",
-                         fname, key);
+                         "%s() got an unexpected keyword argument '%U'", fname,
+                         key);
             return -1;
         }
     }
     for (int i = 0; i < nreq; i++) {
         if (out[i] == NULL) {
             PyErr_Format(PyExc_TypeError,
-                         "%s() missing required argument '%s' (pos %d)",
-                         fname, params[i], i + 1);
+                         "%s() missing required argument '%s' (pos %d)", fname,
+                         params[i], i + 1);
             return -1;
         }
     }
@@ -98,8 +98,8 @@ int kvtpy_u64(PyObject *o, const char *what, uint64_t *v)
             PyObject *tn;
             PyErr_Clear();
             tn = PyType_GetName(Py_TYPE(o));
-            PyErr_Format(PyExc_TypeError, "%s must be an integer, not %S",
-                         what, tn ? tn : Py_None);
+            PyErr_Format(PyExc_TypeError, "%s must be an integer, not %S", what,
+                         tn ? tn : Py_None);
             Py_XDECREF(tn);
             return -1;
         }
@@ -107,8 +107,8 @@ int kvtpy_u64(PyObject *o, const char *what, uint64_t *v)
     x = PyLong_AsUnsignedLongLong(idx);
     Py_DECREF(idx);
     if (x == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_OverflowError,
-                     "%s must be an integer in [0, 2**64)", what);
+        PyErr_Format(PyExc_OverflowError, "%s must be an integer in [0, 2**64)",
+                     what);
         return -1;
     }
     *v = (uint64_t)x;
@@ -142,8 +142,7 @@ Py_ssize_t kvtpy_seq_len(PyObject *seq, const char *what)
     return PySequence_Size(seq);
 }
 
-int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what,
-                   uint64_t *v)
+int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what, uint64_t *v)
 {
     PyObject *o = seq_item(seq, i);
     int rc;
@@ -154,7 +153,6 @@ int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what,
     Py_DECREF(o);
     return rc;
 }
-
 
 const char *kvtpy_cstr(PyObject *o, const char *what)
 {
@@ -200,9 +198,9 @@ static PyObject *make_opcode_enum(void)
     Py_DECREF(mod);
     if (intenum == NULL)
         return NULL;
-    members = Py_BuildValue("[(si)(si)(si)(si)]", "Read", KVT_OP_READ,
-                            "Write", KVT_OP_WRITE, "READ", KVT_OP_READ,
-                            "WRITE", KVT_OP_WRITE);
+    members =
+        Py_BuildValue("[(si)(si)(si)(si)]", "Read", KVT_OP_READ, "Write",
+                      KVT_OP_WRITE, "READ", KVT_OP_READ, "WRITE", KVT_OP_WRITE);
     if (members == NULL)
         goto out;
     args = Py_BuildValue("(sO)", "TransferOpcode", members);
@@ -225,8 +223,6 @@ static PyObject *status_str(PyObject *mod, PyObject *arg)
     return PyUnicode_FromString(kvt_status_str((kvt_status_t)v));
 }
 
-
-
 static PyObject *metrics_port(PyObject *mod, PyObject *unused)
 {
     (void)mod, (void)unused;
@@ -248,11 +244,9 @@ static PyObject *metrics_listen(PyObject *mod, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "port out of range");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_metrics_listen(host, (uint16_t)port, &got);
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK)
-        return kvtpy_raise(st, "metrics_listen");
+    Py_BEGIN_ALLOW_THREADS st = kvt_metrics_listen(host, (uint16_t)port, &got);
+    Py_END_ALLOW_THREADS if (st != KVT_OK) return kvtpy_raise(st,
+                                                              "metrics_listen");
     return PyLong_FromLong(got);
 }
 
@@ -330,13 +324,17 @@ static int exc_family(kvt_status_t st)
     case KVT_ERR_NOT_REGISTERED:
     case KVT_ERR_OVERFLOW:
         return EXC_INVALID;
-    case KVT_ERR_NOT_FOUND: return EXC_NOT_FOUND;
-    case KVT_ERR_NOT_SUPPORTED: return EXC_NOT_SUPPORTED;
+    case KVT_ERR_NOT_FOUND:
+        return EXC_NOT_FOUND;
+    case KVT_ERR_NOT_SUPPORTED:
+        return EXC_NOT_SUPPORTED;
     case KVT_ERR_NO_MEMORY:
     case KVT_ERR_NO_SPACE:
         return EXC_RESOURCE;
-    case KVT_ERR_ACCESS: return EXC_ACCESS;
-    case KVT_ERR_TIMEDOUT: return EXC_TIMEOUT;
+    case KVT_ERR_ACCESS:
+        return EXC_ACCESS;
+    case KVT_ERR_TIMEDOUT:
+        return EXC_TIMEOUT;
     case KVT_ERR_UNREACHABLE:
     case KVT_ERR_CONN_LOST:
     case KVT_ERR_IO:
@@ -350,7 +348,8 @@ static int exc_family(kvt_status_t st)
     case KVT_ERR_BUSY:
     case KVT_ERR_AGAIN:
         return EXC_BUSY;
-    default: return EXC_ERROR;
+    default:
+        return EXC_ERROR;
     }
 }
 
@@ -457,8 +456,7 @@ PyMODINIT_FUNC PyInit__kvt(void)
     engine_type = kvtpy_engine_type_create(m);
     if (engine_type == NULL)
         goto err;
-    if (PyModule_AddObjectRef(m, "TransferEngine", (PyObject *)engine_type) <
-        0)
+    if (PyModule_AddObjectRef(m, "TransferEngine", (PyObject *)engine_type) < 0)
         goto err;
 
     opcode = make_opcode_enum();

@@ -23,8 +23,7 @@
 #define NOTIFY_HDR_LEN (NOTIFY_MAGIC_LEN + 2)
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *name;
+    PyObject_HEAD PyObject *name;
     PyObject *msg;
 } notify_obj;
 
@@ -34,8 +33,8 @@ static int notify_init(PyObject *self, PyObject *args, PyObject *kwargs)
     notify_obj *n = (notify_obj *)self;
     PyObject *name = NULL, *msg = NULL, *old;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:TransferNotify",
-                                     kwlist, &name, &msg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:TransferNotify", kwlist,
+                                     &name, &msg))
         return -1;
     if (name == NULL)
         name = PyUnicode_FromString("");
@@ -104,10 +103,11 @@ static PyMemberDef notify_members[] = {
 };
 
 static PyType_Slot notify_slots[] = {
-    {Py_tp_doc, (void *)"TransferNotify(name='', msg='')\n\n"
-                "A notification: sent with transfer_sync(..., notify=) or "
-                "batch_transfer_sync(..., notify=) after the transfer "
-                "completed, received with get_notifies()."},
+    {Py_tp_doc,
+     (void *)"TransferNotify(name='', msg='')\n\n"
+             "A notification: sent with transfer_sync(..., notify=) or "
+             "batch_transfer_sync(..., notify=) after the transfer "
+             "completed, received with get_notifies()."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, notify_init},
     {Py_tp_traverse, notify_traverse},
@@ -127,8 +127,7 @@ static PyType_Spec notify_spec = {
 
 PyTypeObject *kvtpy_notify_type_create(PyObject *module)
 {
-    return (PyTypeObject *)PyType_FromModuleAndSpec(module, &notify_spec,
-                                                    NULL);
+    return (PyTypeObject *)PyType_FromModuleAndSpec(module, &notify_spec, NULL);
 }
 
 /* The bytes of a str (UTF-8, lone surrogates passed through as they came
@@ -147,8 +146,7 @@ static PyObject *field_bytes(PyObject *notify, const char *field)
     } else if (PyObject_CheckBuffer(v)) {
         b = PyBytes_FromObject(v);
     } else {
-        PyErr_Format(PyExc_TypeError, "notify.%s must be str or bytes",
-                     field);
+        PyErr_Format(PyExc_TypeError, "notify.%s must be str or bytes", field);
         b = NULL;
     }
     Py_DECREF(v);
@@ -207,8 +205,8 @@ PyObject *kvtpy_notify_decode(const kvt_notify_t *n)
                 (size_t)(unsigned char)n->data[5] << 8) <=
             len - NOTIFY_HDR_LEN) {
         name = text(n->data + NOTIFY_HDR_LEN, nlen);
-        msg = text(n->data + NOTIFY_HDR_LEN + nlen,
-                   len - NOTIFY_HDR_LEN - nlen);
+        msg =
+            text(n->data + NOTIFY_HDR_LEN + nlen, len - NOTIFY_HDR_LEN - nlen);
     } else {
         name = text(n->from, strnlen(n->from, sizeof(n->from)));
         msg = text(n->data, len);
@@ -218,8 +216,8 @@ PyObject *kvtpy_notify_decode(const kvt_notify_t *n)
         Py_XDECREF(msg);
         return NULL;
     }
-    obj = PyObject_CallFunctionObjArgs((PyObject *)kvtpy_notify_type, name,
-                                       msg, NULL);
+    obj = PyObject_CallFunctionObjArgs((PyObject *)kvtpy_notify_type, name, msg,
+                                       NULL);
     Py_DECREF(name);
     Py_DECREF(msg);
     return obj;

@@ -103,8 +103,8 @@ static void descs_fini(descs_t *ds)
 
 /* Append one descriptor; zero-length pieces move nothing and are dropped
  * (kvt refuses them, Mooncake completes them). */
-static void descs_add(descs_t *ds, uint32_t op, uint64_t local,
-                      uint64_t remote, uint64_t len)
+static void descs_add(descs_t *ds, uint32_t op, uint64_t local, uint64_t remote,
+                      uint64_t len)
 {
     kvt_xfer_desc_t *d;
 
@@ -266,31 +266,30 @@ static PyObject *sync_common(kvtpy_engine_t *self, const char *fname,
             return NULL;
         r.notify = nbuf;
     }
-    Py_BEGIN_ALLOW_THREADS
-    run_sync(self, &r);
-    Py_END_ALLOW_THREADS
-    if (r.st != KVT_OK) {
+    Py_BEGIN_ALLOW_THREADS run_sync(self, &r);
+    Py_END_ALLOW_THREADS if (r.st != KVT_OK)
+    {
         log_failure(fname, r.target, r.stage, r.st);
         return kvtpy_int(-1);
     }
     return kvtpy_int(0);
 }
 
-static const char *const one_params[] = {
-    "target_hostname", "buffer", "peer_buffer_address", "length",
-    "transport_hint"};
+static const char *const one_params[] = {"target_hostname", "buffer",
+                                         "peer_buffer_address", "length",
+                                         "transport_hint"};
 static const char *const one_op_params[] = {
-    "target_hostname", "buffer", "peer_buffer_address", "length", "opcode",
-    "notify", "transport_hint"};
-static const char *const batch_params[] = {
-    "target_hostname", "buffers", "peer_buffer_addresses", "lengths",
-    "transport_hint"};
+    "target_hostname", "buffer", "peer_buffer_address", "length",
+    "opcode",          "notify", "transport_hint"};
+static const char *const batch_params[] = {"target_hostname", "buffers",
+                                           "peer_buffer_addresses", "lengths",
+                                           "transport_hint"};
 static const char *const batch_op_params[] = {
     "target_hostname", "buffers", "peer_buffer_addresses", "lengths",
-    "opcode", "notify", "transport_hint"};
+    "opcode",          "notify",  "transport_hint"};
 static const char *const async_op_params[] = {
-    "target_hostname", "buffers", "peer_buffer_addresses", "lengths",
-    "opcode", "transport_hint"};
+    "target_hostname", "buffers", "peer_buffer_addresses",
+    "lengths",         "opcode",  "transport_hint"};
 
 static PyObject *sync_one(kvtpy_engine_t *self, const char *fname, uint32_t op,
                           PyObject *const *args, Py_ssize_t nargs,
@@ -371,8 +370,7 @@ static PyObject *batch_sync_rw(kvtpy_engine_t *self, const char *fname,
 
 PyObject *kvtpy_m_batch_transfer_sync_write(PyObject *self,
                                             PyObject *const *args,
-                                            Py_ssize_t nargs,
-                                            PyObject *kwnames)
+                                            Py_ssize_t nargs, PyObject *kwnames)
 {
     return batch_sync_rw((kvtpy_engine_t *)self, "batch_transfer_sync_write",
                          KVT_OP_WRITE, args, nargs, kwnames);
@@ -380,8 +378,7 @@ PyObject *kvtpy_m_batch_transfer_sync_write(PyObject *self,
 
 PyObject *kvtpy_m_batch_transfer_sync_read(PyObject *self,
                                            PyObject *const *args,
-                                           Py_ssize_t nargs,
-                                           PyObject *kwnames)
+                                           Py_ssize_t nargs, PyObject *kwnames)
 {
     return batch_sync_rw((kvtpy_engine_t *)self, "batch_transfer_sync_read",
                          KVT_OP_READ, args, nargs, kwnames);
@@ -393,8 +390,8 @@ PyObject *kvtpy_m_batch_transfer_sync(PyObject *self, PyObject *const *args,
     PyObject *a[7];
     uint32_t op;
 
-    if (kvtpy_args("batch_transfer_sync", args, nargs, kwnames,
-                   batch_op_params, 5, 7, a) < 0 ||
+    if (kvtpy_args("batch_transfer_sync", args, nargs, kwnames, batch_op_params,
+                   5, 7, a) < 0 ||
         opcode_of(a[4], &op) < 0 || check_hint(a[6]) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
@@ -449,8 +446,7 @@ static PyObject *async_common(kvtpy_engine_t *self, const char *fname,
 
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = submit_async(self, name, ds, &b, &stage);
+    Py_BEGIN_ALLOW_THREADS st = submit_async(self, name, ds, &b, &stage);
     if (st == KVT_OK) {
         id = kvtpy_ids_add(&self->ids, b);
         if (id == 0) {
@@ -460,8 +456,8 @@ static PyObject *async_common(kvtpy_engine_t *self, const char *fname,
             st = KVT_ERR_NO_MEMORY;
         }
     }
-    Py_END_ALLOW_THREADS
-    if (st != KVT_OK) {
+    Py_END_ALLOW_THREADS if (st != KVT_OK)
+    {
         log_failure(fname, name, stage, st);
         return PyLong_FromUnsignedLongLong(0);
     }
@@ -509,8 +505,7 @@ PyObject *kvtpy_m_batch_transfer_async_write(PyObject *self,
 
 PyObject *kvtpy_m_batch_transfer_async_read(PyObject *self,
                                             PyObject *const *args,
-                                            Py_ssize_t nargs,
-                                            PyObject *kwnames)
+                                            Py_ssize_t nargs, PyObject *kwnames)
 {
     return async_rw((kvtpy_engine_t *)self, "batch_transfer_async_read",
                     KVT_OP_READ, args, nargs, kwnames);
@@ -531,15 +526,14 @@ PyObject *kvtpy_m_batch_transfer_async(PyObject *self, PyObject *const *args,
                        a[1], a[2], a[3]);
 }
 
-PyObject *kvtpy_m_transfer_submit_write(PyObject *self,
-                                        PyObject *const *args,
+PyObject *kvtpy_m_transfer_submit_write(PyObject *self, PyObject *const *args,
                                         Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *a[5];
     descs_t ds;
 
-    if (kvtpy_args("transfer_submit_write", args, nargs, kwnames, one_params,
-                   4, 5, a) < 0 ||
+    if (kvtpy_args("transfer_submit_write", args, nargs, kwnames, one_params, 4,
+                   5, a) < 0 ||
         check_hint(a[4]) < 0 || kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
     if (descs_from_one(&ds, KVT_OP_WRITE, a[1], a[2], a[3]) < 0)
@@ -620,13 +614,13 @@ PyObject *kvtpy_m_get_batch_transfer_status(PyObject *self, PyObject *arg)
     for (Py_ssize_t i = 0; i < n; i++)
         if (kvtpy_u64_item(arg, i, "batch_ids[i]", &ids[i]) < 0)
             goto out;
-    Py_BEGIN_ALLOW_THREADS
-    kvtpy_ids_acquire(&e->ids, ids, (size_t)n, batches, slots);
+    Py_BEGIN_ALLOW_THREADS kvtpy_ids_acquire(&e->ids, ids, (size_t)n, batches,
+                                             slots);
     for (Py_ssize_t i = 0; i < n; i++)
         sts[i] = batches[i] ? wait_final(batches[i]) : KVT_ERR_NOT_FOUND;
     kvtpy_ids_finish(&e->ids, batches, slots, (size_t)n);
-    Py_END_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_END_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++)
+    {
         if (sts[i] == KVT_OK)
             continue;
         failed = 1;
@@ -659,8 +653,7 @@ PyObject *kvtpy_m_send_notify(PyObject *self, PyObject *const *args,
     descs_t ds = {.n = 0};
 
     ds.d = ds.inline_d;
-    if (kvtpy_args("send_notify", args, nargs, kwnames, params, 2, 2, a) <
-            0 ||
+    if (kvtpy_args("send_notify", args, nargs, kwnames, params, 2, 2, a) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
     if (a[1] == Py_None) {

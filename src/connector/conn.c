@@ -273,7 +273,7 @@ static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
     pthread_mutex_unlock(&c->lock);
     if (bc != NULL)
         st = kvt_bootc_sizes(bc, server, &tp, &dp, HTTP_TIMEOUT_MS, why,
-                              sizeof(why));
+                             sizeof(why));
     else
         snprintf(why, sizeof(why),
                  "no bootstrap client: built without "
@@ -320,7 +320,7 @@ static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
         snprintf(server, sizeof(server), "%s", t->server);
         pthread_mutex_unlock(&c->lock);
         st = kvt_bootc_route(bc, server, i % P, i / P, name, sizeof(name),
-                              HTTP_TIMEOUT_MS, why, sizeof(why));
+                             HTTP_TIMEOUT_MS, why, sizeof(why));
         pthread_mutex_lock(&c->lock);
         if (t->state != KVT__TOPO_OK)
             break;
@@ -354,9 +354,9 @@ static int slow_register(kvt_conn_h c, kvt_bootc_h bc, char *why, size_t wl)
 
     if (bc != NULL)
         st = kvt_bootc_register(bc, c->server, c->host, c->port,
-                                 c->tp_size * c->dp_size, c->dp_size,
-                                 c->dp_rank * c->tp_size + c->tp_rank, c->ttl_s,
-                                 HTTP_TIMEOUT_MS, why, wl);
+                                c->tp_size * c->dp_size, c->dp_size,
+                                c->dp_rank * c->tp_size + c->tp_rank, c->ttl_s,
+                                HTTP_TIMEOUT_MS, why, wl);
     return st == KVT_OK ? 0 : -1;
 }
 
@@ -868,7 +868,7 @@ err_threads:
         kvt_bootc_h bc = NULL;
         if (kvt_bootc_create(&bc) == KVT_OK)
             kvt_bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
-                                  HTTP_TIMEOUT_MS);
+                                 HTTP_TIMEOUT_MS);
         kvt_bootc_destroy(bc);
     }
 err_unregister:
@@ -904,7 +904,7 @@ void kvt_conn_destroy(kvt_conn_h c)
         kvt_bootc_h bc = NULL;
         if (kvt_bootc_create(&bc) == KVT_OK)
             kvt_bootc_unregister(bc, c->server, c->tp_rank, c->dp_rank,
-                                  HTTP_TIMEOUT_MS);
+                                 HTTP_TIMEOUT_MS);
         kvt_bootc_destroy(bc);
     }
     pthread_mutex_lock(&c->lock);

@@ -61,9 +61,8 @@ static void room_account(struct kvt_room *r, kvt_poll_t state, uint64_t now_ns)
     if (from < 5) {
         atomic_fetch_sub(&st->rooms[from], 1);
         atomic_fetch_add(&st->left[from], 1);
-        atomic_fetch_add(&st->state_ns[from], now_ns > r->t_state_ns
-                                                   ? now_ns - r->t_state_ns
-                                                   : 0);
+        atomic_fetch_add(&st->state_ns[from],
+                         now_ns > r->t_state_ns ? now_ns - r->t_state_ns : 0);
     }
     if (to < 5) {
         atomic_fetch_add(&st->rooms[to], 1);

@@ -43,8 +43,8 @@ typedef struct {
     size_t cap, len;
 } out_t;
 
-__attribute__((format(printf, 2, 3))) static void put(out_t *o,
-                                                      const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void put(out_t *o, const char *fmt,
+                                                      ...)
 {
     va_list ap;
     int n;
@@ -73,9 +73,8 @@ static void label_escape(char *dst, size_t cap, const char *src)
     dst[k] = '\0';
 }
 
-static const char *const state_name[5] = {"failed", "bootstrapping",
-                                          "waiting_for_input", "transferring",
-                                          "success"};
+static const char *const state_name[5] = {
+    "failed", "bootstrapping", "waiting_for_input", "transferring", "success"};
 
 size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta)
 {
@@ -97,16 +96,18 @@ size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta)
         put(&o, "# HELP kvt_conn_rooms_entered_total Rooms that entered each "
                 "state.\n# TYPE kvt_conn_rooms_entered_total counter\n");
     for (unsigned i = 0; i < 5; i++)
-        put(&o, "kvt_conn_rooms_entered_total{engine=\"%s\",state=\"%s\"} "
-                "%llu\n",
+        put(&o,
+            "kvt_conn_rooms_entered_total{engine=\"%s\",state=\"%s\"} "
+            "%llu\n",
             en, state_name[i], (unsigned long long)s.entered[i]);
     if (meta)
         put(&o, "# HELP kvt_conn_room_state_seconds_total Time rooms spent "
                 "in each state they left.\n"
                 "# TYPE kvt_conn_room_state_seconds_total counter\n");
     for (unsigned i = 0; i < 5; i++)
-        put(&o, "kvt_conn_room_state_seconds_total{engine=\"%s\",state=\"%s\"}"
-                " %.9f\n",
+        put(&o,
+            "kvt_conn_room_state_seconds_total{engine=\"%s\",state=\"%s\"}"
+            " %.9f\n",
             en, state_name[i], (double)s.state_ns[i] / 1e9);
     if (meta)
         put(&o, "# HELP kvt_conn_rooms_left_total Rooms that left each "
@@ -122,12 +123,14 @@ size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta)
         uint64_t us = kvt_stats_latency_bound_us(b);
         cum += s.tail[b];
         if (us != 0)
-            put(&o, "kvt_conn_tail_seconds_bucket{engine=\"%s\",le=\"%g\"} "
-                    "%llu\n",
+            put(&o,
+                "kvt_conn_tail_seconds_bucket{engine=\"%s\",le=\"%g\"} "
+                "%llu\n",
                 en, (double)us / 1e6, (unsigned long long)cum);
         else
-            put(&o, "kvt_conn_tail_seconds_bucket{engine=\"%s\",le=\"+Inf\"} "
-                    "%llu\n",
+            put(&o,
+                "kvt_conn_tail_seconds_bucket{engine=\"%s\",le=\"+Inf\"} "
+                "%llu\n",
                 en, (unsigned long long)cum);
     }
     put(&o,

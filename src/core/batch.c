@@ -39,9 +39,8 @@ void kvt__comp_done(kvt__comp_t *s, kvt_status_t status)
     batch_enter(b);
     if (status != KVT_OK) {
         int32_t zero = 0;
-        atomic_compare_exchange_strong_explicit(&s->err, &zero, status,
-                                                memory_order_relaxed,
-                                                memory_order_relaxed);
+        atomic_compare_exchange_strong_explicit(
+            &s->err, &zero, status, memory_order_relaxed, memory_order_relaxed);
     }
     if (atomic_fetch_sub_explicit(&s->remaining, 1, memory_order_acq_rel) != 1)
         goto out;
@@ -308,10 +307,10 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
         kvt__comp_t *s = &b->slots[base + i];
         s->st_t0 = t0;
         s->st_op = (uint8_t)descs[i].opcode;
-        s->st_bytes = descs[i].opcode == KVT_OP_NOTIFY
-                          ? 0
-                          : descs[i].length *
-                                (descs[i].count > 1 ? descs[i].count : 1);
+        s->st_bytes =
+            descs[i].opcode == KVT_OP_NOTIFY
+                ? 0
+                : descs[i].length * (descs[i].count > 1 ? descs[i].count : 1);
         atomic_store_explicit(&s->status, KVT_INPROGRESS, memory_order_relaxed);
         atomic_store_explicit(&s->err, KVT_OK, memory_order_relaxed);
         atomic_store_explicit(&s->remaining, 0, memory_order_relaxed);
@@ -408,8 +407,7 @@ kvt_status_t kvt_batch_query(kvt_batch_h b, kvt_batch_state_t *state_p)
     return first;
 }
 
-kvt_status_t kvt_batch_entry(kvt_batch_h b, size_t index,
-                             uint64_t *user_data_p)
+kvt_status_t kvt_batch_entry(kvt_batch_h b, size_t index, uint64_t *user_data_p)
 {
     if (b == NULL || index >= b->used)
         return KVT_ERR_INVALID_PARAM;

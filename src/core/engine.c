@@ -149,7 +149,8 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
         *p->segment_name) {
         if (strlen(p->segment_name) > KVT_WIRE_NAME_MAX)
             return KVT_ERR_INVALID_PARAM;
-        snprintf(e->cfg.seg_name, sizeof(e->cfg.seg_name), "%s", p->segment_name);
+        snprintf(e->cfg.seg_name, sizeof(e->cfg.seg_name), "%s",
+                 p->segment_name);
     }
     if ((m & KVT_ENGINE_PARAM_NET_DEVICES) && p->net_devices) {
         if (strlen(p->net_devices) >= sizeof(e->cfg.net_devices))
@@ -370,8 +371,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     pthread_cond_init(&e->pub_cond, &ca);
     pthread_condattr_destroy(&ca);
 
-    st = kvt__ctrl_create(e, e->cfg.host, e->cfg.port, &e->cfg.port,
-                          &e->ctrl);
+    st = kvt__ctrl_create(e, e->cfg.host, e->cfg.port, &e->cfg.port, &e->ctrl);
     if (st != KVT_OK)
         goto err_locks;
     if (e->cfg.seg_name[0] == '\0')
@@ -470,7 +470,8 @@ uint16_t kvt_engine_rpc_port(kvt_engine_h e)
     return e ? e->cfg.port : 0;
 }
 
-/* ---- Memory --------------------------------------------------------------- */
+/* ---- Memory ---------------------------------------------------------------
+ */
 
 kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
 {
@@ -490,8 +491,7 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d)
     return st;
 }
 
-kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
-                                 size_t *len_p)
+kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p, size_t *len_p)
 {
     kvt__segdesc_t d;
     kvt_status_t st;
@@ -504,7 +504,8 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
     return st;
 }
 
-/* ---- Notifications -------------------------------------------------------- */
+/* ---- Notifications --------------------------------------------------------
+ */
 
 void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
                       size_t len)

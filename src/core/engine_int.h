@@ -19,7 +19,7 @@ struct kvt_batch {
     kvt_engine_h engine;
     kvt__comp_t *slots;
     size_t capacity;
-    size_t used; /* touched by the submitting thread only */
+    size_t used;              /* touched by the submitting thread only */
     _Atomic uint32_t pending; /* futex word: slots not final */
     _Atomic uint32_t failed;
     _Atomic int32_t first_error;
@@ -41,7 +41,6 @@ struct kvt_batch {
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
 
-
 typedef struct kvt__notify_node {
     struct kvt__notify_node *next;
     kvt_notify_t n;
@@ -54,11 +53,11 @@ typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 typedef struct kvt__alloc {
     struct kvt__alloc *next;
     void *addr;
-    size_t length; /* mapped length, rounded up to the page size used */
-    int fd;        /* memfd, shared with same-host peers; -1 for device
-                      memory */
-    uint32_t id;   /* names it to same-host peers; never 0, not reused */
-    uint8_t kind;  /* kvt_mem_kind_t: device memory comes from its domain */
+    size_t length;  /* mapped length, rounded up to the page size used */
+    int fd;         /* memfd, shared with same-host peers; -1 for device
+                       memory */
+    uint32_t id;    /* names it to same-host peers; never 0, not reused */
+    uint8_t kind;   /* kvt_mem_kind_t: device memory comes from its domain */
     int16_t device; /* of device memory */
 } kvt__alloc_t;
 
@@ -168,7 +167,6 @@ void kvt__seg_unref(kvt__seg_t *seg);
  * and its session, whatever still refers to them. */
 void kvt__segs_free_all(kvt_engine_h e);
 
-
 /* The registry changed: publish the descriptor again (metadata backends),
  * off this thread. */
 void kvt__engine_publish_soon(kvt_engine_h e);
@@ -203,8 +201,8 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg);
 
 /* The session that carries a transfer between @lkind memory here and the
  * peer's memory at [raddr, raddr + span), or NULL. */
-kvt__session_t *kvt__seg_route(kvt__seg_t *seg, unsigned lkind,
-                               uint64_t raddr, uint64_t span);
+kvt__session_t *kvt__seg_route(kvt__seg_t *seg, unsigned lkind, uint64_t raddr,
+                               uint64_t span);
 
 /*
  * The transports of @e that can move @local memory here to and from

@@ -29,8 +29,7 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
     /* Huge pages first, for large allocations when the pool has them. */
     if (length >= HUGE_2M) {
         len = (length + HUGE_2M - 1) & ~(HUGE_2M - 1);
-        fd = memfd_create("kvt", MFD_CLOEXEC | MFD_HUGETLB |
-                                     MFD_ALLOW_SEALING);
+        fd = memfd_create("kvt", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING);
         if (fd >= 0) {
             if (ftruncate(fd, (off_t)len) == 0 &&
                 fcntl(fd, F_ADD_SEALS, SEALS) == 0) {
@@ -52,8 +51,7 @@ static kvt_status_t map_memfd(size_t length, kvt__alloc_t *a)
         KVT_LOG_E("memfd_create: %s", strerror(errno));
         return KVT_ERR_NO_MEMORY;
     }
-    if (ftruncate(fd, (off_t)len) != 0 ||
-        fcntl(fd, F_ADD_SEALS, SEALS) != 0) {
+    if (ftruncate(fd, (off_t)len) != 0 || fcntl(fd, F_ADD_SEALS, SEALS) != 0) {
         KVT_LOG_E("cannot size a %zu-byte memfd: %s", len, strerror(errno));
         close(fd);
         return KVT_ERR_NO_MEMORY;
@@ -149,8 +147,8 @@ kvt_status_t kvt_mem_alloc_ex(kvt_engine_h e, size_t length,
                          KVT_MEM_PARAM_DEVICE)) != 0)
         return KVT_ERR_INVALID_PARAM;
     p.field_mask = m;
-    p.access = (m & KVT_MEM_PARAM_ACCESS) ? params->access
-                                          : KVT_ACCESS_REMOTE_RW;
+    p.access =
+        (m & KVT_MEM_PARAM_ACCESS) ? params->access : KVT_ACCESS_REMOTE_RW;
     p.kind = (m & KVT_MEM_PARAM_KIND) ? params->kind : KVT_MEM_HOST;
     p.device = (m & KVT_MEM_PARAM_DEVICE) ? params->device : 0;
     if (p.kind == KVT_MEM_HOST)
@@ -254,8 +252,8 @@ kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
     }
     for (kvt__alloc_t *a = e->allocs; a != NULL; a = a->next)
         if (a->kind == KVT_MEM_HOST)
-            v[k++] = (kvt__alloc_ref_t){(uint64_t)(uintptr_t)a->addr,
-                                        a->length, a->id};
+            v[k++] = (kvt__alloc_ref_t){(uint64_t)(uintptr_t)a->addr, a->length,
+                                        a->id};
     pthread_mutex_unlock(&e->alloc_lock);
     *refs_p = v;
     *n_p = n;

@@ -235,8 +235,7 @@ size_t kvt__memreg_count_locked(const kvt__memreg_t *reg)
     return reg->count;
 }
 
-const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg,
-                                           size_t i)
+const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg, size_t i)
 {
     return &reg->regions[i];
 }

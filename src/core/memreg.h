@@ -53,7 +53,7 @@ typedef struct {
     kvt__region_t *regions;
     size_t count;
     size_t cap;
-    size_t ndev; /* regions of a device kind (not host memory) */
+    size_t ndev;     /* regions of a device kind (not host memory) */
     uint32_t serial; /* the last region's (kvt__region_t.serial) */
     _Atomic uint64_t gen;
 } kvt__memreg_t;
@@ -110,8 +110,7 @@ int kvt__memreg_overlaps_locked(const kvt__memreg_t *reg, uint64_t start,
 /* With the read lock held: how many regions, and the i-th in address
  * order (valid until the lock is released). */
 size_t kvt__memreg_count_locked(const kvt__memreg_t *reg);
-const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg,
-                                           size_t i);
+const kvt__region_t *kvt__memreg_at_locked(const kvt__memreg_t *reg, size_t i);
 
 /* With the read lock held: the region that holds all of [addr,
  * addr+len), or NULL. */

@@ -77,9 +77,9 @@ static kvt__stats_shard_t *shard_of(kvt__stats_t *st, tls_t *t)
         memset(b, 0, sizeof(*b));
         b->owner = t->thread;
         b->next = atomic_load_explicit(&st->shards, memory_order_relaxed);
-        while (!atomic_compare_exchange_weak_explicit(
-            &st->shards, &b->next, b, memory_order_release,
-            memory_order_relaxed))
+        while (!atomic_compare_exchange_weak_explicit(&st->shards, &b->next, b,
+                                                      memory_order_release,
+                                                      memory_order_relaxed))
             ;
     }
     t->cache[t->next].id = st->id;
@@ -149,8 +149,8 @@ uint64_t kvt__stats_ticks(void)
 
 /* Latency bucket bounds, microseconds: 10 us to 10 s in a 1-2-5 series. */
 static const uint64_t bounds_us[KVT_STATS_LATENCY_BUCKETS - 1] = {
-    10,     20,     50,      100,     200,     500,     1000,
-    2000,   5000,   10000,   20000,   50000,   100000,  200000,
+    10,     20,      50,      100,     200,     500,    1000,
+    2000,   5000,    10000,   20000,   50000,   100000, 200000,
     500000, 1000000, 2000000, 5000000, 10000000};
 
 uint64_t kvt_stats_latency_bound_us(unsigned i)
@@ -173,9 +173,8 @@ static unsigned bucket_of(uint64_t ns)
     return i;
 }
 
-
-void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op,
-                     uint64_t bytes, uint64_t t0, int32_t status)
+void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op, uint64_t bytes,
+                     uint64_t t0, int32_t status)
 {
     tls_t *t = &tls;
     kvt__stats_shard_t *sh = shard_of(st, t);
@@ -225,8 +224,8 @@ kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *out)
     st = &e->stats;
     memset(out, 0, sizeof(*out));
     out->version = KVT_STATS_VERSION;
-    out->ntransports = e->ntl < KVT_STATS_TRANSPORTS ? e->ntl
-                                                     : KVT_STATS_TRANSPORTS;
+    out->ntransports =
+        e->ntl < KVT_STATS_TRANSPORTS ? e->ntl : KVT_STATS_TRANSPORTS;
     for (unsigned t = 0; t < out->ntransports; t++) {
         kvt_transport_stats_t *o = &out->transports[t];
         snprintf(o->name, sizeof(o->name), "%s", e->tl[t]->ops->name);
@@ -293,8 +292,8 @@ typedef struct {
     size_t cap, len;
 } out_t;
 
-__attribute__((format(printf, 2, 3))) static void put(out_t *o,
-                                                      const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void put(out_t *o, const char *fmt,
+                                                      ...)
 {
     va_list ap;
     int n;
@@ -327,8 +326,8 @@ void kvt__stats_label_escape(char *dst, size_t cap, const char *src)
     dst[k] = '\0';
 }
 
-static void head(out_t *o, const char *name, const char *type,
-                 const char *help, int with_meta)
+static void head(out_t *o, const char *name, const char *type, const char *help,
+                 int with_meta)
 {
     if (with_meta)
         put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -378,7 +377,8 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
         for (unsigned i = 1; i < KVT_STATS_STATUSES; i++)
             if (x->failures[i] != 0)
                 put(o,
-                    "kvt_transfer_failures_total{engine=\"%s\",transport=\"%s\","
+                    "kvt_transfer_failures_total{engine=\"%s\",transport=\"%"
+                    "s\","
                     "status=\"%s\"} %llu\n",
                     en, x->name, kvt_status_name(-(int)i),
                     (unsigned long long)x->failures[i]);
@@ -388,8 +388,9 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
          meta);
     for (unsigned i = 1; i < KVT_STATS_STATUSES; i++)
         if (s->refused[i] != 0)
-            put(o, "kvt_transfer_refused_total{engine=\"%s\",status=\"%s\"} "
-                   "%llu\n",
+            put(o,
+                "kvt_transfer_refused_total{engine=\"%s\",status=\"%s\"} "
+                "%llu\n",
                 en, kvt_status_name(-(int)i),
                 (unsigned long long)s->refused[i]);
     head(o, "kvt_transfer_latency_seconds", "histogram",
@@ -406,8 +407,8 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
                     put(o,
                         "kvt_transfer_latency_seconds_bucket{engine=\"%s\","
                         "transport=\"%s\",size=\"%s\",le=\"%g\"} %llu\n",
-                        en, x->name, size_label[c],
-                        (double)bounds_us[b] / 1e6, (unsigned long long)cum);
+                        en, x->name, size_label[c], (double)bounds_us[b] / 1e6,
+                        (unsigned long long)cum);
                 else
                     put(o,
                         "kvt_transfer_latency_seconds_bucket{engine=\"%s\","
@@ -419,9 +420,8 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
                 "transport=\"%s\",size=\"%s\"} %.9f\n"
                 "kvt_transfer_latency_seconds_count{engine=\"%s\","
                 "transport=\"%s\",size=\"%s\"} %llu\n",
-                en, x->name, size_label[c],
-                (double)x->latency_sum_ns[c] / 1e9, en, x->name,
-                size_label[c], (unsigned long long)cum);
+                en, x->name, size_label[c], (double)x->latency_sum_ns[c] / 1e9,
+                en, x->name, size_label[c], (unsigned long long)cum);
         }
     }
     head(o, "kvt_batches_total", "counter",
@@ -439,8 +439,9 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
     head(o, "kvt_sessions_opened_total", "counter",
          "Sessions opened to peers, by transport.", meta);
     for (unsigned t = 0; t < s->ntransports; t++)
-        put(o, "kvt_sessions_opened_total{engine=\"%s\",transport=\"%s\"} "
-               "%llu\n",
+        put(o,
+            "kvt_sessions_opened_total{engine=\"%s\",transport=\"%s\"} "
+            "%llu\n",
             en, s->transports[t].name,
             (unsigned long long)s->transports[t].sessions_opened);
     head(o, "kvt_sessions_open", "gauge", "Sessions to peers open now.", meta);
@@ -521,7 +522,7 @@ static size_t nengines, cengines;
 static struct provider {
     void *owner;
     kvt_metrics_text_fn fn;
-} *providers;
+} * providers;
 static size_t nproviders, cproviders;
 static int lst_fd = -1;
 static uint16_t lst_port;
@@ -544,8 +545,7 @@ static size_t all_text(char **buf_p)
         for (size_t i = 0; i < nproviders; i++)
             o.len += providers[i].fn(providers[i].owner,
                                      o.len < o.cap ? o.buf + o.len : NULL,
-                                     o.len < o.cap ? o.cap - o.len : 0,
-                                     i == 0);
+                                     o.len < o.cap ? o.cap - o.len : 0, i == 0);
         pthread_mutex_unlock(&reg_lock);
         if (pass == 0) {
             /* Room for what may have grown in between. */
@@ -632,8 +632,8 @@ static void *lst_main(void *arg)
             client_t *c = &cl[i];
             int done = 0;
             if (pf[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
-                ssize_t got = recv(c->fd, c->req + c->got,
-                                   REQ_MAX - 1 - c->got, MSG_DONTWAIT);
+                ssize_t got = recv(c->fd, c->req + c->got, REQ_MAX - 1 - c->got,
+                                   MSG_DONTWAIT);
                 if (got <= 0) {
                     done = got == 0 || (errno != EAGAIN && errno != EINTR);
                 } else {
@@ -734,8 +734,8 @@ kvt_status_t kvt__stats_init(kvt_engine_h e)
 
     /* KVT_METRICS=off: no counting on the data path (to measure what it
      * costs); the engine's metrics then read 0. */
-    e->stats.on = !(off != NULL &&
-                    (strcmp(off, "off") == 0 || strcmp(off, "0") == 0));
+    e->stats.on =
+        !(off != NULL && (strcmp(off, "off") == 0 || strcmp(off, "0") == 0));
     e->stats.id = atomic_fetch_add(&next_id, 1);
     atomic_store(&e->stats.shards, NULL);
     pthread_once(&tsc_once, tsc_init);

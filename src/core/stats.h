@@ -39,7 +39,7 @@ typedef struct kvt__stats_shard {
 } kvt__stats_shard_t;
 
 typedef struct {
-    int on;    /* 0: KVT_METRICS=off, nothing is counted */
+    int on;      /* 0: KVT_METRICS=off, nothing is counted */
     uint64_t id; /* unique in the process, for the threads' caches */
     kvt__stats_shard_t *_Atomic shards; /* one per thread that counted */
     _Atomic uint64_t notifies_received, notifies_dropped;
@@ -81,7 +81,7 @@ static inline unsigned kvt__stats_status_index(int32_t status)
 
 /* A descriptor became final: @tl its transport's index (0xff: refused
  * before any took it), @op, its bytes, its submission time. */
-void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op,
-                     uint64_t bytes, uint64_t t0, int32_t status);
+void kvt__stats_done(kvt__stats_t *st, unsigned tl, unsigned op, uint64_t bytes,
+                     uint64_t t0, int32_t status);
 
 #endif

@@ -101,23 +101,21 @@ kvt_status_t kvt__wire_pieces_decode(const uint8_t *body, size_t body_len,
     return KVT_OK;
 }
 
-kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
-                                    uint32_t npieces,
-                                    void (*cb)(void *arg, uint32_t index,
-                                               kvt_status_t status),
-                                    void *arg)
+kvt_status_t kvt__wire_fails_decode(
+    const uint8_t *body, size_t body_len, uint32_t npieces,
+    void (*cb)(void *arg, uint32_t index, kvt_status_t status), void *arg)
 {
     if (body_len % KVT_WIRE_FAIL_LEN != 0)
         return KVT_ERR_PROTOCOL;
     /* Check everything before reporting anything: a bad list changes
      * nothing. */
     for (size_t off = 0; off < body_len; off += KVT_WIRE_FAIL_LEN) {
-        if (get32(body + off) >= npieces ||
-            (int32_t)get32(body + off + 4) >= 0)
+        if (get32(body + off) >= npieces || (int32_t)get32(body + off + 4) >= 0)
             return KVT_ERR_PROTOCOL;
     }
     for (size_t off = 0; off < body_len; off += KVT_WIRE_FAIL_LEN)
-        cb(arg, get32(body + off), (kvt_status_t)(int32_t)get32(body + off + 4));
+        cb(arg, get32(body + off),
+           (kvt_status_t)(int32_t)get32(body + off + 4));
     return KVT_OK;
 }
 
@@ -182,8 +180,8 @@ kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
 const char *kvt__wire_type_name(unsigned type)
 {
     static const char *const names[] = {
-        "?",     "HELLO",     "HELLO_ACK", "ERROR",     "SEG_QUERY",
-        "SEG_DESC", "WRITE",  "WRITE_ACK", "READ",      "READ_RESP",
-        "NOTIFY", "NOTIFY_ACK", "PING",    "PONG"};
+        "?",        "HELLO",      "HELLO_ACK", "ERROR", "SEG_QUERY",
+        "SEG_DESC", "WRITE",      "WRITE_ACK", "READ",  "READ_RESP",
+        "NOTIFY",   "NOTIFY_ACK", "PING",      "PONG"};
     return type <= KVT_WIRE_TYPE_MAX ? names[type] : "?";
 }

@@ -101,11 +101,9 @@ kvt_status_t kvt__wire_pieces_decode(const uint8_t *body, size_t body_len,
  * Decode a failure list (acknowledgements): @body_len / 8 entries, each
  * index < @npieces and status < 0. Calls @cb for each.
  */
-kvt_status_t kvt__wire_fails_decode(const uint8_t *body, size_t body_len,
-                                    uint32_t npieces,
-                                    void (*cb)(void *arg, uint32_t index,
-                                               kvt_status_t status),
-                                    void *arg);
+kvt_status_t kvt__wire_fails_decode(
+    const uint8_t *body, size_t body_len, uint32_t npieces,
+    void (*cb)(void *arg, uint32_t index, kvt_status_t status), void *arg);
 
 /* HELLO body: session id (the initiator's instance in the upper 32 bits,
  * its session counter in the lower), this connection's index and the

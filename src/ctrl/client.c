@@ -136,8 +136,7 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
     if (st != KVT_OK) {
         KVT_LOG_W("cannot connect to %s (%s): %s", name, addr,
                   kvt_status_str(st));
-        atomic_fetch_add_explicit(&e->stats.hs_failed, 1,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->stats.hs_failed, 1, memory_order_relaxed);
         return st;
     }
     kvt__sock_tune(fd, e->cfg.timeout_ns / 1000000);
@@ -147,8 +146,7 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
               &body, &blen, NULL, NULL);
     free(body);
     if (st != KVT_OK) {
-        atomic_fetch_add_explicit(&e->stats.hs_failed, 1,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->stats.hs_failed, 1, memory_order_relaxed);
         close(fd);
         return st;
     }

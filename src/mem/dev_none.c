@@ -53,8 +53,7 @@ void kvt__dev_host_free(void *p)
 }
 
 int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
-                    const void *src, size_t spitch, size_t width,
-                    size_t height)
+                    const void *src, size_t spitch, size_t width, size_t height)
 {
     (void)s, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width,
         (void)height;

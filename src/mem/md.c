@@ -81,9 +81,8 @@ kvt_status_t kvt_mem_copy(void *dst, const void *src, size_t len)
     if (dst == NULL || src == NULL)
         return KVT_ERR_INVALID_PARAM;
     for (size_t i = 0; registered[i] != NULL; i++) {
-        int c = registered[i]->copy != NULL
-                    ? registered[i]->copy(dst, src, len)
-                    : 0;
+        int c = registered[i]->copy != NULL ? registered[i]->copy(dst, src, len)
+                                            : 0;
         if (c != 0)
             return c > 0 ? KVT_OK : KVT_ERR_IO;
     }

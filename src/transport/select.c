@@ -197,8 +197,7 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
     }
     for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
         for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
-            seg->route[l][r] =
-                serves(e, seg, (unsigned)best, l, r) ? s : NULL;
+            seg->route[l][r] = serves(e, seg, (unsigned)best, l, r) ? s : NULL;
     KVT_LOG_I("segment %s: using %s (device memory in use)", seg->name,
               e->tl[best]->ops->name);
     return 1;

@@ -54,7 +54,7 @@ typedef struct {
     uint64_t timeout_ns; /* per transfer */
     uint64_t connect_timeout_ms;
     size_t slice_size;
-    uint64_t host_id; /* boot id and pid namespace, hashed */
+    uint64_t host_id;      /* boot id and pid namespace, hashed */
     char net_devices[128]; /* empty: none named */
 } kvt__engine_cfg_t;
 
@@ -131,8 +131,8 @@ typedef struct {
     uint64_t raddr;
     uint64_t rstride;
     kvt__comp_t *comp;
-    uint8_t lkind;  /* kvt_mem_kind_t of the local span (READ, WRITE) */
-    int16_t ldev;   /* the local span's device; -1 for host memory */
+    uint8_t lkind; /* kvt_mem_kind_t of the local span (READ, WRITE) */
+    int16_t ldev;  /* the local span's device; -1 for host memory */
 } kvt__xfer_t;
 
 /* Bytes a descriptor moves. */
@@ -176,7 +176,8 @@ static inline void kvt__sub_note(kvt__sub_t *sub, void *where)
     sub->where = where;
 }
 
-/* ---- Sessions -------------------------------------------------------------- */
+/* ---- Sessions --------------------------------------------------------------
+ */
 
 /*
  * A transport's view of one opened remote segment. Every transport embeds
@@ -369,7 +370,8 @@ static inline void kvt__tl_init(kvt__tl_t *tl, const kvt__tl_ops_t *ops,
     __attribute__((visibility("hidden")))                                      \
     const kvt__tl_ops_t kvt__tl_##short_name = __VA_ARGS__
 
-/* ---- The registry (registry.c) --------------------------------------------- */
+/* ---- The registry (registry.c) ---------------------------------------------
+ */
 
 /* The transports built in, in build order; NULL past the last. */
 const kvt__tl_ops_t *kvt__tl_registered(size_t i);
@@ -379,7 +381,8 @@ const kvt__tl_ops_t *kvt__tl_by_id(uint32_t id);
 /* Whether a table has what the core requires of it (logged when not). */
 int kvt__tl_ops_sound(const kvt__tl_ops_t *ops);
 
-/* ---- Inline parts --------------------------------------------------------- */
+/* ---- Inline parts ---------------------------------------------------------
+ */
 
 struct kvt__comp {
     _Atomic int32_t status;     /* KVT_INPROGRESS until final */

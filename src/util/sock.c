@@ -92,15 +92,14 @@ kvt_status_t kvt__sock_listen(const char *host, uint16_t port, int *fd_p,
     if (st != KVT_OK)
         return KVT_ERR_INVALID_PARAM;
     for (ai = res; ai != NULL; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC |
-                                       SOCK_NONBLOCK, 0);
+        fd = socket(ai->ai_family,
+                    ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) {
             err = errno;
             continue;
         }
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-            listen(fd, 1024) == 0)
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0)
             break;
         err = errno;
         close(fd);
@@ -115,9 +114,9 @@ kvt_status_t kvt__sock_listen(const char *host, uint16_t port, int *fd_p,
         close(fd);
         return KVT_ERR_IO;
     }
-    *bound_port_p = ntohs(ss.ss_family == AF_INET6
-                              ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                              : ((struct sockaddr_in *)&ss)->sin_port);
+    *bound_port_p =
+        ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                       : ((struct sockaddr_in *)&ss)->sin_port);
     *fd_p = fd;
     return KVT_OK;
 }
@@ -125,8 +124,8 @@ kvt_status_t kvt__sock_listen(const char *host, uint16_t port, int *fd_p,
 void kvt__sock_tune(int fd, uint64_t user_timeout_ms)
 {
     int one = 1, buf = 8 << 20, idle = 5, intvl = 2, cnt = 3;
-    unsigned uto = user_timeout_ms > 0xffffffffu ? 0xffffffffu
-                                                 : (unsigned)user_timeout_ms;
+    unsigned uto =
+        user_timeout_ms > 0xffffffffu ? 0xffffffffu : (unsigned)user_timeout_ms;
 
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));

@@ -233,8 +233,8 @@ KVT_TEST(memory)
     {
         /* Not host memory: reserved without access (as a GPU driver
          * reserves device memory), and unmapped. */
-        uint8_t *none = mmap(NULL, 8192, PROT_NONE,
-                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        uint8_t *none =
+            mmap(NULL, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         CHECK(none != MAP_FAILED);
         COVER(kvt_mem_register, KVT_ERR_NOT_SUPPORTED,
               kvt_mem_register(e, none, 8192, 3));
@@ -337,8 +337,7 @@ KVT_TEST(memory)
               "transport_keys refuses one with a test transport");
     UNCOVERED(kvt_mem_register_ex, KVT_ERR_NO_MEMORY, "allocation failure");
     UNCOVERED(kvt_mem_register_ex, KVT_ERR_IO, "as kvt_mem_register");
-    UNCOVERED(kvt_mem_register_batch, KVT_ERR_NO_MEMORY,
-              "allocation failure");
+    UNCOVERED(kvt_mem_register_batch, KVT_ERR_NO_MEMORY, "allocation failure");
     UNCOVERED(kvt_mem_register_batch, KVT_ERR_IO, "as kvt_mem_register");
     UNCOVERED(kvt_mem_alloc, KVT_ERR_IO, "as kvt_mem_register");
     UNCOVERED(kvt_mem_alloc_ex, KVT_ERR_IO,
@@ -373,7 +372,8 @@ KVT_TEST(memory_full)
     kvt_engine_destroy(e);
 }
 
-/* ---- Segments ------------------------------------------------------------- */
+/* ---- Segments -------------------------------------------------------------
+ */
 
 KVT_TEST(segments)
 {
@@ -414,9 +414,9 @@ KVT_TEST(segments)
             if (strcmp(t[i].name, "tcp") == 0 &&
                 (t[i].local_mem & (1u << KVT_MEM_CUDA)))
                 want = KVT_OK;
-        CHECK_ST(kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST,
-                                       &name),
-                 want);
+        CHECK_ST(
+            kvt_segment_transport(e, seg, KVT_MEM_CUDA, KVT_MEM_HOST, &name),
+            want);
     }
     COVER(kvt_segment_transport, KVT_ERR_INVALID_PARAM,
           kvt_segment_transport(e, seg, KVT_MEM_AUTO, KVT_MEM_HOST, &name));
@@ -523,8 +523,7 @@ KVT_TEST(segment_open_no_common_transport)
     UNCOVERED(kvt_segment_open, KVT_ERR_IO,
               "a transport failing to set up a session it could reach "
               "(epoll registration), or a metadata backend's I/O error");
-    UNCOVERED(kvt_segment_open, KVT_ERR_NO_SPACE,
-              "2^30 segments open at once");
+    UNCOVERED(kvt_segment_open, KVT_ERR_NO_SPACE, "2^30 segments open at once");
     UNCOVERED(kvt_segment_open, KVT_ERR_CLOSED,
               "an open racing with kvt_engine_destroy(), which the API "
               "forbids");
@@ -766,6 +765,6 @@ KVT_TEST_MAIN(KVT_CASE(transports_and_engines, 20), KVT_CASE(memory, 20),
               KVT_CASE(memory_full, 120), KVT_CASE(segments, 30),
               KVT_CASE(segment_open_refused, 60),
               KVT_CASE(segment_transport_unsupported, 30),
-    KVT_CASE(segment_open_no_common_transport, 30),
+              KVT_CASE(segment_open_no_common_transport, 30),
               KVT_CASE(batches, 60), KVT_CASE(batches_on_the_way, 60),
               KVT_CASE(notifications, 60))

@@ -22,7 +22,8 @@ static kvt_engine_h engine(void)
     kvt_engine_params_t p = {0};
     kvt_engine_h e = NULL;
 
-    p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_CONNECT_TIMEOUT;
+    p.field_mask =
+        KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_CONNECT_TIMEOUT;
     p.transports = KVT_TRANSPORT_TCP;
     p.connect_timeout_ms = 2000;
     CHECK_OK(kvt_engine_create(&p, &e));
@@ -303,8 +304,8 @@ KVT_TEST(handshake_failed)
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
-        KVT_CASE(known_traffic, 30), KVT_CASE(text, 30),
-        KVT_CASE(listener, 30), KVT_CASE(handshake_failed, 30)};
+        KVT_CASE(known_traffic, 30), KVT_CASE(text, 30), KVT_CASE(listener, 30),
+        KVT_CASE(handshake_failed, 30)};
 
     return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -395,8 +395,7 @@ static inline void ct_check_stats(rank_t *r)
     CHECK(s.rooms[KVT_POLL_SUCCESS] == n && s.entered[KVT_POLL_SUCCESS] == n);
     CHECK(s.rooms[KVT_POLL_BOOTSTRAPPING] == 0 &&
           s.rooms[KVT_POLL_WAITING_FOR_INPUT] == 0 &&
-          s.rooms[KVT_POLL_TRANSFERRING] == 0 &&
-          s.rooms[KVT_POLL_FAILED] == 0);
+          s.rooms[KVT_POLL_TRANSFERRING] == 0 && s.rooms[KVT_POLL_FAILED] == 0);
     CHECK(s.entered[KVT_POLL_BOOTSTRAPPING] == n &&
           s.left[KVT_POLL_BOOTSTRAPPING] == n);
     if (r->side == SIDE_PREFILL) {

@@ -49,11 +49,11 @@ EXPORT long kvt_cuda_double_ipc_live(void);
 #define MAX_ALLOCS 4096
 
 typedef struct {
-    uintptr_t view;   /* handed out; no access */
-    uint8_t *shadow;  /* what copies touch */
+    uintptr_t view;  /* handed out; no access */
+    uint8_t *shadow; /* what copies touch */
     size_t size;
-    int dev;          /* -1: pinned host memory */
-    int fd;           /* device memory: its memfd */
+    int dev; /* -1: pinned host memory */
+    int fd;  /* device memory: its memfd */
     /* Opened from another process's IPC handle: that process and the
      * memfd's inode, and how many opens it has. */
     int imported, refs;
@@ -89,7 +89,7 @@ typedef struct stream {
     _Atomic uint64_t queued, done;
     op_t *q_head, *q_tail; /* under lock */
     pthread_t thread;
-    pid_t pid;   /* the process whose thread serves it; 0: none */
+    pid_t pid; /* the process whose thread serves it; 0: none */
     int closing;
     struct stream *next; /* every stream, for fork() */
 } stream_t;
@@ -97,7 +97,7 @@ typedef struct stream {
 typedef struct event {
     _Atomic uint64_t seq; /* 0: never recorded */
     stream_t *s;
-    _Atomic int state;    /* 0 pending, 1 done, 2 failed */
+    _Atomic int state; /* 0 pending, 1 done, 2 failed */
 } event_t;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -326,15 +326,33 @@ EXPORT CUresult cuDriverGetVersion(int *v)
 EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
 {
     switch (r) {
-    case CUDA_SUCCESS: *s = "no error"; break;
-    case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
-    case CUDA_ERROR_NOT_READY: *s = "device not ready"; break;
-    case CUDA_ERROR_LAUNCH_FAILED: *s = "unspecified launch failure"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
-    case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
-    default: *s = "unknown error (test double)"; break;
+    case CUDA_SUCCESS:
+        *s = "no error";
+        break;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "invalid argument";
+        break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "out of memory";
+        break;
+    case CUDA_ERROR_NOT_READY:
+        *s = "device not ready";
+        break;
+    case CUDA_ERROR_LAUNCH_FAILED:
+        *s = "unspecified launch failure";
+        break;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        *s = "invalid device context";
+        break;
+    case CUDA_ERROR_INVALID_DEVICE:
+        *s = "invalid device ordinal";
+        break;
+    case CUDA_ERROR_NO_DEVICE:
+        *s = "no CUDA-capable device is detected";
+        break;
+    default:
+        *s = "unknown error (test double)";
+        break;
     }
     return CUDA_SUCCESS;
 }
@@ -441,7 +459,8 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
         shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     }
     if (view == MAP_FAILED || shadow == MAP_FAILED ||
-        record((alloc_t){(uintptr_t)view, shadow, len, cur_dev, fd, 0, 0, 0, 0}) != 0) {
+        record((alloc_t){(uintptr_t)view, shadow, len, cur_dev, fd, 0, 0, 0,
+                         0}) != 0) {
         if (view != MAP_FAILED)
             munmap(view, len);
         if (shadow != MAP_FAILED)
@@ -512,8 +531,8 @@ EXPORT CUresult cuMemFreeHost(void *p)
 }
 
 EXPORT CUresult cuPointerGetAttributes(unsigned int n,
-                                       CUpointer_attribute *attrs,
-                                       void **data, CUdeviceptr ptr)
+                                       CUpointer_attribute *attrs, void **data,
+                                       CUdeviceptr ptr)
 {
     alloc_t a = {0}, *f;
 
@@ -526,9 +545,9 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n,
         switch (attrs[i]) {
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
             *(unsigned int *)data[i] =
-                a.size == 0 ? 0
-                            : (a.dev >= 0 ? CU_MEMORYTYPE_DEVICE
-                                          : CU_MEMORYTYPE_HOST);
+                a.size == 0
+                    ? 0
+                    : (a.dev >= 0 ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST);
             break;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
             *(int *)data[i] = a.size == 0 ? -2 : (a.dev >= 0 ? a.dev : 0);
@@ -607,8 +626,8 @@ EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
     sr = where(sb, sspan);
     if (d == NULL || sr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return copy2d(d, sr, c->WidthInBytes, c->Height, c->dstPitch,
-                  c->srcPitch, s);
+    return copy2d(d, sr, c->WidthInBytes, c->Height, c->dstPitch, c->srcPitch,
+                  s);
 }
 
 /* ---- IPC ---------------------------------------------------------------- */

@@ -504,9 +504,10 @@ KVT_TEST(copy_ahead_fails)
             failed++;
             continue;
         }
-        r = peer_cmd(&x.p, "check %llu %llu 7",
-                     (unsigned long long)(x.p.main_addr + (uint64_t)i * 2 * BLK),
-                     (unsigned long long)BLK);
+        r = peer_cmd(
+            &x.p, "check %llu %llu 7",
+            (unsigned long long)(x.p.main_addr + (uint64_t)i * 2 * BLK),
+            (unsigned long long)BLK);
         CHECK(r != NULL && strcmp(r, "0") == 0);
     }
     CHECK(failed == 1);
@@ -809,8 +810,8 @@ KVT_TEST(ipc_refused_stages)
     d.count = N;
     d.local_stride = STRIDE;
     CHECK_OK(run1(x.e, &d, 1));
-    d = xd(KVT_OP_READ, x.seg, (uint8_t *)x.dev + LEN / 2 + 4096,
-           x.p.main_addr, (uint64_t)N * PIECE);
+    d = xd(KVT_OP_READ, x.seg, (uint8_t *)x.dev + LEN / 2 + 4096, x.p.main_addr,
+           (uint64_t)N * PIECE);
     CHECK_OK(run1(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     for (int k = 0; k < N; k++)

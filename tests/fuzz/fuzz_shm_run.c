@@ -29,8 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     span = (unsigned __int128)(r.count - 1) * r.rstride + r.len;
     if (span != got || (unsigned __int128)r.raddr + span > UINT64_MAX)
         abort();
-    last = (unsigned __int128)r.raddr + (unsigned __int128)(r.count - 1) *
-                                            r.rstride;
+    last = (unsigned __int128)r.raddr +
+           (unsigned __int128)(r.count - 1) * r.rstride;
     if (last + r.len != (unsigned __int128)r.raddr + span)
         abort();
     return 0;

@@ -44,28 +44,30 @@ static void server_start(void)
     if (strcmp(g_backend, "http") == 0) {
         const char *bin = getenv("KVT_BIN");
         char *argv[] = {(char *)bin, "metad", "--host", "127.0.0.1",
-                        "--port", portstr, NULL};
+                        "--port",    portstr, NULL};
         if (bin == NULL)
             SKIP("KVT_BIN is not set");
         g_server = mt_spawn(argv, NULL);
         snprintf(g_uri, sizeof(g_uri), "http://127.0.0.1:%u", port);
     } else if (strcmp(g_backend, "redis") == 0) {
         char *argv[] = {"redis-server", "--port", portstr, "--bind",
-                        "127.0.0.1", "--save", "", "--appendonly", "no",
-                        NULL};
+                        "127.0.0.1",    "--save", "",      "--appendonly",
+                        "no",           NULL};
         if (!mt_have("redis-server"))
             SKIP("redis-server is not installed");
         g_server = mt_spawn(argv, NULL);
         snprintf(g_uri, sizeof(g_uri), "redis://127.0.0.1:%u", port);
     } else if (strcmp(g_backend, "etcd") == 0) {
         char client[64], peer[64], cluster[80];
-        char *argv[] = {"etcd", "--name", "default", "--data-dir", g_datadir,
-                        "--listen-client-urls", client,
-                        "--advertise-client-urls", client,
-                        "--listen-peer-urls", peer,
-                        "--initial-advertise-peer-urls", peer,
-                        "--initial-cluster", cluster, "--log-level", "error",
-                        NULL};
+        char *argv[] = {"etcd",    "--name",
+                        "default", "--data-dir",
+                        g_datadir, "--listen-client-urls",
+                        client,    "--advertise-client-urls",
+                        client,    "--listen-peer-urls",
+                        peer,      "--initial-advertise-peer-urls",
+                        peer,      "--initial-cluster",
+                        cluster,   "--log-level",
+                        "error",   NULL};
         if (!mt_have("etcd"))
             SKIP("etcd is not installed");
         strcpy(g_datadir, "/tmp/kvt-etcd-XXXXXX");

@@ -370,10 +370,10 @@ static void sample(kvt__segdesc_t *d, kvt_remote_region_t *regs)
     d->transports = KVT_TRANSPORT_TCP;
     d->host_id = 0xfedcba9876543210ull;
     d->pid = 77;
-    regs[0] = (kvt_remote_region_t){0x1000, 0x2000, KVT_ACCESS_REMOTE_READ,
-                                    KVT_MEM_HOST, -1, 0};
+    regs[0] = (kvt_remote_region_t){
+        0x1000, 0x2000, KVT_ACCESS_REMOTE_READ, KVT_MEM_HOST, -1, 0};
     regs[1] = (kvt_remote_region_t){UINT64_MAX - 15, 15, KVT_ACCESS_REMOTE_RW,
-                                    KVT_MEM_CUDA, 3, 0};
+                                    KVT_MEM_CUDA,    3,  0};
     d->regions = regs;
     d->nregions = 2;
 }

@@ -155,8 +155,8 @@ static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
     pthread_mutex_lock(&g_dev_lock);
     for (size_t i = 0; i < n; i++) {
         uint64_t c = d[i].count > 1 ? d[i].count : 1;
-        uint64_t ls = c > 1 && d[i].local_stride ? d[i].local_stride
-                                                   : d[i].length;
+        uint64_t ls =
+            c > 1 && d[i].local_stride ? d[i].local_stride : d[i].length;
         uint64_t span = ls * (c - 1) + d[i].length;
         uint8_t *dv, *sh = NULL;
         if (d[i].opcode == KVT_OP_NOTIFY || d[i].local_addr == NULL ||
@@ -308,8 +308,7 @@ static void setup(fixture_t *f, size_t local_len, uint64_t timeout_ms)
         pthread_mutex_unlock(&g_dev_lock);
         return;
     }
-    CHECK_OK(kvt_mem_register(f->e, f->local, local_len,
-                              KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(f->e, f->local, local_len, KVT_ACCESS_REMOTE_RW));
 }
 
 static void teardown(fixture_t *f)
@@ -358,9 +357,9 @@ static kvt_status_t run(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
 static uint64_t peer_check(fixture_t *f, uint64_t addr, uint64_t len,
                            uint64_t seed)
 {
-    const char *r = peer_cmd(&f->peer, "check %llu %llu %llu",
-                             (unsigned long long)addr,
-                             (unsigned long long)len, (unsigned long long)seed);
+    const char *r =
+        peer_cmd(&f->peer, "check %llu %llu %llu", (unsigned long long)addr,
+                 (unsigned long long)len, (unsigned long long)seed);
     CHECK(r != NULL);
     return strtoull(r, NULL, 10);
 }
@@ -401,8 +400,8 @@ KVT_TEST(batched_write_read)
     pattern_fill(f.local, 16 << 20, 11, 0);
     for (int i = 0; i < N; i++) {
         uint64_t len = (uint64_t)((i * 7919) % 65536) + 1;
-        d[i] = desc(&f, KVT_OP_WRITE, f.local + off, f.peer.main_addr + off,
-                    len);
+        d[i] =
+            desc(&f, KVT_OP_WRITE, f.local + off, f.peer.main_addr + off, len);
         d[i].user_data = (uint64_t)i;
         off += len;
     }
@@ -452,8 +451,7 @@ KVT_TEST(scattered_small)
         len = (x >> 40) % 8192 + 1;
         ro = (uint64_t)perm[i] * SLOT + (x >> 20) % (SLOT - len);
         lo = (uint64_t)perm[(i + 7) % N] * SLOT + (x >> 8) % (SLOT - len);
-        d[i] = desc(&f, KVT_OP_WRITE, f.local + lo, f.peer.main_addr + ro,
-                    len);
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + lo, f.peer.main_addr + ro, len);
         memcpy(image + ro, f.local + lo, len);
     }
     CHECK_OK(run(f.e, d, N));
@@ -594,12 +592,12 @@ KVT_TEST(bounds_refused)
     const char *r;
     setup(&f, 1 << 20, 0);
     memset(f.local, 0x5A, 1 << 20);
-    d[0] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + PEER_MAIN_LEN -
-                                               100, 200); /* crosses end */
-    d[1] = desc(&f, KVT_OP_WRITE, f.local, f.peer.guard_addr, 64); /* none */
-    d[2] = desc(&f, KVT_OP_WRITE, f.local, f.peer.ro_addr, 64); /* RO */
-    d[3] = desc(&f, KVT_OP_READ, f.local, f.peer.wo_addr, 64);  /* WO */
-    d[4] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 4096); /* ok */
+    d[0] = desc(&f, KVT_OP_WRITE, f.local,
+                f.peer.main_addr + PEER_MAIN_LEN - 100, 200); /* crosses end */
+    d[1] = desc(&f, KVT_OP_WRITE, f.local, f.peer.guard_addr, 64);    /* none */
+    d[2] = desc(&f, KVT_OP_WRITE, f.local, f.peer.ro_addr, 64);       /* RO */
+    d[3] = desc(&f, KVT_OP_READ, f.local, f.peer.wo_addr, 64);        /* WO */
+    d[4] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, 4096);   /* ok */
     d[5] = desc(&f, KVT_OP_READ, f.local + 8192, f.peer.ro_addr, 64); /* ok */
     CHECK_OK(kvt_batch_create(f.e, 6, &b));
     CHECK_OK(kvt_batch_submit(b, d, 6));
@@ -614,8 +612,7 @@ KVT_TEST(bounds_refused)
         CHECK(s.completed == 2 && s.failed == 4 && s.pending == 0);
     }
     CHECK_OK(kvt_batch_free(b));
-    r = peer_cmd(&f.peer, "byte %llu",
-                 (unsigned long long)(f.peer.guard_addr));
+    r = peer_cmd(&f.peer, "byte %llu", (unsigned long long)(f.peer.guard_addr));
     CHECK(r && strcmp(r, "171") == 0); /* 0xAB untouched */
     r = peer_cmd(&f.peer, "byte %llu",
                  (unsigned long long)(f.peer.main_addr + PEER_MAIN_LEN - 1));
@@ -943,8 +940,7 @@ KVT_TEST(other_peer_unaffected)
     CHECK_OK(kvt_batch_wait(b2, 30000));
     {
         const char *r = peer_cmd(&p2, "check %llu %llu 61",
-                                 (unsigned long long)p2.main_addr,
-                                 64ull * BLK);
+                                 (unsigned long long)p2.main_addr, 64ull * BLK);
         CHECK(r && strcmp(r, "0") == 0);
     }
     CHECK_OK(kvt_batch_free(b1));
@@ -1221,5 +1217,4 @@ int main(int argc, char **argv)
     g_transports = g_tl.id;
     signal(SIGPIPE, SIG_IGN);
     return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), n + 1, argv);
-
 }

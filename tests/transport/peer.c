@@ -19,7 +19,8 @@
  * i / 8), so whole aligned words are filled and checked at once. */
 static inline uint64_t pattern_word(uint64_t seed, uint64_t i)
 {
-    uint64_t x = (i >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
+    uint64_t x =
+        (i >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
     return x ^ (x >> 31);
 }
 
@@ -125,9 +126,8 @@ static int regmany(kvt_engine_h e, int managed, uint64_t n, uint64_t len,
     }
     if (st == KVT_OK) {
         for (uint64_t i = 0; i < n; i++)
-            r[i] = (kvt_mem_region_t){base + i * len, len,
-                                      KVT_ACCESS_REMOTE_RW, KVT_MEM_HOST, -1,
-                                      0};
+            r[i] = (kvt_mem_region_t){base + i * len, len, KVT_ACCESS_REMOTE_RW,
+                                      KVT_MEM_HOST,   -1,  0};
         st = kvt_mem_register_batch(e, r, n);
         *base_p = (unsigned long long)(uintptr_t)base;
     }
@@ -201,8 +201,7 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             _exit(3);
     } else if (o->managed) {
         void *m;
-        if (kvt_mem_alloc(e, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW, &m) !=
-            KVT_OK)
+        if (kvt_mem_alloc(e, PEER_MAIN_LEN, KVT_ACCESS_REMOTE_RW, &m) != KVT_OK)
             _exit(3);
         main_ = m;
         base = mmap(NULL, total - PEER_MAIN_LEN, PROT_READ | PROT_WRITE,
@@ -247,8 +246,7 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             pattern_fill(dev_in(a, b), b, c, a - (uint64_t)(uintptr_t)main_);
             dev_out(a, b);
             reply(out, "ok");
-        } else if (sscanf(line, "unregfill %llu %llu %llu", &a, &b, &c) ==
-                   3) {
+        } else if (sscanf(line, "unregfill %llu %llu %llu", &a, &b, &c) == 3) {
             /* Unregister the region at a, then overwrite [a, a+b) with
              * byte c: a remote write landing after this is visible. */
             int st = kvt_mem_unregister(e, (void *)(uintptr_t)a);
@@ -271,8 +269,9 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
              * (kvt_mem_alloc() memory when managed): "status base". */
             reply(out, "%d %llu", regmany(e, o->managed, a, b, &c), c);
         } else if (sscanf(line, "reg %llu %llu", &a, &b) == 2) {
-            reply(out, "%d", kvt_mem_register(e, (void *)(uintptr_t)a, b,
-                                              KVT_ACCESS_REMOTE_RW));
+            reply(out, "%d",
+                  kvt_mem_register(e, (void *)(uintptr_t)a, b,
+                                   KVT_ACCESS_REMOTE_RW));
         } else if (sscanf(line, "notify %lld %llu %llu %llu", &ms, &a, &b,
                           &c) == 4) {
             /* Wait for one notification; then verify [a, a+b) against
@@ -283,20 +282,20 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             if (got == 0)
                 reply(out, "none");
             else
-                reply(out, "%.*s %llu", (int)n->length, n->data,
-                      (unsigned long long)(b ? pattern_check(
-                                                   dev_in(a, b), b, c,
-                                                   a - (uint64_t)(uintptr_t)main_)
-                                             : 0));
+                reply(
+                    out, "%.*s %llu", (int)n->length, n->data,
+                    (unsigned long long)(b ? pattern_check(
+                                                 dev_in(a, b), b, c,
+                                                 a - (uint64_t)(uintptr_t)main_)
+                                           : 0));
             free(n);
         } else if (strncmp(line, "leave", 5) == 0) {
             /* leader_exits: the first thread exits (its reply in its
              * state, read by the initiator from /proc). */
             char one = 1;
-            reply(out, "%d", leave_fd[1] >= 0 &&
-                                     write(leave_fd[1], &one, 1) == 1
-                                 ? 0
-                                 : -1);
+            reply(out, "%d",
+                  leave_fd[1] >= 0 && write(leave_fd[1], &one, 1) == 1 ? 0
+                                                                       : -1);
         } else if (strncmp(line, "exit", 4) == 0) {
             break;
         } else {

@@ -22,27 +22,28 @@ typedef struct {
     pid_t pid;
     int to_fd, from_fd;
     char segment[128];
-    uint64_t main_addr; /* PEER_MAIN_LEN, read-write */
-    uint64_t ro_addr;   /* PEER_SMALL_LEN, remote read only */
-    uint64_t wo_addr;   /* PEER_SMALL_LEN, remote write only */
+    uint64_t main_addr;  /* PEER_MAIN_LEN, read-write */
+    uint64_t ro_addr;    /* PEER_SMALL_LEN, remote read only */
+    uint64_t wo_addr;    /* PEER_SMALL_LEN, remote write only */
     uint64_t guard_addr; /* PEER_SMALL_LEN right after main, never registered */
 } peer_t;
 
 typedef struct {
-    uint32_t transports;      /* KVT_TRANSPORT_* */
-    uint64_t timeout_ms;      /* 0: default */
-    int managed;              /* allocate the main region with kvt_mem_alloc */
-    int leader_exits; /* serve from a second thread; the first exits
-                         (pthread_exit(): the leader is a zombie) on
-                         the command "leave" */
-    int cuda;         /* the main region in device memory (devmem.h); the
-                         commands reach it through copies */
+    uint32_t transports; /* KVT_TRANSPORT_* */
+    uint64_t timeout_ms; /* 0: default */
+    int managed;         /* allocate the main region with kvt_mem_alloc */
+    int leader_exits;    /* serve from a second thread; the first exits
+                            (pthread_exit(): the leader is a zombie) on
+                            the command "leave" */
+    int cuda;            /* the main region in device memory (devmem.h); the
+                            commands reach it through copies */
 } peer_opts_t;
 
 /* Deterministic content: byte i of a stream with @seed. */
 static inline uint8_t pattern_byte(uint64_t seed, uint64_t i)
 {
-    uint64_t x = (i >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
+    uint64_t x =
+        (i >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
     x ^= x >> 31;
     return (uint8_t)(x >> (8 * (i & 7))); /* byte i%8 of a little-endian word */
 }

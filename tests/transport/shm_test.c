@@ -289,8 +289,8 @@ static void rows_setup(rows_t *f, int managed, size_t len, uint64_t size)
             f->buf[2 * r * len + i] = pattern_byte(21, r * len + i);
             f->buf[(2 * r + 1) * len + i] = pattern_byte(22, r * len + i);
         }
-    CHECK_OK(kvt_mem_register(f->e, f->buf, 2 * f->bytes,
-                              KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(
+        kvt_mem_register(f->e, f->buf, 2 * f->bytes, KVT_ACCESS_REMOTE_RW));
     /* The first write to each peer maps its memory, when it can be. */
     CHECK_OK(write1(f->e, f->sa, f->buf, f->pa.main_addr, 4096));
     CHECK_OK(write1(f->e, f->sb, f->buf, f->pb.main_addr, 4096));
@@ -742,8 +742,8 @@ KVT_TEST(zombie_leader_target)
     CHECK_OK(write1(e, seg, buf, p.main_addr, 4096)); /* maps it */
     CHECK(strcmp(peer_cmd(&p, "leave"), "0") == 0);
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)p.pid);
-    for (int i = 0; i < 1000 && kvt__shm_thread_state(st) !=
-                                    KVT_SHM_THR_ZOMBIE; i++) {
+    for (int i = 0; i < 1000 && kvt__shm_thread_state(st) != KVT_SHM_THR_ZOMBIE;
+         i++) {
         f = fopen(path, "r");
         CHECK(f != NULL);
         if (fgets(st, sizeof(st), f) == NULL)
@@ -805,8 +805,8 @@ KVT_TEST(thread_state_from_stat)
 
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         snprintf(t, sizeof(t), tail, c[i].flags, c[i].pending);
-        snprintf(line, sizeof(line), "4242 (%s) %s %s\n", c[i].name,
-                 c[i].state, t);
+        snprintf(line, sizeof(line), "4242 (%s) %s %s\n", c[i].name, c[i].state,
+                 t);
         if (kvt__shm_thread_state(line) != c[i].want)
             fprintf(stderr, "case %zu: %s", i, line);
         CHECK(kvt__shm_thread_state(line) == c[i].want);
@@ -881,8 +881,8 @@ KVT_TEST(initiator_killed_while_staging)
             _exit(3);
         memset(local, 0x77, span / 2);
         for (;;) {
-            if (write_staged(ce, cs, local, (uint64_t)(uintptr_t)mem,
-                             count) != KVT_OK)
+            if (write_staged(ce, cs, local, (uint64_t)(uintptr_t)mem, count) !=
+                KVT_OK)
                 _exit(4);
             if (!told++ && write(up[1], "x", 1) != 1)
                 _exit(5);
@@ -1026,9 +1026,15 @@ static void unregister_while_writing(int managed)
     peer_stop(&p);
 }
 
-KVT_TEST(unregister_while_mapped) { unregister_while_writing(1); }
+KVT_TEST(unregister_while_mapped)
+{
+    unregister_while_writing(1);
+}
 
-KVT_TEST(unregister_while_attached) { unregister_while_writing(0); }
+KVT_TEST(unregister_while_attached)
+{
+    unregister_while_writing(0);
+}
 
 /* The target dies while its memory is mapped and a large batch is being
  * written into it: the batch fails with KVT_ERR_CONN_LOST within the
@@ -1108,8 +1114,8 @@ KVT_TEST(target_death_while_mapped)
  */
 static void test_copy_strided_exact(void)
 {
-    static const size_t lens[] = {1,   31,   64,   200,  255,  256, 257,
-                                  300, 512,  1000, 1024, 2048, 4096, 4100};
+    static const size_t lens[] = {1,   31,  64,   200,  255,  256,  257,
+                                  300, 512, 1000, 1024, 2048, 4096, 4100};
     static const size_t offs[] = {0, 1, 17, 32, 63};
     const size_t count = 9;
     size_t cap = 2 * 4100 * count + 4096;
@@ -1182,8 +1188,9 @@ static void test_copy_pair_exact(void)
                 kvt__shm_copy_pair(x, ds, src, y, ds, src + len, ss, len,
                                    count);
                 if (memcmp(d0, r0, cap) != 0 || memcmp(d1, r1, cap) != 0) {
-                    fprintf(stderr, "len %zu dst+%zu dstride %zu: wrong bytes\n",
-                            len, offs[b], ds);
+                    fprintf(stderr,
+                            "len %zu dst+%zu dstride %zu: wrong bytes\n", len,
+                            offs[b], ds);
                     CHECK(0);
                 }
             }

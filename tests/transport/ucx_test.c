@@ -50,10 +50,9 @@ static kvt_batch_h submit(kvt_engine_h e, kvt_segment_t seg, uint8_t *local,
 
 static uint64_t peer_check(peer_t *p, uint64_t len, uint64_t seed)
 {
-    const char *r = peer_cmd(p, "check %llu %llu %llu",
-                             (unsigned long long)p->main_addr,
-                             (unsigned long long)len,
-                             (unsigned long long)seed);
+    const char *r =
+        peer_cmd(p, "check %llu %llu %llu", (unsigned long long)p->main_addr,
+                 (unsigned long long)len, (unsigned long long)seed);
     CHECK(r != NULL);
     return strtoull(r, NULL, 10);
 }

@@ -105,9 +105,8 @@ KVT_TEST(memory_api)
     CHECK_OK(kvt_segment_open(e, kvt_engine_segment_name(e), &self));
     CHECK_OK(kvt_segment_regions(e, self, 0, rr, 2, &n));
     CHECK(n == 2 && rr[0].addr == (uint64_t)(uintptr_t)buf &&
-          rr[0].access == KVT_ACCESS_REMOTE_RW &&
-          rr[0].kind == KVT_MEM_HOST && rr[0].device == -1 &&
-          rr[1].access == KVT_ACCESS_REMOTE_READ);
+          rr[0].access == KVT_ACCESS_REMOTE_RW && rr[0].kind == KVT_MEM_HOST &&
+          rr[0].device == -1 && rr[1].access == KVT_ACCESS_REMOTE_READ);
     CHECK_OK(kvt_segment_close(e, self));
     CHECK_OK(kvt_mem_unregister_batch(e, addrs, 2));
     CHECK_OK(kvt_mem_alloc(e, 3 << 20, KVT_ACCESS_REMOTE_RW, &m));
@@ -197,9 +196,9 @@ KVT_TEST(transport_keys)
     kvt_engine_h e = mk();
     static char buf[1 << 16];
     static kvt__tl_t fake;
-    kvt_mem_region_t batch[2] = {{buf + 8192, 4096, 3, KVT_MEM_HOST, -1, 0},
-                                 {buf + 16384, FAKE_REFUSED_LEN, 3,
-                                  KVT_MEM_HOST, -1, 0}};
+    kvt_mem_region_t batch[2] = {
+        {buf + 8192, 4096, 3, KVT_MEM_HOST, -1, 0},
+        {buf + 16384, FAKE_REFUSED_LEN, 3, KVT_MEM_HOST, -1, 0}};
     const kvt__segdesc_tl_t *tl;
     const uint8_t *k;
     uint32_t klen;
@@ -412,8 +411,7 @@ static void *flood_thread(void *arg)
         else if ((a->rounds & 1) ? kvt_batch_wait(b, 5000) != KVT_OK : 0)
             a->ok = 0;
         for (double t0 = kvt_test_now();
-             a->ok && kvt_batch_query(b, NULL) == KVT_INPROGRESS;
-             usleep(50))
+             a->ok && kvt_batch_query(b, NULL) == KVT_INPROGRESS; usleep(50))
             if (kvt_test_now() - t0 > 5.0)
                 a->ok = 0;
         if (a->ok && (kvt_batch_query(b, NULL) != KVT_OK ||
@@ -445,8 +443,8 @@ KVT_TEST(tcp_send_queue_never_stalls)
     CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
     for (int i = 0; i < T; i++) {
-        args[i] = (flood_arg_t){a, seg, src[i], (uint64_t)(uintptr_t)dst[i],
-                                until, 0, 0};
+        args[i] = (flood_arg_t){a,     seg, src[i], (uint64_t)(uintptr_t)dst[i],
+                                until, 0,   0};
         pthread_create(&th[i], NULL, flood_thread, &args[i]);
     }
     for (int i = 0; i < T; i++) {
@@ -621,8 +619,8 @@ static int hello_as(int fd, uint64_t sid, uint32_t fence, int32_t *status_p)
     kvt__wire_hdr_t rh;
     send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
     CHECK(send(fd, body, n, 0) == (ssize_t)n);
-    CHECK_OK(kvt__sock_recv_all(fd, hb, sizeof(hb),
-                                (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
+    CHECK_OK(kvt__sock_recv_all(
+        fd, hb, sizeof(hb), (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
     CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &rh));
     {
         uint8_t *rb = malloc(rh.body_len + 1);
@@ -641,8 +639,8 @@ static void hello(int fd)
     kvt__wire_hdr_t rh;
     send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);
     CHECK(send(fd, body, n, 0) == (ssize_t)n);
-    CHECK_OK(kvt__sock_recv_all(fd, hb, sizeof(hb),
-                                (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
+    CHECK_OK(kvt__sock_recv_all(
+        fd, hb, sizeof(hb), (uint64_t)(kvt_test_now() + 3) * 1000000000ull));
     CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), &rh));
     CHECK(rh.type == KVT_WIRE_HELLO_ACK);
     {
@@ -757,8 +755,8 @@ KVT_TEST(malformed_frames)
     /* An oversized body length. */
     fd = dial_engine(e);
     hello(fd);
-    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE,
-             KVT_WIRE_MAX_BODY + 1, 0);
+    send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_WRITE, KVT_WIRE_MAX_BODY + 1,
+             0);
     CHECK(read_until_eof(fd, &st) == -1);
     close(fd);
     /* A response type sent as a request. */
@@ -892,8 +890,8 @@ KVT_TEST(raw_write_refused)
 KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
-              KVT_CASE(destroy_target_first, 20),
-              KVT_CASE(batch_on_idle, 30), KVT_CASE(transport_keys, 20),
+              KVT_CASE(destroy_target_first, 20), KVT_CASE(batch_on_idle, 30),
+              KVT_CASE(transport_keys, 20),
               KVT_CASE(tcp_send_queue_never_stalls, 60),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),

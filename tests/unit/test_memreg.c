@@ -9,8 +9,11 @@
 
 static kvt__region_t R(uint64_t a, uint64_t len, uint32_t acc)
 {
-    kvt__region_t r = {.start = a, .end = a + len, .access = acc,
-                       .kind = KVT_MEM_HOST, .device = -1};
+    kvt__region_t r = {.start = a,
+                       .end = a + len,
+                       .access = acc,
+                       .kind = KVT_MEM_HOST,
+                       .device = -1};
     return r;
 }
 
@@ -18,15 +21,15 @@ KVT_TEST(add_lookup_remove)
 {
     kvt__memreg_t reg;
     kvt__region_t r[3] = {R(0x3000, 0x1000, KVT_ACCESS_REMOTE_RW),
-                             R(0x1000, 0x1000, KVT_ACCESS_REMOTE_READ),
-                             R(0x8000, 0x100, KVT_ACCESS_REMOTE_WRITE)};
+                          R(0x1000, 0x1000, KVT_ACCESS_REMOTE_READ),
+                          R(0x8000, 0x100, KVT_ACCESS_REMOTE_WRITE)};
     kvt__region_t out;
     CHECK_OK(kvt__memreg_init(&reg));
     CHECK_OK(kvt__memreg_add(&reg, r, 3));
     CHECK(kvt__memreg_contains(&reg, 0x3000, 0x1000, KVT_ACCESS_REMOTE_RW));
     CHECK(kvt__memreg_contains(&reg, 0x3800, 0x10, KVT_ACCESS_REMOTE_WRITE));
-    CHECK(!kvt__memreg_contains(&reg, 0x3800, 0x801, 0)); /* crosses end */
-    CHECK(!kvt__memreg_contains(&reg, 0x2fff, 2, 0));     /* crosses start */
+    CHECK(!kvt__memreg_contains(&reg, 0x3800, 0x801, 0));  /* crosses end */
+    CHECK(!kvt__memreg_contains(&reg, 0x2fff, 2, 0));      /* crosses start */
     CHECK(!kvt__memreg_contains(&reg, 0x2000, 0x1000, 0)); /* gap */
     CHECK(kvt__memreg_contains(&reg, 0x1000, 1, KVT_ACCESS_REMOTE_READ));
     CHECK(!kvt__memreg_contains(&reg, 0x1000, 1, KVT_ACCESS_REMOTE_WRITE));
@@ -60,7 +63,7 @@ KVT_TEST(overlaps_refused)
     kvt__memreg_t reg;
     kvt__region_t a = R(0x10000, 0x1000, 1);
     kvt__region_t bad[] = {R(0x10000, 0x1000, 1), R(0xff00, 0x200, 1),
-                              R(0x10fff, 1, 1), R(0xf000, 0x3000, 1)};
+                           R(0x10fff, 1, 1), R(0xf000, 0x3000, 1)};
     kvt__region_t pair[2] = {R(0x20000, 0x100, 1), R(0x200f0, 0x100, 1)};
     CHECK_OK(kvt__memreg_init(&reg));
     CHECK_OK(kvt__memreg_add(&reg, &a, 1));
@@ -93,8 +96,8 @@ KVT_TEST(many_regions)
     }
     for (uint64_t k = 0; k < 5000; k++) {
         CHECK(kvt__memreg_contains(&reg, 0x100000 + k * 0x2000 + 5, 0x100, 3));
-        CHECK(!kvt__memreg_contains(&reg, 0x100000 + k * 0x2000 + 0x1000, 1,
-                                    0));
+        CHECK(
+            !kvt__memreg_contains(&reg, 0x100000 + k * 0x2000 + 0x1000, 1, 0));
     }
     kvt__memreg_fini(&reg);
 }
@@ -103,21 +106,22 @@ KVT_TEST(hostport)
 {
     char host[64];
     uint16_t port;
-    CHECK_OK(kvt__sock_split_hostport("127.0.0.1:80", host, sizeof(host),
-                                      &port));
+    CHECK_OK(
+        kvt__sock_split_hostport("127.0.0.1:80", host, sizeof(host), &port));
     CHECK(strcmp(host, "127.0.0.1") == 0 && port == 80);
     CHECK_OK(kvt__sock_split_hostport("[::1]:9000", host, sizeof(host), &port));
     CHECK(strcmp(host, "::1") == 0 && port == 9000);
     CHECK_OK(kvt__sock_split_hostport("node-3.local:65535", host, sizeof(host),
                                       &port));
-    const char *bad[] = {"", "host", "host:", ":80", "host:0", "host:65536",
-                         "host:12x", "[::1]80", "[::1:80"};
+    const char *bad[] = {
+        "",           "host",     "host:",   ":80",    "host:0",
+        "host:65536", "host:12x", "[::1]80", "[::1:80"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         CHECK_ST(kvt__sock_split_hostport(bad[i], host, sizeof(host), &port),
                  KVT_ERR_INVALID_PARAM);
-    CHECK_ST(kvt__sock_split_hostport("averyveryverylonghostname:1", host, 8,
-                                      &port),
-             KVT_ERR_INVALID_PARAM);
+    CHECK_ST(
+        kvt__sock_split_hostport("averyveryverylonghostname:1", host, 8, &port),
+        KVT_ERR_INVALID_PARAM);
 }
 
 KVT_TEST_MAIN(KVT_CASE(add_lookup_remove, 10), KVT_CASE(overlaps_refused, 10),

@@ -7,8 +7,14 @@
 
 static void hdr(uint8_t *buf, uint8_t type, uint32_t body, uint64_t payload)
 {
-    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR, KVT_WIRE_VERSION_MINOR, type,
-                         0, body, -8, payload, 0x1122334455667788ull};
+    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR,
+                         KVT_WIRE_VERSION_MINOR,
+                         type,
+                         0,
+                         body,
+                         -8,
+                         payload,
+                         0x1122334455667788ull};
     kvt__wire_hdr_encode(&h, buf);
 }
 
@@ -61,23 +67,22 @@ static size_t table(uint8_t *out, const kvt__wire_piece_t *p, size_t n)
 
 KVT_TEST(pieces)
 {
-    kvt__wire_piece_t in[3] = {{0x1000, 100, 1, 0},
-                               {0x2000, 10, 5, 16},
-                               {0x9000, 4096, 1, 12345}};
+    kvt__wire_piece_t in[3] = {
+        {0x1000, 100, 1, 0}, {0x2000, 10, 5, 16}, {0x9000, 4096, 1, 12345}};
     kvt__wire_piece_t out[8];
     uint8_t buf[8 * KVT_WIRE_PIECE_LEN];
     uint32_t n, segs;
     size_t len = table(buf, in, 3);
 
-    CHECK_OK(kvt__wire_pieces_decode(buf, len, 100 + 50 + 4096, out, 8, &n,
-                                     &segs));
+    CHECK_OK(
+        kvt__wire_pieces_decode(buf, len, 100 + 50 + 4096, out, 8, &n, &segs));
     CHECK(n == 3 && segs == 7);
     CHECK(out[1].addr == 0x2000 && out[1].count == 5 && out[1].stride == 16);
     CHECK(out[2].stride == 4096); /* contiguous: stride normalised */
     /* Total must match the payload exactly. */
-    CHECK_ST(kvt__wire_pieces_decode(buf, len, 100 + 50 + 4095, out, 8, &n,
-                                     &segs),
-             KVT_ERR_PROTOCOL);
+    CHECK_ST(
+        kvt__wire_pieces_decode(buf, len, 100 + 50 + 4095, out, 8, &n, &segs),
+        KVT_ERR_PROTOCOL);
     /* Not a whole number of pieces; empty; over capacity. */
     CHECK_ST(kvt__wire_pieces_decode(buf, len - 1, 4246, out, 8, &n, &segs),
              KVT_ERR_PROTOCOL);
@@ -90,11 +95,11 @@ KVT_TEST(pieces)
 KVT_TEST(pieces_reject_overflow)
 {
     kvt__wire_piece_t bad[] = {
-        {0x1000, 0, 1, 0},                 /* zero length */
-        {0x1000, 8, 0, 0},                 /* zero count */
-        {0x1000, 16, 2, 8},                /* overlapping stride */
-        {UINT64_MAX - 10, 16, 1, 0},       /* address wraps */
-        {1, 8, 4, UINT64_MAX / 2},         /* stride wraps */
+        {0x1000, 0, 1, 0},                     /* zero length */
+        {0x1000, 8, 0, 0},                     /* zero count */
+        {0x1000, 16, 2, 8},                    /* overlapping stride */
+        {UINT64_MAX - 10, 16, 1, 0},           /* address wraps */
+        {1, 8, 4, UINT64_MAX / 2},             /* stride wraps */
         {0x1000, 1, KVT_WIRE_MAX_SEGS + 1, 1}, /* too many segments */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -131,13 +136,13 @@ KVT_TEST(fail_list)
     memcpy(buf + 4, &st, 4);
     CHECK_ST(kvt__wire_fails_decode(buf, 8, 4, fail_cb, got),
              KVT_ERR_PROTOCOL); /* a "failure" that is success */
-    CHECK_ST(kvt__wire_fails_decode(buf, 7, 4, fail_cb, got),
-             KVT_ERR_PROTOCOL);
+    CHECK_ST(kvt__wire_fails_decode(buf, 7, 4, fail_cb, got), KVT_ERR_PROTOCOL);
 }
 
 KVT_TEST(hello)
 {
-    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, 41, "127.0.0.1:5555"}, g;
+    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, 41, "127.0.0.1:5555"},
+                      g;
     uint8_t buf[256];
     size_t n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
     CHECK(n == 24 + 2 + 14);
@@ -273,8 +278,8 @@ KVT_TEST(segdesc_many_regions)
     snprintf(d.name, sizeof(d.name), "n:1");
     snprintf(d.host, sizeof(d.host), "h");
     for (uint32_t i = 0; i <= n; i++)
-        regs[i] = (kvt_remote_region_t){0x100000000ull + 64ull * i, 64, 3,
-                                        KVT_MEM_HOST, -1, 0};
+        regs[i] = (kvt_remote_region_t){
+            0x100000000ull + 64ull * i, 64, 3, KVT_MEM_HOST, -1, 0};
     d.regions = regs;
     d.nregions = n;
     CHECK_OK(kvt__segdesc_encode(&d, &buf, &len));
@@ -301,5 +306,4 @@ KVT_TEST_MAIN(KVT_CASE(header_roundtrip, 10), KVT_CASE(header_rejects, 10),
               KVT_CASE(pieces, 10), KVT_CASE(pieces_reject_overflow, 10),
               KVT_CASE(fail_list, 10), KVT_CASE(hello, 10),
               KVT_CASE(segdesc, 10), KVT_CASE(segdesc_unknown_section, 10),
-              KVT_CASE(segdesc_many_regions, 30),
-              KVT_CASE(status_strings, 10))
+              KVT_CASE(segdesc_many_regions, 30), KVT_CASE(status_strings, 10))

@@ -193,11 +193,10 @@ int kvt__cuda_classify_range(const void *addr, size_t len, int32_t *dev_p,
     /* The allocation's range comes with the attributes: unlike
      * cuMemGetAddressRange(), they need no current context (a thread
      * bound to another device, or to none, asks too). */
-    CUpointer_attribute at[5] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                 CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    CUpointer_attribute at[5] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE};
     unsigned int type = 0;
     int ordinal = -1, managed = 0;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, base = 0;
@@ -267,7 +266,8 @@ static kvt_status_t cuda_check(const void *addr, size_t len, int32_t device)
 
     if (kvt__cuda() == NULL) {
         KVT_LOG_E("register: [%p, +%zu) is stated to be CUDA memory, but "
-                  "%s", addr, len, kvt__cuda_why());
+                  "%s",
+                  addr, len, kvt__cuda_why());
         return KVT_ERR_NOT_SUPPORTED;
     }
     c = kvt__cuda_classify(addr, len, &dev);
@@ -281,7 +281,8 @@ static kvt_status_t cuda_check(const void *addr, size_t len, int32_t device)
     }
     if (dev != device) {
         KVT_LOG_E("register: [%p, +%zu) is stated to be memory of cuda:%d, "
-                  "but it is on cuda:%d", addr, len, (int)device, (int)dev);
+                  "but it is on cuda:%d",
+                  addr, len, (int)device, (int)dev);
         return KVT_ERR_NOT_SUPPORTED;
     }
     return KVT_OK;
@@ -367,8 +368,8 @@ static int cuda_copy(void *dst, const void *src, size_t len)
         return 0;
     if (kvt__cuda_enter(cd > 0 ? dd : sd, &prev) != 0)
         return -1;
-    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
-                       (CUdeviceptr)(uintptr_t)src, len, NULL);
+    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                       len, NULL);
     if (r == CUDA_SUCCESS)
         r = d->StreamSynchronize(NULL);
     kvt__cuda_leave(prev);
@@ -392,7 +393,6 @@ KVT_MEM_DOMAIN_REGISTER(cuda, {
                               });
 
 /* ---- Staging copies (mem/dev.h) ----------------------------------------- */
-
 
 struct kvt__dstream {
     int dev;
@@ -463,8 +463,8 @@ int kvt__dev_copy(kvt__dstream_t *s, void *dst, const void *src, size_t len)
 
     if (kvt__cuda_enter(s->dev, &prev) != 0)
         return -1;
-    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
-                       (CUdeviceptr)(uintptr_t)src, len, s->st);
+    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                       len, s->st);
     kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         said_once(&said, "a copy was refused", r);
@@ -500,7 +500,6 @@ int kvt__dev_mark_wait(kvt__dstream_t *s, unsigned m)
 {
     return mark_op(s, m, MARK_WAIT) == CUDA_SUCCESS ? 0 : -1;
 }
-
 
 int kvt__dev_sync(kvt__dstream_t *s)
 {
@@ -552,8 +551,7 @@ void kvt__dev_host_free(void *p)
 }
 
 int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
-                    const void *src, size_t spitch, size_t width,
-                    size_t height)
+                    const void *src, size_t spitch, size_t width, size_t height)
 {
     static _Atomic int said;
     const kvt__cuda_drv_t *d = kvt__cuda();
@@ -582,8 +580,8 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
     } else {
         for (size_t k = 0; k < height && r == CUDA_SUCCESS; k++)
             r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst + k * dpitch,
-                               (CUdeviceptr)(uintptr_t)src + k * spitch,
-                               width, s->st);
+                               (CUdeviceptr)(uintptr_t)src + k * spitch, width,
+                               s->st);
     }
     kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
@@ -637,8 +635,7 @@ int kvt__dev_ipc_export(const void *addr, size_t len, int device,
     if (r != CUDA_SUCCESS) {
         /* Memory of the virtual-memory API, say, which legacy IPC
          * handles do not cover. */
-        snprintf(buf, sizeof(buf), "cuIpcGetMemHandle: %s",
-                 kvt__cuda_err(r));
+        snprintf(buf, sizeof(buf), "cuIpcGetMemHandle: %s", kvt__cuda_err(r));
         *why_p = buf;
         return -1;
     }
@@ -675,8 +672,7 @@ int kvt__dev_ipc_open(const uint8_t handle[KVT__DEV_IPC_BYTES], int device,
     r = d->IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
-        snprintf(buf, sizeof(buf), "cuIpcOpenMemHandle: %s",
-                 kvt__cuda_err(r));
+        snprintf(buf, sizeof(buf), "cuIpcOpenMemHandle: %s", kvt__cuda_err(r));
         *why_p = buf;
         return -1;
     }

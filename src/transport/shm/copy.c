@@ -51,9 +51,10 @@ stream128(uint8_t *d, const uint8_t *s)
 /* Each of @count pieces of @n bytes, the k-th from s + k * ss to
  * d + k * ds, with streaming stores from the first 32-byte boundary of
  * the destination (plain ones for the bytes before it and the tail). */
-__attribute__((target("avx2"))) static void
-copy_nt_avx2(uint8_t *d, size_t ds, const uint8_t *s, size_t ss, size_t n,
-             size_t count)
+__attribute__((target("avx2"))) static void copy_nt_avx2(uint8_t *d, size_t ds,
+                                                         const uint8_t *s,
+                                                         size_t ss, size_t n,
+                                                         size_t count)
 {
     for (size_t k = 0; k < count; k++, d += ds, s += ss) {
         uint8_t *dd = d;
@@ -170,8 +171,8 @@ copy_pair_avx2(uint8_t *a, size_t ds0, const uint8_t *sa, uint8_t *b,
 #endif
 
 void kvt__shm_copy_pair(void *d0, size_t ds0, const void *s0, void *d1,
-                        size_t ds1, const void *s1, size_t sstride,
-                        size_t len, size_t count)
+                        size_t ds1, const void *s1, size_t sstride, size_t len,
+                        size_t count)
 {
     uint8_t *a = d0, *b = d1;
     const uint8_t *sa = s0, *sb = s1;

@@ -109,8 +109,8 @@ kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,
 
     pthread_mutex_lock(&s->sock_lock);
     pthread_rwlock_rdlock(&s->map_lock);
-    known = kvt__shm_ipc_find(s, serial) != NULL ||
-            kvt__shm_ipc_refused(s, serial);
+    known =
+        kvt__shm_ipc_find(s, serial) != NULL || kvt__shm_ipc_refused(s, serial);
     pthread_rwlock_unlock(&s->map_lock);
     if (known)
         goto out;
@@ -426,9 +426,8 @@ void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p)
  * through @buf. Returns a status for the whole session (cross-memory
  * attach lost the target), else KVT_OK with g->st set on failure. */
 static kvt_status_t bounce_chunk(shm_session_t *s, job_t *j, seg_t *g,
-                                 kvt__dstream_t *ds, uint8_t *buf,
-                                 uint64_t off, uint64_t len, uint64_t q,
-                                 uint64_t cnt)
+                                 kvt__dstream_t *ds, uint8_t *buf, uint64_t off,
+                                 uint64_t len, uint64_t q, uint64_t cnt)
 {
     uint8_t *here = (uint8_t *)(uintptr_t)(g->laddr + q * g->lstride + off);
     seg_t t = {.laddr = (uint64_t)(uintptr_t)buf,
@@ -479,10 +478,10 @@ static kvt_status_t bounce_run(shm_session_t *s, job_t *j, rw_plan_t *p)
             continue;
         }
         if (g->count == 1) {
-            for (uint64_t off = 0; off < g->len && g->st == KVT_OK &&
-                                   st == KVT_OK;) {
-                uint64_t n = g->len - off < BOUNCE_BYTES ? g->len - off
-                                                          : BOUNCE_BYTES;
+            for (uint64_t off = 0;
+                 off < g->len && g->st == KVT_OK && st == KVT_OK;) {
+                uint64_t n =
+                    g->len - off < BOUNCE_BYTES ? g->len - off : BOUNCE_BYTES;
                 st = bounce_chunk(s, j, g, p->ds->s, b->buf, off, n, 0, 1);
                 off += n;
             }

@@ -114,8 +114,8 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
             const kvt__shm_region_t *x =
                 kvt__shm_region_find(ch, n, a, a + g->len, access);
             if (x->kind == KVT_MEM_HOST) {
-                stage = x->map_id == 0 ||
-                        kvt__shm_map_find(s, x->map_id) == NULL;
+                stage =
+                    x->map_id == 0 || kvt__shm_map_find(s, x->map_id) == NULL;
             } else if (kvt__shm_ipc_find(s, x->serial) == NULL) {
                 if (!kvt__shm_ipc_refused(s, x->serial) && !final) {
                     p->want_ipc = x->serial;
@@ -347,8 +347,8 @@ static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
     kvt_status_t st = KVT_OK;
 
     if (p->want_ipc != 0)
-        st = kvt__shm_ipc_request(s, p->want_ipc, p->want_ipc_addr,
-                                  j->deadline);
+        st =
+            kvt__shm_ipc_request(s, p->want_ipc, p->want_ipc_addr, j->deadline);
     if (st == KVT_OK && p->want_map != 0)
         kvt__shm_map_request(s, p->want_map, 0);
     if (st != KVT_OK) {

@@ -50,8 +50,8 @@ static int run_out(const job_t *j, const hrun_t *r, const kvt__shm_slot_t *sl,
         kvt__shm_copy_strided(dst, ls, src, r->len, r->len, r->count, 0);
         return 0;
     }
-    if (ds == NULL || kvt__dev_copy2d(ds, dst, ls, src, r->len, r->len,
-                                      r->count) != 0)
+    if (ds == NULL ||
+        kvt__dev_copy2d(ds, dst, ls, src, r->len, r->len, r->count) != 0)
         return -1;
     return kvt__dev_sync(ds);
 }
@@ -190,8 +190,8 @@ kvt_status_t kvt__shm_stage_run(shm_session_t *s, job_t *j, const uint8_t *how)
     for (uint32_t i = 0; i < j->nsegs && st == KVT_OK; i++) {
         seg_t *g = &j->segs[i];
         /* A piece: whole, or in parts of at most a slot. */
-        uint64_t part = g->len < KVT_SHM_STAGE_BYTES ? g->len
-                                                     : KVT_SHM_STAGE_BYTES;
+        uint64_t part =
+            g->len < KVT_SHM_STAGE_BYTES ? g->len : KVT_SHM_STAGE_BYTES;
         uint32_t p = 0;
         uint64_t off = 0;
 

@@ -156,8 +156,9 @@ typedef struct {
  * into a pinned buffer of the frame before it is queued.
  */
 #define STAGE_CHUNKS 4
-#define TCP_DEV_STREAMS 16 /* devices with a stream of their own; the rest
-                              share the last */
+#define TCP_DEV_STREAMS                                                        \
+    16 /* devices with a stream of their own; the rest                         \
+          share the last */
 #define STAGE_CHUNK (256u * 1024u)
 
 typedef struct mem_stage mem_stage_t;
@@ -283,12 +284,12 @@ struct kvt__tcp {
     _Atomic uint64_t next_req;
     _Atomic int stopping;
     int started;
-    uint32_t inst;                  /* this instance's id in session ids */
-    _Atomic uint32_t next_counter;  /* the next session's counter */
-    pthread_mutex_t in_lock;        /* inbound, live */
-    pthread_cond_t in_cond;         /* an inbound connection was freed */
-    tcp_conn_t *inbound;            /* accepted data connections */
-    tcp_session_t *live;            /* sessions opened and not yet dead */
+    uint32_t inst;                 /* this instance's id in session ids */
+    _Atomic uint32_t next_counter; /* the next session's counter */
+    pthread_mutex_t in_lock;       /* inbound, live */
+    pthread_cond_t in_cond;        /* an inbound connection was freed */
+    tcp_conn_t *inbound;           /* accepted data connections */
+    tcp_session_t *live;           /* sessions opened and not yet dead */
     void *zeros; /* read-only zero pages: payload of refused read pieces */
     /* Device memory: pinned buffers of one slice (a frame's payload at
      * most), kept for reuse; a stream for copies made by submitting
@@ -365,8 +366,7 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
 /* tcp_fence.c */
 kvt_status_t kvt__tcp_fence_init(kvt__tcp_t *tcp);
 void kvt__tcp_fence_fini(kvt__tcp_t *tcp);
-uint32_t kvt__tcp_live_add(kvt__tcp_t *tcp, tcp_session_t *s,
-                           const char *peer);
+uint32_t kvt__tcp_live_add(kvt__tcp_t *tcp, tcp_session_t *s, const char *peer);
 void kvt__tcp_live_del(tcp_session_t *s);
 void kvt__tcp_inbound_add(kvt__tcp_t *tcp, tcp_conn_t *c,
                           const kvt__wire_hello_t *hello);

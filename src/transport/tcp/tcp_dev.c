@@ -36,7 +36,7 @@
 
 struct mem_stage {
     kvt__dstream_t *ds;
-    uint8_t *buf; /* STAGE_CHUNKS * STAGE_CHUNK, pinned */
+    uint8_t *buf;  /* STAGE_CHUNKS * STAGE_CHUNK, pinned */
     unsigned cur;  /* the chunk being filled */
     uint64_t fill; /* bytes in it */
     uint64_t dst;  /* where its first byte goes */
@@ -175,7 +175,8 @@ void kvt__tcp_frame_ready(tcp_conn_t *c, tcp_frame_t *f)
          * markers cycle, so a later frame's may have been recorded over
          * this one's: it then waits for that one too, which follows it on
          * the same stream. */
-        stage_point(tcp, f, kvt__dev_mark_wait(f->stage_ds, f->stage_mark) == 0);
+        stage_point(tcp, f,
+                    kvt__dev_mark_wait(f->stage_ds, f->stage_mark) == 0);
         f->stage_ds = NULL;
     } else if (f->stage == NULL && !atomic_load(&f->dev_failed)) {
         kvt__tcp_frame_stage(tcp, f);

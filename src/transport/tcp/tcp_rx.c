@@ -120,10 +120,13 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
             if (c->rx_pstatus[i] != KVT_OK)
                 continue;
             for (uint32_t k = f->piece_seg[i]; k < f->piece_seg[i + 1]; k++) {
-                c->rx_segs[s++] = (rx_seg_t){
-                    (uint64_t)(uintptr_t)f->lsegs[k].iov_base,
-                    f->lsegs[k].iov_len, i, 1,
-                    f->lseg_dev1 != NULL ? f->lseg_dev1[k] : 0, 0};
+                c->rx_segs[s++] =
+                    (rx_seg_t){(uint64_t)(uintptr_t)f->lsegs[k].iov_base,
+                               f->lsegs[k].iov_len,
+                               i,
+                               1,
+                               f->lseg_dev1 != NULL ? f->lseg_dev1[k] : 0,
+                               0};
                 expect += f->lsegs[k].iov_len;
             }
         }

@@ -196,8 +196,8 @@ static void submit_op(tcp_session_t *s, uint8_t type,
             uint64_t k = strided_k(L, slice);
             for (uint64_t j = 0; j < c; j += k) {
                 uint32_t cnt = (uint32_t)(c - j < k ? c - j : k);
-                ps[np++] = (pspec_t){d->comp, cnt, L,  d->raddr + j * rs,
-                                     rs,      la + j * ls, ls, dv};
+                ps[np++] = (pspec_t){d->comp,     cnt, L, d->raddr + j * rs, rs,
+                                     la + j * ls, ls,  dv};
             }
         }
         kvt__comp_expect(d->comp, (uint32_t)(np - first));

@@ -100,7 +100,8 @@ static void layout_pieces(tcp_conn_t *c, uint32_t need)
             uint64_t a = p->addr + k * p->stride;
             uint32_t dev1 = 0;
             if (ok && reg->ndev > 0) {
-                const kvt__region_t *r = kvt__memreg_find_locked(reg, a, p->len);
+                const kvt__region_t *r =
+                    kvt__memreg_find_locked(reg, a, p->len);
                 if (r != NULL && r->kind != KVT_MEM_HOST)
                     dev1 = (uint32_t)r->device + 1;
             }

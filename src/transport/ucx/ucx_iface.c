@@ -359,8 +359,8 @@ static kvt_status_t ucx_mem_reg(kvt__tl_t *tl, const kvt__region_t *r,
         mp.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
     if (r->access & KVT_ACCESS_REMOTE_WRITE)
         mp.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
-    mp.memory_type = r->kind == KVT_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA
-                                             : UCS_MEMORY_TYPE_HOST;
+    mp.memory_type =
+        r->kind == KVT_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     st = ucp_mem_map(ucx->ctx, &mp, &memh);
     if (st != UCS_OK) {
         KVT_LOG_E("ucx: ucp_mem_map of %#llx+%llu failed: %s",
