@@ -84,7 +84,11 @@ def test_listener_in_a_fresh_process(peer):
         "port = kvt.metrics_port()\n"
         "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics',"
         " timeout=5).read().decode()\n"
-        "print(port, 'kvt_batches_total{' in body)\n")
+        "from prometheus_client.parser import text_string_to_metric_families"
+        " as parse\n"
+        "names = {f.name for f in parse(body)}\n"
+        "print(port, 'kvt_batches' in names and 'kvt_transfer_latency_seconds'"
+        " in names)\n")
     env = dict(os.environ, KVT_METRICS_PORT="0")
     out = subprocess.run([sys.executable, "-c", code], env=env,
                          capture_output=True, text=True, timeout=60)
