@@ -82,13 +82,14 @@ static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
     name = kvtpy_cstr(a[0], "peer_server_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_segment_open(e->engine, name, &seg);
     if (st == KVT_OK) {
         opened = 1;
         st = kvt_segment_regions(e->engine, seg, 1, NULL, 0, &count);
     }
-    Py_END_ALLOW_THREADS if (st != KVT_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK) {
         kvtpy_log("info", "send_probe(%s): %s: %s", name,
                   opened ? "descriptor query failed" : "cannot open segment",
                   kvt_status_name(st));
@@ -114,11 +115,13 @@ static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
     name = kvtpy_cstr(arg, "segment_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_segment_open(e->engine, name, &seg);
     if (st == KVT_OK && kvt_segment_transport(e->engine, seg, KVT_MEM_HOST,
                                               KVT_MEM_HOST, &t) != KVT_OK)
         t = "";
-    Py_END_ALLOW_THREADS return PyUnicode_FromString(t);
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(t);
 }
 
 /*
@@ -141,11 +144,12 @@ static PyObject *m_get_first_buffer_address(PyObject *self, PyObject *arg)
     name = kvtpy_cstr(arg, "segment_name");
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st = kvt_segment_open(e->engine, name, &seg);
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_segment_open(e->engine, name, &seg);
     if (st == KVT_OK)
         st = kvt_segment_regions(e->engine, seg, 1, &region, 1, &count);
-    Py_END_ALLOW_THREADS if (st != KVT_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK) {
         kvtpy_log("warning", "get_first_buffer_address(%s): %s (%s)", name,
                   kvt_status_name(st), kvt_status_str(st));
         return PyLong_FromUnsignedLongLong(0);
@@ -215,8 +219,11 @@ static PyObject *register_regions(kvtpy_engine_t *self, const char *fname,
 {
     kvt_status_t st;
 
-    Py_BEGIN_ALLOW_THREADS st = kvt_mem_register_batch(self->engine, r, n);
-    Py_END_ALLOW_THREADS if (st == KVT_OK) return kvtpy_int(0);
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_mem_register_batch(self->engine, r, n);
+    Py_END_ALLOW_THREADS
+    if (st == KVT_OK)
+        return kvtpy_int(0);
     kvtpy_log("error", "%s(%#llx, %llu%s): %s (%s)", fname,
               (unsigned long long)(uintptr_t)r[0].addr,
               (unsigned long long)r[0].length, n > 1 ? ", ..." : "",
@@ -308,9 +315,10 @@ static PyObject *unregister_addrs(kvtpy_engine_t *self, const char *fname,
 {
     kvt_status_t st;
 
-    Py_BEGIN_ALLOW_THREADS st =
-        kvt_mem_unregister_batch(self->engine, addrs, n);
-    Py_END_ALLOW_THREADS if (st != KVT_OK)
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_mem_unregister_batch(self->engine, addrs, n);
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK)
         kvtpy_log("error", "%s(%#llx%s): %s (%s)", fname,
                   (unsigned long long)(uintptr_t)addrs[0], n > 1 ? ", ..." : "",
                   kvt_status_name(st), kvt_status_str(st));
@@ -373,10 +381,10 @@ static PyObject *m_allocate_managed_buffer(PyObject *self, PyObject *arg)
 
     if (kvtpy_need_engine(e) < 0 || kvtpy_u64(arg, "length", &len) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st =
-        kvt_mem_alloc(e->engine, (size_t)len, KVT_ACCESS_REMOTE_RW, &p);
-    Py_END_ALLOW_THREADS if (st != KVT_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_mem_alloc(e->engine, (size_t)len, KVT_ACCESS_REMOTE_RW, &p);
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK) {
         kvtpy_log("error", "allocate_managed_buffer(%llu): %s (%s)",
                   (unsigned long long)len, kvt_status_name(st),
                   kvt_status_str(st));
@@ -399,11 +407,13 @@ static PyObject *m_free_managed_buffer(PyObject *self, PyObject *const *args,
         kvtpy_need_engine(e) < 0 || kvtpy_u64(a[0], "buffer_addr", &addr) < 0 ||
         kvtpy_u64(a[1], "length", &len) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st =
-        kvt_mem_free(e->engine, (void *)(uintptr_t)addr);
-    Py_END_ALLOW_THREADS if (st != KVT_OK) kvtpy_log(
-        "error", "free_managed_buffer(%#llx): %s (%s)",
-        (unsigned long long)addr, kvt_status_name(st), kvt_status_str(st));
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_mem_free(e->engine, (void *)(uintptr_t)addr);
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK)
+        kvtpy_log("error", "free_managed_buffer(%#llx): %s (%s)",
+                  (unsigned long long)addr, kvt_status_name(st),
+                  kvt_status_str(st));
     return kvtpy_int(st);
 }
 
@@ -614,8 +624,10 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
      * the GIL; the flag makes it refuse instead of creating a second
      * engine. */
     self->initializing = 1;
-    Py_BEGIN_ALLOW_THREADS st = kvt_engine_create(&p, &engine);
-    Py_END_ALLOW_THREADS self->initializing = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_engine_create(&p, &engine);
+    Py_END_ALLOW_THREADS
+    self->initializing = 0;
     if (st != KVT_OK) {
         if (!p2p && st == KVT_ERR_NOT_SUPPORTED)
             kvtpy_log("error",
@@ -927,8 +939,10 @@ static void engine_dealloc(PyObject *obj)
      * batch, the pooled ones and those behind ids included. It waits for
      * the engine's threads, which take the GIL to log (logging.getLogger
      * ("kvt")): released meanwhile. */
-    Py_BEGIN_ALLOW_THREADS kvt_engine_destroy(self->engine);
-    Py_END_ALLOW_THREADS self->engine = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    kvt_engine_destroy(self->engine);
+    Py_END_ALLOW_THREADS
+    self->engine = NULL;
     kvtpy_ids_fini(&self->ids);
     pthread_mutex_destroy(&self->pool_lock);
     tp_free(obj);

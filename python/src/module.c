@@ -244,9 +244,11 @@ static PyObject *metrics_listen(PyObject *mod, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "port out of range");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS st = kvt_metrics_listen(host, (uint16_t)port, &got);
-    Py_END_ALLOW_THREADS if (st != KVT_OK) return kvtpy_raise(st,
-                                                              "metrics_listen");
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_metrics_listen(host, (uint16_t)port, &got);
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK)
+        return kvtpy_raise(st, "metrics_listen");
     return PyLong_FromLong(got);
 }
 

@@ -266,9 +266,10 @@ static PyObject *sync_common(kvtpy_engine_t *self, const char *fname,
             return NULL;
         r.notify = nbuf;
     }
-    Py_BEGIN_ALLOW_THREADS run_sync(self, &r);
-    Py_END_ALLOW_THREADS if (r.st != KVT_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    run_sync(self, &r);
+    Py_END_ALLOW_THREADS
+    if (r.st != KVT_OK) {
         log_failure(fname, r.target, r.stage, r.st);
         return kvtpy_int(-1);
     }
@@ -446,7 +447,8 @@ static PyObject *async_common(kvtpy_engine_t *self, const char *fname,
 
     if (name == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS st = submit_async(self, name, ds, &b, &stage);
+    Py_BEGIN_ALLOW_THREADS
+    st = submit_async(self, name, ds, &b, &stage);
     if (st == KVT_OK) {
         id = kvtpy_ids_add(&self->ids, b);
         if (id == 0) {
@@ -456,8 +458,8 @@ static PyObject *async_common(kvtpy_engine_t *self, const char *fname,
             st = KVT_ERR_NO_MEMORY;
         }
     }
-    Py_END_ALLOW_THREADS if (st != KVT_OK)
-    {
+    Py_END_ALLOW_THREADS
+    if (st != KVT_OK) {
         log_failure(fname, name, stage, st);
         return PyLong_FromUnsignedLongLong(0);
     }
@@ -614,13 +616,13 @@ PyObject *kvtpy_m_get_batch_transfer_status(PyObject *self, PyObject *arg)
     for (Py_ssize_t i = 0; i < n; i++)
         if (kvtpy_u64_item(arg, i, "batch_ids[i]", &ids[i]) < 0)
             goto out;
-    Py_BEGIN_ALLOW_THREADS kvtpy_ids_acquire(&e->ids, ids, (size_t)n, batches,
-                                             slots);
+    Py_BEGIN_ALLOW_THREADS
+    kvtpy_ids_acquire(&e->ids, ids, (size_t)n, batches, slots);
     for (Py_ssize_t i = 0; i < n; i++)
         sts[i] = batches[i] ? wait_final(batches[i]) : KVT_ERR_NOT_FOUND;
     kvtpy_ids_finish(&e->ids, batches, slots, (size_t)n);
-    Py_END_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++)
-    {
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
         if (sts[i] == KVT_OK)
             continue;
         failed = 1;
