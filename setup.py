@@ -60,6 +60,10 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built, out)
 
 
+# setuptools' own files go under build/setuptools (out of CMake's way);
+# egg_info needs the folder to exist.
+(HERE / "build" / "setuptools").mkdir(parents=True, exist_ok=True)
+
 packages = ["kvt"]
 if os.environ.get("KVT_MOONCAKE_SHIM") == "1":
     packages.append("mooncake")
