@@ -308,7 +308,7 @@ __attribute__((format(printf, 2, 3))) static void put(out_t *o, const char *fmt,
 
 /* A label value with \, " and newlines escaped (the exposition format's
  * rules), into @dst (room for 2 * KVT_WIRE_NAME_MAX + 1). */
-void kvt__stats_label_escape(char *dst, size_t cap, const char *src)
+static void label_escape(char *dst, size_t cap, const char *src)
 {
     size_t k = 0;
 
@@ -344,7 +344,7 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s, out_t *o,
     char en[2 * KVT_WIRE_NAME_MAX + 2];
     static const char *const opname[3] = {"write", "read", "notify"};
 
-    kvt__stats_label_escape(en, sizeof(en), e->cfg.seg_name);
+    label_escape(en, sizeof(en), e->cfg.seg_name);
 
     head(o, "kvt_transfer_descriptors_total", "counter",
          "Descriptors completed successfully, by transport and operation.",

@@ -56,9 +56,6 @@ kvt_status_t kvt__stats_init(struct kvt_engine *e);
 void kvt__stats_unlist(struct kvt_engine *e);
 void kvt__stats_fini(struct kvt_engine *e);
 
-/* A Prometheus label value escaped (\, \", \n) into @dst. */
-void kvt__stats_label_escape(char *dst, size_t cap, const char *src);
-
 /* The calling thread's block (NULL when nothing is counted, or out of
  * memory). */
 kvt__stats_shard_t *kvt__stats_shard(kvt__stats_t *st);
