@@ -345,12 +345,12 @@ static uint8_t *piece_ptr(shm_session_t *s, uint64_t ra, uint64_t len,
         return NULL;
     if (r->kind != KVT_MEM_HOST) {
         const ipc_t *x = kvt__shm_ipc_find(s, r->serial);
-        if (x != NULL && ra >= x->base && ra + len <= x->base + x->len)
-            return x->local + (ra - x->base);
+        if (x != NULL)
+            return kvt__shm_at(x->local, x->base, x->len, ra, ra + len);
     } else if (r->map_id != 0) {
         const map_t *m = kvt__shm_map_find(s, r->map_id);
-        if (m != NULL && ra >= m->base && ra + len <= m->base + m->len)
-            return m->local + (ra - m->base);
+        if (m != NULL)
+            return kvt__shm_at(m->local, m->base, m->len, ra, ra + len);
     }
     return NULL;
 }

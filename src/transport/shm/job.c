@@ -139,10 +139,12 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
     }
     if (r->kind != KVT_MEM_HOST) {
         const ipc_t *x = kvt__shm_ipc_find(s, r->serial);
-        if (x != NULL && g->raddr >= x->base && end <= x->base + x->len) {
+        uint8_t *at =
+            x ? kvt__shm_at(x->local, x->base, x->len, g->raddr, end) : NULL;
+        if (at != NULL) {
             dev_stream_of(p, g, x->dev);
             p->how[i] = HOW_DEV;
-            p->dloc[i] = x->local + (g->raddr - x->base);
+            p->dloc[i] = at;
             p->ndev++;
             return;
         }
@@ -162,17 +164,16 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
     /* Host memory there, device memory here. */
     if (r->map_id != 0) {
         const map_t *m = kvt__shm_map_find(s, r->map_id);
-        int refused = 0;
-        for (unsigned k = 0; k < s->nnomap; k++)
-            refused |= s->nomap[k] == r->map_id;
-        if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
+        uint8_t *at =
+            m ? kvt__shm_at(m->local, m->base, m->len, g->raddr, end) : NULL;
+        if (at != NULL) {
             dev_stream_of(p, g, -1);
             p->how[i] = HOW_DEV;
-            p->dloc[i] = m->local + (g->raddr - m->base);
+            p->dloc[i] = at;
             p->ndev++;
             return;
         }
-        if (m == NULL && !final && !refused) {
+        if (m == NULL && !final && !kvt__shm_map_refused(s, r->map_id)) {
             p->want_map = r->map_id;
             p->need++;
             return;
@@ -260,8 +261,8 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try,
             if (m == NULL && p->want_map == 0)
                 p->want_map = r->map_id;
         }
-        if (m != NULL && g->raddr >= m->base && end <= m->base + m->len) {
-            p->loc[i] = m->local + (g->raddr - m->base);
+        if (m != NULL && (p->loc[i] = kvt__shm_at(m->local, m->base, m->len,
+                                                  g->raddr, end)) != NULL) {
             p->how[i] = HOW_MAP;
             p->nmap++;
         } else if (j->op == KVT_OP_WRITE && g->count > 1 &&

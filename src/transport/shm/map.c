@@ -33,6 +33,16 @@ map_t *kvt__shm_map_find(shm_session_t *s, uint32_t id)
     return NULL;
 }
 
+/* Whether a request for allocation @id's memfd was refused since the
+ * last snapshot. With map_lock held. */
+int kvt__shm_map_refused(shm_session_t *s, uint32_t id)
+{
+    for (unsigned i = 0; i < s->nnomap; i++)
+        if (s->nomap[i] == id)
+            return 1;
+    return 0;
+}
+
 /* Release the mappings of allocations that left the snapshot. Called
  * under the lease, so the snapshot is stable and no copy of this session
  * uses a mapping it does not name. */
@@ -102,9 +112,7 @@ void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
 
     pthread_mutex_lock(&s->sock_lock);
     pthread_rwlock_rdlock(&s->map_lock);
-    known = kvt__shm_map_find(s, id) != NULL;
-    for (unsigned i = 0; i < s->nnomap && !known; i++)
-        known = s->nomap[i] == id;
+    known = kvt__shm_map_find(s, id) != NULL || kvt__shm_map_refused(s, id);
     pthread_rwlock_unlock(&s->map_lock);
     if (known)
         goto out;

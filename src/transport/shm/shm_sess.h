@@ -247,8 +247,18 @@ kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
 int kvt__shm_section_sock(const kvt__segdesc_tl_t *tl, char *path,
                           size_t *len_p);
 
+/* Where [lo, hi) of the target lies in @local, a view here of the
+ * target's [base, base + len) (a mapping, an opened allocation), or NULL
+ * when it does not lie within. */
+static inline uint8_t *kvt__shm_at(uint8_t *local, uint64_t base, uint64_t len,
+                                   uint64_t lo, uint64_t hi)
+{
+    return lo >= base && hi <= base + len ? local + (lo - base) : NULL;
+}
+
 /* map.c */
 map_t *kvt__shm_map_find(shm_session_t *s, uint32_t id);
+int kvt__shm_map_refused(shm_session_t *s, uint32_t id);
 void kvt__shm_maps_reconcile(shm_session_t *s);
 void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline);
 void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p);
