@@ -35,6 +35,8 @@ from kvt._kvt import (
     status_str,
 )
 
+from kvt import _logbridge  # noqa: E402,F401  (kvt's C log -> logging)
+
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = [

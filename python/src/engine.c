@@ -7,6 +7,8 @@
  */
 #include "kvtpy.h"
 
+#include <stdio.h>
+
 /* Notifications taken per kvt_notify_recv() call by get_notifies(). */
 #define NOTIFY_CHUNK 16
 
@@ -538,6 +540,34 @@ static int split_host_port(const char *s, char *host, size_t hostsz,
     return 0;
 }
 
+/*
+ * Ascend-style names: vllm-ascend passes "HOST:PORT:npu_N" as
+ * local_hostname (Mooncake's Ascend transport keys its device by it). kvt
+ * serves the host and port alone, and inference engines build the peer's
+ * name from get_rpc_port() as "HOST:PORT", so the device part is dropped.
+ * Copies @s without a trailing ":npu_<digits>" into @buf; returns where
+ * the suffix started in @s, or NULL when there is none (@buf is @s then).
+ */
+static const char *strip_device_suffix(const char *s, char *buf, size_t bufsz)
+{
+    const char *c = strrchr(s, ':');
+    const char *d;
+
+    if (c == NULL || strncmp(c + 1, "npu_", 4) != 0 || c[5] == '\0')
+        goto none;
+    for (d = c + 5; *d != '\0'; d++)
+        if (*d < '0' || *d > '9')
+            goto none;
+    if ((size_t)(c - s) >= bufsz)
+        goto none;
+    memcpy(buf, s, (size_t)(c - s));
+    buf[c - s] = '\0';
+    return c + 1;
+none:
+    snprintf(buf, bufsz, "%s", s);
+    return NULL;
+}
+
 static int is_p2p(const char *s)
 {
     return s != NULL &&
@@ -572,7 +602,8 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
     kvt_engine_params_t p = {0};
     int p2p = is_p2p(metadata);
     kvt_engine_h engine = NULL;
-    char host[256];
+    char host[256], name[512];
+    const char *device;
     uint16_t port;
     kvt_status_t st;
 
@@ -581,7 +612,13 @@ static int do_initialize(kvtpy_engine_t *self, const char *local_hostname,
                            "initialized");
         return -1;
     }
-    if (split_host_port(local_hostname, host, sizeof(host), &port) < 0) {
+    device = strip_device_suffix(local_hostname, name, sizeof(name));
+    if (device != NULL)
+        kvtpy_log("info",
+                  "initialize: '%s' in local_hostname names a device; kvt "
+                  "serves '%s' (the segment is host:rpc_port)",
+                  device, name);
+    if (split_host_port(name, host, sizeof(host), &port) < 0) {
         kvtpy_log("error", "initialize: local_hostname '%s' is not host[:port]",
                   local_hostname);
         return -1;

@@ -57,6 +57,11 @@ int kvtpy_u64_item(PyObject *seq, Py_ssize_t i, const char *what, uint64_t *v);
  * lives. Returns NULL with an exception set. */
 const char *kvtpy_cstr(PyObject *o, const char *what);
 
+/* ---- logbridge.c: kvt's C log lines into Python's logging -------------- */
+
+/* Add _log_capture, _log_next and _log_emit to the module. */
+int kvtpy_logbridge_init(PyObject *m);
+
 /* ---- notify.c: TransferNotify and the notification payload -------------- */
 
 PyTypeObject *kvtpy_notify_type_create(PyObject *module);

@@ -427,6 +427,14 @@ static int exc_init(PyObject *m)
     return 0;
 }
 
+/* Built with the CUDA memory domain: CUDA device memory is registered and
+ * moved (where a driver is found at run time). */
+#ifdef KVT_HAVE_CUDA
+#define KVT_PY_HAVE_CUDA 1
+#else
+#define KVT_PY_HAVE_CUDA 0
+#endif
+
 PyMODINIT_FUNC PyInit__kvt(void);
 int kvtpy_connector_init(PyObject *m); /* connector.c */
 
@@ -478,12 +486,13 @@ PyMODINIT_FUNC PyInit__kvt(void)
             goto err;
         }
     }
-    if (kvtpy_connector_init(m) < 0)
+    if (kvtpy_connector_init(m) < 0 || kvtpy_logbridge_init(m) < 0)
         goto err;
     if (PyModule_AddIntConstant(m, "NOTIFY_MAX", KVT_NOTIFY_MAX) < 0 ||
         PyModule_AddIntConstant(m, "VERSION_MAJOR", KVT_VERSION_MAJOR) < 0 ||
         PyModule_AddIntConstant(m, "VERSION_MINOR", KVT_VERSION_MINOR) < 0 ||
-        PyModule_AddIntConstant(m, "VERSION_PATCH", KVT_VERSION_PATCH) < 0)
+        PyModule_AddIntConstant(m, "VERSION_PATCH", KVT_VERSION_PATCH) < 0 ||
+        PyModule_AddIntConstant(m, "HAVE_CUDA", KVT_PY_HAVE_CUDA) < 0)
         goto err;
     Py_DECREF(opcode);
     Py_DECREF((PyObject *)engine_type);

@@ -15,6 +15,13 @@
 int kvt__log_level_cur = KVT_LOG_WARN;
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+/* The application's handler, if any. Readers hold the lock across the
+ * call, so kvt_log_set_handler() returns only once no thread is inside
+ * the handler it replaces. Logging is never on a hot path. */
+static pthread_rwlock_t handler_lock = PTHREAD_RWLOCK_INITIALIZER;
+static kvt_log_handler_cb_t handler_cb;
+static void *handler_arg;
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG",
                                           "TRACE"};
 
@@ -46,10 +53,18 @@ void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
     const char *base = strrchr(file, '/');
     va_list ap;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    pthread_rwlock_rdlock(&handler_lock);
+    if (handler_cb != NULL) {
+        handler_cb(handler_arg, (kvt_log_level_t)level, base ? base + 1 : file,
+                   line, msg);
+        pthread_rwlock_unlock(&handler_lock);
+        return;
+    }
+    pthread_rwlock_unlock(&handler_lock);
+    clock_gettime(CLOCK_REALTIME, &ts);
     /* One fprintf per line keeps lines from different threads whole. */
     fprintf(stderr, "[%ld.%06ld] kvt %-5s %d %s:%d %s\n", (long)ts.tv_sec,
             ts.tv_nsec / 1000, level_names[level], (int)getpid(),
@@ -77,4 +92,12 @@ void kvt_log_printf(kvt_log_level_t level, const char *file, int line,
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     kvt__log_emit((kvt__log_level_t)level, file ? file : "?", line, "%s", msg);
+}
+
+void kvt_log_set_handler(kvt_log_handler_cb_t cb, void *arg)
+{
+    pthread_rwlock_wrlock(&handler_lock);
+    handler_cb = cb;
+    handler_arg = cb != NULL ? arg : NULL;
+    pthread_rwlock_unlock(&handler_lock);
 }
