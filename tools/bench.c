@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +42,16 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU seconds (user and system) this process has used, every thread. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static void usage(void)
@@ -416,7 +427,7 @@ static int run_initiator(const bench_opts_t *o)
     size_t nregions = 0, nlat = 0, k = 0;
     worker_t *ws = calloc(o->threads, sizeof(*ws));
     pthread_t *th = calloc(o->threads, sizeof(*th));
-    double *lat, t0, secs, p50 = 0, p99 = 0, gbps;
+    double *lat, t0, cpu0, cpu, secs, p50 = 0, p99 = 0, gbps;
     kvt_segment_t seg;
     kvt_engine_h e;
     kvt_status_t st;
@@ -490,6 +501,7 @@ static int run_initiator(const bench_opts_t *o)
         kvt_engine_destroy(e);
         return 1;
     }
+    cpu0 = cpu_s();
     t0 = now_s();
     for (unsigned i = 0; i < o->threads; i++) {
         ws[i] = (worker_t){.o = o,
@@ -512,6 +524,7 @@ static int run_initiator(const bench_opts_t *o)
         fatal |= ws[i].fatal;
     }
     secs = now_s() - t0;
+    cpu = cpu_s() - cpu0;
     lat = malloc((nlat ? nlat : 1) * sizeof(double));
     for (unsigned i = 0; i < o->threads; i++) {
         if (lat && ws[i].nlat)
@@ -538,13 +551,15 @@ static int run_initiator(const bench_opts_t *o)
                "\"remote_memory\":\"%s\",\"block_size\":%llu,"
                "\"batch_size\":%llu,\"threads\":%llu,\"seconds\":%.3f,"
                "\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
-               "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu}\n",
+               "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
+               "\"cpu_s\":%.3f,\"cpu_s_per_gb\":%.4f}\n",
                o->op, proto, o->memory,
                region.kind == KVT_MEM_CUDA ? "cuda" : "host",
                (unsigned long long)o->block, (unsigned long long)o->batch,
                (unsigned long long)o->threads, secs, (unsigned long long)bytes,
                (unsigned long long)ops, gbps, p50, p99,
-               (unsigned long long)errors);
+               (unsigned long long)errors, cpu,
+               bytes ? cpu / ((double)bytes / 1e9) : 0.0);
     free(lat);
     free(ws);
     free(th);
