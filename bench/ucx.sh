@@ -45,7 +45,7 @@ perftest() {
 # kvtrun SEG BLOCK BATCH: one kvt bench run; prints MiB/s.
 kvtrun() {
     "$KVT" bench --mode=initiator --segment="$1" --protocol=ucx --op=write \
-        --block-size="$2" --batch-size="$3" --working-set="$2" --threads=1 \
+        --block-size="$2" --batch-size="$3" --working-set="$2" --pattern=contig --threads=1 \
         --duration="$SECS" --json 2>>"$TMP/log" | tail -1 >"$TMP/json"
     python3 -c "import json; d=json.load(open('$TMP/json')); assert d['protocol']=='ucx', d; print(d['gbps'] * 1e9 / 2**20)"
 }

@@ -20,38 +20,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <kvt/kvt.h>
 
+#include "bench.h"
 #include "cli.h"
 
-typedef struct {
-    const char *mode, *local, *segment, *protocol, *op, *buffer, *memory;
-    uint64_t device;
-    uint64_t port, buffer_size, block, batch, threads, workers, conns;
-    uint64_t working_set; /* 0: the whole buffer */
-    double duration;
-    int json;
-} bench_opts_t;
+/* Below this block size the default pattern is scattered, as paged KV
+ * blocks are; from it on, contiguous. */
+#define SCATTER_BELOW (64u << 10)
+
+/* The engine's defaults for what --conns and --workers set (engine.h). */
+#define KVT_BENCH_CONNS 2
+#define KVT_BENCH_WORKERS 2
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* CPU seconds (user and system) this process has used, every thread. */
-static double cpu_s(void)
-{
-    struct rusage ru;
-
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static void usage(void)
@@ -64,11 +53,16 @@ static void usage(void)
            " [--block-size=BYTES]\n"
            "            [--batch-size=N] [--threads=N] [--duration=SECONDS] "
            "[--protocol=...] [--json]\n"
-           "            [--working-set=BYTES] (per thread: the same blocks "
-           "again and again)\n"
+           "            [--pattern=contig|scatter] [--working-set=BYTES] "
+           "[--verify]\n"
            "options for both: [--workers=N] [--conns=N] "
            "[--memory=host|cuda] [--device=N]\n"
            "Sizes take K/M/G suffixes (powers of 1024).\n");
+}
+
+static int is_cuda(const bench_opts_t *o)
+{
+    return strcmp(o->memory, "cuda") == 0;
 }
 
 static int parse(int argc, char **argv, bench_opts_t *o)
@@ -91,6 +85,10 @@ static int parse(int argc, char **argv, bench_opts_t *o)
             exit(0);
         } else if (cli_flag(argv[i], "json")) {
             o->json = 1;
+        } else if (cli_flag(argv[i], "verify")) {
+            o->verify = 1;
+        } else if ((v = cli_opt(argc, argv, &i, "pattern"))) {
+            o->pattern = v;
         } else if ((v = cli_opt(argc, argv, &i, "mode"))) {
             o->mode = v;
         } else if ((v = cli_opt(argc, argv, &i, "local"))) {
@@ -166,6 +164,17 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         fprintf(stderr, "kvt bench: --op=write or --op=read\n");
         return -1;
     }
+    if (o->pattern == NULL)
+        o->pattern = o->block < SCATTER_BELOW ? "scatter" : "contig";
+    if (strcmp(o->pattern, "contig") != 0 &&
+        strcmp(o->pattern, "scatter") != 0) {
+        fprintf(stderr, "kvt bench: --pattern=contig or --pattern=scatter\n");
+        return -1;
+    }
+    if (o->verify && is_cuda(o)) {
+        fprintf(stderr, "kvt bench: --verify checks host memory only\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -224,11 +233,6 @@ static kvt_status_t alloc_device(const bench_opts_t *o, kvt_engine_h e,
     return kvt_mem_alloc_ex(e, len, &mp, p);
 }
 
-static int is_cuda(const bench_opts_t *o)
-{
-    return strcmp(o->memory, "cuda") == 0;
-}
-
 static int run_target(const bench_opts_t *o)
 {
     int managed = strcmp(o->buffer, "managed") == 0;
@@ -236,7 +240,6 @@ static int run_target(const bench_opts_t *o)
     kvt_status_t st;
     sigset_t set;
     void *buf = NULL;
-    int sig;
 
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -273,7 +276,9 @@ static int run_target(const bench_opts_t *o)
            (unsigned long long)o->buffer_size, is_cuda(o) ? "cuda" : o->buffer,
            o->protocol);
     fflush(stdout);
-    sigwait(&set, &sig);
+    /* Serves the initiators' requests (CPU time, --verify) until a
+     * signal. */
+    bench_target_serve(e, is_cuda(o) ? NULL : buf, o->buffer_size, &set);
     if (managed) {
         kvt_mem_free(e, buf);
     } else {
@@ -289,11 +294,14 @@ typedef struct {
     kvt_engine_h e;
     kvt_segment_t seg;
     unsigned id;
-    char *local;
-    uint64_t remote, remote_len;
+    char *local;         /* this thread's source (or sink): ws bytes */
+    uint64_t remote;     /* this thread's part of the target's buffer */
+    bench_walk_t lw, rw; /* local and remote slots; the same count */
+    uint64_t base;       /* offset of remote in the target's region */
+    uint64_t seed;
     double t_end;
     /* results */
-    uint64_t bytes, ops, errors, nlat;
+    uint64_t bytes, ops, errors, nlat, count, bad;
     double *lat;
     size_t lat_cap;
     int fatal;
@@ -336,20 +344,22 @@ static void progress(kvt_engine_h e, const bench_opts_t *o, double t0)
     fprintf(stderr, "\r%60s\r", "");
 }
 
+/*
+ * One initiator thread: batches of o->batch descriptors, each one block
+ * from local slot lw(k) to remote slot rw(k) (or back, reading), k
+ * counting every descriptor of the thread. With --verify a write's
+ * source is filled with the pattern of its destination and pass before
+ * it is submitted (so the figure then includes that work), and a read's
+ * block is checked once it has landed.
+ */
 static void *initiator_thread(void *arg)
 {
     worker_t *w = arg;
     const bench_opts_t *o = w->o;
-    uint64_t span = o->block * o->batch;
-    uint64_t windows = w->remote_len / span, iter = 0;
-    /* A working set: whole blocks, at least one, within this thread's
-     * share of the buffer. */
-    uint64_t ws = o->working_set ? o->working_set / o->block * o->block : 0;
-
-    if (o->working_set != 0 && ws == 0)
-        ws = o->block;
+    int reading = strcmp(o->op, "read") == 0;
     kvt_xfer_desc_t *d = calloc(o->batch, sizeof(*d));
     kvt_batch_h b;
+    uint64_t k = 0;
 
     if (d == NULL || kvt_batch_create(w->e, o->batch, &b) != KVT_OK) {
         free(d);
@@ -357,23 +367,21 @@ static void *initiator_thread(void *arg)
         return NULL;
     }
     while (now_s() < w->t_end) {
-        uint64_t win = (iter * o->threads + w->id) % windows;
         double t0;
         kvt_status_t st;
 
         for (uint64_t i = 0; i < o->batch; i++) {
-            d[i].opcode =
-                strcmp(o->op, "read") == 0 ? KVT_OP_READ : KVT_OP_WRITE;
+            uint64_t rs = bench_walk_slot(&w->rw, k + i);
+            char *l = w->local + bench_walk_slot(&w->lw, k + i) * o->block;
+
+            d[i].opcode = reading ? KVT_OP_READ : KVT_OP_WRITE;
             d[i].segment = w->seg;
-            d[i].local_addr = w->local + i * o->block;
-            d[i].remote_addr = w->remote + win * span + i * o->block;
-            if (ws != 0) {
-                /* The same few blocks over and over, on both sides. */
-                d[i].local_addr = w->local + (i * o->block) % ws;
-                d[i].remote_addr =
-                    w->remote + w->id * ws + (win * span + i * o->block) % ws;
-            }
+            d[i].local_addr = l;
+            d[i].remote_addr = w->remote + rs * o->block;
             d[i].length = o->block;
+            if (o->verify && !reading)
+                bench_fill(l, w->base + rs * o->block, o->block,
+                           (k + i) / w->rw.n, w->seed);
         }
         t0 = now_s();
         st = kvt_batch_submit(b, d, o->batch);
@@ -389,8 +397,13 @@ static void *initiator_thread(void *arg)
         }
         w->lat[w->nlat++] = (now_s() - t0) * 1e6;
         if (st == KVT_OK) {
-            w->bytes += span;
+            w->bytes += o->block * o->batch;
             w->ops += o->batch;
+            for (uint64_t i = 0; o->verify && reading && i < o->batch; i++)
+                w->bad += (uint64_t)bench_differs(
+                    d[i].local_addr,
+                    w->base + bench_walk_slot(&w->rw, k + i) * o->block,
+                    o->block, 0, w->seed);
         } else {
             kvt_batch_state_t s;
             kvt_batch_query(b, &s);
@@ -403,12 +416,14 @@ static void *initiator_thread(void *arg)
             if (st == KVT_ERR_CONN_LOST || st == KVT_ERR_TIMEDOUT ||
                 st == KVT_ERR_NOT_FOUND) {
                 w->fatal = 1;
+                k += o->batch;
                 break;
             }
         }
         kvt_batch_reset(b);
-        iter++;
+        k += o->batch;
     }
+    w->count = k;
     kvt_batch_free(b);
     free(d);
     return NULL;
@@ -420,41 +435,103 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The default working set of a thread: cold, twice the last-level cache
+ * and at least 64 MiB, so that neither side's blocks stay in a cache
+ * between passes. */
+static uint64_t default_working_set(void)
+{
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    uint64_t ws = llc > 0 ? 2 * (uint64_t)llc : 0;
+
+    return ws > (64ull << 20) ? ws : 64ull << 20;
+}
+
+/* Ask the target for its CPU seconds so far; -1 when it does not say. */
+static double target_cpu(kvt_engine_h e, kvt_segment_t seg)
+{
+    char reply[128];
+    double v;
+
+    if (bench_ask(e, seg, "cpu", reply, sizeof(reply), 5000) != 0 ||
+        sscanf(reply, "cpu %lf", &v) != 1)
+        return -1;
+    return v;
+}
+
+/* Have the target check each thread's walk (writes), or fill its buffer
+ * with the pattern (reads, before the run). Returns blocks that differ,
+ * or -1 when the target could not do it. */
+static int64_t target_verify(kvt_engine_h e, kvt_segment_t seg,
+                             const worker_t *ws, unsigned n, uint64_t block,
+                             uint64_t *checked)
+{
+    int64_t bad = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        char req[256], reply[128];
+        uint64_t c, b;
+
+        snprintf(req, sizeof(req), "verify %llu %llu %llu %llu %llu %llu",
+                 (unsigned long long)ws[i].seed, (unsigned long long)ws[i].base,
+                 (unsigned long long)ws[i].rw.n, (unsigned long long)block,
+                 (unsigned long long)ws[i].rw.mul,
+                 (unsigned long long)ws[i].count);
+        if (bench_ask(e, seg, req, reply, sizeof(reply), 120000) != 0 ||
+            sscanf(reply, "verified %llu %llu", (unsigned long long *)&c,
+                   (unsigned long long *)&b) != 2) {
+            fprintf(stderr, "kvt bench: the target could not verify: %s\n",
+                    reply);
+            return -1;
+        }
+        *checked += c;
+        bad += (int64_t)b;
+    }
+    return bad;
+}
+
 static int run_initiator(const bench_opts_t *o)
 {
     kvt_remote_region_t region;
-    uint64_t span = o->block * o->batch, bytes = 0, ops = 0, errors = 0;
+    uint64_t bytes = 0, ops = 0, errors = 0, bad = 0, checked = 0;
+    uint64_t ws_req = o->working_set ? o->working_set : default_working_set();
+    uint64_t wset, part, seed = (uint64_t)time(NULL) ^ (uint64_t)getpid();
     size_t nregions = 0, nlat = 0, k = 0;
     worker_t *ws = calloc(o->threads, sizeof(*ws));
     pthread_t *th = calloc(o->threads, sizeof(*th));
-    double *lat, t0, cpu0, cpu, secs, p50 = 0, p99 = 0, gbps;
+    double *lat, t0, cpu0, cpu, tcpu0, tcpu = -1, secs, p50 = 0, p99 = 0;
+    double gbps;
+    int scatter = strcmp(o->pattern, "scatter") == 0;
     kvt_segment_t seg;
     kvt_engine_h e;
     kvt_status_t st;
     const char *proto;
     char *local = NULL;
-    int fatal = 0;
+    int fatal = 0, rc = 1;
 
     if (o->segment == NULL) {
         fprintf(stderr, "kvt bench: --segment=HOST:PORT is required\n");
         return 2;
     }
+    if (ws == NULL || th == NULL)
+        goto out_free;
+    ws_req = ws_req / o->block * o->block;
+    if (ws_req == 0)
+        ws_req = o->block;
     st = make_engine(o, &e);
     if (st != KVT_OK) {
         fprintf(stderr, "kvt bench: engine: %s\n", kvt_status_str(st));
-        return 1;
+        goto out_free;
     }
     /* Device memory is registered before the segment opens, so that the
      * transport chosen for it knows (the choice depends on the kinds in
      * use). */
     if (is_cuda(o)) {
         void *m = NULL;
-        st = alloc_device(o, e, span * o->threads, &m);
+        st = alloc_device(o, e, ws_req * o->threads, &m);
         if (st != KVT_OK) {
             fprintf(stderr, "kvt bench: cannot allocate device memory: %s\n",
                     kvt_status_str(st));
-            kvt_engine_destroy(e);
-            return 1;
+            goto out_engine;
         }
         local = m;
     }
@@ -464,8 +541,7 @@ static int run_initiator(const bench_opts_t *o)
     if (st != KVT_OK || nregions == 0) {
         fprintf(stderr, "kvt bench: segment %s: %s\n", o->segment,
                 st != KVT_OK ? kvt_status_str(st) : "no registered memory");
-        kvt_engine_destroy(e);
-        return 1;
+        goto out_engine;
     }
     if (kvt_segment_transport(e, seg, is_cuda(o) ? KVT_MEM_CUDA : KVT_MEM_HOST,
                               (kvt_mem_kind_t)region.kind, &proto) != KVT_OK)
@@ -475,43 +551,69 @@ static int run_initiator(const bench_opts_t *o)
                 "kvt bench: %s was asked for, but the segment is "
                 "served by %s (the log says why)\n",
                 o->protocol, proto);
-    if (o->working_set != 0 &&
-        region.length <
-            (o->working_set > o->block ? o->working_set : o->block) *
-                o->threads) {
-        fprintf(stderr, "kvt bench: the target's buffer is smaller than the "
-                        "working sets\n");
-        kvt_engine_destroy(e);
-        return 1;
+    /* Each thread walks its own part of the target's buffer; the working
+     * set is what it cycles through there, and at home. */
+    part = region.length / o->threads / o->block * o->block;
+    wset = ws_req < part ? ws_req : part;
+    if (part == 0 || (o->working_set != 0 && o->working_set > part)) {
+        fprintf(
+            stderr,
+            "kvt bench: the target's buffer (%llu bytes) holds no "
+            "working set of %llu bytes for each of %llu threads\n",
+            (unsigned long long)region.length,
+            (unsigned long long)(o->working_set ? o->working_set : o->block),
+            (unsigned long long)o->threads);
+        goto out_engine;
     }
-    if (region.length < span) {
-        fprintf(stderr,
-                "kvt bench: the target's buffer (%llu bytes) is "
-                "smaller than one batch (%llu bytes)\n",
-                (unsigned long long)region.length, (unsigned long long)span);
-        kvt_engine_destroy(e);
-        return 1;
+    if (o->verify && wset / o->block < o->batch) {
+        fprintf(stderr, "kvt bench: --verify needs a working set of at least "
+                        "one batch, so that no block is written twice in "
+                        "one batch\n");
+        goto out_engine;
+    }
+    if (o->verify && region.kind != KVT_MEM_HOST) {
+        fprintf(stderr, "kvt bench: --verify checks host memory only\n");
+        goto out_engine;
     }
     if (!is_cuda(o))
-        local = alloc_buffer(span * o->threads);
+        local = alloc_buffer(wset * o->threads);
     if (local == NULL ||
-        (!is_cuda(o) && kvt_mem_register(e, local, span * o->threads,
+        (!is_cuda(o) && kvt_mem_register(e, local, wset * o->threads,
                                          KVT_ACCESS_REMOTE_RW) != KVT_OK)) {
         fprintf(stderr, "kvt bench: cannot set up the local buffer\n");
-        kvt_engine_destroy(e);
-        return 1;
+        goto out_engine;
     }
-    cpu0 = cpu_s();
-    t0 = now_s();
     for (unsigned i = 0; i < o->threads; i++) {
         ws[i] = (worker_t){.o = o,
                            .e = e,
                            .seg = seg,
                            .id = i,
-                           .local = local + i * span,
-                           .remote = region.addr,
-                           .remote_len = region.length,
-                           .t_end = t0 + o->duration};
+                           .local = local + i * wset,
+                           .base = i * part,
+                           .remote = region.addr + i * part,
+                           .seed = seed};
+        if (bench_walk_init(&ws[i].rw, wset / o->block, scatter, 0.618) != 0 ||
+            bench_walk_init(&ws[i].lw, wset / o->block, scatter, 0.382) != 0) {
+            fprintf(stderr, "kvt bench: --pattern=scatter needs a working "
+                            "set of 5, 7 or more blocks\n");
+            goto out_local;
+        }
+    }
+    if (o->verify && strcmp(o->op, "read") == 0) {
+        char reply[128];
+        snprintf(reply, sizeof(reply), "fill %llu", (unsigned long long)seed);
+        if (bench_ask(e, seg, reply, reply, sizeof(reply), 120000) != 0 ||
+            strcmp(reply, "filled") != 0) {
+            fprintf(stderr, "kvt bench: the target could not fill its "
+                            "buffer for --verify\n");
+            goto out_local;
+        }
+    }
+    tcpu0 = target_cpu(e, seg);
+    cpu0 = bench_cpu_s();
+    t0 = now_s();
+    for (unsigned i = 0; i < o->threads; i++) {
+        ws[i].t_end = t0 + o->duration;
         pthread_create(&th[i], NULL, initiator_thread, &ws[i]);
     }
     progress(e, o, t0);
@@ -521,10 +623,26 @@ static int run_initiator(const bench_opts_t *o)
         ops += ws[i].ops;
         errors += ws[i].errors;
         nlat += ws[i].nlat;
+        bad += ws[i].bad;
         fatal |= ws[i].fatal;
     }
     secs = now_s() - t0;
-    cpu = cpu_s() - cpu0;
+    cpu = bench_cpu_s() - cpu0;
+    if (tcpu0 >= 0) {
+        double t1 = target_cpu(e, seg);
+        tcpu = t1 >= 0 ? t1 - tcpu0 : -1;
+    }
+    if (o->verify && strcmp(o->op, "read") == 0) {
+        for (unsigned i = 0; i < o->threads; i++)
+            checked += ws[i].count < ws[i].rw.n ? ws[i].count : ws[i].rw.n;
+    } else if (o->verify && !fatal) {
+        int64_t b =
+            target_verify(e, seg, ws, (unsigned)o->threads, o->block, &checked);
+        if (b < 0)
+            fatal = 1;
+        else
+            bad += (uint64_t)b;
+    }
     lat = malloc((nlat ? nlat : 1) * sizeof(double));
     for (unsigned i = 0; i < o->threads; i++) {
         if (lat && ws[i].nlat)
@@ -538,35 +656,67 @@ static int run_initiator(const bench_opts_t *o)
         p99 = lat[(size_t)((double)(nlat - 1) * 0.99)];
     }
     gbps = (double)bytes / secs / 1e9;
-    printf("kvt bench: %s %s, block %llu B, batch %llu, threads %llu, "
-           "protocol %s\n",
-           o->op, o->segment, (unsigned long long)o->block,
-           (unsigned long long)o->batch, (unsigned long long)o->threads, proto);
+    printf("kvt bench: %s %s, block %llu B %s, batch %llu, threads %llu, "
+           "working set %llu B, protocol %s\n",
+           o->op, o->segment, (unsigned long long)o->block, o->pattern,
+           (unsigned long long)o->batch, (unsigned long long)o->threads,
+           (unsigned long long)wset, proto);
     printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
            "p50 %.1f us p99 %.1f us, errors %llu\n",
            gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
            secs, p50, p99, (unsigned long long)errors);
-    if (o->json)
-        printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"memory\":\"%s\","
-               "\"remote_memory\":\"%s\",\"block_size\":%llu,"
-               "\"batch_size\":%llu,\"threads\":%llu,\"seconds\":%.3f,"
-               "\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
-               "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
-               "\"cpu_s\":%.3f,\"cpu_s_per_gb\":%.4f}\n",
-               o->op, proto, o->memory,
-               region.kind == KVT_MEM_CUDA ? "cuda" : "host",
-               (unsigned long long)o->block, (unsigned long long)o->batch,
-               (unsigned long long)o->threads, secs, (unsigned long long)bytes,
-               (unsigned long long)ops, gbps, p50, p99,
-               (unsigned long long)errors, cpu,
-               bytes ? cpu / ((double)bytes / 1e9) : 0.0);
+    printf("  CPU %.2f s/GB here", bytes ? cpu / ((double)bytes / 1e9) : 0.0);
+    if (tcpu >= 0)
+        printf(", %.2f s/GB at the target",
+               bytes ? tcpu / ((double)bytes / 1e9) : 0.0);
+    printf("\n");
+    if (o->verify)
+        printf("  verify: %llu blocks checked, %llu differ\n",
+               (unsigned long long)checked, (unsigned long long)bad);
+    if (o->json) {
+        char tj[64] = "null", tg[64] = "null";
+        if (tcpu >= 0) {
+            snprintf(tj, sizeof(tj), "%.3f", tcpu);
+            snprintf(tg, sizeof(tg), "%.4f",
+                     bytes ? tcpu / ((double)bytes / 1e9) : 0.0);
+        }
+        printf(
+            "{\"op\":\"%s\",\"protocol\":\"%s\",\"memory\":\"%s\","
+            "\"remote_memory\":\"%s\",\"block_size\":%llu,"
+            "\"batch_size\":%llu,\"threads\":%llu,\"conns\":%llu,"
+            "\"workers\":%llu,\"pattern\":\"%s\",\"working_set\":%llu,"
+            "\"seconds\":%.3f,\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
+            "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
+            "\"cpu_s\":%.3f,\"cpu_s_per_gb\":%.4f,"
+            "\"target_cpu_s\":%s,\"target_cpu_s_per_gb\":%s,"
+            "\"verify\":%s,\"verified_blocks\":%llu,\"mismatches\":%llu}\n",
+            o->op, proto, o->memory,
+            region.kind == KVT_MEM_CUDA ? "cuda" : "host",
+            (unsigned long long)o->block, (unsigned long long)o->batch,
+            (unsigned long long)o->threads,
+            (unsigned long long)(o->conns ? o->conns : KVT_BENCH_CONNS),
+            (unsigned long long)(o->workers ? o->workers : KVT_BENCH_WORKERS),
+            o->pattern, (unsigned long long)wset, secs,
+            (unsigned long long)bytes, (unsigned long long)ops, gbps, p50, p99,
+            (unsigned long long)errors, cpu,
+            bytes ? cpu / ((double)bytes / 1e9) : 0.0, tj, tg,
+            o->verify ? "true" : "false", (unsigned long long)checked,
+            (unsigned long long)bad);
+    }
     free(lat);
+    rc = (errors || fatal || bad) ? 1 : 0;
+out_local:
+    if (!is_cuda(o) && local != NULL) {
+        kvt_mem_unregister(e, local);
+        munmap(local, wset * o->threads);
+        local = NULL;
+    }
+out_engine:
+    kvt_engine_destroy(e); /* frees device memory from kvt_mem_alloc_ex() */
+out_free:
     free(ws);
     free(th);
-    kvt_engine_destroy(e); /* frees device memory from kvt_mem_alloc_ex() */
-    if (!is_cuda(o))
-        munmap(local, span * o->threads);
-    return (errors || fatal) ? 1 : 0;
+    return rc;
 }
 
 int kvt_cmd_bench(int argc, char **argv)
