@@ -5,7 +5,12 @@
  *   baseline tcp-stream SECONDS BLOCK  one sender, one receiver process,
  *                                      loopback, large socket buffers,
  *                                      BLOCK-sized send() calls: GB/s
- *   baseline tcp-pingpong COUNT        64-byte round trips: median us
+ *   baseline tcp-pingpong COUNT [SIZE [same|split]]
+ *                                      round trips of SIZE bytes (64),
+ *                                      both ends pinned to one CPU or to
+ *                                      two (unpinned without): median us
+ *   baseline tcp-matched ..., copy-matched ...
+ *                                      matched ceilings (bench/matched.c)
  *   baseline memcpy MIB BLOCK          single-thread memcpy between two
  *                                      512 MiB buffers: GB/s
  *   baseline cma MIB BLOCK             process_vm_writev into another
@@ -66,6 +71,8 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+
+#include "matched.h"
 
 #define AREA (256ul << 20)
 
@@ -271,8 +278,28 @@ static int two_cpus(int cpu[2])
     return n == 2 ? 0 : -1;
 }
 
+size_t matched_size(const char *s)
+{
+    return size_arg(s);
+}
+
+int matched_tcp_pair(int *a, int *b)
+{
+    return pair(a, b, 1);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "tcp-matched") == 0) {
+        int rc = matched_tcp(argc, argv);
+        if (rc >= 0)
+            return rc;
+    }
+    if (argc > 1 && strcmp(argv[1], "copy-matched") == 0) {
+        int rc = matched_copy(argc, argv);
+        if (rc >= 0)
+            return rc;
+    }
     if (argc == 4 && strcmp(argv[1], "tcp-stream") == 0) {
         double secs = atof(argv[2]), t0, t;
         size_t blk = size_arg(argv[3]), sent = 0, off = 0;
@@ -307,23 +334,40 @@ int main(int argc, char **argv)
         printf("%.3f\n", (double)sent / (t - t0) / 1e9);
         return 0;
     }
-    if (argc == 3 && strcmp(argv[1], "tcp-pingpong") == 0) {
-        int n = atoi(argv[2]), a, b;
+    if (argc >= 3 && argc <= 5 && strcmp(argv[1], "tcp-pingpong") == 0) {
+        int n = atoi(argv[2]), a, b, cpu[2] = {-1, -1};
+        size_t sz = argc > 3 ? size_arg(argv[3]) : 64;
+        const char *pin = argc > 4 ? argv[4] : "none";
         double *lat = malloc((size_t)n * sizeof(double));
-        char m[64] = {0};
-        if (pair(&a, &b, 0))
+        char *m = calloc(1, sz ? sz : 1);
+        if (n < 1 || sz == 0 || lat == NULL || m == NULL || pair(&a, &b, 0))
             return 2;
+        /* Where the two ends run: one CPU for both, or one each. */
+        if (strcmp(pin, "none") != 0) {
+            if (two_cpus(cpu) != 0) {
+                fprintf(stderr, "tcp-pingpong: fewer than two CPUs\n");
+                return 2;
+            }
+            if (strcmp(pin, "same") == 0)
+                cpu[1] = cpu[0];
+            else if (strcmp(pin, "split") != 0)
+                return 2;
+        }
         if (fork() == 0) {
             close(a);
-            while (recv(b, m, 64, MSG_WAITALL) == 64)
-                send(b, m, 64, 0);
+            if (cpu[1] >= 0)
+                pin_to(cpu[1]);
+            while (recv(b, m, sz, MSG_WAITALL) == (ssize_t)sz)
+                send(b, m, sz, 0);
             _exit(0);
         }
         close(b);
+        if (cpu[0] >= 0)
+            pin_to(cpu[0]);
         for (int i = 0; i < n; i++) {
             double t = now();
-            send(a, m, 64, 0);
-            recv(a, m, 64, MSG_WAITALL);
+            send(a, m, sz, 0);
+            recv(a, m, sz, MSG_WAITALL);
             lat[i] = (now() - t) * 1e6;
         }
         close(a);

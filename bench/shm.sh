@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Same-host transport: kvt bench writes over shm beside the machine's own
-# ceilings, measured in alternating rounds in the same run:
-#   1 MiB blocks (batch 32) into kvt_mem_alloc() memory (mapped by the
-#     initiator)            vs a plain single-thread memcpy of 1 MiB blocks;
-#   1 MiB blocks (batch 32) into plain registered memory (cross-memory
-#     attach)               vs a plain process_vm_writev loop of 1 MiB blocks;
-#   4 KiB blocks (batch 128) over shm vs over tcp, into the same target.
-# Prints medians and ratios, and which transport carried each kvt figure.
+# Same-host transport: kvt bench writes over shm beside matched ceilings,
+# measured in alternating rounds of the same run, medians and ratios.
+# Each ceiling (`kvt_baseline copy-matched`) moves the same blocks along
+# the same walk through the same cold working set with as many threads as
+# kvt copies with and the same store kind:
+#   - into kvt_mem_alloc() memory, which kvt maps and copies into with
+#     streaming stores: memcpy with streaming stores;
+#   - into plain registered memory, which kvt reaches by cross-memory
+#     attach: process_vm_writev() into another process, a call per batch.
+# 1 MiB blocks (batch 32: a 32 MiB submission, cut into jobs copied by the
+# submitting thread and the engine's 2 workers, so as many threads as the
+# machine has CPUs, at most 3), 64 KiB (batch 32: one job, one thread) and
+# scattered 4 KiB (batch 128: one job, one thread).
 #   bench/shm.sh [ROUNDS] [SECONDS]      (run from the project root after make)
 set -euo pipefail
 ROUNDS=${1:-3}
 SECS=${2:-3}
+WSET=512M
 KVT=build/bin/kvt
 BASE=build/bin/kvt_baseline
 [ -x "$KVT" ] && [ -x "$BASE" ] || { echo "run make first"; exit 1; }
@@ -34,41 +40,34 @@ start_target() {
 }
 start_target managed --buffer=managed; MANAGED=$SEG
 start_target malloc --buffer=malloc; MALLOC=$SEG
+NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
-# kvt SEGMENT PROTOCOL BLOCK BATCH: one run; appends gbps to $TMP/<tag>
-# and the carrying transport to $TMP/<tag>.proto.
-kvt() {
-    local tag=$1; shift
-    "$KVT" bench --mode=initiator --segment="$1" --protocol="$2" --op=write \
-        --block-size="$3" --batch-size="$4" --threads=1 --duration="$SECS" \
-        --json 2>>"$TMP/log" | tail -1 >"$TMP/json"
-    python3 -c "import json; d=json.load(open('$TMP/json')); print(d['gbps'])" >>"$TMP/$tag"
-    python3 -c "import json; d=json.load(open('$TMP/json')); print(d['protocol'])" >>"$TMP/$tag.proto"
-}
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-ratio() { python3 -c "print('%.2f' % ($1/$2))"; }
-carried() { sort -u "$TMP/$1.proto" | paste -sd/ -; }
 
-for _ in $(seq "$ROUNDS"); do
-    kvt managed "$MANAGED" shm 1M 32
-    "$BASE" memcpy 3072 1M >>"$TMP/memcpy"
-    kvt malloc "$MALLOC" shm 1M 32
-    "$BASE" cma 3072 1M >>"$TMP/cma"
-    kvt shm4k "$MALLOC" shm 4K 128
-    kvt tcp4k "$MALLOC" tcp 4K 128
+printf '%-34s %8s %-30s %8s %6s\n' "kvt (carried by)" "GB/s" "matched ceiling" "GB/s" ratio
+for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
+    malloc:64K:32:contig managed:4K:128:scatter malloc:4K:128:scatter; do
+    IFS=: read -r buf blk batch pat <<<"$spec"
+    seg=$MANAGED; kind="memcpy nt"; how="nt memcpy"
+    [ "$buf" = malloc ] && { seg=$MALLOC; kind="process_vm_writev"; how="plain cma"; }
+    threads=1; [ "$blk" = 1M ] && threads=$BIG_THREADS
+    : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
+    for r in $(seq "$ROUNDS"); do
+        for who in $([ $((r % 2)) = 1 ] && echo "kvt base" || echo "base kvt"); do
+            if [ "$who" = kvt ]; then
+                "$KVT" bench --mode=initiator --segment="$seg" --protocol=shm --op=write \
+                    --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
+                    --working-set="$WSET" --threads=1 --duration="$SECS" --json \
+                    2>>"$TMP/log" | tail -1 >"$TMP/json"
+                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['gbps'])" >>"$TMP/k"
+                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['protocol'])" >>"$TMP/p"
+            else
+                # shellcheck disable=SC2086
+                "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" >>"$TMP/s"
+            fi
+        done
+    done
+    k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
+    printf '%-34s %8s %-30s %8s %6.2f\n' "$blk x$batch $pat, $buf ($(sort -u "$TMP/p" | paste -sd/ -))" \
+        "$k" "$kind, $threads thread(s)" "$s" "$(python3 -c "print($k/$s)")"
 done
-
-m=$(median <"$TMP/managed"); mc=$(median <"$TMP/memcpy")
-c=$(median <"$TMP/malloc"); cc=$(median <"$TMP/cma")
-s=$(median <"$TMP/shm4k"); t=$(median <"$TMP/tcp4k")
-printf '%-34s %10s %-26s %10s %7s\n' "kvt (carried by)" "GB/s" "ceiling" "GB/s" ratio
-printf '%-34s %10s %-26s %10s %7s\n' "1 MiB x32 into kvt_mem_alloc ($(carried managed))" "$m" \
-    "memcpy, 1 thread" "$mc" "$(ratio "$m" "$mc")"
-printf '%-34s %10s %-26s %10s %7s\n' "1 MiB x32 into malloc ($(carried malloc))" "$c" \
-    "process_vm_writev loop" "$cc" "$(ratio "$c" "$cc")"
-printf '%-34s %10s %-26s %10s %7s\n' "4 KiB x128 ($(carried shm4k))" "$s" \
-    "kvt over $(carried tcp4k)" "$t" "$(ratio "$s" "$t")"
-if [ "$(carried managed)$(carried malloc)$(carried shm4k)" != shmshmshm ]; then
-    echo "note: shm did not carry every kvt shm figure; the engine log says why:"
-    grep -m3 'shm' "$TMP/log" || true
-fi

@@ -1,48 +1,83 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# TCP loopback: kvt bench writes beside a plain socket stream between two
-# processes (the machine's ceiling), measured in alternating rounds in the
-# same run, for 4 KiB, 64 KiB, 1 MiB and 16 MiB blocks; then a synchronous
-# 4 KiB write beside a 64-byte ping-pong. Prints medians and ratios. Both
-# kvt engines are limited to tcp: on one host they would otherwise pick
-# shm, and the figures would not be tcp's.
+# TCP loopback: kvt bench writes beside a matched ceiling, measured in
+# alternating rounds of the same run, medians and ratios:
+#   - bandwidth for 4 KiB blocks (scattered, as paged KV blocks are),
+#     64 KiB, 1 MiB and 16 MiB: kvt with CONNS connections per peer (its
+#     default, 2) against `kvt_baseline tcp-matched` with as many TCP
+#     streams, the same block walk, the same cold working set on both
+#     sides, and a receiver that reads each whole message into the
+#     scattered destination;
+#   - a synchronous 4 KiB write (batch of one) against a 4 KiB TCP
+#     ping-pong, with both processes pinned to one CPU and to two
+#     (placement changes a loopback round trip several-fold).
+# Both kvt engines are limited to tcp (on one host they would pick shm).
 #   bench/tcp.sh [ROUNDS] [SECONDS]      (run from the project root after make)
+#   CONNS=1 bench/tcp.sh                 (connections per peer, both sides)
 set -euo pipefail
 ROUNDS=${1:-3}
 SECS=${2:-3}
+CONNS=${CONNS:-2}
+WSET=512M
 KVT=build/bin/kvt
 BASE=build/bin/kvt_baseline
 [ -x "$KVT" ] && [ -x "$BASE" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
-"$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp --buffer-size=1G >"$TMP/target" 2>&1 &
-for _ in $(seq 100); do grep -q '^segment:' "$TMP/target" && break; sleep 0.1; done
-SEG=$(sed -n 's/^segment: *//p' "$TMP/target")
-[ -n "$SEG" ] || { echo "target did not start"; cat "$TMP/target"; exit 1; }
-
+# target NAME [taskset prefix...]: a kvt bench target; its segment in $TMP/seg.NAME
+target() {
+    local name=$1; shift
+    "$@" "$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp --buffer-size=1G \
+        --conns="$CONNS" >"$TMP/target.$name" 2>&1 &
+    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.$name" && break; sleep 0.1; done
+    sed -n 's/^segment: *//p' "$TMP/target.$name" >"$TMP/seg.$name"
+    [ -s "$TMP/seg.$name" ] || { echo "target did not start"; cat "$TMP/target.$name"; exit 1; }
+}
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])['$1'])"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+size() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1"; }
 
-printf '%-8s %6s %12s %12s %7s\n' block batch "kvt GB/s" "socket GB/s" ratio
-for spec in 4K:128 64K:128 1M:32 16M:4; do
-    blk=${spec%:*}; batch=${spec#*:}
+target bw
+SEG=$(cat "$TMP/seg.bw")
+printf '%-6s %-8s %5s %10s %12s %7s %10s\n' block pattern batch "kvt GB/s" "matched GB/s" ratio "kvt s/GB"
+for spec in 4K:128:scatter 64K:128:contig 1M:32:contig 16M:4:contig; do
+    IFS=: read -r blk batch pat <<<"$spec"
+    msg=$(( $(size "$blk") * batch ))
+    : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/c"
+    for r in $(seq "$ROUNDS"); do
+        for who in $([ $((r % 2)) = 1 ] && echo "kvt base" || echo "base kvt"); do
+            if [ "$who" = kvt ]; then
+                "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
+                    --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
+                    --working-set="$WSET" --conns="$CONNS" --threads=1 --duration="$SECS" \
+                    --json | tail -1 >"$TMP/json"
+                field gbps <"$TMP/json" >>"$TMP/k"
+                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['cpu_s_per_gb'] + (d['target_cpu_s_per_gb'] or 0))" >>"$TMP/c"
+            else
+                "$BASE" tcp-matched "$SECS" "$CONNS" "$blk" "$WSET" "$pat" "$msg" >>"$TMP/s"
+            fi
+        done
+    done
+    k=$(median <"$TMP/k"); s=$(median <"$TMP/s"); c=$(median <"$TMP/c")
+    printf '%-6s %-8s %5s %10s %12s %7.2f %10.2f\n' "$blk" "$pat" "$batch" "$k" "$s" \
+        "$(python3 -c "print($k/$s)")" "$c"
+done
+
+# Latency: one target per placement, pinned with the initiator.
+read -r C0 C1 < <(python3 -c "import os; c=sorted(os.sched_getaffinity(0)); print(c[0], c[1] if len(c) > 1 else c[0])")
+target same taskset -c "$C0"
+target split taskset -c "$C1"
+printf '\n%-28s %10s %14s %7s\n' "sync 4 KiB write, p50" "kvt us" "ping-pong us" ratio
+for place in same split; do
     : >"$TMP/k"; : >"$TMP/s"
     for _ in $(seq "$ROUNDS"); do
-        "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write --block-size="$blk" \
-            --batch-size="$batch" --threads=1 --duration="$SECS" --json | field gbps >>"$TMP/k"
-        "$BASE" tcp-stream "$SECS" "$blk" >>"$TMP/s"
+        taskset -c "$C0" "$KVT" bench --mode=initiator --segment="$(cat "$TMP/seg.$place")" \
+            --protocol=tcp --op=write --block-size=4K --batch-size=1 --pattern=contig \
+            --working-set=4K --conns="$CONNS" --threads=1 --duration=2 --json | field lat_p50_us >>"$TMP/k"
+        "$BASE" tcp-pingpong 20000 4K "$place" >>"$TMP/s"
     done
     k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
-    printf '%-8s %6s %12s %12s %7.2f\n' "$blk" "$batch" "$k" "$s" "$(python3 -c "print($k/$s)")"
+    label="one CPU for both"; [ "$place" = split ] && label="a CPU each"
+    printf '%-28s %10s %14s %7.2f\n' "$label" "$k" "$s" "$(python3 -c "print($k/$s)")"
 done
-
-: >"$TMP/k"; : >"$TMP/s"
-for _ in $(seq "$ROUNDS"); do
-    "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write --block-size=4K \
-        --batch-size=1 --threads=1 --duration=2 --json | field lat_p50_us >>"$TMP/k"
-    "$BASE" tcp-pingpong 20000 >>"$TMP/s"
-done
-k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
-printf '\nsync 4 KiB write p50 %s us, 64 B TCP ping-pong %s us: ratio %.2f\n' \
-    "$k" "$s" "$(python3 -c "print($k/$s)")"
