@@ -23,7 +23,8 @@ static void usage(FILE *f)
             "/health and /metrics over HTTP until SIGINT or SIGTERM.\n"
             "\n"
             "  --port N         TCP port (default 8080; 0 picks one)\n"
-            "  --host H         address to listen on (default 0.0.0.0)\n"
+            "  --host H         address to listen on (default 127.0.0.1;\n"
+            "                   0.0.0.0 for every address)\n"
             "  --threads N      server threads (default 2)\n"
             "  --max-body SIZE  largest request body (default 16M)\n"
             "  --max-bytes SIZE keys and values kept at most (default 1G)\n");
@@ -44,7 +45,7 @@ static int parse_port(const char *s, uint16_t *port_p)
 int kvt_cmd_metad(int argc, char **argv)
 {
     kvt_metad_params_t p = {0};
-    const char *host = "0.0.0.0", *v;
+    const char *host = "127.0.0.1", *v;
     uint16_t port = 8080;
     uint64_t size;
     kvt_metad_h md;

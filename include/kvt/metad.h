@@ -48,7 +48,9 @@ enum {
 
 typedef struct {
     uint64_t field_mask;
-    /* Address to listen on; NULL or "": every address (the default). */
+    /* Address to listen on. NULL or "" (the default): 127.0.0.1 only,
+     * since anyone who reaches the server can rewrite every key and
+     * route; "0.0.0.0" listens on every IPv4 address. */
     const char *host;
     /* Port; 0 picks a free one (kvt_metad_port()). Default 8080. */
     uint16_t port;

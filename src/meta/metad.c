@@ -40,6 +40,10 @@
 #include "util/sock.h"
 
 #define DEFAULT_MAX_BYTES ((size_t)1 << 30)
+/* Loopback unless the caller names an address: anyone who reaches the
+ * server may rewrite every key and route, so being reachable from the
+ * network is a choice the operator makes (docs/metadata.md). */
+#define DEFAULT_HOST "127.0.0.1"
 #define SWEEP_INTERVAL_MS 1000
 
 /* Status codes counted in /metrics; anything else counts as "other". */
@@ -837,8 +841,9 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     st = kvt__boot_table_create(&md->boot);
     if (st != KVT_OK)
         goto err_store;
-    st = kvt__sock_listen(host && *host ? host : "0.0.0.0", port, &fd,
-                          &md->port);
+    if (host == NULL || *host == '\0')
+        host = DEFAULT_HOST;
+    st = kvt__sock_listen(host, port, &fd, &md->port);
     if (st != KVT_OK)
         goto err_boot;
     st = sweeper_start(md);
@@ -855,8 +860,8 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
         st = KVT_ERR_IO;
         goto err_sweeper;
     }
-    KVT_LOG_I("metad: listening on %s:%u with %u threads",
-              host && *host ? host : "0.0.0.0", md->port, md->threads);
+    KVT_LOG_I("metad: listening on %s:%u with %u threads", host, md->port,
+              md->threads);
     *h_p = md;
     return KVT_OK;
 

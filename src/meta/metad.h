@@ -44,7 +44,8 @@ typedef struct {
 } kvt__metad_params_t;
 
 /*
- * Start a server listening on @host (NULL or "" for every address) and
+ * Start a server listening on @host (NULL or "": 127.0.0.1 only; "0.0.0.0"
+ * for every IPv4 address) and
  * @port (0 picks a free one: see kvt__metad_port()). @params may be NULL.
  * Returns once the socket listens and the threads run: KVT_OK with *h_p
  * set, KVT_ERR_INVALID_PARAM (host does not resolve, bad parameter),

@@ -464,6 +464,44 @@ KVT_TEST(start_errors)
     kvt__metad_stop(NULL);
 }
 
+/* Whether something accepts TCP connections on @ip:@port. */
+static int reachable(const char *ip, uint16_t p)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+    CHECK(fd >= 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(p);
+    CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+    ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Without a host the server listens on loopback only: 127.0.0.2 (another
+ * address of this machine, routed to lo) finds nobody, 0.0.0.0 does. */
+KVT_TEST(default_host)
+{
+    kvt__metad_t *any;
+
+#if !defined(KVT_WITH_HTTP_SERVER) || !defined(KVT_WITH_JSON)
+    SKIP("built without libmicrohttpd or json-c");
+#endif
+    CHECK_OK(kvt__metad_start(NULL, 0, NULL, &server));
+    port = kvt__metad_port(server);
+    CHECK(reachable("127.0.0.1", port));
+    CHECK(!reachable("127.0.0.2", port));
+    kvt__metad_stop(server);
+    CHECK_OK(kvt__metad_start("", 0, NULL, &server));
+    CHECK(!reachable("127.0.0.2", kvt__metad_port(server)));
+    kvt__metad_stop(server);
+    /* Every address when asked for. */
+    CHECK_OK(kvt__metad_start("0.0.0.0", 0, NULL, &any));
+    CHECK(reachable("127.0.0.2", kvt__metad_port(any)));
+    kvt__metad_stop(any);
+}
+
 /* The kvt metad command: serves, and exits 0 on SIGTERM and SIGINT. */
 KVT_TEST(command)
 {
@@ -499,6 +537,19 @@ KVT_TEST(command)
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
     {
+        /* No --host: loopback only. */
+        char *plain[] = {(char *)bin, "metad", "--port", portarg, NULL};
+        pid_t pid;
+
+        port = mt_free_port();
+        snprintf(portarg, sizeof(portarg), "%u", port);
+        pid = mt_spawn(plain, NULL);
+        CHECK(mt_wait_port(port, pid, 10000) == 0);
+        CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+        CHECK(!reachable("127.0.0.2", port));
+        CHECK(WIFEXITED(mt_stop(pid, 5000)));
+    }
+    {
         char *bad[] = {(char *)bin, "metad", "--port", "99999", NULL};
         int status;
         pid_t pid = mt_spawn(bad, NULL);
@@ -511,4 +562,5 @@ KVT_TEST_MAIN(KVT_CASE(mooncake_routes, 30), KVT_CASE(keep_alive, 30),
               KVT_CASE(ttl, 30), KVT_CASE(refusals_change_nothing, 60),
               KVT_CASE(store_full, 30), KVT_CASE(bootstrap_routes, 30),
               KVT_CASE(health_metrics, 30), KVT_CASE(concurrent_clients, 120),
-              KVT_CASE(start_errors, 30), KVT_CASE(command, 60))
+              KVT_CASE(start_errors, 30), KVT_CASE(default_host, 30),
+              KVT_CASE(command, 60))
