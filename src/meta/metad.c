@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -234,24 +235,38 @@ static enum MHD_Result metadata_get(kvt__metad_t *md, struct MHD_Connection *c,
  * PUT /metadata: store the body under the key, with the deadline of
  * ?ttl= when given, and acknowledge the TTL with X-Kvt-Ttl so that kvt
  * clients know it is enforced. 507 when the byte limit would be passed.
+ * Keys containing "rpc_meta" (Mooncake's `mooncake/rpc_meta/<segment>`,
+ * an engine's rpc address) follow Mooncake's servers: while one lives,
+ * only the same bytes are accepted ("metadata unchanged", which renews a
+ * TTL); other bytes are 400, so that a second engine cannot silently take
+ * over a name.
  */
 static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
                                     req_t *rq, const kvt__http_req_t *hr)
 {
     uint64_t now = now_ms(), expires = 0;
+    unsigned flags = 0;
     struct MHD_Response *r;
     char ttl[16];
     kvt_status_t st;
+    int same = 0;
 
     if (hr->has_ttl && hr->ttl_s > 0)
         expires = now + (uint64_t)hr->ttl_s * 1000u;
+    if (memmem(hr->key, hr->key_len, "rpc_meta", 8) != NULL)
+        flags |= KVT__KVSTORE_ONCE;
     st = kvt__kvstore_put(md->store, hr->key, hr->key_len,
-                          rq->body ? rq->body : "", rq->body_len, expires, now);
+                          rq->body ? rq->body : "", rq->body_len, expires,
+                          flags, now, &same);
+    if (st == KVT_ERR_EXISTS)
+        return answer(md, c, rq, 400, "Duplicate rpc_meta key not allowed");
     if (st == KVT_ERR_NO_SPACE)
         return answer(md, c, rq, 507, "metadata store full");
     if (st != KVT_OK)
         return answer(md, c, rq, 500, "out of memory");
-    r = text_resp("metadata updated", "application/json");
+    r = text_resp((flags & KVT__KVSTORE_ONCE) && same ? "metadata unchanged"
+                                                      : "metadata updated",
+                  "application/json");
     /* Tells kvt clients that this server enforces the TTL. */
     snprintf(ttl, sizeof(ttl), "%u", hr->has_ttl ? hr->ttl_s : 0);
     if (r != NULL && hr->has_ttl &&
@@ -540,33 +555,67 @@ static const char *const allowed[KVT__ROUTE_COUNT] = {
     [KVT__ROUTE_METRICS] = "GET, HEAD",
 };
 
+static enum MHD_Result count_length(void *cls, enum MHD_ValueKind kind,
+                                    const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        (*(unsigned *)cls)++;
+    return MHD_YES;
+}
+
 /*
  * The first call of the access handler, before any body is read: refuse
- * what must not be read at all (a target too long to have been kept, a
- * body announced beyond the limit). Answering now makes MHD close the
- * connection afterwards, which is what these requests deserve; every other
- * request is answered at the final call so that keep-alive holds.
+ * what must not be read at all (a target too long to have been kept, two
+ * Content-Length headers, which a proxy in front may have read otherwise
+ * (RFC 9112 section 6.3), a body announced beyond the limit). Answering
+ * now makes MHD close the connection afterwards, which is what these
+ * requests deserve; every other request is answered at the final call so
+ * that keep-alive holds.
  */
 static enum MHD_Result first_call(kvt__metad_t *md, struct MHD_Connection *c,
                                   req_t *rq)
 {
     kvt__http_req_t hr;
     const char *cl;
+    unsigned lengths = 0;
     uint64_t len;
     int too_large;
 
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_length, &lengths);
     cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
     too_large = cl != NULL && kvt__http_parse_length(cl, &len) == 0 &&
                 len > md->max_body;
-    if (!rq->too_long && !too_large)
+    if (!rq->too_long && !too_large && lengths <= 1)
         return MHD_YES;
     /* For the route label of the answer only. */
     kvt__http_parse_target(rq->target, rq->target_len, &hr);
     rq->route = hr.route;
     if (rq->too_long)
         return answer(md, c, rq, 414, code_text(414));
+    if (lengths > 1)
+        return answer(md, c, rq, 400, "more than one Content-Length");
     return answer(md, c, rq, 413, code_text(413));
+}
+
+/*
+ * Whether the request may change the stores, decided here alone: 0 to go
+ * on, or the status to refuse with. Writes are PUT and DELETE on the two
+ * routes that hold state; any peer that reaches the server may make them
+ * (it listens on loopback unless told otherwise).
+ */
+static int write_check(kvt__metad_t *md, struct MHD_Connection *c,
+                       const req_t *rq, const kvt__http_req_t *hr)
+{
+    (void)md;
+    (void)c;
+    if (hr->route != KVT__ROUTE_METADATA && hr->route != KVT__ROUTE_ROUTE)
+        return 405;
+    if (rq->method != KVT__METHOD_PUT && rq->method != KVT__METHOD_DELETE)
+        return 405;
+    return 0;
 }
 
 /* The final call: the whole request is in. */
@@ -577,8 +626,6 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
     int code = kvt__http_parse_target(rq->target, rq->target_len, &hr);
     int read_like =
         rq->method == KVT__METHOD_GET || rq->method == KVT__METHOD_HEAD;
-    int writes =
-        rq->method == KVT__METHOD_PUT || rq->method == KVT__METHOD_DELETE;
 
     rq->route = hr.route;
     if (code != 0)
@@ -587,9 +634,9 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
         return answer(md, c, rq, 413, code_text(413));
     if (hr.route == KVT__ROUTE_NONE)
         return answer(md, c, rq, 404, "Not found");
-    if (!read_like && !(writes && (hr.route == KVT__ROUTE_METADATA ||
-                                   hr.route == KVT__ROUTE_ROUTE)))
-        return not_allowed(md, c, rq, allowed[hr.route]);
+    if (!read_like && (code = write_check(md, c, rq, &hr)) != 0)
+        return code == 405 ? not_allowed(md, c, rq, allowed[hr.route])
+                           : answer(md, c, rq, (unsigned)code, code_text(code));
     if (hr.route == KVT__ROUTE_METADATA && (!hr.has_key || hr.key_len == 0))
         return answer(md, c, rq, 400, "missing key");
     switch (hr.route) {

@@ -182,15 +182,15 @@ static int reserve(kvt__kvstore_t *s, size_t add, size_t sub)
 
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              uint64_t now_ms)
+                              unsigned flags, uint64_t now_ms, int *same_p)
 {
     uint64_t h = hash_key(key, klen);
     shard_t *sh = shard_of(s, h);
     entry_t *fresh, **link, *old_entry = NULL;
     uint8_t *copy, *old_val = NULL;
     kvt_status_t st = KVT_ERR_NO_MEMORY;
+    int same = 0;
 
-    (void)now_ms;
     copy = malloc(vlen > 0 ? vlen : 1);
     if (copy == NULL)
         goto err;
@@ -211,7 +211,11 @@ kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
     link = find(sh, h, key, klen);
     if (link != NULL) {
         entry_t *e = *link;
-        if (reserve(s, charge(klen, vlen), charge(klen, e->vlen)) != 0) {
+        int live = is_live(e, now_ms);
+        same = live && e->vlen == vlen && memcmp(e->val, val, vlen) == 0;
+        if ((flags & KVT__KVSTORE_ONCE) && live && !same) {
+            st = KVT_ERR_EXISTS;
+        } else if (reserve(s, charge(klen, vlen), charge(klen, e->vlen)) != 0) {
             st = KVT_ERR_NO_SPACE;
         } else {
             old_val = e->val;
@@ -235,6 +239,8 @@ kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
         goto err_fresh;
     free(old_val);
     free(old_entry);
+    if (same_p != NULL)
+        *same_p = same;
     return KVT_OK;
 
 err_fresh:

@@ -29,14 +29,26 @@ typedef void (*kvt__kvstore_visit_cb_t)(void *arg, const uint8_t *val,
 kvt_status_t kvt__kvstore_create(size_t max_bytes, kvt__kvstore_t **s_p);
 void kvt__kvstore_destroy(kvt__kvstore_t *s);
 
+/* Flags of kvt__kvstore_put(). */
+enum {
+    /* Mooncake's rule for its rpc_meta keys: a live entry is replaced only
+     * by the same bytes (which renews its expiry), so that a second
+     * engine cannot take over a name that is in use. */
+    KVT__KVSTORE_ONCE = 1u << 0,
+};
+
 /*
  * Store a copy of @val under @key (@klen bytes), replacing any value, to
- * expire at @expires_ms (0: never). KVT_OK, KVT_ERR_NO_SPACE (the byte
- * limit would be passed; nothing changes), KVT_ERR_NO_MEMORY.
+ * expire at @expires_ms (0: never). With KVT__KVSTORE_ONCE in @flags, a
+ * live entry with other bytes stays. *@same_p (when not NULL) is set on
+ * KVT_OK to whether a live entry held these bytes already. KVT_OK,
+ * KVT_ERR_EXISTS (KVT__KVSTORE_ONCE and other bytes are stored; nothing
+ * changes), KVT_ERR_NO_SPACE (the byte limit would be passed; nothing
+ * changes), KVT_ERR_NO_MEMORY.
  */
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              uint64_t now_ms);
+                              unsigned flags, uint64_t now_ms, int *same_p);
 
 /* Call @cb with the live value of @key. KVT_OK or KVT_ERR_NOT_FOUND. */
 kvt_status_t kvt__kvstore_get(kvt__kvstore_t *s, const char *key, size_t klen,

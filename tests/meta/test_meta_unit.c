@@ -104,6 +104,23 @@ KVT_TEST(http_target)
     CHECK(target("/metadata?key", &r) == 0);
     CHECK(r.has_key && r.key_len == 0);
     CHECK(target("/metadata", &r) == 0 && !r.has_key);
+    /* Keys are stripped as Mooncake's servers strip them; blank keys come
+     * out empty (the server refuses them). */
+    CHECK(target("/metadata?key=+%20a+b%09%0D%0A", &r) == 0);
+    CHECK(strcmp(r.key, "a b") == 0 && r.key_len == 3);
+    CHECK(target("/metadata?key=+%09+", &r) == 0);
+    CHECK(r.has_key && r.key_len == 0 && r.key[0] == '\0');
+    CHECK(target("/metadata/keys?prefix=+a", &r) == 0 && r.prefix_len == 2);
+    /* Keys and prefixes must be UTF-8: they travel in JSON answers. */
+    CHECK(target("/metadata?key=caf%C3%A9%F0%9F%98%80", &r) == 0);
+    CHECK(r.key_len == 9);
+    CHECK(target("/metadata?key=%FF", &r) == 400);
+    CHECK(target("/metadata?key=a%C3", &r) == 400);
+    CHECK(target("/metadata?key=%C0%AF", &r) == 400);       /* overlong */
+    CHECK(target("/metadata?key=%ED%A0%80", &r) == 400);    /* surrogate */
+    CHECK(target("/metadata?key=%F4%90%80%80", &r) == 400); /* > U+10FFFF */
+    CHECK(target("/metadata?key=%80", &r) == 400);
+    CHECK(target("/metadata/keys?prefix=%FE", &r) == 400);
     CHECK(target("/metadata?key=%4", &r) == 400);
     CHECK(target("/metadata?key=%g0", &r) == 400);
     CHECK(target("/metadata?ttl=-1&key=a", &r) == 400);
@@ -206,28 +223,52 @@ KVT_TEST(store)
 
     CHECK_OK(kvt__kvstore_create(1 << 20, &s));
     CHECK_ST(kvt__kvstore_get(s, "a", 1, 0, take, &g), KVT_ERR_NOT_FOUND);
-    CHECK_OK(kvt__kvstore_put(s, "a", 1, "one", 3, 0, 0));
+    CHECK_OK(kvt__kvstore_put(s, "a", 1, "one", 3, 0, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
     CHECK(g.len == 3 && memcmp(g.buf, "one", 3) == 0);
-    CHECK_OK(kvt__kvstore_put(s, "a", 1, "", 0, 0, 0));
+    CHECK_OK(kvt__kvstore_put(s, "a", 1, "", 0, 0, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
     CHECK(g.len == 0);
     /* Keys are byte strings: "a" and "a\0" differ. */
-    CHECK_OK(kvt__kvstore_put(s, "a\0", 2, "two", 3, 0, 0));
+    CHECK_OK(kvt__kvstore_put(s, "a\0", 2, "two", 3, 0, 0, 0, NULL));
     CHECK(kvt__kvstore_count(s) == 2);
     /* Expiry: invisible from the deadline on, freed by purge. */
-    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 1000, 0));
+    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 1000, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "t", 1, 999, take, &g));
     CHECK_ST(kvt__kvstore_get(s, "t", 1, 1000, take, &g), KVT_ERR_NOT_FOUND);
     CHECK_ST(kvt__kvstore_del(s, "t", 1, 1000), KVT_ERR_NOT_FOUND);
-    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 2000, 1000));
+    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 2000, 0, 1000, NULL));
     CHECK(kvt__kvstore_purge(s, 1500) == 0);
     CHECK(kvt__kvstore_purge(s, 2000) == 1);
+    {
+        /* Once: other bytes refused while the entry lives, the same bytes
+         * renew it, an expired one is replaced. */
+        int same = -1;
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 3000, KVT__KVSTORE_ONCE,
+                                  2000, &same));
+        CHECK(same == 0);
+        CHECK_ST(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 2500,
+                                  &same),
+                 KVT_ERR_EXISTS);
+        CHECK_OK(kvt__kvstore_get(s, "o", 1, 2500, take, &g));
+        CHECK(g.len == 1 && g.buf[0] == 'x');
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 5000, KVT__KVSTORE_ONCE,
+                                  2500, &same));
+        CHECK(same == 1);
+        CHECK_OK(kvt__kvstore_get(s, "o", 1, 4000, take, &g));
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 5000,
+                                  &same));
+        CHECK(same == 0);
+        CHECK_OK(kvt__kvstore_get(s, "o", 1, 5000, take, &g));
+        CHECK(g.len == 1 && g.buf[0] == 'y');
+        CHECK_OK(kvt__kvstore_del(s, "o", 1, 5000));
+    }
     CHECK(kvt__kvstore_count(s) == 2);
     /* Many keys: the shards grow. */
     for (int i = 0; i < 5000; i++) {
         int kl = snprintf(key, sizeof(key), "p/%05d", i);
-        CHECK_OK(kvt__kvstore_put(s, key, (size_t)kl, key, (size_t)kl, 0, 0));
+        CHECK_OK(kvt__kvstore_put(s, key, (size_t)kl, key, (size_t)kl, 0, 0, 0,
+                                  NULL));
     }
     CHECK_OK(kvt__kvstore_keys(s, "p/", 2, 0, 10000, &keys, &n));
     CHECK(n == 5000 && strcmp(keys[0], "p/00000") == 0);
@@ -247,8 +288,10 @@ KVT_TEST(store)
         size_t big = 1 << 20;
         char *v = calloc(1, big);
         CHECK(v != NULL);
-        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0), KVT_ERR_NO_SPACE);
-        CHECK_ST(kvt__kvstore_put(s, "a", 1, v, big, 0, 0), KVT_ERR_NO_SPACE);
+        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0, 0, NULL),
+                 KVT_ERR_NO_SPACE);
+        CHECK_ST(kvt__kvstore_put(s, "a", 1, v, big, 0, 0, 0, NULL),
+                 KVT_ERR_NO_SPACE);
         CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
         CHECK(g.len == 0);
         free(v);

@@ -289,6 +289,85 @@ KVT_TEST(refusals_change_nothing)
     kvt__metad_stop(server);
 }
 
+/* Mooncake's servers: an rpc_meta key is kept against other bytes while
+ * it lives, keys are stripped, blank ones refused. */
+KVT_TEST(mooncake_semantics)
+{
+    static const char *rpc = "/metadata?key=mooncake%2Frpc_meta%2Fh%3A1";
+    static const char a[] = "{\"ip_or_host_name\":\"h\",\"rpc_port\":1}";
+    static const char b[] = "{\"ip_or_host_name\":\"h\",\"rpc_port\":2}";
+    mt_resp_t r;
+
+    start();
+    CHECK(mt_http(port, "PUT", rpc, NULL, a, strlen(a), &r) == 200);
+    CHECK(strcmp(r.body, "metadata updated") == 0);
+    mt_resp_free(&r);
+    CHECK(mt_http(port, "PUT", rpc, NULL, a, strlen(a), &r) == 200);
+    CHECK(strcmp(r.body, "metadata unchanged") == 0);
+    mt_resp_free(&r);
+    CHECK(mt_http(port, "PUT", rpc, NULL, b, strlen(b), &r) == 400);
+    CHECK(strcmp(r.body, "Duplicate rpc_meta key not allowed") == 0);
+    mt_resp_free(&r);
+    expect_body(rpc, a, strlen(a));
+    /* Gone (deleted or expired), the name is free again. */
+    CHECK(mt_code(port, "DELETE", rpc, NULL, 0) == 200);
+    CHECK(mt_code(port, "PUT",
+                  "/metadata?key=mooncake%2Frpc_meta%2Fh%3A1&ttl=1", b,
+                  strlen(b)) == 200);
+    CHECK(mt_code(port, "PUT", rpc, a, strlen(a)) == 400);
+    usleep(1100000);
+    CHECK(mt_code(port, "PUT", rpc, a, strlen(a)) == 200);
+    expect_body(rpc, a, strlen(a));
+    /* Other keys are overwritten as before. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=mooncake%2Fram%2Fh", a,
+                  strlen(a)) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=mooncake%2Fram%2Fh", b,
+                  strlen(b)) == 200);
+    expect_body("/metadata?key=mooncake%2Fram%2Fh", b, strlen(b));
+
+    /* Stripped keys, blank keys. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=+%09k1%20%0A", "v", 1) == 200);
+    expect_body("/metadata?key=k1", "v", 1);
+    expect_body("/metadata?key=%20k1", "v", 1);
+    expect_body("/metadata/keys?prefix=k", "[\"k1\"]", 6);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%20%20", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=+", "v", 1) == 400);
+    CHECK(mt_code(port, "GET", "/metadata?key=%09", NULL, 0) == 400);
+    CHECK(mt_code(port, "DELETE", "/metadata?key=%0D%0A", NULL, 0) == 400);
+    CHECK(mt_code(port, "DELETE", "/metadata?key=%20k1", NULL, 0) == 200);
+    kvt__metad_stop(server);
+}
+
+/* Keys that are not UTF-8 are refused, so that /metadata/keys stays valid
+ * JSON for everyone; two Content-Length headers are refused. */
+KVT_TEST(strict_http)
+{
+    static const char *reqs[] = {
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        "Content-Length: 1\r\nConnection: close\r\n\r\nw",
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\nww",
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        "content-length: 1\r\nConnection: close\r\n\r\nww",
+    };
+    mt_resp_t r;
+
+    start();
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", "v", 1) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=caf%C3%A9", "v", 1) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%FF%FE", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=a%C3", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%C0%80", "v", 1) == 400);
+    CHECK(mt_code(port, "GET", "/metadata/keys?prefix=%FF", NULL, 0) == 400);
+    CHECK(mt_http(port, "GET", "/metadata/keys", NULL, NULL, 0, &r) == 200);
+    CHECK(strcmp(r.body, "[\"caf\xc3\xa9\",\"k\"]") == 0);
+    mt_resp_free(&r);
+    for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++)
+        CHECK(raw(reqs[i], strlen(reqs[i])) == 400);
+    expect_body("/metadata?key=k", "v", 1);
+    kvt__metad_stop(server);
+}
+
 KVT_TEST(store_full)
 {
     char v[2048];
@@ -560,7 +639,8 @@ KVT_TEST(command)
 
 KVT_TEST_MAIN(KVT_CASE(mooncake_routes, 30), KVT_CASE(keep_alive, 30),
               KVT_CASE(ttl, 30), KVT_CASE(refusals_change_nothing, 60),
-              KVT_CASE(store_full, 30), KVT_CASE(bootstrap_routes, 30),
+              KVT_CASE(store_full, 30), KVT_CASE(mooncake_semantics, 30),
+              KVT_CASE(strict_http, 30), KVT_CASE(bootstrap_routes, 30),
               KVT_CASE(health_metrics, 30), KVT_CASE(concurrent_clients, 120),
               KVT_CASE(start_errors, 30), KVT_CASE(default_host, 30),
               KVT_CASE(command, 60))
