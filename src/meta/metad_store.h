@@ -24,8 +24,9 @@ typedef struct kvt__kvstore kvt__kvstore_t;
 typedef void (*kvt__kvstore_visit_cb_t)(void *arg, const uint8_t *val,
                                         size_t len);
 
-/* Create a store holding at most @max_bytes of keys and values (plus a
- * fixed overhead per entry). KVT_OK or KVT_ERR_NO_MEMORY. */
+/* Create a store holding at most @max_bytes of entries, counted as the
+ * heap they really take (key, value, header, allocator overhead and a
+ * share of the hash table). KVT_OK or KVT_ERR_NO_MEMORY. */
 kvt_status_t kvt__kvstore_create(size_t max_bytes, kvt__kvstore_t **s_p);
 void kvt__kvstore_destroy(kvt__kvstore_t *s);
 

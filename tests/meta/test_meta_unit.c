@@ -4,6 +4,7 @@
  * targets, base64, the metad store, bootstrap registrations and the JSON
  * segment descriptor codec.
  */
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -558,7 +559,58 @@ KVT_TEST(built)
 #endif
 }
 
+/* Heap bytes in use, as glibc's allocator counts them (chunk sizes,
+ * headers included; mmap'd chunks too). */
+static size_t heap_used(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/*
+ * The store's real memory stays within 1.2 x the bytes it charges against
+ * --max-bytes, for values from 1 byte to 256 KiB under 40-byte keys
+ * (Mooncake's key shape): the heap grown by storing N entries, divided by
+ * what the store reports. Skipped under sanitizers, whose allocators
+ * mallinfo2() does not see.
+ */
+KVT_TEST(store_memory)
+{
+    static const size_t vlens[] = {0, 1, 16, 110, 1000, 4096, 65536, 262144};
+    char key[64];
+    char *val = calloc(1, 262144);
+    double worst = 0;
+
+    CHECK(val != NULL);
+    if (getenv("KVT_SANITIZED") != NULL)
+        SKIP("the sanitizer's allocator is not glibc's");
+    for (size_t i = 0; i < sizeof(vlens) / sizeof(vlens[0]); i++) {
+        size_t n = vlens[i] >= 65536 ? 200 : 20000, before, used, charged;
+        kvt__kvstore_t *s;
+
+        CHECK_OK(kvt__kvstore_create((size_t)1 << 40, &s));
+        malloc_trim(0);
+        before = heap_used();
+        for (size_t k = 0; k < n; k++) {
+            int kl = snprintf(key, sizeof(key),
+                              "mooncake/ram/10.0.0.1:%05zu/segment-xx", k);
+            CHECK_OK(kvt__kvstore_put(s, key, (size_t)kl, val, vlens[i], 0, 0,
+                                      0, NULL));
+        }
+        used = heap_used() - before;
+        charged = kvt__kvstore_bytes(s);
+        printf("store_memory: %zu x %zu-byte values: heap %zu, charged %zu, "
+               "ratio %.3f\n",
+               n, vlens[i], used, charged, (double)used / (double)charged);
+        if ((double)used > worst * (double)charged)
+            worst = (double)used / (double)charged;
+        kvt__kvstore_destroy(s);
+    }
+    free(val);
+    CHECK(worst <= 1.2);
+}
+
 KVT_TEST_MAIN(KVT_CASE(built, 10), KVT_CASE(uri, 10), KVT_CASE(http_target, 10),
               KVT_CASE(base64, 10), KVT_CASE(store, 30),
               KVT_CASE(bootstrap, 10), KVT_CASE(segdesc_json, 10),
-              KVT_CASE(segment_key, 10))
+              KVT_CASE(segment_key, 10), KVT_CASE(store_memory, 60))
