@@ -78,6 +78,8 @@ typedef struct {
     int answered;
     int too_long;
     int oversize;
+    int nospace; /* the body could not be reserved: 507 */
+    size_t held; /* bytes reserved in the store for the body */
     kvt__method_t method;
     kvt__route_t route;
     uint64_t discarded;
@@ -257,7 +259,9 @@ static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
         flags |= KVT__KVSTORE_ONCE;
     st = kvt__kvstore_put(md->store, hr->key, hr->key_len,
                           rq->body ? rq->body : "", rq->body_len, expires,
-                          flags, now, &same);
+                          flags, rq->held, now, &same);
+    if (st == KVT_OK)
+        rq->held = 0; /* now the entry's */
     if (st == KVT_ERR_EXISTS)
         return answer(md, c, rq, 400, "Duplicate rpc_meta key not allowed");
     if (st == KVT_ERR_NO_SPACE)
@@ -486,8 +490,8 @@ static enum MHD_Result metrics(kvt__metad_t *md, struct MHD_Connection *c,
               "ones until the next sweep, at most 1 s).\n"
               "# TYPE kvt_metad_keys gauge\n"
               "kvt_metad_keys %zu\n"
-              "# HELP kvt_metad_store_bytes Bytes charged to the /metadata "
-              "store.\n"
+              "# HELP kvt_metad_store_bytes Bytes charged against the "
+              "store's limit: its entries and the bodies being read.\n"
               "# TYPE kvt_metad_store_bytes gauge\n"
               "kvt_metad_store_bytes %zu\n"
               "# HELP kvt_metad_bootstrap_ranks Prefill ranks registered "
@@ -588,8 +592,17 @@ static enum MHD_Result first_call(kvt__metad_t *md, struct MHD_Connection *c,
                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
     too_large = cl != NULL && kvt__http_parse_length(cl, &len) == 0 &&
                 len > md->max_body;
-    if (!rq->too_long && !too_large && lengths <= 1)
-        return MHD_YES;
+    if (!rq->too_long && !too_large && lengths <= 1) {
+        /* An announced body counts against --max-bytes from now on, so
+         * that uploads in flight cannot hold more than the store may. */
+        if (cl == NULL || kvt__http_parse_length(cl, &len) != 0 || len == 0)
+            return MHD_YES;
+        if (kvt__kvstore_reserve(md->store, (size_t)len) == KVT_OK) {
+            rq->held = (size_t)len;
+            return MHD_YES;
+        }
+        rq->nospace = 1;
+    }
     /* For the route label of the answer only. */
     kvt__http_parse_target(rq->target, rq->target_len, &hr);
     rq->route = hr.route;
@@ -597,6 +610,8 @@ static enum MHD_Result first_call(kvt__metad_t *md, struct MHD_Connection *c,
         return answer(md, c, rq, 414, code_text(414));
     if (lengths > 1)
         return answer(md, c, rq, 400, "more than one Content-Length");
+    if (rq->nospace)
+        return answer(md, c, rq, 507, code_text(507));
     return answer(md, c, rq, 413, code_text(413));
 }
 
@@ -632,6 +647,8 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
         return answer(md, c, rq, (unsigned)code, code_text(code));
     if (rq->oversize)
         return answer(md, c, rq, 413, code_text(413));
+    if (rq->nospace)
+        return answer(md, c, rq, 507, code_text(507));
     if (hr.route == KVT__ROUTE_NONE)
         return answer(md, c, rq, 404, "Not found");
     if (!read_like && (code = write_check(md, c, rq, &hr)) != 0)
@@ -665,17 +682,31 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
     }
 }
 
-/* Append an upload chunk, or count it as discarded past the limit. */
+/* Stop keeping the body: it is refused (413 or 507), and its bytes and
+ * reservation are given back at once. */
+static void drop_body(kvt__metad_t *md, req_t *rq)
+{
+    free(rq->body);
+    rq->body = NULL;
+    rq->body_len = rq->body_cap = 0;
+    kvt__kvstore_release(md->store, rq->held);
+    rq->held = 0;
+}
+
+/*
+ * Append an upload chunk, or count it as discarded past the limits. The
+ * buffer's capacity is reserved in the store before it grows (the
+ * announced length at once, see first_call()); a chunked body that cannot
+ * be reserved is read, discarded and answered with 507.
+ */
 static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq, const char *data,
                                   size_t n)
 {
-    if (!rq->oversize && rq->body_len + n > md->max_body) {
+    if (!rq->oversize && !rq->nospace && rq->body_len + n > md->max_body) {
         rq->oversize = 1;
-        free(rq->body);
-        rq->body = NULL;
-        rq->body_len = rq->body_cap = 0;
+        drop_body(md, rq);
     }
-    if (rq->oversize) {
+    if (rq->oversize || rq->nospace) {
         rq->discarded += n;
         /* Bounded work for a client that never stops sending. */
         return rq->discarded > 4 * (uint64_t)md->max_body ? MHD_NO : MHD_YES;
@@ -683,10 +714,21 @@ static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq, const char *data,
     if (rq->body_len + n > rq->body_cap) {
         size_t nc = rq->body_cap ? rq->body_cap : 1024;
         char *nb;
+        if (nc < rq->held)
+            nc = rq->held;
         while (nc < rq->body_len + n)
             nc *= 2;
         if (nc > md->max_body)
             nc = md->max_body;
+        if (nc > rq->held) {
+            if (kvt__kvstore_reserve(md->store, nc - rq->held) != KVT_OK) {
+                rq->nospace = 1;
+                drop_body(md, rq);
+                rq->discarded += n;
+                return MHD_YES;
+            }
+            rq->held = nc;
+        }
         nb = realloc(rq->body, nc);
         if (nb == NULL)
             return MHD_NO;
@@ -768,6 +810,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **req_cls,
         return;
     if (!rq->answered)
         atomic_fetch_add_explicit(&md->aborted, 1, memory_order_relaxed);
+    kvt__kvstore_release(md->store, rq->held);
     free(rq->body);
     free(rq);
     *req_cls = NULL;

@@ -194,9 +194,20 @@ static int reserve(kvt__kvstore_t *s, size_t add, size_t sub)
     }
 }
 
+kvt_status_t kvt__kvstore_reserve(kvt__kvstore_t *s, size_t n)
+{
+    return reserve(s, n, 0) == 0 ? KVT_OK : KVT_ERR_NO_SPACE;
+}
+
+void kvt__kvstore_release(kvt__kvstore_t *s, size_t n)
+{
+    reserve(s, 0, n);
+}
+
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              unsigned flags, uint64_t now_ms, int *same_p)
+                              unsigned flags, size_t held, uint64_t now_ms,
+                              int *same_p)
 {
     uint64_t h = hash_key(key, klen);
     shard_t *sh = shard_of(s, h);
@@ -229,7 +240,7 @@ kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
         same = live && e->vlen == vlen && memcmp(value_of(e), val, vlen) == 0;
         if ((flags & KVT__KVSTORE_ONCE) && live && !same) {
             st = KVT_ERR_EXISTS;
-        } else if (reserve(s, charge(fresh), charge(e)) != 0) {
+        } else if (reserve(s, charge(fresh), charge(e) + held) != 0) {
             st = KVT_ERR_NO_SPACE;
         } else {
             /* The new block takes the old one's place in the chain. */
@@ -237,7 +248,7 @@ kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
             *link = fresh;
             gone = e;
         }
-    } else if (reserve(s, charge(fresh), 0) != 0) {
+    } else if (reserve(s, charge(fresh), held) != 0) {
         st = KVT_ERR_NO_SPACE;
     } else {
         entry_t **chain = chain_of(sh, h);

@@ -39,17 +39,29 @@ enum {
 };
 
 /*
+ * Count @n bytes against the limit for data on its way to the store (a
+ * request body being read), so that uploads in flight cannot hold more
+ * than the limit. KVT_OK or KVT_ERR_NO_SPACE (nothing reserved).
+ * kvt__kvstore_release() gives them back.
+ */
+kvt_status_t kvt__kvstore_reserve(kvt__kvstore_t *s, size_t n);
+void kvt__kvstore_release(kvt__kvstore_t *s, size_t n);
+
+/*
  * Store a copy of @val under @key (@klen bytes), replacing any value, to
  * expire at @expires_ms (0: never). With KVT__KVSTORE_ONCE in @flags, a
- * live entry with other bytes stays. *@same_p (when not NULL) is set on
- * KVT_OK to whether a live entry held these bytes already. KVT_OK,
- * KVT_ERR_EXISTS (KVT__KVSTORE_ONCE and other bytes are stored; nothing
- * changes), KVT_ERR_NO_SPACE (the byte limit would be passed; nothing
- * changes), KVT_ERR_NO_MEMORY.
+ * live entry with other bytes stays. @held: bytes the caller reserved for
+ * this value (kvt__kvstore_reserve()); they count as free for this put
+ * and are consumed when it returns KVT_OK, left to the caller otherwise.
+ * *@same_p (when not NULL) is set on KVT_OK to whether a live entry held
+ * these bytes already. KVT_OK, KVT_ERR_EXISTS (KVT__KVSTORE_ONCE and other
+ * bytes are stored; nothing changes), KVT_ERR_NO_SPACE (the byte limit
+ * would be passed; nothing changes), KVT_ERR_NO_MEMORY.
  */
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              unsigned flags, uint64_t now_ms, int *same_p);
+                              unsigned flags, size_t held, uint64_t now_ms,
+                              int *same_p);
 
 /* Call @cb with the live value of @key. KVT_OK or KVT_ERR_NOT_FOUND. */
 kvt_status_t kvt__kvstore_get(kvt__kvstore_t *s, const char *key, size_t klen,
@@ -72,7 +84,8 @@ kvt_status_t kvt__kvstore_keys(kvt__kvstore_t *s, const char *prefix,
 /* Free expired entries; returns how many. */
 size_t kvt__kvstore_purge(kvt__kvstore_t *s, uint64_t now_ms);
 
-/* Entries stored (expired ones count until purged) and bytes used. */
+/* Entries stored (expired ones count until purged), and bytes charged:
+ * the entries' and the reservations'. */
 size_t kvt__kvstore_count(kvt__kvstore_t *s);
 size_t kvt__kvstore_bytes(kvt__kvstore_t *s);
 

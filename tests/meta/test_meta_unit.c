@@ -224,41 +224,41 @@ KVT_TEST(store)
 
     CHECK_OK(kvt__kvstore_create(1 << 20, &s));
     CHECK_ST(kvt__kvstore_get(s, "a", 1, 0, take, &g), KVT_ERR_NOT_FOUND);
-    CHECK_OK(kvt__kvstore_put(s, "a", 1, "one", 3, 0, 0, 0, NULL));
+    CHECK_OK(kvt__kvstore_put(s, "a", 1, "one", 3, 0, 0, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
     CHECK(g.len == 3 && memcmp(g.buf, "one", 3) == 0);
-    CHECK_OK(kvt__kvstore_put(s, "a", 1, "", 0, 0, 0, 0, NULL));
+    CHECK_OK(kvt__kvstore_put(s, "a", 1, "", 0, 0, 0, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
     CHECK(g.len == 0);
     /* Keys are byte strings: "a" and "a\0" differ. */
-    CHECK_OK(kvt__kvstore_put(s, "a\0", 2, "two", 3, 0, 0, 0, NULL));
+    CHECK_OK(kvt__kvstore_put(s, "a\0", 2, "two", 3, 0, 0, 0, 0, NULL));
     CHECK(kvt__kvstore_count(s) == 2);
     /* Expiry: invisible from the deadline on, freed by purge. */
-    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 1000, 0, 0, NULL));
+    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 1000, 0, 0, 0, NULL));
     CHECK_OK(kvt__kvstore_get(s, "t", 1, 999, take, &g));
     CHECK_ST(kvt__kvstore_get(s, "t", 1, 1000, take, &g), KVT_ERR_NOT_FOUND);
     CHECK_ST(kvt__kvstore_del(s, "t", 1, 1000), KVT_ERR_NOT_FOUND);
-    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 2000, 0, 1000, NULL));
+    CHECK_OK(kvt__kvstore_put(s, "t", 1, "x", 1, 2000, 0, 0, 1000, NULL));
     CHECK(kvt__kvstore_purge(s, 1500) == 0);
     CHECK(kvt__kvstore_purge(s, 2000) == 1);
     {
         /* Once: other bytes refused while the entry lives, the same bytes
          * renew it, an expired one is replaced. */
         int same = -1;
-        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 3000, KVT__KVSTORE_ONCE,
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 3000, KVT__KVSTORE_ONCE, 0,
                                   2000, &same));
         CHECK(same == 0);
-        CHECK_ST(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 2500,
-                                  &same),
+        CHECK_ST(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 0,
+                                  2500, &same),
                  KVT_ERR_EXISTS);
         CHECK_OK(kvt__kvstore_get(s, "o", 1, 2500, take, &g));
         CHECK(g.len == 1 && g.buf[0] == 'x');
-        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 5000, KVT__KVSTORE_ONCE,
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "x", 1, 5000, KVT__KVSTORE_ONCE, 0,
                                   2500, &same));
         CHECK(same == 1);
         CHECK_OK(kvt__kvstore_get(s, "o", 1, 4000, take, &g));
-        CHECK_OK(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 5000,
-                                  &same));
+        CHECK_OK(kvt__kvstore_put(s, "o", 1, "y", 1, 0, KVT__KVSTORE_ONCE, 0,
+                                  5000, &same));
         CHECK(same == 0);
         CHECK_OK(kvt__kvstore_get(s, "o", 1, 5000, take, &g));
         CHECK(g.len == 1 && g.buf[0] == 'y');
@@ -269,7 +269,7 @@ KVT_TEST(store)
     for (int i = 0; i < 5000; i++) {
         int kl = snprintf(key, sizeof(key), "p/%05d", i);
         CHECK_OK(kvt__kvstore_put(s, key, (size_t)kl, key, (size_t)kl, 0, 0, 0,
-                                  NULL));
+                                  0, NULL));
     }
     CHECK_OK(kvt__kvstore_keys(s, "p/", 2, 0, 10000, &keys, &n));
     CHECK(n == 5000 && strcmp(keys[0], "p/00000") == 0);
@@ -289,15 +289,32 @@ KVT_TEST(store)
         size_t big = 1 << 20;
         char *v = calloc(1, big);
         CHECK(v != NULL);
-        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0, 0, NULL),
+        CHECK_ST(kvt__kvstore_put(s, "big", 3, v, big, 0, 0, 0, 0, NULL),
                  KVT_ERR_NO_SPACE);
-        CHECK_ST(kvt__kvstore_put(s, "a", 1, v, big, 0, 0, 0, NULL),
+        CHECK_ST(kvt__kvstore_put(s, "a", 1, v, big, 0, 0, 0, 0, NULL),
                  KVT_ERR_NO_SPACE);
         CHECK_OK(kvt__kvstore_get(s, "a", 1, 0, take, &g));
         CHECK(g.len == 0);
         free(v);
     }
     kvt__kvstore_destroy(s);
+    {
+        /* Reservations count against the limit; a put may use its own. */
+        char v[2000] = {0};
+        CHECK_OK(kvt__kvstore_create(4096, &s));
+        CHECK_OK(kvt__kvstore_reserve(s, 3000));
+        CHECK_ST(kvt__kvstore_reserve(s, 1200), KVT_ERR_NO_SPACE);
+        CHECK_ST(kvt__kvstore_put(s, "r", 1, v, 2000, 0, 0, 0, 0, NULL),
+                 KVT_ERR_NO_SPACE);
+        CHECK(kvt__kvstore_bytes(s) == 3000);
+        CHECK_OK(kvt__kvstore_put(s, "r", 1, v, 2000, 0, 0, 3000, 0, NULL));
+        CHECK(kvt__kvstore_bytes(s) >= 2000 && kvt__kvstore_bytes(s) < 2100);
+        CHECK_OK(kvt__kvstore_reserve(s, 1000));
+        kvt__kvstore_release(s, 1000);
+        CHECK_OK(kvt__kvstore_del(s, "r", 1, 0));
+        CHECK(kvt__kvstore_bytes(s) == 0);
+        kvt__kvstore_destroy(s);
+    }
     kvt__kvstore_destroy(NULL);
 }
 
@@ -595,7 +612,7 @@ KVT_TEST(store_memory)
             int kl = snprintf(key, sizeof(key),
                               "mooncake/ram/10.0.0.1:%05zu/segment-xx", k);
             CHECK_OK(kvt__kvstore_put(s, key, (size_t)kl, val, vlens[i], 0, 0,
-                                      0, NULL));
+                                      0, 0, NULL));
         }
         used = heap_used() - before;
         charged = kvt__kvstore_bytes(s);

@@ -376,11 +376,73 @@ KVT_TEST(store_full)
     memset(v, 'v', sizeof(v));
     CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2000) == 200);
     CHECK(mt_code(port, "PUT", "/metadata?key=b", v, 2000) == 507);
-    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2048) == 200);
+    /* A body in flight counts with the entry it would replace. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2048) == 507);
+    expect_body("/metadata?key=a", v, 2000);
+    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 100) == 200);
     expect_body("/metadata?key=b", NULL, 0);
-    expect_body("/metadata?key=a", v, 2048);
+    expect_body("/metadata?key=a", v, 100);
     CHECK(mt_code(port, "DELETE", "/metadata?key=a", NULL, 0) == 200);
     CHECK(mt_code(port, "PUT", "/metadata?key=b", v, 2000) == 200);
+    kvt__metad_stop(server);
+}
+
+/* kvt_metad_store_bytes from /metrics. */
+static long store_bytes(void)
+{
+    mt_resp_t r;
+    const char *p;
+    long v = -1;
+
+    CHECK(mt_http(port, "GET", "/metrics", NULL, NULL, 0, &r) == 200);
+    p = strstr(r.body, "\nkvt_metad_store_bytes ");
+    CHECK(p != NULL);
+    v = strtol(p + strlen("\nkvt_metad_store_bytes "), NULL, 10);
+    mt_resp_free(&r);
+    return v;
+}
+
+/* Uploads in flight count against --max-bytes: two unfinished 30,000-byte
+ * bodies leave no room in a 64 KiB store, and give it back when they go. */
+KVT_TEST(inflight_bodies)
+{
+    static const char head[] = "PUT /metadata?key=u HTTP/1.1\r\nHost: x\r\n"
+                               "Content-Length: 30000\r\n\r\npartial";
+    char v[10000];
+    int fd[2];
+    double t0;
+
+    start_with(32 * 1024, 64 * 1024);
+    memset(v, 'v', sizeof(v));
+    for (int i = 0; i < 2; i++) {
+        fd[i] = mt_connect(port);
+        CHECK(fd[i] >= 0);
+        CHECK(mt_send_all(fd[i], head, sizeof(head) - 1) == 0);
+    }
+    t0 = kvt_test_now();
+    while (store_bytes() < 60000)
+        CHECK(kvt_test_now() - t0 < 5);
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", v, sizeof(v)) == 507);
+    {
+        /* A chunked upload cannot grow past the limit either. */
+        char req[12000];
+        int len = snprintf(req, sizeof(req),
+                           "PUT /metadata?key=c HTTP/1.1\r\nHost: x\r\n"
+                           "Transfer-Encoding: chunked\r\n"
+                           "Connection: close\r\n\r\n"
+                           "2710\r\n%.10000s\r\n0\r\n\r\n",
+                           v);
+        CHECK(raw(req, (size_t)len) == 507);
+    }
+    close(fd[0]);
+    close(fd[1]);
+    t0 = kvt_test_now();
+    while (store_bytes() != 0)
+        CHECK(kvt_test_now() - t0 < 5);
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", v, sizeof(v)) == 200);
+    CHECK(store_bytes() < 10100);
+    expect_body("/metadata?key=c", NULL, 0);
+    expect_body("/metadata?key=u", NULL, 0);
     kvt__metad_stop(server);
 }
 
@@ -640,7 +702,7 @@ KVT_TEST(command)
 KVT_TEST_MAIN(KVT_CASE(mooncake_routes, 30), KVT_CASE(keep_alive, 30),
               KVT_CASE(ttl, 30), KVT_CASE(refusals_change_nothing, 60),
               KVT_CASE(store_full, 30), KVT_CASE(mooncake_semantics, 30),
-              KVT_CASE(strict_http, 30), KVT_CASE(bootstrap_routes, 30),
-              KVT_CASE(health_metrics, 30), KVT_CASE(concurrent_clients, 120),
-              KVT_CASE(start_errors, 30), KVT_CASE(default_host, 30),
-              KVT_CASE(command, 60))
+              KVT_CASE(strict_http, 30), KVT_CASE(inflight_bodies, 30),
+              KVT_CASE(bootstrap_routes, 30), KVT_CASE(health_metrics, 30),
+              KVT_CASE(concurrent_clients, 120), KVT_CASE(start_errors, 30),
+              KVT_CASE(default_host, 30), KVT_CASE(command, 60))
