@@ -2,7 +2,9 @@
 /*
  * `kvt metad` on libmicrohttpd. Request parsing lives in http_parse.c and
  * bootstrap_json.c (pure, fuzzed); storage in metad_store.c and
- * metad_boot.c; this file only routes, answers and counts.
+ * metad_boot.c; which connections to drop in metad_conn.c; this file
+ * only routes, answers, counts and tells metad_conn.c where each
+ * connection stands (accepted, header in, answered, request done).
  *
  * Request lifecycle. MHD hands us the raw request target in the URI log
  * callback, before any decoding: we copy it into a per-request context,
@@ -11,8 +13,9 @@
  * of the access handler. PUT bodies are collected up to max_body; an
  * announced Content-Length beyond it is answered with 413 at once, a
  * chunked body that grows beyond it is read and discarded (up to 4 times
- * the limit, then the connection is dropped) and answered with 413. Every
- * 4xx answer leaves the stores unchanged.
+ * the limit, then the connection is dropped) and answered with 413. A
+ * body is reserved against max_bytes while it is read (507 when it does
+ * not fit). Every 4xx and 5xx answer leaves the stores unchanged.
  */
 #include "meta/metad.h"
 
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +41,7 @@
 
 #include "meta/bootstrap.h"
 #include "meta/http_parse.h"
+#include "meta/metad_conn.h"
 #include "meta/metad_store.h"
 #include "util/sock.h"
 
@@ -45,7 +50,12 @@
  * server may rewrite every key and route, so being reachable from the
  * network is a choice the operator makes (docs/metadata.md). */
 #define DEFAULT_HOST "127.0.0.1"
+/* The sweeper drops connections past their deadline every tick and
+ * frees expired entries every SWEEP_INTERVAL_MS. */
+#define TICK_MS 100
 #define SWEEP_INTERVAL_MS 1000
+#define TIMEOUT_MAX_MS 3600000u
+#define MAX_CONNS_MAX 1000000u
 
 /* Status codes counted in /metrics; anything else counts as "other". */
 static const unsigned codes[] = {200, 400, 404, 405, 409, 413,
@@ -56,6 +66,7 @@ struct kvt__metad {
     struct MHD_Daemon *daemon;
     kvt__kvstore_t *store;
     kvt__boot_table_t *boot;
+    kvt__conns_t *conns;
     unsigned threads;
     size_t max_body;
     uint16_t port;
@@ -96,6 +107,14 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* The connection's entry in md->conns (NULL once it was removed). */
+static kvt__conn_t *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
 static unsigned code_index(unsigned code)
 {
     for (unsigned i = 0; i + 1 < NCODES; i++)
@@ -121,6 +140,7 @@ static enum MHD_Result send_resp(kvt__metad_t *md, struct MHD_Connection *c,
     }
     if (ret == MHD_YES) {
         rq->answered = 1;
+        kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_ANSWER, now_ms());
         atomic_fetch_add_explicit(
             &md->requests[rq->route][rq->method][code_index(code)], 1,
             memory_order_relaxed);
@@ -519,19 +539,35 @@ static enum MHD_Result metrics(kvt__metad_t *md, struct MHD_Connection *c,
                     else if (codes[co] >= 500 || codes[co] == 0)
                         server += v;
                 }
-        sb_printf(&sb,
-                  "# HELP kvt_metad_errors_total Requests answered with an "
-                  "error, and requests dropped without an answer.\n"
-                  "# TYPE kvt_metad_errors_total counter\n"
-                  "kvt_metad_errors_total{kind=\"client\"} %llu\n"
-                  "kvt_metad_errors_total{kind=\"server\"} %llu\n"
-                  "kvt_metad_errors_total{kind=\"aborted\"} %llu\n"
-                  "# HELP kvt_metad_uptime_seconds Seconds since start.\n"
-                  "# TYPE kvt_metad_uptime_seconds gauge\n"
-                  "kvt_metad_uptime_seconds %.3f\n",
-                  (unsigned long long)client, (unsigned long long)server,
-                  (unsigned long long)atomic_load(&md->aborted),
-                  (double)(now_ms() - md->started_ms) / 1000.0);
+        sb_printf(
+            &sb,
+            "# HELP kvt_metad_errors_total Requests answered with an "
+            "error, and requests dropped without an answer.\n"
+            "# TYPE kvt_metad_errors_total counter\n"
+            "kvt_metad_errors_total{kind=\"client\"} %llu\n"
+            "kvt_metad_errors_total{kind=\"server\"} %llu\n"
+            "kvt_metad_errors_total{kind=\"aborted\"} %llu\n"
+            "# HELP kvt_metad_connections Connections open.\n"
+            "# TYPE kvt_metad_connections gauge\n"
+            "kvt_metad_connections %zu\n"
+            "# HELP kvt_metad_dropped_total Connections the server "
+            "dropped: past the header or body deadline, or evicted "
+            "at the connection cap.\n"
+            "# TYPE kvt_metad_dropped_total counter\n"
+            "kvt_metad_dropped_total{reason=\"header_timeout\"} %llu\n"
+            "kvt_metad_dropped_total{reason=\"body_timeout\"} %llu\n"
+            "kvt_metad_dropped_total{reason=\"evicted\"} %llu\n"
+            "# HELP kvt_metad_uptime_seconds Seconds since start.\n"
+            "# TYPE kvt_metad_uptime_seconds gauge\n"
+            "kvt_metad_uptime_seconds %.3f\n",
+            (unsigned long long)client, (unsigned long long)server,
+            (unsigned long long)atomic_load(&md->aborted),
+            kvt__conns_count(md->conns),
+            (unsigned long long)kvt__conns_dropped(md->conns, KVT__DROP_HEADER),
+            (unsigned long long)kvt__conns_dropped(md->conns, KVT__DROP_BODY),
+            (unsigned long long)kvt__conns_dropped(md->conns,
+                                                   KVT__DROP_EVICTED),
+            (double)(now_ms() - md->started_ms) / 1000.0);
     }
     if (sb.oom) {
         free(sb.buf);
@@ -760,6 +796,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     if (!rq->started) {
         rq->started = 1;
         rq->method = kvt__http_method(method);
+        /* The header is in: the body deadline runs from now. */
+        kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_BODY, now_ms());
         return first_call(md, c, rq);
     }
     if (*upload_size > 0) {
@@ -804,8 +842,9 @@ static void completed(void *cls, struct MHD_Connection *c, void **req_cls,
     kvt__metad_t *md = cls;
     req_t *rq = *req_cls;
 
-    (void)c;
     (void)toe;
+    /* Kept alive, the connection waits for its next header from now. */
+    kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_HEADER, now_ms());
     if (rq == NULL)
         return;
     if (!rq->answered)
@@ -814,6 +853,40 @@ static void completed(void *cls, struct MHD_Connection *c, void **req_cls,
     free(rq->body);
     free(rq);
     *req_cls = NULL;
+}
+
+/*
+ * MHD's connection callback: every accepted connection enters md->conns
+ * (which may evict another), and leaves it when MHD closes it. MHD calls
+ * this with CLOSED before it closes the descriptor, so the sweeper, which
+ * drops connections under the table's lock, never touches a closed or
+ * reused descriptor.
+ */
+static void on_connection(void *cls, struct MHD_Connection *c, void **sock_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    kvt__metad_t *md = cls;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci == NULL)
+            return;
+        *sock_ctx = kvt__conns_add(md->conns, ci->connect_fd, now_ms());
+        if (*sock_ctx == NULL) /* out of memory: not kept either */
+            shutdown(ci->connect_fd, SHUT_RDWR);
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        kvt__conns_remove(md->conns, *sock_ctx);
+        *sock_ctx = NULL;
+    }
+}
+
+/* Drop a connection from another thread: its thread sees the end of the
+ * stream (or a failed send) and closes it, which ends its request. */
+static void drop_fd(void *arg, int fd)
+{
+    (void)arg;
+    shutdown(fd, SHUT_RDWR);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -833,20 +906,29 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 static void *sweeper_main(void *arg)
 {
     kvt__metad_t *md = arg;
+    uint64_t last_purge = now_ms();
     struct timespec ts;
 
     pthread_mutex_lock(&md->sweep_lock);
     while (!md->sweep_stop) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += SWEEP_INTERVAL_MS / 1000;
+        ts.tv_nsec += TICK_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&md->sweep_cond, &md->sweep_lock, &ts);
         if (md->sweep_stop)
             break;
         pthread_mutex_unlock(&md->sweep_lock);
-        atomic_fetch_add(&md->expired_keys,
-                         kvt__kvstore_purge(md->store, now_ms()));
-        atomic_fetch_add(&md->expired_ranks,
-                         kvt__boot_table_purge(md->boot, now_ms()));
+        kvt__conns_sweep(md->conns, now_ms());
+        if (now_ms() - last_purge >= SWEEP_INTERVAL_MS) {
+            last_purge = now_ms();
+            atomic_fetch_add(&md->expired_keys,
+                             kvt__kvstore_purge(md->store, last_purge));
+            atomic_fetch_add(&md->expired_ranks,
+                             kvt__boot_table_purge(md->boot, last_purge));
+        }
         pthread_mutex_lock(&md->sweep_lock);
     }
     pthread_mutex_unlock(&md->sweep_lock);
@@ -902,6 +984,8 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     kvt__metad_t *md;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
                      MHD_USE_TURBO | MHD_USE_ERROR_LOG;
+    unsigned max_conns;
+    uint32_t header_ms, body_ms;
     uint64_t m = params ? params->field_mask : 0;
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
     int fd = -1;
@@ -915,10 +999,23 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     md->threads = (m & KVT__METAD_PARAM_THREADS) ? params->threads : 2;
     md->max_body =
         (m & KVT__METAD_PARAM_MAX_BODY) ? params->max_body : KVT_META_VALUE_MAX;
+    max_conns = (m & KVT__METAD_PARAM_MAX_CONNS) ? params->max_conns
+                                                 : KVT__METAD_MAX_CONNS;
+    header_ms = (m & KVT__METAD_PARAM_HEADER_TIMEOUT)
+                    ? params->header_timeout_ms
+                    : KVT__METAD_HEADER_MS;
+    body_ms = (m & KVT__METAD_PARAM_BODY_TIMEOUT) ? params->body_timeout_ms
+                                                  : KVT__METAD_BODY_MS;
     if (md->threads < 1 || md->threads > 64 ||
         md->max_body > KVT_META_VALUE_MAX) {
         KVT_LOG_E("metad: threads must be 1..64 and max_body at most %u",
                   KVT_META_VALUE_MAX);
+        goto err_md;
+    }
+    if (max_conns < 1 || max_conns > MAX_CONNS_MAX || header_ms < 1 ||
+        header_ms > TIMEOUT_MAX_MS || body_ms < 1 || body_ms > TIMEOUT_MAX_MS) {
+        KVT_LOG_E("metad: max_conns must be 1..%u and the timeouts 1..%u ms",
+                  MAX_CONNS_MAX, TIMEOUT_MAX_MS);
         goto err_md;
     }
     md->started_ms = now_ms();
@@ -931,20 +1028,30 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     st = kvt__boot_table_create(&md->boot);
     if (st != KVT_OK)
         goto err_store;
+    st = kvt__conns_create(max_conns, header_ms, body_ms, drop_fd, md,
+                           &md->conns);
+    if (st != KVT_OK)
+        goto err_boot;
     if (host == NULL || *host == '\0')
         host = DEFAULT_HOST;
     st = kvt__sock_listen(host, port, &fd, &md->port);
     if (st != KVT_OK)
-        goto err_boot;
+        goto err_conns;
     st = sweeper_start(md);
     if (st != KVT_OK)
         goto err_fd;
+    /* MHD's own limit (shared among its threads) stays above ours, so
+     * that a new connection always reaches on_connection(), which evicts;
+     * MHD's inactivity timeout bounds answers left unread. */
     md->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, md, MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_THREAD_POOL_SIZE, md->threads > 1 ? md->threads : 0,
-        MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_URI_LOG_CALLBACK,
-        uri_logged, md, MHD_OPTION_NOTIFY_COMPLETED, completed, md,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, md, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, max_conns * md->threads + 64,
+        MHD_OPTION_CONNECTION_TIMEOUT, (body_ms + 999) / 1000,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, md,
+        MHD_OPTION_URI_LOG_CALLBACK, uri_logged, md,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, md, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, md, MHD_OPTION_END);
     if (md->daemon == NULL) {
         KVT_LOG_E("metad: libmicrohttpd did not start on port %u", md->port);
         st = KVT_ERR_IO;
@@ -959,6 +1066,8 @@ err_sweeper:
     sweeper_stop(md);
 err_fd:
     close(fd);
+err_conns:
+    kvt__conns_destroy(md->conns);
 err_boot:
     kvt__boot_table_destroy(md->boot);
 err_store:
@@ -980,6 +1089,7 @@ void kvt__metad_stop(kvt__metad_t *h)
         return;
     MHD_stop_daemon(h->daemon); /* closes the listening socket too */
     sweeper_stop(h);
+    kvt__conns_destroy(h->conns);
     kvt__boot_table_destroy(h->boot);
     kvt__kvstore_destroy(h->store);
     free(h);

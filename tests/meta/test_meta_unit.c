@@ -13,6 +13,7 @@
 #include "meta/bootstrap.h"
 #include "meta/http_parse.h"
 #include "meta/meta.h"
+#include "meta/metad_conn.h"
 #include "meta/metad_store.h"
 
 KVT_TEST(uri)
@@ -576,6 +577,69 @@ KVT_TEST(built)
 #endif
 }
 
+struct drops {
+    int fds[16];
+    int n;
+};
+
+static void record_drop(void *arg, int fd)
+{
+    struct drops *d = arg;
+    if (d->n < 16)
+        d->fds[d->n] = fd;
+    d->n++;
+}
+
+/* The connection policy: the cap evicts the oldest idle connection (or
+ * the new one when none is idle), deadlines per stage. */
+KVT_TEST(conns)
+{
+    struct drops d = {{0}, 0};
+    kvt__conns_t *t;
+    kvt__conn_t *c[8];
+
+    CHECK_OK(kvt__conns_create(3, 100, 200, record_drop, &d, &t));
+    c[1] = kvt__conns_add(t, 11, 0);
+    c[2] = kvt__conns_add(t, 12, 1);
+    c[3] = kvt__conns_add(t, 13, 2);
+    CHECK(c[1] && c[2] && c[3] && d.n == 0 && kvt__conns_count(t) == 3);
+    c[4] = kvt__conns_add(t, 14, 3);
+    CHECK(d.n == 1 && d.fds[0] == 11 && kvt__conns_count(t) == 3);
+    kvt__conns_stage(t, c[2], KVT__CONN_BODY, 5);
+    c[5] = kvt__conns_add(t, 15, 6); /* 12 reads a body: 13 goes */
+    CHECK(d.n == 2 && d.fds[1] == 13);
+    CHECK(kvt__conns_dropped(t, KVT__DROP_EVICTED) == 2);
+    /* A dropped connection stays dropped whatever its thread does. */
+    kvt__conns_stage(t, c[1], KVT__CONN_HEADER, 7);
+    CHECK(kvt__conns_count(t) == 3);
+    CHECK(kvt__conns_sweep(t, 102) == 0);
+    CHECK(kvt__conns_sweep(t, 104) == 1 && d.fds[2] == 14);
+    CHECK(kvt__conns_dropped(t, KVT__DROP_HEADER) == 1);
+    /* A kept-alive connection waits for its next header from its answer. */
+    kvt__conns_stage(t, c[5], KVT__CONN_ANSWER, 50);
+    kvt__conns_stage(t, c[5], KVT__CONN_HEADER, 150);
+    CHECK(kvt__conns_sweep(t, 204) == 0);
+    CHECK(kvt__conns_sweep(t, 205) == 1 && d.fds[3] == 12);
+    CHECK(kvt__conns_dropped(t, KVT__DROP_BODY) == 1);
+    CHECK(kvt__conns_sweep(t, 250) == 1 && d.fds[4] == 15);
+    CHECK(kvt__conns_count(t) == 0);
+    for (int i = 1; i <= 5; i++)
+        kvt__conns_remove(t, c[i]);
+    kvt__conns_destroy(t);
+
+    /* Every other connection busy: the new one goes. */
+    d.n = 0;
+    CHECK_OK(kvt__conns_create(1, 100, 100, record_drop, &d, &t));
+    c[0] = kvt__conns_add(t, 20, 0);
+    kvt__conns_stage(t, c[0], KVT__CONN_ANSWER, 0);
+    c[1] = kvt__conns_add(t, 21, 1);
+    CHECK(d.n == 1 && d.fds[0] == 21 && kvt__conns_count(t) == 1);
+    CHECK(kvt__conns_sweep(t, 1000) == 0); /* answers: not ours to time */
+    kvt__conns_remove(t, c[1]);
+    kvt__conns_destroy(t); /* frees c[0] too */
+    kvt__conns_destroy(NULL);
+}
+
 /* Heap bytes in use, as glibc's allocator counts them (chunk sizes,
  * headers included; mmap'd chunks too). */
 static size_t heap_used(void)
@@ -630,4 +694,5 @@ KVT_TEST(store_memory)
 KVT_TEST_MAIN(KVT_CASE(built, 10), KVT_CASE(uri, 10), KVT_CASE(http_target, 10),
               KVT_CASE(base64, 10), KVT_CASE(store, 30),
               KVT_CASE(bootstrap, 10), KVT_CASE(segdesc_json, 10),
-              KVT_CASE(segment_key, 10), KVT_CASE(store_memory, 60))
+              KVT_CASE(segment_key, 10), KVT_CASE(store_memory, 60),
+              KVT_CASE(conns, 10))

@@ -5,6 +5,7 @@
  * kvt metad command (KVT_BIN names the kvt binary).
  */
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "meta/meta.h"
 #include "meta/metad.h"
@@ -446,6 +447,206 @@ KVT_TEST(inflight_bodies)
     kvt__metad_stop(server);
 }
 
+static void start_conns(unsigned max_conns, uint32_t header_ms,
+                        uint32_t body_ms)
+{
+    kvt__metad_params_t p = {0};
+
+#if !defined(KVT_WITH_HTTP_SERVER) || !defined(KVT_WITH_JSON)
+    SKIP("built without libmicrohttpd or json-c");
+#endif
+    p.field_mask = KVT__METAD_PARAM_MAX_CONNS |
+                   KVT__METAD_PARAM_HEADER_TIMEOUT |
+                   KVT__METAD_PARAM_BODY_TIMEOUT;
+    p.max_conns = max_conns;
+    p.header_timeout_ms = header_ms;
+    p.body_timeout_ms = body_ms;
+    CHECK_OK(kvt__metad_start("127.0.0.1", 0, &p, &server));
+    port = kvt__metad_port(server);
+}
+
+/*
+ * Send @bytes one at a time, one every @every_ms, until the server closes
+ * the connection: the seconds that took, or -1 when it was still open
+ * after @max_s.
+ */
+static double trickle(int fd, const char *bytes, int every_ms, double max_s)
+{
+    double t0 = kvt_test_now();
+    size_t i = 0, len = strlen(bytes);
+
+    while (kvt_test_now() - t0 < max_s) {
+        struct pollfd p = {fd, POLLIN, 0};
+        char c;
+        if (poll(&p, 1, every_ms) > 0) {
+            ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                return kvt_test_now() - t0;
+            continue;
+        }
+        if (send(fd, bytes + i % len, 1, MSG_NOSIGNAL) < 0)
+            return kvt_test_now() - t0;
+        i++;
+    }
+    return -1;
+}
+
+/* Whether the server closed @fd within @ms. */
+static int closed_within(int fd, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    char c;
+
+    if (poll(&p, 1, ms) <= 0)
+        return 0;
+    return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+static uint64_t metric(const char *line)
+{
+    mt_resp_t r;
+    const char *p;
+    uint64_t v;
+
+    CHECK(mt_http(port, "GET", "/metrics", NULL, NULL, 0, &r) == 200);
+    p = strstr(r.body, line);
+    CHECK(p != NULL);
+    v = strtoull(p + strlen(line), NULL, 10);
+    mt_resp_free(&r);
+    return v;
+}
+
+/*
+ * A whole header must arrive within the header deadline, a whole body
+ * within the body deadline, however often the client sends a byte; a
+ * kept-alive connection gets the header deadline for each request anew.
+ */
+KVT_TEST(deadlines)
+{
+    static const char slow_head[] =
+        "GET /health HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    static const char get[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char put[] = "PUT /metadata?key=slow HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 1000\r\n\r\n";
+    mt_resp_t r;
+    double t;
+    int fd;
+
+    start_conns(1000, 1000, 2000);
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    t = trickle(fd, slow_head, 100, 4);
+    CHECK(t >= 0.85 && t < 2.0);
+    close(fd);
+
+    /* Requests every 300 ms on one connection for 2 s: each has its own
+     * deadline. Then idle: closed a deadline after the last answer. */
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    for (int i = 0; i < 7; i++) {
+        CHECK(mt_send_all(fd, get, sizeof(get) - 1) == 0);
+        CHECK(mt_read_resp(fd, &r) == 200);
+        mt_resp_free(&r);
+        usleep(300000);
+    }
+    t = kvt_test_now();
+    CHECK(closed_within(fd, 3000));
+    t = kvt_test_now() - t;
+    CHECK(t >= 0.5 && t < 2.0);
+    close(fd);
+
+    /* A body sent a byte every 100 ms. */
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    CHECK(mt_send_all(fd, put, sizeof(put) - 1) == 0);
+    t = trickle(fd, "b", 100, 5);
+    CHECK(t >= 1.85 && t < 3.0);
+    close(fd);
+    expect_body("/metadata?key=slow", NULL, 0);
+    t = kvt_test_now();
+    while (store_bytes() != 0)
+        CHECK(kvt_test_now() - t < 2);
+    CHECK(metric("kvt_metad_dropped_total{reason=\"header_timeout\"} ") >= 2);
+    CHECK(metric("kvt_metad_dropped_total{reason=\"body_timeout\"} ") == 1);
+    kvt__metad_stop(server);
+}
+
+/* The default header deadline is at most 5 s. */
+KVT_TEST(header_deadline_default)
+{
+    static const char slow_head[] =
+        "GET /health HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double t;
+    int fd;
+
+    start();
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    t = trickle(fd, slow_head, 250, 10);
+    CHECK(t >= 4.5 && t <= 5.5);
+    close(fd);
+    kvt__metad_stop(server);
+}
+
+/* Open @n connections that each send half a request; -1 in @fds for the
+ * ones that could not connect. */
+static void half_sent(int *fds, int n)
+{
+    static const char half[] = "GET /health HTTP/1.1\r\nHo";
+
+    for (int i = 0; i < n; i++) {
+        fds[i] = mt_connect(port);
+        CHECK(fds[i] >= 0);
+        CHECK(mt_send_all(fds[i], half, sizeof(half) - 1) == 0);
+    }
+}
+
+/* At the cap, the connection idle the longest goes: half-sent requests
+ * cannot keep /health from answering. */
+KVT_TEST(connection_cap)
+{
+    int fds[64];
+
+    start_conns(16, 5000, 5000);
+    half_sent(fds, 64);
+    CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+    for (int i = 0; i < 32; i++)
+        CHECK(closed_within(fds[i], 2000));
+    CHECK(!closed_within(fds[63], 200));
+    CHECK(metric("kvt_metad_dropped_total{reason=\"evicted\"} ") >= 48);
+    CHECK(metric("kvt_metad_connections ") <= 16);
+    for (int i = 0; i < 64; i++)
+        close(fds[i]);
+    kvt__metad_stop(server);
+}
+
+/* With the defaults, 1,100 half-sent requests (more than libmicrohttpd's
+ * own limit of 1,020) still leave /health answering. */
+KVT_TEST(connection_flood)
+{
+    enum { N = 1100 };
+    struct rlimit rl;
+    int *fds = malloc(N * sizeof(*fds));
+
+    CHECK(fds != NULL);
+    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < 2 * N + 256) {
+        rl.rlim_cur = rl.rlim_max < 2 * N + 256 ? rl.rlim_max : 2 * N + 256;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < 2 * N + 256)
+        SKIP("fewer than 2456 descriptors allowed");
+    start();
+    half_sent(fds, N);
+    CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+    CHECK(metric("kvt_metad_connections ") <= KVT__METAD_MAX_CONNS);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    free(fds);
+    kvt__metad_stop(server);
+}
+
 static void put_rank(int rank, int tp, int dp, const char *query)
 {
     char body[256], target[64];
@@ -691,6 +892,46 @@ KVT_TEST(command)
         CHECK(WIFEXITED(mt_stop(pid, 5000)));
     }
     {
+        /* The connection limits from the command line. */
+        char *lim[] = {(char *)bin,
+                       "metad",
+                       "--port",
+                       portarg,
+                       "--max-connections",
+                       "4",
+                       "--header-timeout",
+                       "0.5",
+                       "--body-timeout",
+                       "2",
+                       NULL};
+        int fds[8];
+        pid_t pid;
+        double t;
+
+        port = mt_free_port();
+        snprintf(portarg, sizeof(portarg), "%u", port);
+        pid = mt_spawn(lim, NULL);
+        CHECK(mt_wait_port(port, pid, 10000) == 0);
+        fds[0] = mt_connect(port);
+        CHECK(fds[0] >= 0);
+        t = trickle(fds[0], "GET / HTTP/1.1\r\nX: aaaaaaaaaa", 50, 3);
+        CHECK(t >= 0.4 && t < 1.5);
+        close(fds[0]);
+        half_sent(fds, 8);
+        CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+        CHECK(closed_within(fds[0], 2000));
+        for (int i = 0; i < 8; i++)
+            close(fds[i]);
+        CHECK(WIFEXITED(mt_stop(pid, 5000)));
+    }
+    {
+        char *bad[] = {(char *)bin, "metad", "--header-timeout", "0", NULL};
+        int status;
+        pid_t pid = mt_spawn(bad, NULL);
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+    }
+    {
         char *bad[] = {(char *)bin, "metad", "--port", "99999", NULL};
         int status;
         pid_t pid = mt_spawn(bad, NULL);
@@ -703,6 +944,8 @@ KVT_TEST_MAIN(KVT_CASE(mooncake_routes, 30), KVT_CASE(keep_alive, 30),
               KVT_CASE(ttl, 30), KVT_CASE(refusals_change_nothing, 60),
               KVT_CASE(store_full, 30), KVT_CASE(mooncake_semantics, 30),
               KVT_CASE(strict_http, 30), KVT_CASE(inflight_bodies, 30),
+              KVT_CASE(deadlines, 30), KVT_CASE(header_deadline_default, 30),
+              KVT_CASE(connection_cap, 30), KVT_CASE(connection_flood, 60),
               KVT_CASE(bootstrap_routes, 30), KVT_CASE(health_metrics, 30),
               KVT_CASE(concurrent_clients, 120), KVT_CASE(start_errors, 30),
               KVT_CASE(default_host, 30), KVT_CASE(command, 60))
