@@ -6,61 +6,34 @@
 #include <stdlib.h>
 
 /*
- * Invariant: each connection is on the list of its stage, and each list
- * is sorted by `since`, oldest first, because a connection only ever
- * enters a list at its tail with the current (monotonic) time. So the
- * oldest idle connection is the head of the HEADER list, and a sweep
- * stops at the first head that is still within its deadline.
+ * Each connection's stage and the time it entered it live in one atomic
+ * word (since_ms << 8 | stage), so that the request path changes stages
+ * with a compare-and-swap and no lock. The lock guards the list of
+ * connections, `kept`, and the move to DROPPED, which only a holder of
+ * the lock makes and nothing undoes: the sweeper and the eviction scan
+ * the list under it, and a connection leaves the list (remove) under it
+ * too, before its descriptor is closed.
  */
 struct kvt__conn {
     struct kvt__conn *prev, *next;
-    kvt__conn_stage_t stage;
+    _Atomic uint64_t state;
     int fd;
-    uint64_t since_ms;
 };
 
-typedef struct {
-    kvt__conn_t *head, *tail;
-} list_t;
+#define STAGE_OF(st) ((kvt__conn_stage_t)((st)&0xffu))
+#define SINCE_OF(st) ((st) >> 8)
+#define STATE(since, stage) ((since) << 8 | (uint64_t)(stage))
 
 struct kvt__conns {
     pthread_mutex_t lock;
-    list_t lists[KVT__CONN_NSTAGES];
-    size_t kept; /* connections not dropped */
+    kvt__conn_t *head; /* every connection not yet removed */
+    size_t kept;       /* connections not dropped */
     unsigned max_conns;
     uint32_t header_ms, body_ms;
     kvt__conns_drop_cb_t drop;
     void *arg;
     _Atomic uint64_t dropped[KVT__DROP_NREASONS];
 };
-
-/* Append @c; its time is raised to the tail's when a thread that read the
- * clock earlier got the lock later, which keeps the list sorted. */
-static void list_push(list_t *l, kvt__conn_t *c)
-{
-    if (l->tail != NULL && c->since_ms < l->tail->since_ms)
-        c->since_ms = l->tail->since_ms;
-    c->next = NULL;
-    c->prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->next = c;
-    else
-        l->head = c;
-    l->tail = c;
-}
-
-static void list_unlink(list_t *l, kvt__conn_t *c)
-{
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        l->head = c->next;
-    if (c->next != NULL)
-        c->next->prev = c->prev;
-    else
-        l->tail = c->prev;
-    c->prev = c->next = NULL;
-}
 
 kvt_status_t kvt__conns_create(unsigned max_conns, uint32_t header_ms,
                                uint32_t body_ms, kvt__conns_drop_cb_t drop,
@@ -88,50 +61,64 @@ err:
 
 void kvt__conns_destroy(kvt__conns_t *t)
 {
+    kvt__conn_t *c, *next;
+
     if (t == NULL)
         return;
-    for (int s = 0; s < KVT__CONN_NSTAGES; s++) {
-        kvt__conn_t *c = t->lists[s].head, *next;
-        for (; c != NULL; c = next) {
-            next = c->next;
-            free(c);
-        }
+    for (c = t->head; c != NULL; c = next) {
+        next = c->next;
+        free(c);
     }
     pthread_mutex_destroy(&t->lock);
     free(t);
 }
 
-/* Under the lock: drop @c (not yet dropped) for @why. */
-static void drop_locked(kvt__conns_t *t, kvt__conn_t *c, kvt__drop_reason_t why)
+/*
+ * Under the lock: drop @c if its state is still @seen (a connection that
+ * moved on meanwhile is spared). Returns whether it was dropped.
+ */
+static int drop_locked(kvt__conns_t *t, kvt__conn_t *c, uint64_t seen,
+                       kvt__drop_reason_t why)
 {
-    list_unlink(&t->lists[c->stage], c);
-    c->stage = KVT__CONN_DROPPED;
-    list_push(&t->lists[KVT__CONN_DROPPED], c);
+    if (!atomic_compare_exchange_strong(
+            &c->state, &seen, STATE(SINCE_OF(seen), KVT__CONN_DROPPED)))
+        return 0;
     t->kept--;
     atomic_fetch_add_explicit(&t->dropped[why], 1, memory_order_relaxed);
     t->drop(t->arg, c->fd);
+    return 1;
 }
 
 kvt__conn_t *kvt__conns_add(kvt__conns_t *t, int fd, uint64_t now_ms)
 {
-    kvt__conn_t *c = calloc(1, sizeof(*c)), *victim;
+    kvt__conn_t *c = calloc(1, sizeof(*c));
 
     if (c == NULL)
         return NULL;
     c->fd = fd;
-    c->since_ms = now_ms;
-    c->stage = KVT__CONN_HEADER;
+    atomic_init(&c->state, STATE(now_ms, KVT__CONN_HEADER));
     pthread_mutex_lock(&t->lock);
-    /* The oldest idle connection goes first: it is the head of the HEADER
-     * list, unless that is the new one, when nobody else is idle. */
-    if (t->kept >= t->max_conns) {
-        victim = t->lists[KVT__CONN_HEADER].head;
-        list_push(&t->lists[KVT__CONN_HEADER], c);
-        t->kept++;
-        drop_locked(t, victim != NULL ? victim : c, KVT__DROP_EVICTED);
-    } else {
-        list_push(&t->lists[KVT__CONN_HEADER], c);
-        t->kept++;
+    c->next = t->head;
+    if (t->head != NULL)
+        t->head->prev = c;
+    t->head = c;
+    t->kept++;
+    /* Past the cap, the connection that has waited longest for a header
+     * goes (an O(n) scan, only at the cap); when none other waits for
+     * one, the new connection itself. */
+    while (t->kept > t->max_conns) {
+        kvt__conn_t *victim = c;
+        uint64_t vst = atomic_load(&c->state);
+        for (kvt__conn_t *o = c->next; o != NULL; o = o->next) {
+            uint64_t st = atomic_load(&o->state);
+            if (STAGE_OF(st) == KVT__CONN_HEADER &&
+                (victim == c || SINCE_OF(st) <= SINCE_OF(vst))) {
+                victim = o;
+                vst = st;
+            }
+        }
+        if (!drop_locked(t, victim, vst, KVT__DROP_EVICTED) && victim == c)
+            break; /* cannot happen: only lock holders drop */
     }
     pthread_mutex_unlock(&t->lock);
     return c;
@@ -140,16 +127,17 @@ kvt__conn_t *kvt__conns_add(kvt__conns_t *t, int fd, uint64_t now_ms)
 void kvt__conns_stage(kvt__conns_t *t, kvt__conn_t *c, kvt__conn_stage_t stage,
                       uint64_t now_ms)
 {
+    uint64_t st;
+
+    (void)t;
     if (c == NULL || stage >= KVT__CONN_DROPPED)
         return;
-    pthread_mutex_lock(&t->lock);
-    if (c->stage != KVT__CONN_DROPPED) {
-        list_unlink(&t->lists[c->stage], c);
-        c->stage = stage;
-        c->since_ms = now_ms;
-        list_push(&t->lists[stage], c);
-    }
-    pthread_mutex_unlock(&t->lock);
+    st = atomic_load_explicit(&c->state, memory_order_relaxed);
+    do {
+        if (STAGE_OF(st) == KVT__CONN_DROPPED)
+            return;
+    } while (
+        !atomic_compare_exchange_weak(&c->state, &st, STATE(now_ms, stage)));
 }
 
 void kvt__conns_remove(kvt__conns_t *t, kvt__conn_t *c)
@@ -157,8 +145,14 @@ void kvt__conns_remove(kvt__conns_t *t, kvt__conn_t *c)
     if (c == NULL)
         return;
     pthread_mutex_lock(&t->lock);
-    list_unlink(&t->lists[c->stage], c);
-    if (c->stage != KVT__CONN_DROPPED)
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        t->head = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    /* Under the lock nobody else drops it: the state is final. */
+    if (STAGE_OF(atomic_load(&c->state)) != KVT__CONN_DROPPED)
         t->kept--;
     pthread_mutex_unlock(&t->lock);
     free(c);
@@ -166,23 +160,18 @@ void kvt__conns_remove(kvt__conns_t *t, kvt__conn_t *c)
 
 size_t kvt__conns_sweep(kvt__conns_t *t, uint64_t now_ms)
 {
-    static const struct {
-        kvt__conn_stage_t stage;
-        kvt__drop_reason_t why;
-    } rules[] = {{KVT__CONN_HEADER, KVT__DROP_HEADER},
-                 {KVT__CONN_BODY, KVT__DROP_BODY}};
     size_t n = 0;
 
     pthread_mutex_lock(&t->lock);
-    for (size_t r = 0; r < sizeof(rules) / sizeof(rules[0]); r++) {
-        uint32_t limit =
-            rules[r].stage == KVT__CONN_HEADER ? t->header_ms : t->body_ms;
-        kvt__conn_t *c;
-        while ((c = t->lists[rules[r].stage].head) != NULL &&
-               now_ms - c->since_ms >= limit) {
-            drop_locked(t, c, rules[r].why);
-            n++;
-        }
+    for (kvt__conn_t *c = t->head; c != NULL; c = c->next) {
+        uint64_t st = atomic_load(&c->state), since = SINCE_OF(st);
+        kvt__conn_stage_t stage = STAGE_OF(st);
+        if (stage == KVT__CONN_HEADER && now_ms >= since &&
+            now_ms - since >= t->header_ms)
+            n += (size_t)drop_locked(t, c, st, KVT__DROP_HEADER);
+        else if (stage == KVT__CONN_BODY && now_ms >= since &&
+                 now_ms - since >= t->body_ms)
+            n += (size_t)drop_locked(t, c, st, KVT__DROP_BODY);
     }
     pthread_mutex_unlock(&t->lock);
     return n;

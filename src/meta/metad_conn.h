@@ -22,7 +22,10 @@
  * descriptor, under the table's lock; the owner of the descriptor must
  * call kvt__conns_remove() (which takes the same lock) before it closes
  * it, so that a dropped descriptor is always still open. All calls are
- * thread-safe. Time is passed in (monotonic ms).
+ * thread-safe; kvt__conns_stage(), called for every request, takes no
+ * lock. The sweep and an eviction scan every connection (O(n), every
+ * 100 ms in metad, and on accepts at the cap). Time is passed in
+ * (monotonic ms, below 2^56).
  */
 #include <stddef.h>
 #include <stdint.h>
