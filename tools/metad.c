@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <kvt/kvt.h>
 
@@ -17,16 +18,68 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvt metad [--port N] [--host H] [--threads N]\n"
             "                 [--max-body SIZE] [--max-bytes SIZE]\n"
+            "                 [--max-connections N] [--header-timeout S]\n"
+            "                 [--body-timeout S]\n"
             "\n"
             "Serve Mooncake's /metadata?key= routes, SGLang's /route "
             "bootstrap routes,\n"
             "/health and /metrics over HTTP until SIGINT or SIGTERM.\n"
             "\n"
-            "  --port N         TCP port (default 8080; 0 picks one)\n"
-            "  --host H         address to listen on (default 0.0.0.0)\n"
-            "  --threads N      server threads (default 2)\n"
-            "  --max-body SIZE  largest request body (default 16M)\n"
-            "  --max-bytes SIZE keys and values kept at most (default 1G)\n");
+            "  --port N             TCP port (default 8080; 0 picks one)\n"
+            "  --host H             address to listen on (default 127.0.0.1;\n"
+            "                       0.0.0.0 for every address)\n"
+            "  --threads N          server threads (default 2)\n"
+            "  --max-body SIZE      largest request body (default 16M)\n"
+            "  --max-bytes SIZE     bytes kept at most, bodies being read\n"
+            "                       included (default 1G)\n"
+            "  --max-connections N  connections kept; one more drops the one\n"
+            "                       idle the longest (default 1000)\n"
+            "  --header-timeout S   seconds to send a whole request header\n"
+            "                       (default 5)\n"
+            "  --body-timeout S     seconds to send a whole body, or to read\n"
+            "                       an answer (default 30)\n");
+}
+
+/* Parse seconds (decimals allowed) into 1..3600000 ms. 0 on success. */
+static int parse_ms(const char *s, uint32_t *ms_p)
+{
+    char *end;
+    double v = strtod(s, &end);
+
+    if (*s == '\0' || *end != '\0' || !(v >= 0.001 && v <= 3600.0))
+        return -1;
+    *ms_p = (uint32_t)(v * 1000.0 + 0.5);
+    return 0;
+}
+
+/*
+ * Each connection takes a descriptor: raise the soft limit towards the
+ * hard one so that the cap can be reached, or lower the cap to what the
+ * limit allows (with room for the listener, logs and libraries).
+ */
+static void fit_descriptors(kvt_metad_params_t *p)
+{
+    unsigned want =
+        (p->field_mask & KVT_METAD_PARAM_MAX_CONNS) ? p->max_conns : 1000;
+    rlim_t need = (rlim_t)want + 64;
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return;
+    rl.rlim_cur = rl.rlim_max < need ? rl.rlim_max : need;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return;
+    if (rl.rlim_cur <= 128) {
+        fprintf(stderr, "kvt metad: only %lu descriptors allowed\n",
+                (unsigned long)rl.rlim_cur);
+        return;
+    }
+    p->max_conns = (unsigned)(rl.rlim_cur - 64);
+    p->field_mask |= KVT_METAD_PARAM_MAX_CONNS;
+    fprintf(stderr,
+            "kvt metad: %u connections at most (RLIMIT_NOFILE is %lu)\n",
+            p->max_conns, (unsigned long)rl.rlim_cur);
 }
 
 /* Parse a port: 0..65535, digits only. 0 on success. */
@@ -44,7 +97,7 @@ static int parse_port(const char *s, uint16_t *port_p)
 int kvt_cmd_metad(int argc, char **argv)
 {
     kvt_metad_params_t p = {0};
-    const char *host = "0.0.0.0", *v;
+    const char *host = "127.0.0.1", *v;
     uint16_t port = 8080;
     uint64_t size;
     kvt_metad_h md;
@@ -75,6 +128,19 @@ int kvt_cmd_metad(int argc, char **argv)
                 goto bad;
             p.max_bytes = (size_t)size;
             p.field_mask |= KVT_METAD_PARAM_MAX_BYTES;
+        } else if ((v = cli_opt(argc, argv, &i, "max-connections")) != NULL) {
+            if (cli_parse_size(v, &size) != 0 || size < 1 || size > 1000000)
+                goto bad;
+            p.max_conns = (unsigned)size;
+            p.field_mask |= KVT_METAD_PARAM_MAX_CONNS;
+        } else if ((v = cli_opt(argc, argv, &i, "header-timeout")) != NULL) {
+            if (parse_ms(v, &p.header_timeout_ms) != 0)
+                goto bad;
+            p.field_mask |= KVT_METAD_PARAM_HEADER_TIMEOUT;
+        } else if ((v = cli_opt(argc, argv, &i, "body-timeout")) != NULL) {
+            if (parse_ms(v, &p.body_timeout_ms) != 0)
+                goto bad;
+            p.field_mask |= KVT_METAD_PARAM_BODY_TIMEOUT;
         } else {
             fprintf(stderr, "kvt metad: unknown option '%s'\n\n", argv[i]);
             usage(stderr);
@@ -92,6 +158,7 @@ int kvt_cmd_metad(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    fit_descriptors(&p);
     p.field_mask |= KVT_METAD_PARAM_HOST | KVT_METAD_PARAM_PORT;
     p.host = host;
     p.port = port;

@@ -477,8 +477,10 @@ typedef struct kvt_bootstrap *kvt_bootstrap_h;
 /*
  * kvt_bootstrap_start() - run a bootstrap server (`kvt metad`: SGLang's
  * /route registration and lookup, Mooncake's /metadata store, /health) in
- * this process, listening on @host (NULL: every address) and @port (0:
- * a free one, see kvt_bootstrap_port()). Returns once it serves: KVT_OK,
+ * this process, listening on @host (NULL: 127.0.0.1 only; "0.0.0.0" for
+ * every IPv4 address, which lets anyone who reaches it rewrite the
+ * routes) and @port (0: a free one, see kvt_bootstrap_port()). Returns
+ * once it serves: KVT_OK,
  * KVT_ERR_IO (cannot bind), KVT_ERR_INVALID_PARAM,
  * KVT_ERR_NOT_SUPPORTED (built without libmicrohttpd or json-c),
  * KVT_ERR_NO_MEMORY.

@@ -41,6 +41,9 @@ enum {
     KVT_METAD_PARAM_THREADS = 1u << 2,
     KVT_METAD_PARAM_MAX_BODY = 1u << 3,
     KVT_METAD_PARAM_MAX_BYTES = 1u << 4,
+    KVT_METAD_PARAM_MAX_CONNS = 1u << 5,
+    KVT_METAD_PARAM_HEADER_TIMEOUT = 1u << 6,
+    KVT_METAD_PARAM_BODY_TIMEOUT = 1u << 7,
 };
 
 /* The largest body a request may carry (and the default limit). */
@@ -48,7 +51,9 @@ enum {
 
 typedef struct {
     uint64_t field_mask;
-    /* Address to listen on; NULL or "": every address (the default). */
+    /* Address to listen on. NULL or "" (the default): 127.0.0.1 only,
+     * since anyone who reaches the server can rewrite every key and
+     * route; "0.0.0.0" listens on every IPv4 address. */
     const char *host;
     /* Port; 0 picks a free one (kvt_metad_port()). Default 8080. */
     uint16_t port;
@@ -57,9 +62,22 @@ typedef struct {
     /* Largest request body; larger ones get 413. Default and at most
      * KVT_METAD_MAX_BODY. */
     size_t max_body;
-    /* Bytes of keys and values the store may hold; a PUT beyond gets 507.
-     * Default 1 GiB. */
+    /* Bytes the store may hold (its entries as the heap holds them, and
+     * the request bodies being read); a PUT beyond gets 507. Default
+     * 1 GiB. */
     size_t max_bytes;
+    /* Connections kept at most, 1..1000000; one more drops the one that
+     * has waited longest for a request header. Default 1000. Each takes
+     * a descriptor: keep RLIMIT_NOFILE above it. */
+    unsigned max_conns;
+    /* Milliseconds a connection has to send a whole request header, from
+     * its accept or from its previous answer, however often it sends a
+     * byte; then it is closed. 1..3600000, default 5000. */
+    uint32_t header_timeout_ms;
+    /* Milliseconds a request has to send its whole body once its header
+     * is in, and the longest an answer may stay unread. 1..3600000,
+     * default 30000. */
+    uint32_t body_timeout_ms;
 } kvt_metad_params_t;
 
 /*

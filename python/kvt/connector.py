@@ -358,7 +358,8 @@ class KVReceiver(_Room):
 
 class KVBootstrapServer:
     """The bootstrap server (`kvt metad`) in this process: SGLang's /route
-    registration and lookup and the /metadata store."""
+    registration and lookup and the /metadata store. It listens on
+    127.0.0.1 unless `host` names an address ("0.0.0.0": every one)."""
 
     def __init__(self, port: int = 0, host: Optional[str] = None):
         self._server = _kvt.BootstrapServer(port, host)

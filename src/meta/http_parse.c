@@ -81,6 +81,64 @@ static long decode(const char *s, const char *e, char *out, size_t cap)
     return (long)n;
 }
 
+int kvt__utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s, *e = p + n;
+
+    while (p < e) {
+        unsigned c = *p++, need, min, cp;
+        if (c < 0x80)
+            continue;
+        if (c >= 0xc2 && c <= 0xdf) {
+            need = 1;
+            min = 0x80;
+            cp = c & 0x1f;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            need = 2;
+            min = 0x800;
+            cp = c & 0x0f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            need = 3;
+            min = 0x10000;
+            cp = c & 0x07;
+        } else {
+            return 0; /* a continuation byte, 0xc0, 0xc1 or beyond 0xf4 */
+        }
+        if ((size_t)(e - p) < need)
+            return 0;
+        for (unsigned i = 0; i < need; i++, p++) {
+            if ((*p & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (*p & 0x3fu);
+        }
+        /* Overlong forms, UTF-16 surrogates, beyond U+10FFFF. */
+        if (cp < min || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            return 0;
+    }
+    return 1;
+}
+
+/* The whitespace Python's str.strip() removes from ASCII text. */
+static int is_space(char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+/* Strip surrounding whitespace from the NUL-terminated @s of @n bytes in
+ * place; returns the new length. */
+static size_t strip(char *s, size_t n)
+{
+    size_t b = 0;
+
+    while (n > 0 && is_space(s[n - 1]))
+        n--;
+    while (b < n && is_space(s[b]))
+        b++;
+    memmove(s, s + b, n - b);
+    s[n - b] = '\0';
+    return n - b;
+}
+
 /* A decimal integer with an optional '-', |v| < 2^31, in a decoded
  * string of @n bytes. */
 static int parse_int(const char *s, size_t n, int64_t *v_p)
@@ -117,14 +175,19 @@ static int take_param(kvt__http_req_t *r, const char *name, const char *vs,
     if (strcmp(name, "key") == 0 || strcmp(name, "prefix") == 0) {
         int is_key = name[0] == 'k';
         int *has = is_key ? &r->has_key : &r->has_prefix;
+        char *out = is_key ? r->key : r->prefix;
         if (*has)
             return 0;
-        n = decode(vs, ve, is_key ? r->key : r->prefix, KVT_META_KEY_MAX);
+        n = decode(vs, ve, out, KVT_META_KEY_MAX);
         if (n < 0)
             return (int)-n;
+        /* Keys travel in JSON answers (/metadata/keys), which must stay
+         * valid for every client. */
+        if (!kvt__utf8_valid(out, (size_t)n))
+            return 400;
         *has = 1;
         if (is_key)
-            r->key_len = (size_t)n;
+            r->key_len = strip(out, (size_t)n);
         else
             r->prefix_len = (size_t)n;
         return 0;

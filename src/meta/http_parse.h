@@ -63,15 +63,21 @@ const char *kvt__http_route_name(kvt__route_t r);
  * unknown path is route KVT__ROUTE_NONE and still returns 0). Query:
  * '&'-separated name=value pairs, percent-decoded with '+' as a space; the
  * first occurrence of a name wins, unknown names are ignored. Recognised:
- * key and prefix (no NUL byte, at most KVT_META_KEY_MAX bytes decoded),
- * ttl (0..KVT_HTTP_TTL_MAX), engine_rank and target_dp_group (decimal,
+ * key and prefix (valid UTF-8 without a NUL byte, at most KVT_META_KEY_MAX
+ * bytes decoded; the key stripped of surrounding ASCII whitespace, as
+ * Mooncake's servers do, so that it may come out empty), ttl
+ * (0..KVT_HTTP_TTL_MAX), engine_rank and target_dp_group (decimal,
  * optionally negative, |v| < 2^31).
  *
  * Returns 0, 400 (target not starting with '/', bad escape, NUL in a
- * string, malformed number) or 414 (target longer than KVT_HTTP_TARGET_MAX,
- * key or prefix too long).
+ * string, key or prefix not valid UTF-8, malformed number) or 414 (target
+ * longer than KVT_HTTP_TARGET_MAX, key or prefix too long).
  */
 int kvt__http_parse_target(const char *target, size_t len, kvt__http_req_t *r);
+
+/* Whether @s (@n bytes) is well-formed UTF-8: no overlong forms, no
+ * surrogates, nothing beyond U+10FFFF. */
+int kvt__utf8_valid(const char *s, size_t n);
 
 /*
  * Parse a Content-Length value: decimal digits only, no sign or spaces

@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * `kvt metad` on libmicrohttpd. Request parsing lives in http_parse.c and
- * bootstrap_json.c (pure, fuzzed); storage in metad_store.c and
- * metad_boot.c; this file only routes, answers and counts.
+ * bootstrap_json.c (pure, fuzzed); the route handlers in metad_routes.c;
+ * storage in metad_store.c and metad_boot.c; which connections to drop in
+ * metad_conn.c. This file is the plumbing: it takes requests and their
+ * bodies, refuses what must not be read, dispatches, answers and counts,
+ * and tells metad_conn.c where each connection stands (accepted, header
+ * in, answered, request done).
  *
  * Request lifecycle. MHD hands us the raw request target in the URI log
  * callback, before any decoding: we copy it into a per-request context,
@@ -11,8 +15,9 @@
  * of the access handler. PUT bodies are collected up to max_body; an
  * announced Content-Length beyond it is answered with 413 at once, a
  * chunked body that grows beyond it is read and discarded (up to 4 times
- * the limit, then the connection is dropped) and answered with 413. Every
- * 4xx answer leaves the stores unchanged.
+ * the limit, then the connection is dropped) and answered with 413. A
+ * body is reserved against max_bytes while it is read (507 when it does
+ * not fit). Every 4xx and 5xx answer leaves the stores unchanged.
  */
 #include "meta/metad.h"
 
@@ -22,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,69 +39,47 @@
 
 #include <microhttpd.h>
 
-#include <json-c/json.h>
-
-#include "meta/bootstrap.h"
-#include "meta/http_parse.h"
-#include "meta/metad_store.h"
+#include "meta/metad_int.h"
 #include "util/sock.h"
 
 #define DEFAULT_MAX_BYTES ((size_t)1 << 30)
+/* Loopback unless the caller names an address: anyone who reaches the
+ * server may rewrite every key and route, so being reachable from the
+ * network is a choice the operator makes (docs/metadata.md). */
+#define DEFAULT_HOST "127.0.0.1"
+/* The sweeper drops connections past their deadline every tick and
+ * frees expired entries every SWEEP_INTERVAL_MS. */
+#define TICK_MS 100
 #define SWEEP_INTERVAL_MS 1000
+#define TIMEOUT_MAX_MS 3600000u
+#define MAX_CONNS_MAX 1000000u
 
-/* Status codes counted in /metrics; anything else counts as "other". */
-static const unsigned codes[] = {200, 400, 404, 405, 409, 413,
-                                 414, 431, 500, 503, 507, 0};
-#define NCODES (sizeof(codes) / sizeof(codes[0]))
+const unsigned kvt__metad_codes[KVT__METAD_NCODES] = {
+    200, 400, 404, 405, 409, 413, 414, 431, 500, 503, 507, 0};
 
-struct kvt__metad {
-    struct MHD_Daemon *daemon;
-    kvt__kvstore_t *store;
-    kvt__boot_table_t *boot;
-    unsigned threads;
-    size_t max_body;
-    uint16_t port;
-    uint64_t started_ms;
+typedef kvt__metad_req_t req_t;
 
-    pthread_t sweeper;
-    pthread_mutex_t sweep_lock;
-    pthread_cond_t sweep_cond;
-    int sweep_stop; /* under sweep_lock */
-
-    _Atomic uint64_t requests[KVT__ROUTE_COUNT][KVT__METHOD_COUNT][NCODES];
-    _Atomic uint64_t expired_keys;
-    _Atomic uint64_t expired_ranks;
-    _Atomic uint64_t aborted;
-};
-
-/* Per-request context, created by uri_logged(), freed by completed(). */
-typedef struct {
-    int started;
-    int answered;
-    int too_long;
-    int oversize;
-    kvt__method_t method;
-    kvt__route_t route;
-    uint64_t discarded;
-    char *body;
-    size_t body_len, body_cap;
-    size_t target_len;
-    char target[];
-} req_t;
-
-static uint64_t now_ms(void)
+uint64_t kvt__metad_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* The connection's entry in md->conns (NULL once it was removed). */
+static kvt__conn_t *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
 static unsigned code_index(unsigned code)
 {
-    for (unsigned i = 0; i + 1 < NCODES; i++)
-        if (codes[i] == code)
+    for (unsigned i = 0; i + 1 < KVT__METAD_NCODES; i++)
+        if (kvt__metad_codes[i] == code)
             return i;
-    return NCODES - 1;
+    return KVT__METAD_NCODES - 1;
 }
 
 /*
@@ -102,9 +87,9 @@ static unsigned code_index(unsigned code)
  * may be NULL after a failed allocation: the connection is then closed,
  * the only thing left to do without memory).
  */
-static enum MHD_Result send_resp(kvt__metad_t *md, struct MHD_Connection *c,
-                                 req_t *rq, unsigned code,
-                                 struct MHD_Response *resp)
+enum MHD_Result kvt__metad_send(kvt__metad_t *md, struct MHD_Connection *c,
+                                req_t *rq, unsigned code,
+                                struct MHD_Response *resp)
 {
     enum MHD_Result ret = MHD_NO;
 
@@ -114,6 +99,8 @@ static enum MHD_Result send_resp(kvt__metad_t *md, struct MHD_Connection *c,
     }
     if (ret == MHD_YES) {
         rq->answered = 1;
+        kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_ANSWER,
+                         kvt__metad_now_ms());
         atomic_fetch_add_explicit(
             &md->requests[rq->route][rq->method][code_index(code)], 1,
             memory_order_relaxed);
@@ -121,7 +108,7 @@ static enum MHD_Result send_resp(kvt__metad_t *md, struct MHD_Connection *c,
     return ret;
 }
 
-static struct MHD_Response *text_resp(const char *text, const char *ctype)
+struct MHD_Response *kvt__metad_text(const char *text, const char *ctype)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(
         strlen(text), (void *)(uintptr_t)text, MHD_RESPMEM_PERSISTENT);
@@ -136,16 +123,17 @@ static struct MHD_Response *text_resp(const char *text, const char *ctype)
 }
 
 /* A short static answer; SGLang's server labels them application/json. */
-static enum MHD_Result answer(kvt__metad_t *md, struct MHD_Connection *c,
-                              req_t *rq, unsigned code, const char *text)
+enum MHD_Result kvt__metad_answer(kvt__metad_t *md, struct MHD_Connection *c,
+                                  req_t *rq, unsigned code, const char *text)
 {
-    return send_resp(md, c, rq, code, text_resp(text, "application/json"));
+    return kvt__metad_send(md, c, rq, code,
+                           kvt__metad_text(text, "application/json"));
 }
 
 /* A malloc'd JSON body; takes ownership of @json. */
-static enum MHD_Result answer_json(kvt__metad_t *md, struct MHD_Connection *c,
-                                   req_t *rq, unsigned code, char *json,
-                                   size_t len)
+enum MHD_Result kvt__metad_answer_json(kvt__metad_t *md,
+                                       struct MHD_Connection *c, req_t *rq,
+                                       unsigned code, char *json, size_t len)
 {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, json, MHD_RESPMEM_MUST_FREE);
@@ -157,372 +145,22 @@ static enum MHD_Result answer_json(kvt__metad_t *md, struct MHD_Connection *c,
         MHD_destroy_response(r);
         r = NULL;
     }
-    return send_resp(md, c, rq, code, r);
+    return kvt__metad_send(md, c, rq, code, r);
 }
 
-static enum MHD_Result not_allowed(kvt__metad_t *md, struct MHD_Connection *c,
-                                   req_t *rq, const char *allow)
+enum MHD_Result kvt__metad_not_allowed(kvt__metad_t *md,
+                                       struct MHD_Connection *c, req_t *rq,
+                                       const char *allow)
 {
-    struct MHD_Response *r = text_resp("Method not allowed", "text/plain");
+    struct MHD_Response *r =
+        kvt__metad_text("Method not allowed", "text/plain");
 
     if (r != NULL &&
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow) != MHD_YES) {
         MHD_destroy_response(r);
         r = NULL;
     }
-    return send_resp(md, c, rq, 405, r);
-}
-
-static const char *code_text(int code)
-{
-    switch (code) {
-    case 400:
-        return "Bad request";
-    case 404:
-        return "Not found";
-    case 409:
-        return "Conflicting parallel sizes";
-    case 413:
-        return "Request body too large";
-    case 414:
-        return "Request target or key too long";
-    case 507:
-        return "Store full";
-    default:
-        return "Internal error";
-    }
-}
-
-/* ---- /metadata ----------------------------------------------------------- */
-
-struct get_ctx {
-    struct MHD_Response *resp;
-};
-
-/* Runs under the store's shard lock: copy the value into a response. */
-static void copy_value(void *arg, const uint8_t *val, size_t len)
-{
-    struct get_ctx *g = arg;
-    g->resp = MHD_create_response_from_buffer(len, (void *)(uintptr_t)val,
-                                              MHD_RESPMEM_MUST_COPY);
-}
-
-/* GET /metadata: the stored bytes unchanged, copied while the shard's
- * read lock is held so that a concurrent PUT cannot tear them. */
-static enum MHD_Result metadata_get(kvt__metad_t *md, struct MHD_Connection *c,
-                                    req_t *rq, const kvt__http_req_t *hr)
-{
-    struct get_ctx g = {NULL};
-
-    if (kvt__kvstore_get(md->store, hr->key, hr->key_len, now_ms(), copy_value,
-                         &g) != KVT_OK)
-        return answer(md, c, rq, 404, "metadata not found");
-    if (g.resp != NULL &&
-        MHD_add_response_header(g.resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                "application/json") != MHD_YES) {
-        MHD_destroy_response(g.resp);
-        g.resp = NULL;
-    }
-    return send_resp(md, c, rq, 200, g.resp);
-}
-
-/*
- * PUT /metadata: store the body under the key, with the deadline of
- * ?ttl= when given, and acknowledge the TTL with X-Kvt-Ttl so that kvt
- * clients know it is enforced. 507 when the byte limit would be passed.
- */
-static enum MHD_Result metadata_put(kvt__metad_t *md, struct MHD_Connection *c,
-                                    req_t *rq, const kvt__http_req_t *hr)
-{
-    uint64_t now = now_ms(), expires = 0;
-    struct MHD_Response *r;
-    char ttl[16];
-    kvt_status_t st;
-
-    if (hr->has_ttl && hr->ttl_s > 0)
-        expires = now + (uint64_t)hr->ttl_s * 1000u;
-    st = kvt__kvstore_put(md->store, hr->key, hr->key_len,
-                          rq->body ? rq->body : "", rq->body_len, expires, now);
-    if (st == KVT_ERR_NO_SPACE)
-        return answer(md, c, rq, 507, "metadata store full");
-    if (st != KVT_OK)
-        return answer(md, c, rq, 500, "out of memory");
-    r = text_resp("metadata updated", "application/json");
-    /* Tells kvt clients that this server enforces the TTL. */
-    snprintf(ttl, sizeof(ttl), "%u", hr->has_ttl ? hr->ttl_s : 0);
-    if (r != NULL && hr->has_ttl &&
-        MHD_add_response_header(r, "X-Kvt-Ttl", ttl) != MHD_YES) {
-        MHD_destroy_response(r);
-        r = NULL;
-    }
-    return send_resp(md, c, rq, 200, r);
-}
-
-/* DELETE /metadata: 200 when a live entry was removed, 404 otherwise. */
-static enum MHD_Result metadata_del(kvt__metad_t *md, struct MHD_Connection *c,
-                                    req_t *rq, const kvt__http_req_t *hr)
-{
-    if (kvt__kvstore_del(md->store, hr->key, hr->key_len, now_ms()) != KVT_OK)
-        return answer(md, c, rq, 404, "metadata not found");
-    return answer(md, c, rq, 200, "metadata deleted");
-}
-
-/* GET /metadata/keys: the live keys under ?prefix=, as a JSON array. */
-static enum MHD_Result metadata_keys(kvt__metad_t *md, struct MHD_Connection *c,
-                                     req_t *rq, const kvt__http_req_t *hr)
-{
-    json_object *a;
-    char **keys;
-    size_t n, len;
-    const char *s;
-    char *out = NULL;
-    kvt_status_t st;
-
-    st = kvt__kvstore_keys(md->store, hr->has_prefix ? hr->prefix : "",
-                           hr->prefix_len, now_ms(), KVT_META_LIST_MAX, &keys,
-                           &n);
-    if (st == KVT_ERR_OVERFLOW)
-        return answer(md, c, rq, 400,
-                      "more than 65536 keys match; use a longer prefix");
-    if (st != KVT_OK)
-        return answer(md, c, rq, 500, "out of memory");
-    a = json_object_new_array_ext(n > 0 ? (int)n : 1);
-    for (size_t i = 0; a != NULL && i < n; i++) {
-        json_object *k = json_object_new_string(keys[i]);
-        if (k == NULL || json_object_array_add(a, k) != 0) {
-            json_object_put(k);
-            json_object_put(a);
-            a = NULL;
-        }
-    }
-    for (size_t i = 0; i < n; i++)
-        free(keys[i]);
-    free(keys);
-    s = a ? json_object_to_json_string_length(
-                a, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
-                &len)
-          : NULL;
-    if (s != NULL && (out = malloc(len + 1)) != NULL)
-        memcpy(out, s, len + 1);
-    json_object_put(a);
-    if (out == NULL)
-        return answer(md, c, rq, 500, "out of memory");
-    return answer_json(md, c, rq, 200, out, len);
-}
-
-/* ---- /route, /topology --------------------------------------------------- */
-
-/*
- * PUT /route: validate the registration (400 with the reason), keep
- * prefill ranks (409 on conflicting sizes), acknowledge the others.
- */
-static enum MHD_Result route_put(kvt__metad_t *md, struct MHD_Connection *c,
-                                 req_t *rq, const kvt__http_req_t *hr)
-{
-    kvt__boot_rank_t r;
-    const char *why = NULL;
-    uint64_t now = now_ms(), expires = 0;
-    int code;
-
-    if (kvt__boot_parse(rq->body, rq->body_len, &r, &why) != KVT_OK) {
-        KVT_LOG_D("metad: PUT /route refused: %s", why);
-        return answer(md, c, rq, 400, why);
-    }
-    /* SGLang's server records prefill ranks only and acknowledges the
-     * rest. */
-    if (strcmp(r.role, "Prefill") != 0)
-        return answer(md, c, rq, 200, "OK");
-    if (hr->has_ttl && hr->ttl_s > 0)
-        expires = now + (uint64_t)hr->ttl_s * 1000u;
-    code = kvt__boot_table_put(md->boot, &r, expires, now);
-    if (code == 409)
-        return answer(md, c, rq, 409,
-                      "tp_size/dp_size differ from the registered ranks");
-    return answer(md, c, rq, (unsigned)code,
-                  code == 200 ? "OK" : code_text(code));
-}
-
-/* GET /route: one rank, or the sizes for engine_rank=-1 and
- * target_dp_group=-1, as SGLang's decode side asks. */
-static enum MHD_Result route_get(kvt__metad_t *md, struct MHD_Connection *c,
-                                 req_t *rq, const kvt__http_req_t *hr)
-{
-    char *json = NULL;
-    size_t len = 0;
-    int code;
-
-    if (!hr->has_engine_rank || !hr->has_dp_group)
-        return answer(md, c, rq, 400, "Missing inputs for bootstrap server.");
-    code = kvt__boot_table_get(md->boot, hr->engine_rank, hr->dp_group,
-                               now_ms(), &json, &len);
-    if (code != 200)
-        return answer(md, c, rq, (unsigned)code,
-                      code == 404 ? "Bootstrap info not Found"
-                                  : code_text(code));
-    return answer_json(md, c, rq, 200, json, len);
-}
-
-static enum MHD_Result route_del(kvt__metad_t *md, struct MHD_Connection *c,
-                                 req_t *rq, const kvt__http_req_t *hr)
-{
-    int code;
-
-    if (!hr->has_engine_rank || !hr->has_dp_group)
-        return answer(md, c, rq, 400, "Missing inputs for bootstrap server.");
-    code =
-        kvt__boot_table_del(md->boot, hr->engine_rank, hr->dp_group, now_ms());
-    return answer(md, c, rq, (unsigned)code,
-                  code == 200   ? "OK"
-                  : code == 404 ? "Bootstrap info not Found"
-                                : code_text(code));
-}
-
-static enum MHD_Result topology(kvt__metad_t *md, struct MHD_Connection *c,
-                                req_t *rq)
-{
-    char *json = NULL;
-    size_t len = 0;
-    int code = kvt__boot_table_topology(md->boot, now_ms(), &json, &len);
-
-    if (code != 200)
-        return answer(md, c, rq, (unsigned)code, code_text(code));
-    return answer_json(md, c, rq, 200, json, len);
-}
-
-/* ---- /metrics ------------------------------------------------------------ */
-
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
-
-static void sb_printf(sbuf_t *sb, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void sb_printf(sbuf_t *sb, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    for (int tries = 0; tries < 2 && !sb->oom; tries++) {
-        va_start(ap, fmt);
-        n = vsnprintf(sb->buf + sb->len, sb->cap - sb->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            sb->oom = 1;
-        } else if ((size_t)n < sb->cap - sb->len) {
-            sb->len += (size_t)n;
-            return;
-        } else {
-            size_t nc = (sb->cap + (size_t)n + 1) * 2;
-            char *nb = realloc(sb->buf, nc);
-            if (nb == NULL)
-                sb->oom = 1;
-            else {
-                sb->buf = nb;
-                sb->cap = nc;
-            }
-        }
-    }
-}
-
-/*
- * GET /metrics in Prometheus text format (version 0.0.4). Counters are
- * read with relaxed loads: each value is exact, the set is a snapshot
- * taken over a few microseconds.
- */
-static enum MHD_Result metrics(kvt__metad_t *md, struct MHD_Connection *c,
-                               req_t *rq)
-{
-    sbuf_t sb = {malloc(4096), 0, 4096, 0};
-    struct MHD_Response *r;
-
-    if (sb.buf == NULL)
-        return answer(md, c, rq, 500, "out of memory");
-    sb_printf(&sb, "# HELP kvt_metad_requests_total HTTP requests answered, "
-                   "by route, method and status code.\n"
-                   "# TYPE kvt_metad_requests_total counter\n");
-    for (int ro = 0; ro < KVT__ROUTE_COUNT; ro++)
-        for (int me = 0; me < KVT__METHOD_COUNT; me++)
-            for (unsigned co = 0; co < NCODES; co++) {
-                uint64_t v = atomic_load_explicit(&md->requests[ro][me][co],
-                                                  memory_order_relaxed);
-                char code[16];
-                if (v == 0)
-                    continue;
-                if (codes[co] != 0)
-                    snprintf(code, sizeof(code), "%u", codes[co]);
-                else
-                    strcpy(code, "other");
-                sb_printf(&sb,
-                          "kvt_metad_requests_total{route=\"%s\","
-                          "method=\"%s\",code=\"%s\"} %llu\n",
-                          kvt__http_route_name((kvt__route_t)ro),
-                          kvt__http_method_name((kvt__method_t)me), code,
-                          (unsigned long long)v);
-            }
-    sb_printf(&sb,
-              "# HELP kvt_metad_keys Keys in the /metadata store (expired "
-              "ones until the next sweep, at most 1 s).\n"
-              "# TYPE kvt_metad_keys gauge\n"
-              "kvt_metad_keys %zu\n"
-              "# HELP kvt_metad_store_bytes Bytes charged to the /metadata "
-              "store.\n"
-              "# TYPE kvt_metad_store_bytes gauge\n"
-              "kvt_metad_store_bytes %zu\n"
-              "# HELP kvt_metad_bootstrap_ranks Prefill ranks registered "
-              "through /route.\n"
-              "# TYPE kvt_metad_bootstrap_ranks gauge\n"
-              "kvt_metad_bootstrap_ranks %zu\n"
-              "# HELP kvt_metad_expired_total Entries dropped because their "
-              "TTL passed.\n"
-              "# TYPE kvt_metad_expired_total counter\n"
-              "kvt_metad_expired_total{store=\"metadata\"} %llu\n"
-              "kvt_metad_expired_total{store=\"bootstrap\"} %llu\n",
-              kvt__kvstore_count(md->store), kvt__kvstore_bytes(md->store),
-              kvt__boot_table_count(md->boot),
-              (unsigned long long)atomic_load(&md->expired_keys),
-              (unsigned long long)atomic_load(&md->expired_ranks));
-    {
-        uint64_t client = 0, server = 0;
-        for (int ro = 0; ro < KVT__ROUTE_COUNT; ro++)
-            for (int me = 0; me < KVT__METHOD_COUNT; me++)
-                for (unsigned co = 0; co < NCODES; co++) {
-                    uint64_t v = atomic_load_explicit(&md->requests[ro][me][co],
-                                                      memory_order_relaxed);
-                    if (codes[co] >= 400 && codes[co] < 500)
-                        client += v;
-                    else if (codes[co] >= 500 || codes[co] == 0)
-                        server += v;
-                }
-        sb_printf(&sb,
-                  "# HELP kvt_metad_errors_total Requests answered with an "
-                  "error, and requests dropped without an answer.\n"
-                  "# TYPE kvt_metad_errors_total counter\n"
-                  "kvt_metad_errors_total{kind=\"client\"} %llu\n"
-                  "kvt_metad_errors_total{kind=\"server\"} %llu\n"
-                  "kvt_metad_errors_total{kind=\"aborted\"} %llu\n"
-                  "# HELP kvt_metad_uptime_seconds Seconds since start.\n"
-                  "# TYPE kvt_metad_uptime_seconds gauge\n"
-                  "kvt_metad_uptime_seconds %.3f\n",
-                  (unsigned long long)client, (unsigned long long)server,
-                  (unsigned long long)atomic_load(&md->aborted),
-                  (double)(now_ms() - md->started_ms) / 1000.0);
-    }
-    if (sb.oom) {
-        free(sb.buf);
-        return answer(md, c, rq, 500, "out of memory");
-    }
-    r = MHD_create_response_from_buffer(sb.len, sb.buf, MHD_RESPMEM_MUST_FREE);
-    if (r == NULL)
-        free(sb.buf);
-    else if (MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                     "text/plain; version=0.0.4") != MHD_YES) {
-        MHD_destroy_response(r);
-        r = NULL;
-    }
-    return send_resp(md, c, rq, 200, r);
+    return kvt__metad_send(md, c, rq, 405, r);
 }
 
 /* ---- Dispatch ------------------------------------------------------------ */
@@ -536,33 +174,79 @@ static const char *const allowed[KVT__ROUTE_COUNT] = {
     [KVT__ROUTE_METRICS] = "GET, HEAD",
 };
 
+static enum MHD_Result count_length(void *cls, enum MHD_ValueKind kind,
+                                    const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        (*(unsigned *)cls)++;
+    return MHD_YES;
+}
+
 /*
  * The first call of the access handler, before any body is read: refuse
- * what must not be read at all (a target too long to have been kept, a
- * body announced beyond the limit). Answering now makes MHD close the
- * connection afterwards, which is what these requests deserve; every other
- * request is answered at the final call so that keep-alive holds.
+ * what must not be read at all (a target too long to have been kept, two
+ * Content-Length headers, which a proxy in front may have read otherwise
+ * (RFC 9112 section 6.3), a body announced beyond the limit). Answering
+ * now makes MHD close the connection afterwards, which is what these
+ * requests deserve; every other request is answered at the final call so
+ * that keep-alive holds.
  */
 static enum MHD_Result first_call(kvt__metad_t *md, struct MHD_Connection *c,
                                   req_t *rq)
 {
     kvt__http_req_t hr;
     const char *cl;
+    unsigned lengths = 0;
     uint64_t len;
     int too_large;
 
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_length, &lengths);
     cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
     too_large = cl != NULL && kvt__http_parse_length(cl, &len) == 0 &&
                 len > md->max_body;
-    if (!rq->too_long && !too_large)
-        return MHD_YES;
+    if (!rq->too_long && !too_large && lengths <= 1) {
+        /* An announced body counts against --max-bytes from now on, so
+         * that uploads in flight cannot hold more than the store may. */
+        if (cl == NULL || kvt__http_parse_length(cl, &len) != 0 || len == 0)
+            return MHD_YES;
+        if (kvt__kvstore_reserve(md->store, (size_t)len) == KVT_OK) {
+            rq->held = (size_t)len;
+            return MHD_YES;
+        }
+        rq->nospace = 1;
+    }
     /* For the route label of the answer only. */
     kvt__http_parse_target(rq->target, rq->target_len, &hr);
     rq->route = hr.route;
     if (rq->too_long)
-        return answer(md, c, rq, 414, code_text(414));
-    return answer(md, c, rq, 413, code_text(413));
+        return kvt__metad_answer(md, c, rq, 414, kvt__metad_code_text(414));
+    if (lengths > 1)
+        return kvt__metad_answer(md, c, rq, 400,
+                                 "more than one Content-Length");
+    if (rq->nospace)
+        return kvt__metad_answer(md, c, rq, 507, kvt__metad_code_text(507));
+    return kvt__metad_answer(md, c, rq, 413, kvt__metad_code_text(413));
+}
+
+/*
+ * Whether the request may change the stores, decided here alone: 0 to go
+ * on, or the status to refuse with. Writes are PUT and DELETE on the two
+ * routes that hold state; any peer that reaches the server may make them
+ * (it listens on loopback unless told otherwise).
+ */
+static int write_check(kvt__metad_t *md, struct MHD_Connection *c,
+                       const req_t *rq, const kvt__http_req_t *hr)
+{
+    (void)md;
+    (void)c;
+    if (hr->route != KVT__ROUTE_METADATA && hr->route != KVT__ROUTE_ROUTE)
+        return 405;
+    if (rq->method != KVT__METHOD_PUT && rq->method != KVT__METHOD_DELETE)
+        return 405;
+    return 0;
 }
 
 /* The final call: the whole request is in. */
@@ -573,58 +257,75 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
     int code = kvt__http_parse_target(rq->target, rq->target_len, &hr);
     int read_like =
         rq->method == KVT__METHOD_GET || rq->method == KVT__METHOD_HEAD;
-    int writes =
-        rq->method == KVT__METHOD_PUT || rq->method == KVT__METHOD_DELETE;
 
     rq->route = hr.route;
     if (code != 0)
-        return answer(md, c, rq, (unsigned)code, code_text(code));
+        return kvt__metad_answer(md, c, rq, (unsigned)code,
+                                 kvt__metad_code_text(code));
     if (rq->oversize)
-        return answer(md, c, rq, 413, code_text(413));
+        return kvt__metad_answer(md, c, rq, 413, kvt__metad_code_text(413));
+    if (rq->nospace)
+        return kvt__metad_answer(md, c, rq, 507, kvt__metad_code_text(507));
     if (hr.route == KVT__ROUTE_NONE)
-        return answer(md, c, rq, 404, "Not found");
-    if (!read_like && !(writes && (hr.route == KVT__ROUTE_METADATA ||
-                                   hr.route == KVT__ROUTE_ROUTE)))
-        return not_allowed(md, c, rq, allowed[hr.route]);
+        return kvt__metad_answer(md, c, rq, 404, "Not found");
+    if (!read_like && (code = write_check(md, c, rq, &hr)) != 0)
+        return code == 405
+                   ? kvt__metad_not_allowed(md, c, rq, allowed[hr.route])
+                   : kvt__metad_answer(md, c, rq, (unsigned)code,
+                                       kvt__metad_code_text(code));
     if (hr.route == KVT__ROUTE_METADATA && (!hr.has_key || hr.key_len == 0))
-        return answer(md, c, rq, 400, "missing key");
+        return kvt__metad_answer(md, c, rq, 400, "missing key");
     switch (hr.route) {
     case KVT__ROUTE_METADATA:
         if (rq->method == KVT__METHOD_PUT)
-            return metadata_put(md, c, rq, &hr);
+            return kvt__metad_metadata_put(md, c, rq, &hr);
         if (rq->method == KVT__METHOD_DELETE)
-            return metadata_del(md, c, rq, &hr);
-        return metadata_get(md, c, rq, &hr);
+            return kvt__metad_metadata_del(md, c, rq, &hr);
+        return kvt__metad_metadata_get(md, c, rq, &hr);
     case KVT__ROUTE_KEYS:
-        return metadata_keys(md, c, rq, &hr);
+        return kvt__metad_metadata_keys(md, c, rq, &hr);
     case KVT__ROUTE_ROUTE:
         if (rq->method == KVT__METHOD_PUT)
-            return route_put(md, c, rq, &hr);
+            return kvt__metad_route_put(md, c, rq, &hr);
         if (rq->method == KVT__METHOD_DELETE)
-            return route_del(md, c, rq, &hr);
-        return route_get(md, c, rq, &hr);
+            return kvt__metad_route_del(md, c, rq, &hr);
+        return kvt__metad_route_get(md, c, rq, &hr);
     case KVT__ROUTE_TOPOLOGY:
-        return topology(md, c, rq);
+        return kvt__metad_topology(md, c, rq);
     case KVT__ROUTE_HEALTH:
-        return answer(md, c, rq, 200, "OK");
+        return kvt__metad_answer(md, c, rq, 200, "OK");
     case KVT__ROUTE_METRICS:
-        return metrics(md, c, rq);
+        return kvt__metad_metrics(md, c, rq);
     default:
-        return answer(md, c, rq, 404, "Not found");
+        return kvt__metad_answer(md, c, rq, 404, "Not found");
     }
 }
 
-/* Append an upload chunk, or count it as discarded past the limit. */
+/* Stop keeping the body: it is refused (413 or 507), and its bytes and
+ * reservation are given back at once. */
+static void drop_body(kvt__metad_t *md, req_t *rq)
+{
+    free(rq->body);
+    rq->body = NULL;
+    rq->body_len = rq->body_cap = 0;
+    kvt__kvstore_release(md->store, rq->held);
+    rq->held = 0;
+}
+
+/*
+ * Append an upload chunk, or count it as discarded past the limits. The
+ * buffer's capacity is reserved in the store before it grows (the
+ * announced length at once, see first_call()); a chunked body that cannot
+ * be reserved is read, discarded and answered with 507.
+ */
 static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq, const char *data,
                                   size_t n)
 {
-    if (!rq->oversize && rq->body_len + n > md->max_body) {
+    if (!rq->oversize && !rq->nospace && rq->body_len + n > md->max_body) {
         rq->oversize = 1;
-        free(rq->body);
-        rq->body = NULL;
-        rq->body_len = rq->body_cap = 0;
+        drop_body(md, rq);
     }
-    if (rq->oversize) {
+    if (rq->oversize || rq->nospace) {
         rq->discarded += n;
         /* Bounded work for a client that never stops sending. */
         return rq->discarded > 4 * (uint64_t)md->max_body ? MHD_NO : MHD_YES;
@@ -632,10 +333,21 @@ static enum MHD_Result take_chunk(kvt__metad_t *md, req_t *rq, const char *data,
     if (rq->body_len + n > rq->body_cap) {
         size_t nc = rq->body_cap ? rq->body_cap : 1024;
         char *nb;
+        if (nc < rq->held)
+            nc = rq->held;
         while (nc < rq->body_len + n)
             nc *= 2;
         if (nc > md->max_body)
             nc = md->max_body;
+        if (nc > rq->held) {
+            if (kvt__kvstore_reserve(md->store, nc - rq->held) != KVT_OK) {
+                rq->nospace = 1;
+                drop_body(md, rq);
+                rq->discarded += n;
+                return MHD_YES;
+            }
+            rq->held = nc;
+        }
         nb = realloc(rq->body, nc);
         if (nb == NULL)
             return MHD_NO;
@@ -667,6 +379,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     if (!rq->started) {
         rq->started = 1;
         rq->method = kvt__http_method(method);
+        /* The header is in: the body deadline runs from now. */
+        kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_BODY,
+                         kvt__metad_now_ms());
         return first_call(md, c, rq);
     }
     if (*upload_size > 0) {
@@ -711,15 +426,53 @@ static void completed(void *cls, struct MHD_Connection *c, void **req_cls,
     kvt__metad_t *md = cls;
     req_t *rq = *req_cls;
 
-    (void)c;
     (void)toe;
+    /* Kept alive, the connection waits for its next header from now. */
+    kvt__conns_stage(md->conns, conn_of(c), KVT__CONN_HEADER,
+                     kvt__metad_now_ms());
     if (rq == NULL)
         return;
     if (!rq->answered)
         atomic_fetch_add_explicit(&md->aborted, 1, memory_order_relaxed);
+    kvt__kvstore_release(md->store, rq->held);
     free(rq->body);
     free(rq);
     *req_cls = NULL;
+}
+
+/*
+ * MHD's connection callback: every accepted connection enters md->conns
+ * (which may evict another), and leaves it when MHD closes it. MHD calls
+ * this with CLOSED before it closes the descriptor, so the sweeper, which
+ * drops connections under the table's lock, never touches a closed or
+ * reused descriptor.
+ */
+static void on_connection(void *cls, struct MHD_Connection *c, void **sock_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    kvt__metad_t *md = cls;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci == NULL)
+            return;
+        *sock_ctx =
+            kvt__conns_add(md->conns, ci->connect_fd, kvt__metad_now_ms());
+        if (*sock_ctx == NULL) /* out of memory: not kept either */
+            shutdown(ci->connect_fd, SHUT_RDWR);
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        kvt__conns_remove(md->conns, *sock_ctx);
+        *sock_ctx = NULL;
+    }
+}
+
+/* Drop a connection from another thread: its thread sees the end of the
+ * stream (or a failed send) and closes it, which ends its request. */
+static void drop_fd(void *arg, int fd)
+{
+    (void)arg;
+    shutdown(fd, SHUT_RDWR);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -739,20 +492,29 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 static void *sweeper_main(void *arg)
 {
     kvt__metad_t *md = arg;
+    uint64_t last_purge = kvt__metad_now_ms();
     struct timespec ts;
 
     pthread_mutex_lock(&md->sweep_lock);
     while (!md->sweep_stop) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += SWEEP_INTERVAL_MS / 1000;
+        ts.tv_nsec += TICK_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&md->sweep_cond, &md->sweep_lock, &ts);
         if (md->sweep_stop)
             break;
         pthread_mutex_unlock(&md->sweep_lock);
-        atomic_fetch_add(&md->expired_keys,
-                         kvt__kvstore_purge(md->store, now_ms()));
-        atomic_fetch_add(&md->expired_ranks,
-                         kvt__boot_table_purge(md->boot, now_ms()));
+        kvt__conns_sweep(md->conns, kvt__metad_now_ms());
+        if (kvt__metad_now_ms() - last_purge >= SWEEP_INTERVAL_MS) {
+            last_purge = kvt__metad_now_ms();
+            atomic_fetch_add(&md->expired_keys,
+                             kvt__kvstore_purge(md->store, last_purge));
+            atomic_fetch_add(&md->expired_ranks,
+                             kvt__boot_table_purge(md->boot, last_purge));
+        }
         pthread_mutex_lock(&md->sweep_lock);
     }
     pthread_mutex_unlock(&md->sweep_lock);
@@ -808,6 +570,8 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     kvt__metad_t *md;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
                      MHD_USE_TURBO | MHD_USE_ERROR_LOG;
+    unsigned max_conns;
+    uint32_t header_ms, body_ms;
     uint64_t m = params ? params->field_mask : 0;
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
     int fd = -1;
@@ -821,13 +585,26 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     md->threads = (m & KVT__METAD_PARAM_THREADS) ? params->threads : 2;
     md->max_body =
         (m & KVT__METAD_PARAM_MAX_BODY) ? params->max_body : KVT_META_VALUE_MAX;
+    max_conns = (m & KVT__METAD_PARAM_MAX_CONNS) ? params->max_conns
+                                                 : KVT__METAD_MAX_CONNS;
+    header_ms = (m & KVT__METAD_PARAM_HEADER_TIMEOUT)
+                    ? params->header_timeout_ms
+                    : KVT__METAD_HEADER_MS;
+    body_ms = (m & KVT__METAD_PARAM_BODY_TIMEOUT) ? params->body_timeout_ms
+                                                  : KVT__METAD_BODY_MS;
     if (md->threads < 1 || md->threads > 64 ||
         md->max_body > KVT_META_VALUE_MAX) {
         KVT_LOG_E("metad: threads must be 1..64 and max_body at most %u",
                   KVT_META_VALUE_MAX);
         goto err_md;
     }
-    md->started_ms = now_ms();
+    if (max_conns < 1 || max_conns > MAX_CONNS_MAX || header_ms < 1 ||
+        header_ms > TIMEOUT_MAX_MS || body_ms < 1 || body_ms > TIMEOUT_MAX_MS) {
+        KVT_LOG_E("metad: max_conns must be 1..%u and the timeouts 1..%u ms",
+                  MAX_CONNS_MAX, TIMEOUT_MAX_MS);
+        goto err_md;
+    }
+    md->started_ms = kvt__metad_now_ms();
     st = kvt__kvstore_create((m & KVT__METAD_PARAM_MAX_BYTES)
                                  ? params->max_bytes
                                  : DEFAULT_MAX_BYTES,
@@ -837,26 +614,37 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
     st = kvt__boot_table_create(&md->boot);
     if (st != KVT_OK)
         goto err_store;
-    st = kvt__sock_listen(host && *host ? host : "0.0.0.0", port, &fd,
-                          &md->port);
+    st = kvt__conns_create(max_conns, header_ms, body_ms, drop_fd, md,
+                           &md->conns);
     if (st != KVT_OK)
         goto err_boot;
+    if (host == NULL || *host == '\0')
+        host = DEFAULT_HOST;
+    st = kvt__sock_listen(host, port, &fd, &md->port);
+    if (st != KVT_OK)
+        goto err_conns;
     st = sweeper_start(md);
     if (st != KVT_OK)
         goto err_fd;
+    /* MHD's own limit (shared among its threads) stays above ours, so
+     * that a new connection always reaches on_connection(), which evicts;
+     * MHD's inactivity timeout bounds answers left unread. */
     md->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, md, MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_THREAD_POOL_SIZE, md->threads > 1 ? md->threads : 0,
-        MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_URI_LOG_CALLBACK,
-        uri_logged, md, MHD_OPTION_NOTIFY_COMPLETED, completed, md,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, md, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, max_conns * md->threads + 64,
+        MHD_OPTION_CONNECTION_TIMEOUT, (body_ms + 999) / 1000,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, md,
+        MHD_OPTION_URI_LOG_CALLBACK, uri_logged, md,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, md, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, md, MHD_OPTION_END);
     if (md->daemon == NULL) {
         KVT_LOG_E("metad: libmicrohttpd did not start on port %u", md->port);
         st = KVT_ERR_IO;
         goto err_sweeper;
     }
-    KVT_LOG_I("metad: listening on %s:%u with %u threads",
-              host && *host ? host : "0.0.0.0", md->port, md->threads);
+    KVT_LOG_I("metad: listening on %s:%u with %u threads", host, md->port,
+              md->threads);
     *h_p = md;
     return KVT_OK;
 
@@ -864,6 +652,8 @@ err_sweeper:
     sweeper_stop(md);
 err_fd:
     close(fd);
+err_conns:
+    kvt__conns_destroy(md->conns);
 err_boot:
     kvt__boot_table_destroy(md->boot);
 err_store:
@@ -885,6 +675,7 @@ void kvt__metad_stop(kvt__metad_t *h)
         return;
     MHD_stop_daemon(h->daemon); /* closes the listening socket too */
     sweeper_stop(h);
+    kvt__conns_destroy(h->conns);
     kvt__boot_table_destroy(h->boot);
     kvt__kvstore_destroy(h->store);
     free(h);

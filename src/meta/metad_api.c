@@ -43,6 +43,18 @@ kvt_status_t kvt_metad_start(const kvt_metad_params_t *params,
         p.field_mask |= KVT__METAD_PARAM_MAX_BYTES;
         p.max_bytes = params->max_bytes;
     }
+    if (m & KVT_METAD_PARAM_MAX_CONNS) {
+        p.field_mask |= KVT__METAD_PARAM_MAX_CONNS;
+        p.max_conns = params->max_conns;
+    }
+    if (m & KVT_METAD_PARAM_HEADER_TIMEOUT) {
+        p.field_mask |= KVT__METAD_PARAM_HEADER_TIMEOUT;
+        p.header_timeout_ms = params->header_timeout_ms;
+    }
+    if (m & KVT_METAD_PARAM_BODY_TIMEOUT) {
+        p.field_mask |= KVT__METAD_PARAM_BODY_TIMEOUT;
+        p.body_timeout_ms = params->body_timeout_ms;
+    }
     st = kvt__metad_start(host, port, &p, &md);
     if (st == KVT_OK)
         *server_p = (kvt_metad_h)md;

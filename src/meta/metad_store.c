@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "meta/metad_store.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -8,17 +9,19 @@
 
 #define NSHARDS 64u
 #define MIN_BUCKETS 16u
-/* Bytes charged per entry on top of key and value, for the byte limit. */
-#define ENTRY_OVERHEAD 64u
 
+/*
+ * One heap block per entry: the header, the key and its NUL, then the
+ * value. Keys are at most KVT_META_KEY_MAX bytes and values at most
+ * KVT_META_VALUE_MAX, so both lengths fit 32 bits.
+ */
 typedef struct entry {
     struct entry *next;
     uint64_t hash;
     uint64_t expires_ms; /* 0: never */
-    uint8_t *val;
-    size_t vlen;
-    size_t klen;
-    char key[]; /* klen bytes and a NUL */
+    uint32_t klen;
+    uint32_t vlen;
+    char key[]; /* klen bytes, a NUL, then vlen bytes of value */
 } entry_t;
 
 /* Invariant: count entries in nbuckets chains (a power of two), each
@@ -62,9 +65,21 @@ static inline int is_live(const entry_t *e, uint64_t now_ms)
     return e->expires_ms == 0 || now_ms < e->expires_ms;
 }
 
-static inline size_t charge(size_t klen, size_t vlen)
+static inline const uint8_t *value_of(const entry_t *e)
 {
-    return klen + vlen + ENTRY_OVERHEAD;
+    return (const uint8_t *)e->key + e->klen + 1;
+}
+
+/*
+ * What an entry costs, charged against the byte limit: its heap block as
+ * the allocator sized it, the allocator's header in front of it, and its
+ * share of the hash table (a table grows to at most one bucket per
+ * entry). So the limit bounds the memory the store really holds, within
+ * the fixed tables of the empty store.
+ */
+static inline size_t charge(const entry_t *e)
+{
+    return malloc_usable_size((void *)e) + sizeof(size_t) + sizeof(entry_t *);
 }
 
 /* Find @key in its chain; returns the link that points at it, or NULL. */
@@ -113,7 +128,6 @@ err:
 
 static void entry_free(entry_t *e)
 {
-    free(e->val);
     free(e);
 }
 
@@ -180,47 +194,61 @@ static int reserve(kvt__kvstore_t *s, size_t add, size_t sub)
     }
 }
 
+kvt_status_t kvt__kvstore_reserve(kvt__kvstore_t *s, size_t n)
+{
+    return reserve(s, n, 0) == 0 ? KVT_OK : KVT_ERR_NO_SPACE;
+}
+
+void kvt__kvstore_release(kvt__kvstore_t *s, size_t n)
+{
+    reserve(s, 0, n);
+}
+
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              uint64_t now_ms)
+                              unsigned flags, size_t held, uint64_t now_ms,
+                              int *same_p)
 {
     uint64_t h = hash_key(key, klen);
     shard_t *sh = shard_of(s, h);
-    entry_t *fresh, **link, *old_entry = NULL;
-    uint8_t *copy, *old_val = NULL;
+    entry_t *fresh, **link, *gone = NULL;
     kvt_status_t st = KVT_ERR_NO_MEMORY;
+    int same = 0;
 
-    (void)now_ms;
-    copy = malloc(vlen > 0 ? vlen : 1);
-    if (copy == NULL)
+    if (klen > UINT32_MAX || vlen > UINT32_MAX) {
+        st = KVT_ERR_NO_SPACE;
         goto err;
-    memcpy(copy, val, vlen);
-    fresh = malloc(sizeof(*fresh) + klen + 1);
+    }
+    fresh = malloc(sizeof(*fresh) + klen + 1 + vlen);
     if (fresh == NULL)
-        goto err_copy;
+        goto err;
     fresh->hash = h;
     fresh->expires_ms = expires_ms;
-    fresh->val = copy;
-    fresh->vlen = vlen;
-    fresh->klen = klen;
+    fresh->klen = (uint32_t)klen;
+    fresh->vlen = (uint32_t)vlen;
     memcpy(fresh->key, key, klen);
     fresh->key[klen] = '\0';
+    if (vlen > 0)
+        memcpy(fresh->key + klen + 1, val, vlen);
 
     st = KVT_OK;
     pthread_rwlock_wrlock(&sh->lock);
     link = find(sh, h, key, klen);
     if (link != NULL) {
         entry_t *e = *link;
-        if (reserve(s, charge(klen, vlen), charge(klen, e->vlen)) != 0) {
+        int live = is_live(e, now_ms);
+        same = live && e->vlen == vlen && memcmp(value_of(e), val, vlen) == 0;
+        if ((flags & KVT__KVSTORE_ONCE) && live && !same) {
+            st = KVT_ERR_EXISTS;
+        } else if (reserve(s, charge(fresh), charge(e) + held) != 0) {
             st = KVT_ERR_NO_SPACE;
         } else {
-            old_val = e->val;
-            e->val = copy;
-            e->vlen = vlen;
-            e->expires_ms = expires_ms;
-            old_entry = fresh; /* only its shell is dropped */
+            /* The new block takes the old one's place in the chain. */
+            fresh->next = e->next;
+            *link = fresh;
+            gone = e;
         }
-    } else if (reserve(s, charge(klen, vlen), 0) != 0) {
+    } else if (reserve(s, charge(fresh), held) != 0) {
         st = KVT_ERR_NO_SPACE;
     } else {
         entry_t **chain = chain_of(sh, h);
@@ -233,14 +261,13 @@ kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
     pthread_rwlock_unlock(&sh->lock);
     if (st != KVT_OK)
         goto err_fresh;
-    free(old_val);
-    free(old_entry);
+    entry_free(gone);
+    if (same_p != NULL)
+        *same_p = same;
     return KVT_OK;
 
 err_fresh:
     free(fresh);
-err_copy:
-    free(copy);
 err:
     return st;
 }
@@ -257,7 +284,7 @@ kvt_status_t kvt__kvstore_get(kvt__kvstore_t *s, const char *key, size_t klen,
     pthread_rwlock_rdlock(&sh->lock);
     link = find(sh, h, key, klen);
     if (link != NULL && is_live(*link, now_ms)) {
-        cb(arg, (*link)->val, (*link)->vlen);
+        cb(arg, value_of(*link), (*link)->vlen);
         st = KVT_OK;
     }
     pthread_rwlock_unlock(&sh->lock);
@@ -271,7 +298,7 @@ static entry_t *unlink_entry(kvt__kvstore_t *s, shard_t *sh, entry_t **link)
     *link = e->next;
     sh->count--;
     atomic_fetch_sub_explicit(&s->count, 1, memory_order_relaxed);
-    reserve(s, 0, charge(e->klen, e->vlen));
+    reserve(s, 0, charge(e));
     return e;
 }
 

@@ -24,19 +24,44 @@ typedef struct kvt__kvstore kvt__kvstore_t;
 typedef void (*kvt__kvstore_visit_cb_t)(void *arg, const uint8_t *val,
                                         size_t len);
 
-/* Create a store holding at most @max_bytes of keys and values (plus a
- * fixed overhead per entry). KVT_OK or KVT_ERR_NO_MEMORY. */
+/* Create a store holding at most @max_bytes of entries, counted as the
+ * heap they really take (key, value, header, allocator overhead and a
+ * share of the hash table). KVT_OK or KVT_ERR_NO_MEMORY. */
 kvt_status_t kvt__kvstore_create(size_t max_bytes, kvt__kvstore_t **s_p);
 void kvt__kvstore_destroy(kvt__kvstore_t *s);
 
+/* Flags of kvt__kvstore_put(). */
+enum {
+    /* Mooncake's rule for its rpc_meta keys: a live entry is replaced only
+     * by the same bytes (which renews its expiry), so that a second
+     * engine cannot take over a name that is in use. */
+    KVT__KVSTORE_ONCE = 1u << 0,
+};
+
+/*
+ * Count @n bytes against the limit for data on its way to the store (a
+ * request body being read), so that uploads in flight cannot hold more
+ * than the limit. KVT_OK or KVT_ERR_NO_SPACE (nothing reserved).
+ * kvt__kvstore_release() gives them back.
+ */
+kvt_status_t kvt__kvstore_reserve(kvt__kvstore_t *s, size_t n);
+void kvt__kvstore_release(kvt__kvstore_t *s, size_t n);
+
 /*
  * Store a copy of @val under @key (@klen bytes), replacing any value, to
- * expire at @expires_ms (0: never). KVT_OK, KVT_ERR_NO_SPACE (the byte
- * limit would be passed; nothing changes), KVT_ERR_NO_MEMORY.
+ * expire at @expires_ms (0: never). With KVT__KVSTORE_ONCE in @flags, a
+ * live entry with other bytes stays. @held: bytes the caller reserved for
+ * this value (kvt__kvstore_reserve()); they count as free for this put
+ * and are consumed when it returns KVT_OK, left to the caller otherwise.
+ * *@same_p (when not NULL) is set on KVT_OK to whether a live entry held
+ * these bytes already. KVT_OK, KVT_ERR_EXISTS (KVT__KVSTORE_ONCE and other
+ * bytes are stored; nothing changes), KVT_ERR_NO_SPACE (the byte limit
+ * would be passed; nothing changes), KVT_ERR_NO_MEMORY.
  */
 kvt_status_t kvt__kvstore_put(kvt__kvstore_t *s, const char *key, size_t klen,
                               const void *val, size_t vlen, uint64_t expires_ms,
-                              uint64_t now_ms);
+                              unsigned flags, size_t held, uint64_t now_ms,
+                              int *same_p);
 
 /* Call @cb with the live value of @key. KVT_OK or KVT_ERR_NOT_FOUND. */
 kvt_status_t kvt__kvstore_get(kvt__kvstore_t *s, const char *key, size_t klen,
@@ -59,7 +84,8 @@ kvt_status_t kvt__kvstore_keys(kvt__kvstore_t *s, const char *prefix,
 /* Free expired entries; returns how many. */
 size_t kvt__kvstore_purge(kvt__kvstore_t *s, uint64_t now_ms);
 
-/* Entries stored (expired ones count until purged) and bytes used. */
+/* Entries stored (expired ones count until purged), and bytes charged:
+ * the entries' and the reservations'. */
 size_t kvt__kvstore_count(kvt__kvstore_t *s);
 size_t kvt__kvstore_bytes(kvt__kvstore_t *s);
 

@@ -43,6 +43,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (req.has_prefix && (req.prefix_len > KVT_META_KEY_MAX ||
                                strlen(req.prefix) != req.prefix_len))
             abort();
+        /* Keys are valid UTF-8, stripped of surrounding spaces. */
+        if (req.has_key &&
+            (!kvt__utf8_valid(req.key, req.key_len) ||
+             (req.key_len > 0 &&
+              (req.key[0] == ' ' || req.key[req.key_len - 1] == ' '))))
+            abort();
+        if (req.has_prefix && !kvt__utf8_valid(req.prefix, req.prefix_len))
+            abort();
         if (req.has_ttl && req.ttl_s > KVT_HTTP_TTL_MAX)
             abort();
     }

@@ -5,6 +5,7 @@
  * kvt metad command (KVT_BIN names the kvt binary).
  */
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "meta/meta.h"
 #include "meta/metad.h"
@@ -289,6 +290,85 @@ KVT_TEST(refusals_change_nothing)
     kvt__metad_stop(server);
 }
 
+/* Mooncake's servers: an rpc_meta key is kept against other bytes while
+ * it lives, keys are stripped, blank ones refused. */
+KVT_TEST(mooncake_semantics)
+{
+    static const char *rpc = "/metadata?key=mooncake%2Frpc_meta%2Fh%3A1";
+    static const char a[] = "{\"ip_or_host_name\":\"h\",\"rpc_port\":1}";
+    static const char b[] = "{\"ip_or_host_name\":\"h\",\"rpc_port\":2}";
+    mt_resp_t r;
+
+    start();
+    CHECK(mt_http(port, "PUT", rpc, NULL, a, strlen(a), &r) == 200);
+    CHECK(strcmp(r.body, "metadata updated") == 0);
+    mt_resp_free(&r);
+    CHECK(mt_http(port, "PUT", rpc, NULL, a, strlen(a), &r) == 200);
+    CHECK(strcmp(r.body, "metadata unchanged") == 0);
+    mt_resp_free(&r);
+    CHECK(mt_http(port, "PUT", rpc, NULL, b, strlen(b), &r) == 400);
+    CHECK(strcmp(r.body, "Duplicate rpc_meta key not allowed") == 0);
+    mt_resp_free(&r);
+    expect_body(rpc, a, strlen(a));
+    /* Gone (deleted or expired), the name is free again. */
+    CHECK(mt_code(port, "DELETE", rpc, NULL, 0) == 200);
+    CHECK(mt_code(port, "PUT",
+                  "/metadata?key=mooncake%2Frpc_meta%2Fh%3A1&ttl=1", b,
+                  strlen(b)) == 200);
+    CHECK(mt_code(port, "PUT", rpc, a, strlen(a)) == 400);
+    usleep(1100000);
+    CHECK(mt_code(port, "PUT", rpc, a, strlen(a)) == 200);
+    expect_body(rpc, a, strlen(a));
+    /* Other keys are overwritten as before. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=mooncake%2Fram%2Fh", a,
+                  strlen(a)) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=mooncake%2Fram%2Fh", b,
+                  strlen(b)) == 200);
+    expect_body("/metadata?key=mooncake%2Fram%2Fh", b, strlen(b));
+
+    /* Stripped keys, blank keys. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=+%09k1%20%0A", "v", 1) == 200);
+    expect_body("/metadata?key=k1", "v", 1);
+    expect_body("/metadata?key=%20k1", "v", 1);
+    expect_body("/metadata/keys?prefix=k", "[\"k1\"]", 6);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%20%20", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=+", "v", 1) == 400);
+    CHECK(mt_code(port, "GET", "/metadata?key=%09", NULL, 0) == 400);
+    CHECK(mt_code(port, "DELETE", "/metadata?key=%0D%0A", NULL, 0) == 400);
+    CHECK(mt_code(port, "DELETE", "/metadata?key=%20k1", NULL, 0) == 200);
+    kvt__metad_stop(server);
+}
+
+/* Keys that are not UTF-8 are refused, so that /metadata/keys stays valid
+ * JSON for everyone; two Content-Length headers are refused. */
+KVT_TEST(strict_http)
+{
+    static const char *reqs[] = {
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        "Content-Length: 1\r\nConnection: close\r\n\r\nw",
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\nww",
+        "PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        "content-length: 1\r\nConnection: close\r\n\r\nww",
+    };
+    mt_resp_t r;
+
+    start();
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", "v", 1) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=caf%C3%A9", "v", 1) == 200);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%FF%FE", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=a%C3", "v", 1) == 400);
+    CHECK(mt_code(port, "PUT", "/metadata?key=%C0%80", "v", 1) == 400);
+    CHECK(mt_code(port, "GET", "/metadata/keys?prefix=%FF", NULL, 0) == 400);
+    CHECK(mt_http(port, "GET", "/metadata/keys", NULL, NULL, 0, &r) == 200);
+    CHECK(strcmp(r.body, "[\"caf\xc3\xa9\",\"k\"]") == 0);
+    mt_resp_free(&r);
+    for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++)
+        CHECK(raw(reqs[i], strlen(reqs[i])) == 400);
+    expect_body("/metadata?key=k", "v", 1);
+    kvt__metad_stop(server);
+}
+
 KVT_TEST(store_full)
 {
     char v[2048];
@@ -297,11 +377,278 @@ KVT_TEST(store_full)
     memset(v, 'v', sizeof(v));
     CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2000) == 200);
     CHECK(mt_code(port, "PUT", "/metadata?key=b", v, 2000) == 507);
-    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2048) == 200);
+    /* A body in flight counts with the entry it would replace. */
+    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 2048) == 507);
+    expect_body("/metadata?key=a", v, 2000);
+    CHECK(mt_code(port, "PUT", "/metadata?key=a", v, 100) == 200);
     expect_body("/metadata?key=b", NULL, 0);
-    expect_body("/metadata?key=a", v, 2048);
+    expect_body("/metadata?key=a", v, 100);
     CHECK(mt_code(port, "DELETE", "/metadata?key=a", NULL, 0) == 200);
     CHECK(mt_code(port, "PUT", "/metadata?key=b", v, 2000) == 200);
+    kvt__metad_stop(server);
+}
+
+/* kvt_metad_store_bytes from /metrics. */
+static long store_bytes(void)
+{
+    mt_resp_t r;
+    const char *p;
+    long v = -1;
+
+    CHECK(mt_http(port, "GET", "/metrics", NULL, NULL, 0, &r) == 200);
+    p = strstr(r.body, "\nkvt_metad_store_bytes ");
+    CHECK(p != NULL);
+    v = strtol(p + strlen("\nkvt_metad_store_bytes "), NULL, 10);
+    mt_resp_free(&r);
+    return v;
+}
+
+/* Uploads in flight count against --max-bytes: two unfinished 30,000-byte
+ * bodies leave no room in a 64 KiB store, and give it back when they go. */
+KVT_TEST(inflight_bodies)
+{
+    static const char head[] = "PUT /metadata?key=u HTTP/1.1\r\nHost: x\r\n"
+                               "Content-Length: 30000\r\n\r\npartial";
+    char v[10000];
+    int fd[2];
+    double t0;
+
+    start_with(32 * 1024, 64 * 1024);
+    memset(v, 'v', sizeof(v));
+    for (int i = 0; i < 2; i++) {
+        fd[i] = mt_connect(port);
+        CHECK(fd[i] >= 0);
+        CHECK(mt_send_all(fd[i], head, sizeof(head) - 1) == 0);
+    }
+    t0 = kvt_test_now();
+    while (store_bytes() < 60000)
+        CHECK(kvt_test_now() - t0 < 5);
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", v, sizeof(v)) == 507);
+    {
+        /* A chunked upload cannot grow past the limit either. */
+        char req[12000];
+        int len = snprintf(req, sizeof(req),
+                           "PUT /metadata?key=c HTTP/1.1\r\nHost: x\r\n"
+                           "Transfer-Encoding: chunked\r\n"
+                           "Connection: close\r\n\r\n"
+                           "2710\r\n%.10000s\r\n0\r\n\r\n",
+                           v);
+        CHECK(raw(req, (size_t)len) == 507);
+    }
+    close(fd[0]);
+    close(fd[1]);
+    t0 = kvt_test_now();
+    while (store_bytes() != 0)
+        CHECK(kvt_test_now() - t0 < 5);
+    CHECK(mt_code(port, "PUT", "/metadata?key=k", v, sizeof(v)) == 200);
+    CHECK(store_bytes() < 10100);
+    expect_body("/metadata?key=c", NULL, 0);
+    expect_body("/metadata?key=u", NULL, 0);
+    kvt__metad_stop(server);
+}
+
+/* A server with these limits and @threads threads. */
+static void start_conns(unsigned threads, unsigned max_conns,
+                        uint32_t header_ms, uint32_t body_ms)
+{
+    kvt__metad_params_t p = {0};
+
+#if !defined(KVT_WITH_HTTP_SERVER) || !defined(KVT_WITH_JSON)
+    SKIP("built without libmicrohttpd or json-c");
+#endif
+    p.field_mask = KVT__METAD_PARAM_THREADS | KVT__METAD_PARAM_MAX_CONNS |
+                   KVT__METAD_PARAM_HEADER_TIMEOUT |
+                   KVT__METAD_PARAM_BODY_TIMEOUT;
+    p.threads = threads;
+    p.max_conns = max_conns;
+    p.header_timeout_ms = header_ms;
+    p.body_timeout_ms = body_ms;
+    CHECK_OK(kvt__metad_start("127.0.0.1", 0, &p, &server));
+    port = kvt__metad_port(server);
+}
+
+/*
+ * Send @bytes one at a time, one every @every_ms, until the server closes
+ * the connection: the seconds that took, or -1 when it was still open
+ * after @max_s.
+ */
+static double trickle(int fd, const char *bytes, int every_ms, double max_s)
+{
+    double t0 = kvt_test_now();
+    size_t i = 0, len = strlen(bytes);
+
+    while (kvt_test_now() - t0 < max_s) {
+        struct pollfd p = {fd, POLLIN, 0};
+        char c;
+        if (poll(&p, 1, every_ms) > 0) {
+            ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                return kvt_test_now() - t0;
+            continue;
+        }
+        if (send(fd, bytes + i % len, 1, MSG_NOSIGNAL) < 0)
+            return kvt_test_now() - t0;
+        i++;
+    }
+    return -1;
+}
+
+/* Whether the server closed @fd within @ms. */
+static int closed_within(int fd, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    char c;
+
+    if (poll(&p, 1, ms) <= 0)
+        return 0;
+    return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+static uint64_t metric(const char *line)
+{
+    mt_resp_t r;
+    const char *p;
+    uint64_t v;
+
+    CHECK(mt_http(port, "GET", "/metrics", NULL, NULL, 0, &r) == 200);
+    p = strstr(r.body, line);
+    CHECK(p != NULL);
+    v = strtoull(p + strlen(line), NULL, 10);
+    mt_resp_free(&r);
+    return v;
+}
+
+/*
+ * A whole header must arrive within the header deadline, a whole body
+ * within the body deadline, however often the client sends a byte; a
+ * kept-alive connection gets the header deadline for each request anew.
+ */
+KVT_TEST(deadlines)
+{
+    static const char slow_head[] =
+        "GET /health HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    static const char get[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char put[] = "PUT /metadata?key=slow HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 1000\r\n\r\n";
+    mt_resp_t r;
+    double t;
+    int fd;
+
+    start_conns(2, 1000, 1000, 2000);
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    t = trickle(fd, slow_head, 100, 4);
+    CHECK(t >= 0.85 && t < 2.0);
+    close(fd);
+
+    /* Requests every 300 ms on one connection for 2 s: each has its own
+     * deadline. Then idle: closed a deadline after the last answer. */
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    for (int i = 0; i < 7; i++) {
+        CHECK(mt_send_all(fd, get, sizeof(get) - 1) == 0);
+        CHECK(mt_read_resp(fd, &r) == 200);
+        mt_resp_free(&r);
+        usleep(300000);
+    }
+    t = kvt_test_now();
+    CHECK(closed_within(fd, 3000));
+    t = kvt_test_now() - t;
+    CHECK(t >= 0.5 && t < 2.0);
+    close(fd);
+
+    /* A body sent a byte every 100 ms. */
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    CHECK(mt_send_all(fd, put, sizeof(put) - 1) == 0);
+    t = trickle(fd, "b", 100, 5);
+    CHECK(t >= 1.85 && t < 3.0);
+    close(fd);
+    expect_body("/metadata?key=slow", NULL, 0);
+    t = kvt_test_now();
+    while (store_bytes() != 0)
+        CHECK(kvt_test_now() - t < 2);
+    CHECK(metric("kvt_metad_dropped_total{reason=\"header_timeout\"} ") >= 2);
+    CHECK(metric("kvt_metad_dropped_total{reason=\"body_timeout\"} ") == 1);
+    kvt__metad_stop(server);
+}
+
+/* The default header deadline is at most 5 s. */
+KVT_TEST(header_deadline_default)
+{
+    static const char slow_head[] =
+        "GET /health HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double t;
+    int fd;
+
+    start();
+    fd = mt_connect(port);
+    CHECK(fd >= 0);
+    t = trickle(fd, slow_head, 250, 10);
+    CHECK(t >= 4.5 && t <= 5.5);
+    close(fd);
+    kvt__metad_stop(server);
+}
+
+/* Open @n connections that each send half a request; -1 in @fds for the
+ * ones that could not connect. */
+static void half_sent(int *fds, int n)
+{
+    static const char half[] = "GET /health HTTP/1.1\r\nHo";
+
+    for (int i = 0; i < n; i++) {
+        fds[i] = mt_connect(port);
+        CHECK(fds[i] >= 0);
+        CHECK(mt_send_all(fds[i], half, sizeof(half) - 1) == 0);
+    }
+}
+
+/* At the cap, the connection idle the longest goes: half-sent requests
+ * cannot keep /health from answering. One server thread, so that the
+ * server sees the connections in the order they were made (with two, a
+ * thread that accepted one may register it after the other thread
+ * registered later ones). */
+KVT_TEST(connection_cap)
+{
+    int fds[64];
+
+    start_conns(1, 16, 5000, 5000);
+    half_sent(fds, 64);
+    CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+    for (int i = 0; i < 32; i++)
+        CHECK(closed_within(fds[i], 2000));
+    CHECK(!closed_within(fds[63], 200));
+    CHECK(metric("kvt_metad_dropped_total{reason=\"evicted\"} ") >= 48);
+    CHECK(metric("kvt_metad_connections ") <= 16);
+    for (int i = 0; i < 64; i++)
+        close(fds[i]);
+    kvt__metad_stop(server);
+}
+
+/* With the defaults, 1,100 half-sent requests (more than libmicrohttpd's
+ * own limit of 1,020) still leave /health answering. */
+KVT_TEST(connection_flood)
+{
+    enum { N = 1100 };
+    struct rlimit rl;
+    int *fds = malloc(N * sizeof(*fds));
+
+    CHECK(fds != NULL);
+    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < 2 * N + 256) {
+        rl.rlim_cur = rl.rlim_max < 2 * N + 256 ? rl.rlim_max : 2 * N + 256;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < 2 * N + 256)
+        SKIP("fewer than 2456 descriptors allowed");
+    start();
+    half_sent(fds, N);
+    CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+    CHECK(metric("kvt_metad_connections ") <= KVT__METAD_MAX_CONNS);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    free(fds);
     kvt__metad_stop(server);
 }
 
@@ -464,6 +811,44 @@ KVT_TEST(start_errors)
     kvt__metad_stop(NULL);
 }
 
+/* Whether something accepts TCP connections on @ip:@port. */
+static int reachable(const char *ip, uint16_t p)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+    CHECK(fd >= 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(p);
+    CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+    ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Without a host the server listens on loopback only: 127.0.0.2 (another
+ * address of this machine, routed to lo) finds nobody, 0.0.0.0 does. */
+KVT_TEST(default_host)
+{
+    kvt__metad_t *any;
+
+#if !defined(KVT_WITH_HTTP_SERVER) || !defined(KVT_WITH_JSON)
+    SKIP("built without libmicrohttpd or json-c");
+#endif
+    CHECK_OK(kvt__metad_start(NULL, 0, NULL, &server));
+    port = kvt__metad_port(server);
+    CHECK(reachable("127.0.0.1", port));
+    CHECK(!reachable("127.0.0.2", port));
+    kvt__metad_stop(server);
+    CHECK_OK(kvt__metad_start("", 0, NULL, &server));
+    CHECK(!reachable("127.0.0.2", kvt__metad_port(server)));
+    kvt__metad_stop(server);
+    /* Every address when asked for. */
+    CHECK_OK(kvt__metad_start("0.0.0.0", 0, NULL, &any));
+    CHECK(reachable("127.0.0.2", kvt__metad_port(any)));
+    kvt__metad_stop(any);
+}
+
 /* The kvt metad command: serves, and exits 0 on SIGTERM and SIGINT. */
 KVT_TEST(command)
 {
@@ -499,6 +884,59 @@ KVT_TEST(command)
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
     {
+        /* No --host: loopback only. */
+        char *plain[] = {(char *)bin, "metad", "--port", portarg, NULL};
+        pid_t pid;
+
+        port = mt_free_port();
+        snprintf(portarg, sizeof(portarg), "%u", port);
+        pid = mt_spawn(plain, NULL);
+        CHECK(mt_wait_port(port, pid, 10000) == 0);
+        CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+        CHECK(!reachable("127.0.0.2", port));
+        CHECK(WIFEXITED(mt_stop(pid, 5000)));
+    }
+    {
+        /* The connection limits from the command line. */
+        char *lim[] = {(char *)bin,
+                       "metad",
+                       "--port",
+                       portarg,
+                       "--max-connections",
+                       "4",
+                       "--header-timeout",
+                       "0.5",
+                       "--body-timeout",
+                       "2",
+                       NULL};
+        int fds[8];
+        pid_t pid;
+        double t;
+
+        port = mt_free_port();
+        snprintf(portarg, sizeof(portarg), "%u", port);
+        pid = mt_spawn(lim, NULL);
+        CHECK(mt_wait_port(port, pid, 10000) == 0);
+        fds[0] = mt_connect(port);
+        CHECK(fds[0] >= 0);
+        t = trickle(fds[0], "GET / HTTP/1.1\r\nX: aaaaaaaaaa", 50, 3);
+        CHECK(t >= 0.4 && t < 1.5);
+        close(fds[0]);
+        half_sent(fds, 8);
+        CHECK(mt_code(port, "GET", "/health", NULL, 0) == 200);
+        CHECK(closed_within(fds[0], 2000));
+        for (int i = 0; i < 8; i++)
+            close(fds[i]);
+        CHECK(WIFEXITED(mt_stop(pid, 5000)));
+    }
+    {
+        char *bad[] = {(char *)bin, "metad", "--header-timeout", "0", NULL};
+        int status;
+        pid_t pid = mt_spawn(bad, NULL);
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+    }
+    {
         char *bad[] = {(char *)bin, "metad", "--port", "99999", NULL};
         int status;
         pid_t pid = mt_spawn(bad, NULL);
@@ -509,6 +947,10 @@ KVT_TEST(command)
 
 KVT_TEST_MAIN(KVT_CASE(mooncake_routes, 30), KVT_CASE(keep_alive, 30),
               KVT_CASE(ttl, 30), KVT_CASE(refusals_change_nothing, 60),
-              KVT_CASE(store_full, 30), KVT_CASE(bootstrap_routes, 30),
-              KVT_CASE(health_metrics, 30), KVT_CASE(concurrent_clients, 120),
-              KVT_CASE(start_errors, 30), KVT_CASE(command, 60))
+              KVT_CASE(store_full, 30), KVT_CASE(mooncake_semantics, 30),
+              KVT_CASE(strict_http, 30), KVT_CASE(inflight_bodies, 30),
+              KVT_CASE(deadlines, 30), KVT_CASE(header_deadline_default, 30),
+              KVT_CASE(connection_cap, 30), KVT_CASE(connection_flood, 60),
+              KVT_CASE(bootstrap_routes, 30), KVT_CASE(health_metrics, 30),
+              KVT_CASE(concurrent_clients, 120), KVT_CASE(start_errors, 30),
+              KVT_CASE(default_host, 30), KVT_CASE(command, 60))
