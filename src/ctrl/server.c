@@ -513,7 +513,7 @@ static void *server_main(void *arg)
     uint64_t last = kvt__now_ns();
 
     for (;;) {
-        int n = epoll_wait(ctrl->epfd, evs, 64, TICK_MS);
+        int n = epoll_wait(ctrl->epfd, evs, 64, TICK_MS), listener = 0;
         uint64_t now;
 
         for (int i = 0; i < n; i++) {
@@ -521,10 +521,14 @@ static void *server_main(void *arg)
             if (p == (void *)&ctrl->evfd)
                 return NULL;
             if (p == (void *)ctrl)
-                accept_all(ctrl);
+                listener = 1;
             else
                 conn_event(ctrl, p, evs[i].events);
         }
+        /* Accepting may close a connection (at the cap): after the round,
+         * so that no event of it still names the connection. */
+        if (listener)
+            accept_all(ctrl);
         now = kvt__now_ns();
         if (now - last >= TICK_MS * 1000000ull) {
             last = now;
