@@ -70,10 +70,13 @@ typedef struct {
     /* Descriptors refused before any transport took them (bad
      * parameters, unknown segment, no route), by status (index -status). */
     uint64_t refused[KVT_STATS_STATUSES];
-    /* Notifications received from peers, and dropped (queue full). */
+    /* Notifications received from peers, and dropped (their sender over
+     * its quota, or the queue full: docs/protocol.md). */
     uint64_t notifies_received, notifies_dropped;
-    /* Handshakes that failed: peers this engine refused, and peers that
-     * refused it or could not be reached. */
+    /* Handshakes that failed: peers this engine refused (counting the
+     * connections it closed before their HELLO at its connection cap or
+     * for want of descriptors), and peers that refused it or could not be
+     * reached. */
     uint64_t handshakes_refused, handshakes_failed;
     /* Remote segments open now (gauge); local memory registered now
      * (gauges). */

@@ -253,7 +253,11 @@ KVT_API kvt_status_t kvt_notify_send(kvt_engine_h engine, kvt_segment_t segment,
  * and none queued, sleeps up to that long for one. Returns KVT_OK (also
  * with zero taken after the timeout), KVT_ERR_INVALID_PARAM (NULL engine
  * or @count_p, NULL @out with @max > 0). The queue holds at most 65536
- * notifications; beyond that the oldest are dropped and counted in the log.
+ * notifications, and at most 8192 from one sender (by segment name): a
+ * sender at its quota loses its own oldest, and a full queue drops the
+ * oldest of the sender holding the most, so one sender's flood does not
+ * evict another's. Drops are counted (kvt_engine_stats()
+ * notifies_dropped) and logged.
  *
  * Memory ordering: the calling thread is ordered after every remote write
  * that had landed in this engine's memory before the call, so the bytes

@@ -17,6 +17,7 @@
 #define DEFAULT_TIMEOUT_MS 30000ull
 #define DEFAULT_CONNECT_TIMEOUT_MS 5000ull
 #define NOTIFY_QUEUE_MAX 65536u
+#define NOTIFY_PEER_MAX 8192u
 
 /* FNV-1a, for the host identity. */
 static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
@@ -449,6 +450,13 @@ void kvt_engine_destroy(kvt_engine_h e)
         nn = n->next;
         free(n);
     }
+    for (unsigned i = 0; i < KVT__NOTIFY_BUCKETS; i++) {
+        kvt__notify_peer_t *p, *pn;
+        for (p = e->nq_peers[i]; p != NULL; p = pn) {
+            pn = p->hnext;
+            free(p);
+        }
+    }
     pthread_cond_destroy(&e->pub_cond);
     pthread_mutex_destroy(&e->pub_lock);
     pthread_cond_destroy(&e->nq_cond);
@@ -507,41 +515,150 @@ kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p, size_t *len_p)
 /* ---- Notifications --------------------------------------------------------
  */
 
+/*
+ * Bounds: at most NOTIFY_QUEUE_MAX entries, and NOTIFY_PEER_MAX from one
+ * sender. A sender at its quota loses its own oldest entry to the new
+ * one; a full queue drops the oldest entry of the sender that holds the
+ * most (the newcomer's own when it ties). So a sender's flood never
+ * evicts another sender's entries while that one holds fewer. Every drop
+ * is counted (notifies_dropped) and logged, rate-limited.
+ */
+static uint32_t peer_hash(const char *name)
+{
+    return (uint32_t)fnv1a(1469598103934665603ull, name, strlen(name)) %
+           KVT__NOTIFY_BUCKETS;
+}
+
+/* The sender's entry, created on its first message. nq_lock held. */
+static kvt__notify_peer_t *peer_get(kvt_engine_h e, const char *name)
+{
+    kvt__notify_peer_t **b = &e->nq_peers[peer_hash(name)], *p;
+
+    for (p = *b; p != NULL; p = p->hnext)
+        if (strcmp(p->name, name) == 0)
+            return p;
+    p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->hnext = *b;
+    *b = p;
+    return p;
+}
+
+/* A sender with nothing queued goes. nq_lock held. */
+static void peer_put(kvt_engine_h e, kvt__notify_peer_t *p)
+{
+    kvt__notify_peer_t **pp;
+
+    if (p->count != 0)
+        return;
+    for (pp = &e->nq_peers[peer_hash(p->name)]; *pp != NULL;
+         pp = &(*pp)->hnext) {
+        if (*pp == p) {
+            *pp = p->hnext;
+            break;
+        }
+    }
+    free(p);
+}
+
+/* Take @p's oldest entry off both lists; the caller frees it and puts
+ * the peer. nq_lock held. */
+static kvt__notify_node_t *peer_pop(kvt_engine_h e, kvt__notify_peer_t *p)
+{
+    kvt__notify_node_t *n = p->head;
+
+    p->head = n->pnext;
+    if (p->head == NULL)
+        p->tail = NULL;
+    p->count--;
+    if (n->prev != NULL)
+        n->prev->next = n->next;
+    else
+        e->nq_head = n->next;
+    if (n->next != NULL)
+        n->next->prev = n->prev;
+    else
+        e->nq_tail = n->prev;
+    e->nq_len--;
+    return n;
+}
+
+/* The sender holding the most entries, @p on a tie. nq_lock held. */
+static kvt__notify_peer_t *peer_largest(kvt_engine_h e, kvt__notify_peer_t *p)
+{
+    kvt__notify_peer_t *best = p;
+
+    for (unsigned i = 0; i < KVT__NOTIFY_BUCKETS; i++)
+        for (kvt__notify_peer_t *q = e->nq_peers[i]; q != NULL; q = q->hnext)
+            if (q->count > best->count)
+                best = q;
+    return best;
+}
+
 void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
                       size_t len)
 {
-    kvt__notify_node_t *n = malloc(sizeof(*n));
-    if (n == NULL) {
-        KVT_LOG_E("out of memory: dropping a notification from %s", from);
-        return;
-    }
-    n->next = NULL;
-    snprintf(n->n.from, sizeof(n->n.from), "%s", from);
-    n->n.length = (uint32_t)len;
-    memcpy(n->n.data, data, len);
+    kvt__notify_node_t *n = malloc(sizeof(*n) + len), *old = NULL;
+    kvt__notify_peer_t *p, *victim = NULL;
+
     atomic_fetch_add_explicit(&e->stats.notifies_received, 1,
                               memory_order_relaxed);
     pthread_mutex_lock(&e->nq_lock);
-    if (e->nq_len >= NOTIFY_QUEUE_MAX) {
+    p = n != NULL ? peer_get(e, from) : NULL;
+    if (p == NULL) {
+        pthread_mutex_unlock(&e->nq_lock);
+        free(n);
         atomic_fetch_add_explicit(&e->stats.notifies_dropped, 1,
                                   memory_order_relaxed);
-        kvt__notify_node_t *old = e->nq_head;
-        e->nq_head = old->next;
-        if (e->nq_head == NULL)
-            e->nq_tail = NULL;
-        e->nq_len--;
-        if (e->nq_dropped++ % 1024 == 0)
-            KVT_LOG_W("notification queue full: dropped %llu so far",
-                      (unsigned long long)e->nq_dropped);
-        free(old);
+        KVT_LOG_E_RL("out of memory: dropping a notification");
+        return;
     }
+    if (p->count >= NOTIFY_PEER_MAX)
+        victim = p;
+    else if (e->nq_len >= NOTIFY_QUEUE_MAX)
+        victim = peer_largest(e, p);
+    if (victim != NULL && victim->count > 0) {
+        old = peer_pop(e, victim);
+        victim->dropped++;
+    }
+    n->next = NULL;
+    n->prev = e->nq_tail;
+    n->pnext = NULL;
+    n->peer = p;
+    n->length = (uint32_t)len;
+    memcpy(n->data, data, len);
     if (e->nq_tail)
         e->nq_tail->next = n;
     else
         e->nq_head = n;
     e->nq_tail = n;
     e->nq_len++;
+    if (p->tail)
+        p->tail->pnext = n;
+    else
+        p->head = n;
+    p->tail = n;
+    p->count++;
     pthread_cond_signal(&e->nq_cond);
+    if (old != NULL) {
+        char esc[KVT_LOG_ESC_MAX];
+        uint64_t dropped = victim->dropped;
+        const char *why = victim == p
+                              ? "it holds its quota"
+                              : "the queue is full and it holds the most";
+        kvt__log_escape(esc, sizeof(esc), victim->name);
+        peer_put(e, victim);
+        pthread_mutex_unlock(&e->nq_lock);
+        free(old);
+        atomic_fetch_add_explicit(&e->stats.notifies_dropped, 1,
+                                  memory_order_relaxed);
+        KVT_LOG_W_RL("notification queue: dropped the oldest of \"%s\" "
+                     "(%llu of its so far; %s)",
+                     esc, (unsigned long long)dropped, why);
+        return;
+    }
     pthread_mutex_unlock(&e->nq_lock);
 }
 
@@ -569,12 +686,14 @@ kvt_status_t kvt_notify_recv(kvt_engine_h e, kvt_notify_t *out, size_t max,
         }
     }
     while (got < max && e->nq_head != NULL) {
-        kvt__notify_node_t *n = e->nq_head;
-        e->nq_head = n->next;
-        if (e->nq_head == NULL)
-            e->nq_tail = NULL;
-        e->nq_len--;
-        out[got++] = n->n;
+        /* The oldest entry is its sender's oldest too. */
+        kvt__notify_peer_t *p = e->nq_head->peer;
+        kvt__notify_node_t *n = peer_pop(e, p);
+        kvt_notify_t *o = &out[got++];
+        memcpy(o->from, p->name, sizeof(p->name));
+        o->length = n->length;
+        memcpy(o->data, n->data, n->length);
+        peer_put(e, p);
         free(n);
     }
     pthread_mutex_unlock(&e->nq_lock);

@@ -41,10 +41,31 @@ struct kvt_batch {
     struct kvt_batch *prev, *next; /* engine's list, under batch_lock */
 };
 
+/*
+ * The notification queue (engine.c): one FIFO in arrival order, and per
+ * sender (by the segment name its connection declared) a FIFO of its own
+ * entries, so that the queue can drop a sender's oldest entry without
+ * touching anyone else's. A node holds only the bytes of its message.
+ */
+typedef struct kvt__notify_peer kvt__notify_peer_t;
+
 typedef struct kvt__notify_node {
-    struct kvt__notify_node *next;
-    kvt_notify_t n;
+    struct kvt__notify_node *next, *prev; /* arrival order */
+    struct kvt__notify_node *pnext;       /* its sender's, oldest first */
+    kvt__notify_peer_t *peer;
+    uint32_t length;
+    char data[];
 } kvt__notify_node_t;
+
+struct kvt__notify_peer {
+    kvt__notify_peer_t *hnext; /* hash chain */
+    kvt__notify_node_t *head, *tail;
+    uint32_t count;
+    uint64_t dropped;
+    char name[KVT_WIRE_NAME_MAX + 1];
+};
+
+#define KVT__NOTIFY_BUCKETS 256
 
 typedef struct kvt__ctrl kvt__ctrl_t; /* src/ctrl/ctrl.h */
 typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
@@ -96,7 +117,7 @@ struct kvt_engine {
     pthread_cond_t nq_cond;
     kvt__notify_node_t *nq_head, *nq_tail;
     size_t nq_len;
-    uint64_t nq_dropped;
+    kvt__notify_peer_t *nq_peers[KVT__NOTIFY_BUCKETS];
 
     pthread_mutex_t batch_lock;
     struct kvt_batch *batches;

@@ -31,8 +31,10 @@ void kvt__wire_hdr_encode(const kvt__wire_hdr_t *hdr,
 kvt_status_t kvt__wire_hdr_decode(const uint8_t *buf, size_t len,
                                   kvt__wire_hdr_t *hdr_p)
 {
-    if (len < KVT_WIRE_HDR_LEN || get16(buf) != KVT_WIRE_MAGIC)
+    if (len < KVT_WIRE_HDR_LEN)
         return KVT_ERR_PROTOCOL;
+    /* Every field is decoded even from a header that is refused: the
+     * ERROR that answers it echoes req_id. */
     hdr_p->ver_major = buf[2];
     hdr_p->ver_minor = buf[3];
     hdr_p->type = buf[4];
@@ -41,11 +43,14 @@ kvt_status_t kvt__wire_hdr_decode(const uint8_t *buf, size_t len,
     hdr_p->status = (int32_t)get32(buf + 12);
     hdr_p->payload_len = get64(buf + 16);
     hdr_p->req_id = get64(buf + 24);
+    if (get16(buf) != KVT_WIRE_MAGIC)
+        return KVT_ERR_PROTOCOL;
     if (hdr_p->ver_major != KVT_WIRE_VERSION_MAJOR)
         return KVT_ERR_VERSION;
     if (hdr_p->type == 0 || hdr_p->type > KVT_WIRE_TYPE_MAX ||
         hdr_p->body_len > KVT_WIRE_MAX_BODY ||
-        hdr_p->payload_len > KVT_WIRE_MAX_PAYLOAD || get16(buf + 6) != 0)
+        hdr_p->payload_len > KVT_WIRE_MAX_PAYLOAD || hdr_p->flags != 0 ||
+        get16(buf + 6) != 0)
         return KVT_ERR_PROTOCOL;
     return KVT_OK;
 }

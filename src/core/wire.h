@@ -76,8 +76,10 @@ void kvt__wire_hdr_encode(const kvt__wire_hdr_t *hdr,
 
 /*
  * Decode and check a header: magic, version, known type, body and payload
- * within limits. KVT_ERR_VERSION for another major version (hdr_p is still
- * filled so the caller can report both versions), KVT_ERR_PROTOCOL for
+ * within limits, flags and reserved bits zero. @hdr_p is filled whenever
+ * @len is a whole header, even when the header is refused (so the caller
+ * can report both versions, or echo req_id in an ERROR).
+ * KVT_ERR_VERSION for another major version, KVT_ERR_PROTOCOL for
  * anything else that is wrong.
  */
 kvt_status_t kvt__wire_hdr_decode(const uint8_t *buf, size_t len,

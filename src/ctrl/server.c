@@ -11,18 +11,29 @@
  *
  * Bounds: a connection must complete HELLO within HELLO_NS and send its
  * next request within IDLE_NS; a response must drain within the
- * engine's transfer timeout; at most MAX_CONNS wait at once (more are
- * closed on accept); requests carry at most REQ_BODY_MAX bytes of body and
- * no payload. When accept fails for want of descriptors the listener is
- * paused for PAUSE_NS instead of spinning. Every refusal of a peer is
- * logged at most once a second.
+ * engine's transfer timeout; at most max_conns wait at once (MAX_CONNS,
+ * or a quarter of the descriptor limit if less): at the cap a new
+ * connection takes the place of the oldest one still without HELLO, or
+ * is closed when every one has said HELLO. Requests carry at most
+ * REQ_BODY_MAX bytes of body and no payload.
+ *
+ * Out of descriptors, accept() fails and the connection stays in the
+ * backlog, reported again at once: the listener would spin. So the
+ * server keeps a reserve descriptor: it closes it, accepts and closes
+ * what waits (the peer sees its connection closed rather than a
+ * timeout), opens it again, and pauses the listener for PAUSE_NS.
+ *
+ * Every line a peer can cause is rate-limited (at most one a second per
+ * kind) and names the peer's address, and its self-declared name escaped.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +44,8 @@
 #include "util/time.h"
 
 #define MAX_CONNS 1024
+#define MIN_CONNS 16
+#define DRAIN_MAX 64 /* connections closed for want of descriptors at once */
 #define MAX_TAKERS 16
 #define HELLO_NS (10ull * 1000000000ull)
 #define IDLE_NS (60ull * 1000000000ull)
@@ -46,7 +59,10 @@ typedef struct cconn {
     int hello_done;
     int closing; /* close once the response has gone */
     uint64_t deadline;
-    char peer[KVT_WIRE_NAME_MAX + 1];
+    /* Who, for log lines: "a peer at ADDR", after HELLO "\"NAME\" at
+     * ADDR" (the name escaped). */
+    char peer[KVT_LOG_ESC_MAX + KVT_SOCK_ADDR_MAX + 8];
+    char addr[KVT_SOCK_ADDR_MAX];
     /* Receiving: the header, then body_len bytes of body. */
     uint8_t hbuf[KVT_WIRE_HDR_LEN];
     kvt__wire_hdr_t hdr;
@@ -64,23 +80,24 @@ struct kvt__ctrl {
     int epfd, evfd;
     pthread_t thread;
     int running;
-    cconn_t *conns;
-    unsigned nconns;
+    cconn_t *conns; /* newest first */
+    unsigned nconns, max_conns;
     uint64_t paused_until; /* listener paused (EMFILE) until then */
-    uint64_t last_warn;
+    int reserve_fd;        /* given up to accept when out of descriptors */
     unsigned ntakers;
     kvt__tl_t *takers[MAX_TAKERS];
 };
 
-/* A warning about a peer, at most once a second. */
-#define WARN_PEER(c, ...)                                                      \
-    do {                                                                       \
-        uint64_t now_ = kvt__now_ns();                                         \
-        if (now_ - (c)->last_warn >= 1000000000ull) {                          \
-            (c)->last_warn = now_;                                             \
-            KVT_LOG_W(__VA_ARGS__);                                            \
-        }                                                                      \
-    } while (0)
+/* A warning about a peer: at most one a second for each call site. */
+#define WARN_PEER(ctrl, ...) KVT_LOG_W_RL(__VA_ARGS__)
+
+/* Name the connection in log lines after its HELLO: @name escaped. */
+static void conn_name(cconn_t *c, const char *name)
+{
+    char esc[KVT_LOG_ESC_MAX];
+    snprintf(c->peer, sizeof(c->peer), "\"%s\" at %s",
+             kvt__log_escape(esc, sizeof(esc), name), c->addr);
+}
 
 static void conn_close(kvt__ctrl_t *ctrl, cconn_t *c)
 {
@@ -199,10 +216,10 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
     if (c->hello_done)
         return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "HELLO repeated");
     if (kvt__wire_hello_decode(c->body, c->hdr.body_len, &hello) != KVT_OK) {
-        WARN_PEER(ctrl, "control: malformed HELLO; closing");
+        WARN_PEER(ctrl, "control: malformed HELLO from %s; closing", c->peer);
         return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "malformed HELLO");
     }
-    snprintf(c->peer, sizeof(c->peer), "%s", hello.name);
+    conn_name(c, hello.name);
     c->hello_done = 1;
     c->deadline = kvt__now_ns() + IDLE_NS;
     if (hello.transport == 0)
@@ -259,7 +276,7 @@ static int dispatch(kvt__ctrl_t *ctrl, cconn_t *c)
     const kvt__wire_hdr_t *h = &c->hdr;
 
     if (!c->hello_done && h->type != KVT_WIRE_HELLO) {
-        WARN_PEER(ctrl, "control: a peer sent %s before HELLO; closing",
+        WARN_PEER(ctrl, "control: %s sent %s before HELLO; closing", c->peer,
                   kvt__wire_type_name(h->type));
         return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "HELLO expected");
     }
@@ -307,13 +324,13 @@ static int conn_rx(kvt__ctrl_t *ctrl, cconn_t *c)
                          "kvt protocol %d.%d required, peer sent %u.%u",
                          KVT_WIRE_VERSION_MAJOR, KVT_WIRE_VERSION_MINOR,
                          c->hdr.ver_major, c->hdr.ver_minor);
-                WARN_PEER(ctrl, "control: refusing a peer: %s", msg);
+                WARN_PEER(ctrl, "control: refusing %s: %s", c->peer, msg);
                 return conn_refuse(ctrl, c, KVT_ERR_VERSION, msg);
             }
             if (st != KVT_OK || c->hdr.body_len > REQ_BODY_MAX ||
                 c->hdr.payload_len != 0) {
                 WARN_PEER(ctrl, "control: malformed frame from %s; closing",
-                          c->peer[0] ? c->peer : "a peer");
+                          c->peer);
                 return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL,
                                    "malformed frame");
             }
@@ -352,6 +369,62 @@ static void conn_event(kvt__ctrl_t *ctrl, cconn_t *c, uint32_t events)
         conn_close(ctrl, c);
 }
 
+/*
+ * Out of descriptors: close what waits in the backlog with the reserve
+ * descriptor (at most DRAIN_MAX), so that those peers learn it now and
+ * the listener does not report them again and again, and pause the
+ * listener for PAUSE_NS.
+ */
+static void accept_starved(kvt__ctrl_t *ctrl, int err)
+{
+    unsigned dropped = 0;
+    char addr[KVT_SOCK_ADDR_MAX] = "?";
+
+    while (ctrl->reserve_fd >= 0 && dropped < DRAIN_MAX) {
+        int fd;
+        close(ctrl->reserve_fd);
+        fd = accept4(ctrl->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            kvt__sock_peer_str(fd, addr, sizeof(addr));
+            close(fd);
+            dropped++;
+        }
+        ctrl->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            break;
+    }
+    if (dropped > 0)
+        atomic_fetch_add_explicit(&ctrl->e->stats.hs_refused, dropped,
+                                  memory_order_relaxed);
+    WARN_PEER(ctrl,
+              "control: accept: %s; closed %u connection(s) (the last from "
+              "%s), pausing the listener",
+              strerror(err), dropped, addr);
+    ctrl->paused_until = kvt__now_ns() + PAUSE_NS;
+    epoll_ctl(ctrl->epfd, EPOLL_CTL_DEL, ctrl->listen_fd, NULL);
+}
+
+/* At the cap: make room by closing the oldest connection still without
+ * HELLO. 0 when there was one, -1 when every connection has said HELLO. */
+static int evict_oldest_unnamed(kvt__ctrl_t *ctrl)
+{
+    cconn_t *c, *victim = NULL;
+
+    for (c = ctrl->conns; c != NULL; c = c->next)
+        if (!c->hello_done)
+            victim = c; /* the list is newest first */
+    if (victim == NULL)
+        return -1;
+    WARN_PEER(ctrl,
+              "control: %u connections wait; closing %s, which has not "
+              "said HELLO",
+              ctrl->nconns, victim->peer);
+    atomic_fetch_add_explicit(&ctrl->e->stats.hs_refused, 1,
+                              memory_order_relaxed);
+    conn_close(ctrl, victim);
+    return 0;
+}
+
 static void accept_all(kvt__ctrl_t *ctrl)
 {
     for (;;) {
@@ -364,19 +437,19 @@ static void accept_all(kvt__ctrl_t *ctrl)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-                errno == ENOMEM) {
-                WARN_PEER(ctrl, "control: accept: %s; pausing the listener",
-                          strerror(errno));
-                ctrl->paused_until = kvt__now_ns() + PAUSE_NS;
-                epoll_ctl(ctrl->epfd, EPOLL_CTL_DEL, ctrl->listen_fd, NULL);
-            }
+                errno == ENOMEM)
+                accept_starved(ctrl, errno);
             return;
         }
-        if (ctrl->nconns >= MAX_CONNS) {
+        if (ctrl->nconns >= ctrl->max_conns &&
+            evict_oldest_unnamed(ctrl) != 0) {
+            char addr[KVT_SOCK_ADDR_MAX];
             WARN_PEER(ctrl,
-                      "control: %u connections wait for a handshake "
-                      "or an answer; refusing more",
-                      ctrl->nconns);
+                      "control: %u connections wait for an answer; "
+                      "refusing one from %s",
+                      ctrl->nconns, kvt__sock_peer_str(fd, addr, sizeof(addr)));
+            atomic_fetch_add_explicit(&ctrl->e->stats.hs_refused, 1,
+                                      memory_order_relaxed);
             close(fd);
             continue;
         }
@@ -388,6 +461,8 @@ static void accept_all(kvt__ctrl_t *ctrl)
         kvt__sock_tune(fd, ctrl->e->cfg.timeout_ns / 1000000);
         c->fd = fd;
         c->deadline = kvt__now_ns() + HELLO_NS;
+        kvt__sock_peer_str(fd, c->addr, sizeof(c->addr));
+        snprintf(c->peer, sizeof(c->peer), "a peer at %s", c->addr);
         ev =
             (struct epoll_event){.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
         if (epoll_ctl(ctrl->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -415,13 +490,14 @@ static void tick(kvt__ctrl_t *ctrl, uint64_t now)
 
     if (ctrl->paused_until != 0 && now >= ctrl->paused_until) {
         ctrl->paused_until = 0;
+        if (ctrl->reserve_fd < 0)
+            ctrl->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         listener_watch(ctrl);
     }
     for (c = ctrl->conns; c != NULL; c = next) {
         next = c->next;
         if (now >= c->deadline) {
-            KVT_LOG_D("control: closing a connection of %s: %s",
-                      c->peer[0] ? c->peer : "a peer",
+            KVT_LOG_D("control: closing a connection of %s: %s", c->peer,
                       !c->hello_done ? "no HELLO in time"
                       : c->out       ? "its answer was not read in time"
                                      : "idle");
@@ -437,7 +513,7 @@ static void *server_main(void *arg)
     uint64_t last = kvt__now_ns();
 
     for (;;) {
-        int n = epoll_wait(ctrl->epfd, evs, 64, TICK_MS);
+        int n = epoll_wait(ctrl->epfd, evs, 64, TICK_MS), listener = 0;
         uint64_t now;
 
         for (int i = 0; i < n; i++) {
@@ -445,10 +521,14 @@ static void *server_main(void *arg)
             if (p == (void *)&ctrl->evfd)
                 return NULL;
             if (p == (void *)ctrl)
-                accept_all(ctrl);
+                listener = 1;
             else
                 conn_event(ctrl, p, evs[i].events);
         }
+        /* Accepting may close a connection (at the cap): after the round,
+         * so that no event of it still names the connection. */
+        if (listener)
+            accept_all(ctrl);
         now = kvt__now_ns();
         if (now - last >= TICK_MS * 1000000ull) {
             last = now;
@@ -461,6 +541,7 @@ kvt_status_t kvt__ctrl_create(kvt_engine_h e, const char *host, uint16_t port,
                               uint16_t *port_p, kvt__ctrl_t **ctrl_p)
 {
     struct epoll_event ev;
+    struct rlimit rl;
     kvt__ctrl_t *ctrl = calloc(1, sizeof(*ctrl));
     kvt_status_t st;
 
@@ -468,13 +549,20 @@ kvt_status_t kvt__ctrl_create(kvt_engine_h e, const char *host, uint16_t port,
         return KVT_ERR_NO_MEMORY;
     ctrl->e = e;
     ctrl->epfd = ctrl->evfd = -1;
+    ctrl->max_conns = MAX_CONNS;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 4 < MAX_CONNS)
+        ctrl->max_conns = rl.rlim_cur / 4 > MIN_CONNS
+                              ? (unsigned)(rl.rlim_cur / 4)
+                              : MIN_CONNS;
     st = kvt__sock_listen(host, port, &ctrl->listen_fd, port_p);
     if (st != KVT_OK)
         goto err_free;
     st = KVT_ERR_IO;
     ctrl->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctrl->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctrl->epfd < 0 || ctrl->evfd < 0)
+    ctrl->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (ctrl->epfd < 0 || ctrl->evfd < 0 || ctrl->reserve_fd < 0)
         goto err_close;
     ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &ctrl->evfd};
     if (epoll_ctl(ctrl->epfd, EPOLL_CTL_ADD, ctrl->evfd, &ev) != 0)
@@ -484,6 +572,8 @@ kvt_status_t kvt__ctrl_create(kvt_engine_h e, const char *host, uint16_t port,
     return KVT_OK;
 
 err_close:
+    if (ctrl->reserve_fd >= 0)
+        close(ctrl->reserve_fd);
     if (ctrl->epfd >= 0)
         close(ctrl->epfd);
     if (ctrl->evfd >= 0)
@@ -539,5 +629,7 @@ void kvt__ctrl_destroy(kvt__ctrl_t *ctrl)
         close(ctrl->listen_fd);
     close(ctrl->epfd);
     close(ctrl->evfd);
+    if (ctrl->reserve_fd >= 0)
+        close(ctrl->reserve_fd);
     free(ctrl);
 }

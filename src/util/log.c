@@ -71,6 +71,58 @@ void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
             base ? base + 1 : file, line, msg);
 }
 
+void kvt__log_emit_rl(kvt__log_rl_t *rl, kvt__log_level_t level,
+                      const char *file, int line, const char *fmt, ...)
+{
+    struct timespec ts;
+    uint64_t now, next, sup;
+    char msg[1024];
+    va_list ap;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    next = atomic_load_explicit(&rl->next_ns, memory_order_relaxed);
+    if (now < next || !atomic_compare_exchange_strong_explicit(
+                          &rl->next_ns, &next, now + 1000000000ull,
+                          memory_order_relaxed, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&rl->suppressed, 1, memory_order_relaxed);
+        return;
+    }
+    sup = atomic_exchange_explicit(&rl->suppressed, 0, memory_order_relaxed);
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (sup != 0)
+        kvt__log_emit(level, file, line, "%s (%llu more like it suppressed)",
+                      msg, (unsigned long long)sup);
+    else
+        kvt__log_emit(level, file, line, "%s", msg);
+}
+
+char *kvt__log_escape(char *dst, size_t cap, const char *src)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+
+    for (; *src != '\0'; src++) {
+        unsigned char ch = (unsigned char)*src;
+        if (ch >= 0x20 && ch < 0x7f && ch != '\\' && ch != '"') {
+            if (o + 1 >= cap)
+                break;
+            dst[o++] = (char)ch;
+        } else {
+            if (o + 4 >= cap)
+                break;
+            dst[o++] = '\\';
+            dst[o++] = 'x';
+            dst[o++] = hex[ch >> 4];
+            dst[o++] = hex[ch & 15];
+        }
+    }
+    dst[o] = '\0';
+    return dst;
+}
+
 /* ---- The public calls (kvt/log.h) ---------------------------------------- */
 
 int kvt_log_enabled(kvt_log_level_t level)

@@ -7,6 +7,10 @@
  * debug, trace; default warn) and is read once. The function that decides
  * an error logs it; callers only pass the status on.
  */
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
 typedef enum {
     KVT_LOG_ERROR = 0,
     KVT_LOG_WARN,
@@ -31,5 +35,40 @@ void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
 #define KVT_LOG_I(...) kvt__log(KVT_LOG_INFO, __VA_ARGS__)
 #define KVT_LOG_D(...) kvt__log(KVT_LOG_DEBUG, __VA_ARGS__)
 #define KVT_LOG_T(...) kvt__log(KVT_LOG_TRACE, __VA_ARGS__)
+
+/*
+ * Rate limiting, for lines a peer can make this process write: at most
+ * one line a second per call site; the next line that goes out says how
+ * many were suppressed since. Any thread.
+ */
+typedef struct {
+    _Atomic uint64_t next_ns;
+    _Atomic uint64_t suppressed;
+} kvt__log_rl_t;
+
+/* Emit a line through @rl (kvt__log_rl_t): dropped when its site wrote
+ * one less than a second ago. */
+void kvt__log_emit_rl(kvt__log_rl_t *rl, kvt__log_level_t level,
+                      const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+#define kvt__log_rl(level, ...)                                                \
+    do {                                                                       \
+        static kvt__log_rl_t rl_;                                              \
+        if ((int)(level) <= kvt__log_level_cur)                                \
+            kvt__log_emit_rl(&rl_, level, __FILE__, __LINE__, __VA_ARGS__);    \
+    } while (0)
+
+/* Rate-limited errors and warnings: for what peers cause. */
+#define KVT_LOG_E_RL(...) kvt__log_rl(KVT_LOG_ERROR, __VA_ARGS__)
+#define KVT_LOG_W_RL(...) kvt__log_rl(KVT_LOG_WARN, __VA_ARGS__)
+
+/*
+ * A peer-supplied string made safe for a log line: bytes outside printable
+ * ASCII, backslash and double quote become \xNN, and the result is cut to
+ * fit @cap (NUL-terminated, at least 1). Returns @dst.
+ */
+#define KVT_LOG_ESC_MAX (4 * 128 + 1) /* a segment name, all escaped */
+char *kvt__log_escape(char *dst, size_t cap, const char *src);
 
 #endif

@@ -269,3 +269,24 @@ struct iovec *kvt__iov_advance(struct iovec *iov, int *cnt_p, size_t n)
     *cnt_p = cnt;
     return iov;
 }
+
+char *kvt__sock_peer_str(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN];
+
+    snprintf(buf, len, "?");
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return buf;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        if (inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)) != NULL)
+            snprintf(buf, len, "%s:%u", host, ntohs(a->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        if (inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)) != NULL)
+            snprintf(buf, len, "[%s]:%u", host, ntohs(a->sin6_port));
+    }
+    return buf;
+}

@@ -33,6 +33,11 @@ void kvt__sock_tune(int fd, uint64_t user_timeout_ms);
 
 kvt_status_t kvt__sock_set_nonblock(int fd, int on);
 
+/* The peer's address of a connected socket, "host:port" ("[v6]:port"),
+ * or "?" when it has none; into @buf of @len bytes. Returns @buf. */
+#define KVT_SOCK_ADDR_MAX 64
+char *kvt__sock_peer_str(int fd, char *buf, size_t len);
+
 /* Send/receive exactly @len bytes on a blocking socket before @deadline_ns
  * (monotonic). KVT_ERR_TIMEDOUT, KVT_ERR_CONN_LOST. */
 kvt_status_t kvt__sock_send_all(int fd, const void *buf, size_t len,

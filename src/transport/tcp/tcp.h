@@ -56,12 +56,19 @@
 
 #include "mem/dev.h"
 #include "transport/transport.h"
+#include "util/log.h"
+#include "util/sock.h"
 
 #define TICK_NS (50ull * 1000000ull)
 #define MAX_CONNS 16
 #define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one readv */
 #define SCRATCH_LEN (256u * 1024u)
 #define MIN_FRAME (64u * 1024u)
+/* Inbound: stop reading a connection's requests while its queued
+ * responses hold more than OUT_HOLD bytes of memory, read again once they
+ * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */
+#define OUT_HOLD (8u * 1024u * 1024u)
+#define OUT_RESUME (4u * 1024u * 1024u)
 
 typedef struct kvt__tcp kvt__tcp_t;
 typedef struct tcp_conn tcp_conn_t;
@@ -120,6 +127,9 @@ typedef struct tcp_frame {
 /* A response, target side. */
 typedef struct tcp_resp {
     tcp_tx_t tx;
+    /* Memory it holds (allocation and pinned copy): counted in the
+     * connection's out_bytes while queued. */
+    size_t cost;
     /* READ_RESP only: the payload comes from registered memory and is
      * validated again whenever the registry changed. */
     uint32_t nsegs;
@@ -229,6 +239,15 @@ struct tcp_conn {
     int attached; /* outbound: handed to its worker (kvt__tcp_worker_attach())
                    */
     char peer[KVT_WIRE_NAME_MAX + 1];
+    /* For log lines: the peer's name escaped, and for inbound connections
+     * its address. */
+    char who[KVT_LOG_ESC_MAX + KVT_SOCK_ADDR_MAX + 8];
+    /* Inbound: memory held by queued responses (written under tx_lock),
+     * and whether reading requests is held back for it (worker only).
+     * How long responses may wait unread is bounded by the socket's
+     * TCP_USER_TIMEOUT (the transfer timeout): the connection fails. */
+    _Atomic uint64_t out_bytes;
+    int rx_held;
     /* Inbound: the initiator's instance and session counter (HELLO), and
      * the transport's list of inbound connections, under in_lock. */
     uint32_t inst, counter;

@@ -198,7 +198,7 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
         if (c->w != NULL && c->attached)
             worker_reap_later(c->w, c);
     } else {
-        KVT_LOG_D("inbound connection from %s closed: %s", c->peer,
+        KVT_LOG_D("inbound connection from %s closed: %s", c->who,
                   kvt_status_str(st));
         close(c->fd);
         conn_free(c);
@@ -223,6 +223,12 @@ kvt_status_t kvt__tcp_accept(kvt__tl_t *tl, int fd,
         return KVT_ERR_NO_MEMORY;
     }
     snprintf(c->peer, sizeof(c->peer), "%s", hello->name);
+    {
+        char esc[KVT_LOG_ESC_MAX], addr[KVT_SOCK_ADDR_MAX];
+        snprintf(c->who, sizeof(c->who), "\"%s\" at %s",
+                 kvt__log_escape(esc, sizeof(esc), hello->name),
+                 kvt__sock_peer_str(fd, addr, sizeof(addr)));
+    }
     kvt__tcp_inbound_add(tcp, c, hello);
     if (kvt__tcp_worker_attach(w, c) != 0) {
         worker_detach(w, c);
@@ -332,6 +338,11 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         s->conns[i]->sess = s;
         s->conns[i]->index = i;
         snprintf(s->conns[i]->peer, sizeof(s->conns[i]->peer), "%s", name);
+        {
+            char esc[KVT_LOG_ESC_MAX];
+            snprintf(s->conns[i]->who, sizeof(s->conns[i]->who), "\"%s\"",
+                     kvt__log_escape(esc, sizeof(esc), name));
+        }
     }
     /* Hand the connections to the workers. A connection that cannot be
      * attached fails the session; its worker-less connections are failed

@@ -241,7 +241,7 @@ static mem_stage_t *stage_of(tcp_conn_t *c, int dev)
     if (m->ds == NULL || m->buf == NULL)
         KVT_LOG_E("tcp: no staging for device memory on a connection with "
                   "%s; its device pieces fail",
-                  c->peer);
+                  c->who);
     return m->ds != NULL && m->buf != NULL ? m : NULL;
 }
 

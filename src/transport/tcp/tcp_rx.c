@@ -296,6 +296,18 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
         if (stop != NULL && c->rx_state == RX_HDR &&
             atomic_load_explicit(stop, memory_order_acquire) == 0)
             return;
+        if (!c->outbound && c->rx_state == RX_HDR) {
+            /* Backpressure: a peer that does not read its responses
+             * gets no more of them; what it sends waits in the socket.
+             * The worker calls again as the queue drains. */
+            uint64_t q =
+                atomic_load_explicit(&c->out_bytes, memory_order_relaxed);
+            if (q > (c->rx_held ? OUT_RESUME : OUT_HOLD)) {
+                c->rx_held = 1;
+                return;
+            }
+            c->rx_held = 0;
+        }
         switch (c->rx_state) {
         case RX_HDR: {
             kvt_status_t st;
@@ -311,7 +323,10 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
                                  "kvt protocol %d.%d required, peer sent %u.%u",
                                  KVT_WIRE_VERSION_MAJOR, KVT_WIRE_VERSION_MINOR,
                                  c->rx_hdr.ver_major, c->rx_hdr.ver_minor);
-                KVT_LOG_E("refusing peer %s: %s", c->peer, msg);
+                if (c->outbound)
+                    KVT_LOG_E("refusing peer %s: %s", c->who, msg);
+                else
+                    KVT_LOG_E_RL("refusing peer %s: %s", c->who, msg);
                 if (!c->outbound)
                     kvt__tcp_send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id,
                                          KVT_ERR_VERSION, msg, (size_t)n);
@@ -319,8 +334,13 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
                 goto fail;
             }
             if (st != KVT_OK) {
-                KVT_LOG_W("malformed frame header from %s; closing",
-                          c->peer[0] ? c->peer : "a peer");
+                KVT_LOG_W_RL("malformed frame header from %s; closing", c->who);
+                /* As for any protocol error, the target says why before
+                 * it closes (docs/protocol.md). */
+                if (!c->outbound)
+                    kvt__tcp_send_simple(c, KVT_WIRE_ERROR, c->rx_hdr.req_id,
+                                         KVT_ERR_PROTOCOL, "malformed frame",
+                                         15);
                 fail = KVT_ERR_PROTOCOL;
                 goto fail;
             }

@@ -310,8 +310,8 @@ int kvt__tcp_inbound_dispatch(tcp_conn_t *c)
             kvt__wire_pieces_decode(c->rx_body, h->body_len, h->payload_len,
                                     c->rx_pieces, KVT_WIRE_MAX_PIECES,
                                     &c->rx_npieces, &nsegs) != KVT_OK) {
-            KVT_LOG_W("malformed %s from %s; closing",
-                      kvt__wire_type_name(h->type), c->peer);
+            KVT_LOG_W_RL("malformed %s from %s; closing",
+                         kvt__wire_type_name(h->type), c->who);
             goto err_protocol;
         }
         if (h->type == KVT_WIRE_READ) {
@@ -335,8 +335,8 @@ int kvt__tcp_inbound_dispatch(tcp_conn_t *c)
         kvt__tcp_send_simple(c, KVT_WIRE_PONG, h->req_id, KVT_OK, NULL, 0);
         return 0;
     default:
-        KVT_LOG_W("unexpected %s from %s; closing",
-                  kvt__wire_type_name(h->type), c->peer);
+        KVT_LOG_W_RL("unexpected %s from %s; closing",
+                     kvt__wire_type_name(h->type), c->who);
         goto err_protocol;
     }
 err_protocol:

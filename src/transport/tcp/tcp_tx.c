@@ -78,7 +78,7 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return KVT_OK;
-            KVT_LOG_D("send to %s: %s", c->peer, strerror(errno));
+            KVT_LOG_D("send to %s: %s", c->who, strerror(errno));
             /* tx_lock is held and the connection is not dead, so its
              * descriptor is still open; the owning worker sees the
              * shutdown and fails the connection. */
@@ -96,6 +96,10 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
                 kvt__tcp_stage_put(tcp, f->stage, f->stage_len);
                 f->stage = NULL;
             }
+            if (t->is_resp)
+                atomic_fetch_sub_explicit(&c->out_bytes,
+                                          ((tcp_resp_t *)t)->cost,
+                                          memory_order_relaxed);
             kvt__tcp_tx_free(t);
             if (head_only)
                 break;
@@ -162,6 +166,8 @@ void kvt__tcp_send_resp(tcp_conn_t *c, tcp_resp_t *r)
         kvt__tcp_tx_free(&r->tx);
         return;
     }
+    r->cost += r->stage_len;
+    atomic_fetch_add_explicit(&c->out_bytes, r->cost, memory_order_relaxed);
     txq_append_locked(c, &r->tx);
     kvt__tcp_flush_locked(c, 0);
     changed = kvt__tcp_want_out_update(c);
@@ -178,6 +184,7 @@ tcp_resp_t *kvt__tcp_resp_alloc(size_t niov, size_t body_len, size_t nsegs)
     if (r == NULL)
         return NULL;
     r->tx.is_resp = 1;
+    r->cost = sz;
     r->tx.cur = r->iov;
     r->tx.cnt = (int)niov;
     r->body = (uint8_t *)(r->iov + niov);

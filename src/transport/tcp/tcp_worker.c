@@ -95,13 +95,22 @@ void *kvt__tcp_worker_main(void *arg)
                 tcp_conn_t *c = p;
                 if (evs[i].events & EPOLLOUT)
                     conn_tx_event(c);
+                if (!c->outbound) {
+                    /* Held back (backpressure), a connection reads again
+                     * when its responses drain: no input edge comes for
+                     * what already waits in the socket. A broken one
+                     * goes now: it would not be read to its end. */
+                    if (c->rx_held && (evs[i].events & (EPOLLERR | EPOLLHUP)))
+                        kvt__tcp_conn_fail(c, KVT_ERR_CONN_LOST);
+                    else if ((evs[i].events &
+                              (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) ||
+                             c->rx_held)
+                        kvt__tcp_conn_rx(c, NULL);
+                    continue;
+                }
                 if (!(evs[i].events &
                       (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
                     continue;
-                if (!c->outbound) {
-                    kvt__tcp_conn_rx(c, NULL);
-                    continue;
-                }
                 pthread_mutex_lock(&c->rx_lock);
                 if (c->waiters == 0 && !c->rx_dead)
                     kvt__tcp_conn_rx(c, NULL);

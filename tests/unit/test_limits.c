@@ -1,0 +1,667 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The engine's bounds against careless and hostile peers, with raw
+ * sockets speaking the wire format (docs/protocol.md): responses never
+ * read, floods of pings and notifications, handshakes never finished,
+ * the descriptor limit, log floods and forged names, frames the spec
+ * refuses.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/engine_int.h"
+#include "core/wire.h"
+#include "kvt_test.h"
+#include "transport/tcp/tcp.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+static kvt_engine_h mk_timeout(uint64_t timeout_ms)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h e = NULL;
+    if (timeout_ms != 0) {
+        p.field_mask = KVT_ENGINE_PARAM_TRANSFER_TIMEOUT;
+        p.transfer_timeout_ms = timeout_ms;
+    }
+    CHECK_OK(kvt_engine_create(timeout_ms ? &p : NULL, &e));
+    return e;
+}
+
+static kvt_engine_h mk(void)
+{
+    return mk_timeout(0);
+}
+
+static size_t rss_bytes(void)
+{
+    long pages = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f != NULL);
+    CHECK(fscanf(f, "%ld %ld", &pages, &res) == 2);
+    fclose(f);
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static int dial(kvt_engine_h e)
+{
+    int fd;
+    CHECK_OK(kvt__sock_connect("127.0.0.1", kvt_engine_rpc_port(e), 2000, &fd));
+    return fd;
+}
+
+static void hdr(uint8_t *buf, uint8_t type, uint32_t body, uint64_t payload,
+                uint64_t req_id)
+{
+    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR,
+                         KVT_WIRE_VERSION_MINOR,
+                         type,
+                         0,
+                         body,
+                         0,
+                         payload,
+                         req_id};
+    kvt__wire_hdr_encode(&h, buf);
+}
+
+static void send_all(int fd, const void *buf, size_t len)
+{
+    CHECK(send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len);
+}
+
+/* Read one frame's header and body (payload left unread); its type. */
+static int recv_frame(int fd, kvt__wire_hdr_t *h, double secs)
+{
+    uint8_t hb[KVT_WIRE_HDR_LEN], body[4096];
+    uint64_t dl = kvt__now_ns() + (uint64_t)(secs * 1e9);
+    if (kvt__sock_recv_all(fd, hb, sizeof(hb), dl) != KVT_OK)
+        return -1;
+    CHECK_OK(kvt__wire_hdr_decode(hb, sizeof(hb), h));
+    CHECK(h->body_len <= sizeof(body));
+    if (h->body_len > 0)
+        CHECK_OK(kvt__sock_recv_all(fd, body, h->body_len, dl));
+    return h->type;
+}
+
+/* HELLO as @name for @transport (0: control); the answer's type and
+ * status. */
+static int hello_named(int fd, uint32_t transport, uint64_t sid,
+                       const char *name, int32_t *status_p)
+{
+    kvt__wire_hello_t h = {sid, 0, 1, transport, 0, ""};
+    uint8_t body[256], hb[KVT_WIRE_HDR_LEN];
+    kvt__wire_hdr_t rh;
+    size_t n;
+
+    snprintf(h.name, sizeof(h.name), "%s", name);
+    n = kvt__wire_hello_encode(&h, body, sizeof(body));
+    CHECK(n > 0);
+    hdr(hb, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+    send_all(fd, hb, sizeof(hb));
+    send_all(fd, body, n);
+    CHECK(recv_frame(fd, &rh, 3) > 0);
+    *status_p = rh.status;
+    return rh.type;
+}
+
+static int data_conn(kvt_engine_h e, const char *name)
+{
+    static uint32_t counter;
+    int32_t st;
+    int fd = dial(e);
+    CHECK(hello_named(fd, KVT_TRANSPORT_TCP, (77ull << 32) | ++counter, name,
+                      &st) == KVT_WIRE_HELLO_ACK);
+    return fd;
+}
+
+/* Whether the peer closed @fd within @secs (anything before is read and
+ * dropped). */
+static int closed_within(int fd, double secs)
+{
+    double t0 = kvt_test_now();
+    char buf[4096];
+    while (kvt_test_now() - t0 < secs) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether the peer has closed @fd by now (what came before is dropped). */
+static int is_closed(int fd)
+{
+    char buf[4096];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        return n == 0 || (errno != EAGAIN && errno != EINTR);
+    }
+}
+
+/* After an abuse the engine still serves a well-behaved peer. */
+static void still_serves(kvt_engine_h target)
+{
+    kvt_engine_h a = mk();
+    kvt_segment_t seg;
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(target), &seg));
+    CHECK_OK(kvt_notify_send(a, seg, "x", 1));
+    kvt_engine_destroy(a);
+}
+
+/* ---- Responses never read ----------------------------------------------- */
+
+/* The most memory the queued responses of one inbound tcp connection
+ * hold now (the target's own counter). */
+static uint64_t max_out_bytes(kvt_engine_h e)
+{
+    uint64_t most = 0;
+    for (unsigned i = 0; i < e->ntl; i++) {
+        kvt__tcp_t *tcp = (kvt__tcp_t *)e->tl[i];
+        if (e->tl[i]->ops->id != KVT_TRANSPORT_TCP)
+            continue;
+        pthread_mutex_lock(&tcp->in_lock);
+        for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext) {
+            uint64_t q = atomic_load(&c->out_bytes);
+            most = q > most ? q : most;
+        }
+        pthread_mutex_unlock(&tcp->in_lock);
+    }
+    return most;
+}
+
+/* RSS growth bounds hold only without a sanitizer, whose allocator keeps
+ * freed memory in quarantine; the queue's own counter is checked in
+ * every build. */
+static int rss_meaningful(void)
+{
+    return kvt_test_slowdown() == 1.0;
+}
+
+/* Send @frame (of @len bytes) again and again without reading, for up to
+ * @secs or @max_bytes frames; returns how many whole frames went. */
+static size_t flood(int fd, const uint8_t *frame, size_t len, double secs,
+                    size_t max_bytes)
+{
+    double t0 = kvt_test_now();
+    size_t sent = 0, off = 0;
+    CHECK_OK(kvt__sock_set_nonblock(fd, 1));
+    while (sent < max_bytes && kvt_test_now() - t0 < secs) {
+        ssize_t n = send(fd, frame + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+            return sent; /* the target closed it */
+        if (n < 0) {
+            CHECK(errno == EAGAIN || errno == EINTR);
+            struct pollfd p = {fd, POLLOUT, 0};
+            poll(&p, 1, 20);
+            continue;
+        }
+        off += (size_t)n;
+        if (off == len) {
+            off = 0;
+            sent++;
+        }
+    }
+    /* A frame cut short stays so: the responses to the whole ones are
+     * what the caller reads. */
+    CHECK_OK(kvt__sock_set_nonblock(fd, 0));
+    return sent;
+}
+
+/* Read @count responses of @type, each with @payload bytes of payload and
+ * (READ_RESP) the trailer. */
+static void drain(int fd, size_t count, uint8_t type, uint64_t payload)
+{
+    static uint8_t sink[1 << 16];
+    for (size_t i = 0; i < count; i++) {
+        kvt__wire_hdr_t h;
+        uint64_t left;
+        if (recv_frame(fd, &h, 10) != type) {
+            fprintf(stderr, "response %zu of %zu did not come\n", i, count);
+            exit(1);
+        }
+        CHECK(h.status == KVT_OK && h.payload_len == payload);
+        left =
+            payload + (type == KVT_WIRE_READ_RESP ? KVT_WIRE_TRAILER_LEN : 0);
+        while (left > 0) {
+            size_t n = left < sizeof(sink) ? (size_t)left : sizeof(sink);
+            CHECK(recv(fd, sink, n, MSG_WAITALL) == (ssize_t)n);
+            left -= n;
+        }
+    }
+}
+
+/*
+ * READs of 1024 runs of 64 bytes, 56 bytes on the wire each, whose
+ * responses are never read: every response the target queues holds a
+ * vector of its runs, so without a bound 0.5 MB of requests cost it a few
+ * hundred MB. The target stops reading while a connection's queued
+ * responses exceed their bound; once the peer reads, every request is
+ * answered.
+ */
+KVT_TEST(read_responses_bounded)
+{
+    kvt_engine_h e = mk();
+    static uint8_t region[64 * 1024];
+    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)region, 64, 1024, 64};
+    uint8_t frame[KVT_WIRE_HDR_LEN + KVT_WIRE_PIECE_LEN];
+    size_t before, grown, sent;
+    int fd;
+
+    CHECK_OK(kvt_mem_register(e, region, sizeof(region), KVT_ACCESS_REMOTE_RW));
+    fd = data_conn(e, "reader:1");
+    hdr(frame, KVT_WIRE_READ, KVT_WIRE_PIECE_LEN, sizeof(region), 9);
+    kvt__wire_piece_encode(&p, frame + KVT_WIRE_HDR_LEN);
+    before = rss_bytes();
+    sent = flood(fd, frame, sizeof(frame), 2.0, 512 * 1024 / sizeof(frame));
+    usleep(300000);
+    grown = rss_bytes() - before;
+    fprintf(stderr, "%zu READs sent, target grew by %zu KiB, queued %llu KiB\n",
+            sent, grown / 1024, (unsigned long long)max_out_bytes(e) / 1024);
+    CHECK(!rss_meaningful() || grown < 40u * 1024 * 1024);
+    CHECK(max_out_bytes(e) <= OUT_HOLD + 1024 * 1024);
+    drain(fd, sent, KVT_WIRE_READ_RESP, sizeof(region));
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* A PING flood whose PONGs are never read: bounded the same way. */
+KVT_TEST(ping_flood_bounded)
+{
+    kvt_engine_h e = mk();
+    uint8_t frame[KVT_WIRE_HDR_LEN];
+    size_t before, grown, sent;
+    int fd = data_conn(e, "pinger:1");
+
+    hdr(frame, KVT_WIRE_PING, 0, 0, 3);
+    before = rss_bytes();
+    sent = flood(fd, frame, sizeof(frame), 4.0, 32u * 1024 * 1024 / 32);
+    usleep(300000);
+    grown = rss_bytes() - before;
+    fprintf(stderr, "%zu PINGs sent, target grew by %zu KiB, queued %llu KiB\n",
+            sent, grown / 1024, (unsigned long long)max_out_bytes(e) / 1024);
+    CHECK(!rss_meaningful() || grown < 24u * 1024 * 1024);
+    CHECK(max_out_bytes(e) <= OUT_HOLD + 1024 * 1024);
+    drain(fd, sent, KVT_WIRE_PONG, 0);
+    close(fd);
+    kvt_engine_destroy(e);
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        n += fcntl(fd, F_GETFD) >= 0;
+    return n;
+}
+
+/*
+ * Responses left unread for the transfer timeout: the connection fails
+ * (TCP_USER_TIMEOUT) and the target frees it. A connection held back
+ * (backpressure) whose peer goes is freed too, though its requests are
+ * no longer read.
+ */
+KVT_TEST(unread_responses_freed)
+{
+    kvt_engine_h e = mk_timeout(2000);
+    uint8_t frame[KVT_WIRE_HDR_LEN];
+    int fds0 = count_fds(), fd, small = 4096;
+    size_t sent;
+
+    hdr(frame, KVT_WIRE_PING, 0, 0, 3);
+    /* Never read, with a small receive window: the target's end goes
+     * within the timeout (and a tick), this end alone stays open. */
+    fd = data_conn(e, "sleeper:1");
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sent = flood(fd, frame, sizeof(frame), 1.0, 32u * 1024 * 1024 / 32);
+    fprintf(stderr, "%zu PINGs sent\n", sent);
+    for (int i = 0; i < 100 && count_fds() != fds0 + 1; i++)
+        usleep(50000);
+    CHECK(count_fds() == fds0 + 1);
+    close(fd);
+    /* Held back, then reset by the peer: freed at once. */
+    fd = data_conn(e, "sleeper:1");
+    sent = flood(fd, frame, sizeof(frame), 1.5, 32u * 1024 * 1024 / 32);
+    fprintf(stderr, "%zu PINGs sent\n", sent);
+    close(fd);
+    for (int i = 0; i < 20 && count_fds() != fds0; i++)
+        usleep(50000);
+    CHECK(count_fds() == fds0);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* ---- Handshakes -----------------------------------------------------------
+ */
+
+/* A connection that never says HELLO is closed within 10 s. */
+KVT_TEST(handshake_timeout)
+{
+    kvt_engine_h e = mk();
+    int fd = dial(e);
+    double t0 = kvt_test_now();
+    CHECK(closed_within(fd, 12.0));
+    CHECK(kvt_test_now() - t0 > 9.0);
+    close(fd);
+    kvt_engine_destroy(e);
+}
+
+/*
+ * Connections without HELLO are capped (a quarter of the descriptor
+ * limit): past the cap the oldest of them go, and a peer that does say
+ * HELLO is served.
+ */
+KVT_TEST(handshake_cap)
+{
+    struct rlimit rl = {512, 512};
+    int fds[200], closed = 0, fd;
+    int32_t st;
+    kvt_engine_h e;
+
+    CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    e = mk();
+    for (int i = 0; i < 200; i++)
+        fds[i] = dial(e);
+    usleep(300000);
+    for (int i = 0; i < 200; i++)
+        closed += is_closed(fds[i]);
+    fprintf(stderr, "%d of 200 connections without HELLO closed\n", closed);
+    CHECK(closed >= 200 - 128);
+    fd = dial(e);
+    CHECK(hello_named(fd, 0, 0, "legit:1", &st) == KVT_WIRE_HELLO_ACK);
+    close(fd);
+    for (int i = 0; i < 200; i++)
+        close(fds[i]);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/*
+ * At the descriptor limit the listener neither spins nor floods the log:
+ * a peer that cannot be served is closed at once (the reserve
+ * descriptor), CPU time stays low, log lines are few; once descriptors
+ * are free again a peer is served.
+ */
+KVT_TEST(accept_at_fd_limit)
+{
+    static int fill[4096];
+    int nfill = 0, fd, peer, log_fd;
+    char logname[] = "/tmp/kvt_test_limits_XXXXXX";
+    struct rlimit rl = {256, 256};
+    struct rusage r0, r1;
+    double cpu;
+    int32_t st;
+    kvt_engine_h e;
+    size_t lines = 0;
+    FILE *f;
+    char line[2048];
+
+    log_fd = mkstemp(logname);
+    CHECK(log_fd >= 0);
+    unlink(logname);
+    CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    e = mk();
+    fflush(stderr);
+    fd = dup(2);
+    dup2(log_fd, 2);
+    /* Use up every descriptor but one, which the peer's socket takes. */
+    while (nfill < 4096 && (fill[nfill] = open("/dev/null", O_RDONLY)) >= 0)
+        nfill++;
+    CHECK(errno == EMFILE);
+    close(fill[--nfill]);
+    peer = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(peer >= 0);
+    {
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(kvt_engine_rpc_port(e)),
+                                .sin_addr.s_addr = htonl(0x7f000001)};
+        CHECK(connect(peer, (struct sockaddr *)&a, sizeof(a)) == 0);
+    }
+    getrusage(RUSAGE_SELF, &r0);
+    /* The target cannot take it: the peer learns so, without waiting. */
+    CHECK(closed_within(peer, 1.5));
+    close(peer);
+    sleep(2);
+    getrusage(RUSAGE_SELF, &r1);
+    cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
+          (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+          (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) * 1e-6 +
+          (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) * 1e-6;
+    while (nfill > 0)
+        close(fill[--nfill]);
+    fflush(stderr);
+    dup2(fd, 2);
+    close(fd);
+    lseek(log_fd, 0, SEEK_SET);
+    f = fdopen(log_fd, "r");
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        fputs(line, stderr);
+        lines++;
+    }
+    fclose(f);
+    fprintf(stderr, "cpu %.3f s over 3 s, %zu log lines\n", cpu, lines);
+    CHECK(cpu < 0.3);
+    CHECK(lines <= 10);
+    /* Descriptors are free again: served. */
+    peer = dial(e);
+    CHECK(hello_named(peer, 0, 0, "legit:1", &st) == KVT_WIRE_HELLO_ACK);
+    close(peer);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* ---- Notifications ---------------------------------------------------------
+ */
+
+/* Send @n NOTIFYs of @msg on @fd, reading their acks a window at a time. */
+static void notify_raw(int fd, size_t n, const char *msg)
+{
+    size_t len = strlen(msg), unacked = 0;
+    uint8_t frame[KVT_WIRE_HDR_LEN + 64];
+
+    hdr(frame, KVT_WIRE_NOTIFY, (uint32_t)len, 0, 5);
+    memcpy(frame + KVT_WIRE_HDR_LEN, msg, len);
+    for (size_t i = 0; i < n; i++) {
+        send_all(fd, frame, KVT_WIRE_HDR_LEN + len);
+        if (++unacked == 512 || i + 1 == n) {
+            for (; unacked > 0; unacked--) {
+                kvt__wire_hdr_t h;
+                CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_NOTIFY_ACK);
+                CHECK(h.status == KVT_OK);
+            }
+        }
+    }
+}
+
+/*
+ * One sender's flood evicts only its own notifications: another sender's
+ * stay queued, the flood keeps at most its quota, and every drop is
+ * counted in the engine's statistics.
+ */
+KVT_TEST(notify_quota_per_peer)
+{
+    kvt_engine_h e = mk();
+    static kvt_notify_t out[4096];
+    kvt_engine_stats_t stats = {.version = KVT_STATS_VERSION};
+    size_t got, kept = 0, flood_n = 0;
+    const size_t nflood = 70000;
+    int a = data_conn(e, "quiet:1"), b = data_conn(e, "loud:1");
+
+    notify_raw(a, 3, "keep");
+    notify_raw(b, nflood, "flood");
+    do {
+        CHECK_OK(kvt_notify_recv(e, out, 4096, &got, 0));
+        for (size_t i = 0; i < got; i++) {
+            if (strcmp(out[i].from, "quiet:1") == 0) {
+                CHECK(out[i].length == 4 &&
+                      memcmp(out[i].data, "keep", 4) == 0);
+                kept++;
+            } else {
+                CHECK(strcmp(out[i].from, "loud:1") == 0);
+                CHECK(out[i].length == 5);
+                flood_n++;
+            }
+        }
+    } while (got > 0);
+    fprintf(stderr, "kept %zu of 3, %zu of the flood's %zu\n", kept, flood_n,
+            nflood);
+    CHECK(kept == 3);
+    CHECK(flood_n > 0 && flood_n <= 8192);
+    CHECK_OK(kvt_engine_stats(e, &stats));
+    CHECK(stats.notifies_received == nflood + 3);
+    CHECK(stats.notifies_dropped == nflood - flood_n);
+    close(a);
+    close(b);
+    kvt_engine_destroy(e);
+}
+
+/* ---- Logs and protocol deviations -----------------------------------------
+ */
+
+/*
+ * Malformed frames from many connections write a few lines, not one each;
+ * the lines name the peer's address, and a name with a line break in it
+ * cannot start a line of its own.
+ */
+KVT_TEST(log_lines_limited_and_escaped)
+{
+    kvt_engine_h e = mk();
+    char logname[] = "/tmp/kvt_test_limits_XXXXXX";
+    int log_fd = mkstemp(logname), saved, forged = 0, addr = 0;
+    size_t lines = 0;
+    double t0, secs;
+    FILE *f;
+    char line[2048];
+
+    CHECK(log_fd >= 0);
+    unlink(logname);
+    fflush(stderr);
+    saved = dup(2);
+    dup2(log_fd, 2);
+    t0 = kvt_test_now();
+    for (int i = 0; i < 300; i++) {
+        uint8_t junk[KVT_WIRE_HDR_LEN];
+        kvt__wire_hdr_t h;
+        int fd = data_conn(e, "evil\n[0.0] kvt ERROR 1 forged.c:1 forged");
+        /* A response sent as a request. */
+        hdr(junk, KVT_WIRE_WRITE_ACK, 0, 0, 1);
+        send_all(fd, junk, sizeof(junk));
+        CHECK(recv_frame(fd, &h, 3) == KVT_WIRE_ERROR);
+        CHECK(h.status == KVT_ERR_PROTOCOL);
+        close(fd);
+    }
+    secs = kvt_test_now() - t0;
+    usleep(100000);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    lseek(log_fd, 0, SEEK_SET);
+    f = fdopen(log_fd, "r");
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        fputs(line, stderr);
+        lines++;
+        forged += strncmp(line, "[0.0] kvt ERROR", 15) == 0;
+        addr += strstr(line, "127.0.0.1:") != NULL;
+    }
+    fclose(f);
+    fprintf(stderr, "%zu lines for 300 malformed frames in %.1f s\n", lines,
+            secs);
+    CHECK(lines >= 1 && lines <= 2 + 2 * (size_t)(secs + 1));
+    CHECK(forged == 0);
+    CHECK(addr >= 1);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+/* Send @h (a whole header, maybe doctored) and expect ERROR with
+ * KVT_ERR_PROTOCOL, then the close. */
+static void expect_refused(int fd, const uint8_t *h)
+{
+    kvt__wire_hdr_t rh;
+    send_all(fd, h, KVT_WIRE_HDR_LEN);
+    CHECK(recv_frame(fd, &rh, 3) == KVT_WIRE_ERROR);
+    CHECK(rh.status == KVT_ERR_PROTOCOL);
+    CHECK(closed_within(fd, 3.0));
+    close(fd);
+}
+
+/*
+ * What docs/protocol.md refuses: a wrong magic, non-zero flags, non-zero
+ * reserved bits (each answered ERROR before the close, on data and
+ * control connections alike), and a second HELLO on a data connection.
+ */
+KVT_TEST(protocol_refusals)
+{
+    kvt_engine_h e = mk();
+    uint8_t h[KVT_WIRE_HDR_LEN];
+    int32_t st;
+    int fd;
+
+    for (int ctl = 0; ctl < 2; ctl++) {
+        /* Wrong magic. */
+        fd = ctl ? dial(e) : data_conn(e, "raw:1");
+        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        h[0] ^= 0xff;
+        expect_refused(fd, h);
+        /* Flags. */
+        fd = ctl ? dial(e) : data_conn(e, "raw:1");
+        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        h[5] = 1;
+        expect_refused(fd, h);
+        /* Reserved bits. */
+        fd = ctl ? dial(e) : data_conn(e, "raw:1");
+        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        h[7] = 0x80;
+        expect_refused(fd, h);
+    }
+    /* A HELLO with flags set is no HELLO. */
+    fd = dial(e);
+    {
+        kvt__wire_hello_t hl = {0, 0, 1, 0, 0, "raw:1"};
+        uint8_t body[64];
+        size_t n = kvt__wire_hello_encode(&hl, body, sizeof(body));
+        kvt__wire_hdr_t rh;
+        hdr(h, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+        h[5] = 0x40;
+        send_all(fd, h, sizeof(h));
+        send_all(fd, body, n);
+        CHECK(recv_frame(fd, &rh, 3) == KVT_WIRE_ERROR);
+        CHECK(rh.status == KVT_ERR_PROTOCOL);
+        close(fd);
+    }
+    /* A second HELLO on a data connection is refused, not a rename. */
+    fd = data_conn(e, "first:1");
+    CHECK(hello_named(fd, KVT_TRANSPORT_TCP, (78ull << 32) | 1, "second:1",
+                      &st) == KVT_WIRE_ERROR);
+    CHECK(st == KVT_ERR_PROTOCOL);
+    CHECK(closed_within(fd, 3.0));
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
+KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
+              KVT_CASE(ping_flood_bounded, 60),
+              KVT_CASE(unread_responses_freed, 60),
+              KVT_CASE(handshake_timeout, 30), KVT_CASE(handshake_cap, 30),
+              KVT_CASE(accept_at_fd_limit, 30),
+              KVT_CASE(notify_quota_per_peer, 60),
+              KVT_CASE(log_lines_limited_and_escaped, 60),
+              KVT_CASE(protocol_refusals, 30))
