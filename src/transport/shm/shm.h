@@ -34,7 +34,7 @@
 #include "mem/dev.h"
 #include "transport/transport.h"
 
-#define KVT_SHM_VERSION 4
+#define KVT_SHM_VERSION 5
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
 #define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
 #define KVT_SHM_NOTES 64u
@@ -158,6 +158,8 @@ enum {
     KVT_SHM_IPC_ACK = 7,   /* target: status, id, seq, addr and length (the
                               allocation holding the region), pid (its
                               device), handle; on failure, name says why */
+    KVT_SHM_CHALLENGE = 8, /* target: pid, handle = its nonce and MAC */
+    KVT_SHM_AUTH = 9,      /* initiator: handle = its MAC */
 };
 
 typedef struct {
@@ -260,6 +262,22 @@ void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper);
 
 /* chan.c: a message of @type, magic and version set. */
 void kvt__shm_msg_init(kvt__shm_msg_t *m, uint16_t type);
+
+/* auth.c: the socket's proof of the shared secret, when either side holds
+ * one. Target: after the HELLO's credentials are checked; 0 when the
+ * peer proved the key, -1 to refuse with *ack (status and reason set,
+ * logged), -2 to close. Initiator: mark @hello and add its nonce before
+ * sending; then answer the target's first message @chal (it must be a
+ * CHALLENGE proving the key for @name_t and @pid_t_) with AUTH.
+ * KVT_ERR_ACCESS or KVT_ERR_PROTOCOL with *why. */
+int kvt__shm_auth_target(kvt__shm_t *shm, int fd, const kvt__shm_msg_t *hello,
+                         kvt__shm_msg_t *ack);
+void kvt__shm_auth_hello(const kvt__shm_t *shm, kvt__shm_msg_t *hello);
+kvt_status_t kvt__shm_auth_initiator(const kvt__shm_t *shm, int sock,
+                                     const kvt__shm_msg_t *hello,
+                                     const char *name_t, uint32_t pid_t_,
+                                     const kvt__shm_msg_t *chal,
+                                     const char **why);
 /* target.c: deliver the notifications @c's initiator queued. */
 int kvt__shm_consume_notes(kvt__shm_t *shm, shm_tchan_t *c);
 

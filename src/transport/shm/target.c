@@ -290,6 +290,13 @@ static void chan_open(kvt__shm_t *shm, int fd)
         ack.status = KVT_ERR_ACCESS;
         goto err_refuse;
     }
+    if (shm->cfg->auth.on || m.id == 1) {
+        int r = kvt__shm_auth_target(shm, fd, &m, &ack);
+        if (r == -1)
+            goto err_refuse;
+        if (r != 0)
+            goto err_close;
+    }
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         goto err_close;
