@@ -16,7 +16,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/engine_int.h"
@@ -419,6 +421,132 @@ KVT_TEST(raw_shm_refused)
     peer_stop(&p);
 }
 
+/* ---- The ptracer grant (docs/shm.md, Permissions) ------------------------ */
+
+typedef struct {
+    pid_t pid;
+    int go_fd;   /* write a byte: the opener closes and exits */
+    char transp; /* 's' (shm), 't' (tcp), '?' (failed) */
+} opener_t;
+
+/* A process that opens the target's segment, reports the transport, and
+ * keeps the session until told to go. Forked while this process runs no
+ * engine. */
+static void opener_start(opener_t *o, peer_t *p)
+{
+    int rep[2], go[2];
+
+    CHECK(pipe(rep) == 0 && pipe(go) == 0);
+    o->pid = fork();
+    CHECK(o->pid >= 0);
+    if (o->pid == 0) {
+        kvt_engine_h e = initiator(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, NULL);
+        kvt_segment_t seg;
+        char c = '?', b;
+        if (kvt_segment_open(e, p->segment, &seg) == KVT_OK)
+            c = seg_transport(e, seg)[0];
+        if (write(rep[1], &c, 1) != 1 || read(go[0], &b, 1) < 0)
+            _exit(2);
+        kvt_engine_destroy(e);
+        _exit(0);
+    }
+    close(rep[1]);
+    close(go[0]);
+    CHECK(read(rep[0], &o->transp, 1) == 1);
+    close(rep[0]);
+    o->go_fd = go[1];
+}
+
+static void opener_stop(opener_t *o)
+{
+    int status;
+
+    CHECK(write(o->go_fd, "x", 1) == 1);
+    close(o->go_fd);
+    CHECK(waitpid(o->pid, &status, 0) == o->pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Where Yama's scope is 1 (simulated here, so that the policy is tested
+ * on any kernel), a target grants attaching to one peer process at a
+ * time: a second process is refused the channel and goes over tcp; once
+ * the first has left, the next gets shm. With KVT_SHM_PTRACER_ANY=1,
+ * both get shm. */
+KVT_TEST(ptracer_one_process)
+{
+    opener_t a, b, c;
+    peer_t p;
+    int tries = 0;
+
+    kvt__shm_yama_scope_set(1); /* the target, forked next, inherits it */
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, NULL);
+    opener_start(&a, &p);
+    if (a.transp != 's') {
+        opener_stop(&a);
+        peer_stop(&p);
+        SKIP("shm is not available between these processes");
+    }
+    opener_start(&b, &p);
+    CHECK(b.transp == 't');
+    opener_stop(&b);
+    opener_stop(&a);
+    /* The target withdraws the grant when it sees the channel close. */
+    for (;;) {
+        opener_start(&c, &p);
+        opener_stop(&c);
+        if (c.transp == 's')
+            break;
+        CHECK(c.transp == 't' && ++tries < 50);
+        usleep(20000);
+    }
+    peer_stop(&p);
+
+    CHECK(setenv("KVT_SHM_PTRACER_ANY", "1", 1) == 0);
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, NULL);
+    CHECK(unsetenv("KVT_SHM_PTRACER_ANY") == 0);
+    opener_start(&a, &p);
+    opener_start(&b, &p);
+    CHECK(a.transp == 's' && b.transp == 's');
+    opener_stop(&a);
+    opener_stop(&b);
+    peer_stop(&p);
+}
+
+/* With Yama's scope really 1: a process that is neither the target's
+ * ancestor nor its peer cannot read the target's memory while the target
+ * serves a peer over shm (with PR_SET_PTRACER_ANY it could). */
+KVT_TEST(ptracer_yama)
+{
+    opener_t a;
+    peer_t p;
+    pid_t pid;
+    int status;
+
+    if (kvt__shm_yama_scope() != 1)
+        SKIP("Yama ptrace_scope is not 1 here");
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, NULL);
+    opener_start(&a, &p);
+    if (a.transp != 's') {
+        opener_stop(&a);
+        peer_stop(&p);
+        SKIP("shm is not available between these processes");
+    }
+    /* A sibling of the target: not its ancestor. */
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        uint64_t v;
+        struct iovec l = {&v, sizeof(v)};
+        struct iovec r = {(void *)(uintptr_t)p.main_addr, sizeof(v)};
+        _exit(process_vm_readv(p.pid, &l, 1, &r, 1, 0) < 0 ? 0 : 1);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    opener_stop(&a);
+    peer_stop(&p);
+}
+
 KVT_TEST_MAIN(KVT_CASE(right_token_tcp, 60), KVT_CASE(right_token_shm, 60),
               KVT_CASE(mismatch_tcp, 120), KVT_CASE(mismatch_shm, 120),
-              KVT_CASE(raw_peers_refused, 60), KVT_CASE(raw_shm_refused, 60))
+              KVT_CASE(raw_peers_refused, 60), KVT_CASE(raw_shm_refused, 60),
+              KVT_CASE(ptracer_one_process, 60), KVT_CASE(ptracer_yama, 60))

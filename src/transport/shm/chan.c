@@ -276,7 +276,10 @@ kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     }
     if (m.status != KVT_OK || m.version != KVT_SHM_VERSION) {
         *why = m.version != KVT_SHM_VERSION ? "another shm protocol version"
-                                            : "the peer refused the channel";
+               : m.status == KVT_ERR_BUSY
+                   ? "the peer lets another process attach to it (Yama "
+                     "ptrace_scope 1 allows one; see docs/shm.md)"
+                   : "the peer refused the channel";
         goto err_fd;
     }
     if (m.pid != d->pid || m.host_id != cfg->host_id || memfd < 0 ||

@@ -206,7 +206,6 @@ struct kvt__shm {
     int helper_running, helper_failed;
     _Atomic uint32_t helper_seq; /* futex word: work for the helper */
     _Atomic int helper_stop;
-    int ptracer_held;
     _Atomic int ipc_said; /* an export was refused: said once */
 
     /* Initiator role (session.c). Lock order: pool_lock -> session lock. */
@@ -239,6 +238,7 @@ struct shm_tchan {
     kvt__shm_chan_t *ch;
     size_t len;
     pid_t peer_pid;
+    int ptraced;   /* admitted under the ptracer grant (barrier.c) */
     uint32_t head; /* notifications consumed; the service thread's copy */
     int dead;      /* under chan_lock: no lease is granted any more */
     char peer[KVT_WIRE_NAME_MAX + 1];
@@ -247,14 +247,19 @@ struct shm_tchan {
 /* barrier.c: the registry barrier and the ptracer grant (chan_lock held
  * for those that touch channels). */
 int kvt__shm_yama_scope(void);
-void kvt__shm_ptracer_update(kvt__shm_t *shm, int want);
+/* Tests: act as if Yama's scope were @scope (-2: read it again). */
+void kvt__shm_yama_scope_set(int scope);
+/* A channel for a peer process @pid: 0 when no grant is needed, 1 when
+ * admitted under the grant (release it with the channel), -1 when the
+ * grant is held for another process (*holder_p says which). */
+int kvt__shm_ptracer_admit(pid_t pid, long *holder_p);
+void kvt__shm_ptracer_release(void);
 void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
                          uint32_t *n_p, uint32_t *trunc_p);
 void kvt__shm_publish(kvt__shm_t *shm, shm_tchan_t *c,
                       const kvt__shm_region_t *regs, uint32_t n,
                       uint32_t trunc);
 void kvt__shm_sever(shm_tchan_t *c, kvt_status_t why);
-int kvt__shm_registry_nonempty(kvt__shm_t *shm);
 
 /* stage_out.c: copy out the slots of @c made full (@helper: called by
  * the helper thread, under chan_lock). */
