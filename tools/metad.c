@@ -17,6 +17,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvt metad [--port N] [--host H] [--threads N]\n"
             "                 [--max-body SIZE] [--max-bytes SIZE]\n"
+            "                 [--auth-token T] [--auth-reads]\n"
             "\n"
             "Serve Mooncake's /metadata?key= routes, SGLang's /route "
             "bootstrap routes,\n"
@@ -26,7 +27,11 @@ static void usage(FILE *f)
             "  --host H         address to listen on (default 0.0.0.0)\n"
             "  --threads N      server threads (default 2)\n"
             "  --max-body SIZE  largest request body (default 16M)\n"
-            "  --max-bytes SIZE keys and values kept at most (default 1G)\n");
+            "  --max-bytes SIZE keys and values kept at most (default 1G)\n"
+            "  --auth-token T   writes (PUT, DELETE) must prove this shared "
+            "secret\n"
+            "                   (default: KVT_AUTH_TOKEN; docs/security.md)\n"
+            "  --auth-reads     reads must prove it too\n");
 }
 
 /* Parse a port: 0..65535, digits only. 0 on success. */
@@ -70,6 +75,12 @@ int kvt_cmd_metad(int argc, char **argv)
                 goto bad;
             p.max_body = (size_t)size;
             p.field_mask |= KVT_METAD_PARAM_MAX_BODY;
+        } else if ((v = cli_opt(argc, argv, &i, "auth-token")) != NULL) {
+            p.auth_token = v;
+            p.field_mask |= KVT_METAD_PARAM_AUTH_TOKEN;
+        } else if (cli_flag(argv[i], "auth-reads")) {
+            p.auth_reads = 1;
+            p.field_mask |= KVT_METAD_PARAM_AUTH_READS;
         } else if ((v = cli_opt(argc, argv, &i, "max-bytes")) != NULL) {
             if (cli_parse_size(v, &size) != 0)
                 goto bad;
@@ -103,6 +114,16 @@ int kvt_cmd_metad(int argc, char **argv)
         return 1;
     }
     printf("metad: listening on http://%s:%u\n", host, kvt_metad_port(md));
+    {
+        const char *env = getenv("KVT_AUTH_TOKEN");
+        int token = (p.field_mask & KVT_METAD_PARAM_AUTH_TOKEN)
+                        ? p.auth_token != NULL && *p.auth_token
+                        : env != NULL && *env;
+        printf("metad: %s\n", !token ? "no auth token: anyone may write"
+                              : p.auth_reads
+                                  ? "reads and writes need the auth token"
+                                  : "writes need the auth token");
+    }
     fflush(stdout);
     while (sigwait(&sigs, &sig) != 0)
         ;

@@ -23,12 +23,15 @@
 
 #include <kvt/status.h>
 
+#include "util/auth.h"
+
 typedef struct kvt__metad kvt__metad_t;
 
 enum {
     KVT__METAD_PARAM_THREADS = 1u << 0,
     KVT__METAD_PARAM_MAX_BODY = 1u << 1,
     KVT__METAD_PARAM_MAX_BYTES = 1u << 2,
+    KVT__METAD_PARAM_AUTH = 1u << 3,
 };
 
 typedef struct {
@@ -41,6 +44,10 @@ typedef struct {
     /* Bytes of keys and values the store may hold; a PUT beyond gets 507.
      * Default 1 GiB. */
     size_t max_bytes;
+    /* With a key: writes need its proof, and reads too when auth_reads
+     * (docs/security.md). Default: none, everything open. */
+    kvt__auth_t auth;
+    int auth_reads;
 } kvt__metad_params_t;
 
 /*

@@ -63,6 +63,8 @@ void kvt__sha256_update(kvt__sha256_t *c, const void *data, size_t len)
 {
     const uint8_t *p = data;
 
+    if (len == 0)
+        return; /* @data may be NULL */
     c->bytes += len;
     if (c->nbuf > 0) {
         size_t n = KVT_SHA256_BLOCK - c->nbuf;
