@@ -133,10 +133,11 @@ static void right_token(uint32_t transports, const char *want)
     e = initiator(transports, TOKEN);
     CHECK_OK(kvt_mem_register(e, buf, LEN, KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
-    if (strcmp(want, "shm") == 0 && strcmp(seg_transport(e, seg), "shm") != 0) {
+    if (transports != KVT_TRANSPORT_TCP &&
+        !seg_offers(e, seg, transports & ~(uint32_t)KVT_TRANSPORT_TCP)) {
         kvt_engine_destroy(e);
         peer_stop(&p);
-        SKIP("shm is not available between these processes");
+        SKIP("the target does not offer the transport");
     }
     CHECK(strcmp(seg_transport(e, seg), want) == 0);
     CHECK_OK(xfer(e, seg, KVT_OP_READ, buf, p.main_addr, LEN));
@@ -160,6 +161,13 @@ KVT_TEST(right_token_tcp)
 KVT_TEST(right_token_shm)
 {
     right_token(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, "shm");
+}
+
+/* Over ucx the session's own HELLO proves the token too (challenge and
+ * AUTH on ucx's messages): with the same token it opens and works. */
+KVT_TEST(right_token_ucx)
+{
+    right_token(KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, "ucx");
 }
 
 /* Every mismatch is refused at the descriptor fetch with KVT_ERR_ACCESS
@@ -209,6 +217,11 @@ KVT_TEST(mismatch_tcp)
 KVT_TEST(mismatch_shm)
 {
     mismatch(KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM);
+}
+
+KVT_TEST(mismatch_ucx)
+{
+    mismatch(KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX);
 }
 
 /* ---- Raw peers ----------------------------------------------------------- */
@@ -547,6 +560,7 @@ KVT_TEST(ptracer_yama)
 }
 
 KVT_TEST_MAIN(KVT_CASE(right_token_tcp, 60), KVT_CASE(right_token_shm, 60),
+              KVT_CASE(right_token_ucx, 60), KVT_CASE(mismatch_ucx, 120),
               KVT_CASE(mismatch_tcp, 120), KVT_CASE(mismatch_shm, 120),
               KVT_CASE(raw_peers_refused, 60), KVT_CASE(raw_shm_refused, 60),
               KVT_CASE(ptracer_one_process, 60), KVT_CASE(ptracer_yama, 60))
