@@ -275,9 +275,11 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
 static int hello_accept(kvt__ctrl_t *ctrl, cconn_t *c,
                         const kvt__wire_hello_t *hello)
 {
+    kvt__wire_hello_t h = *hello; /* @hello may be @c's, freed below */
     kvt__tl_t *t;
     int fd;
 
+    hello = &h;
     c->deadline = kvt__now_ns() + IDLE_NS;
     if (hello->transport == 0)
         return send_hello_ack(ctrl, c);

@@ -249,7 +249,8 @@ static size_t put_frame(uint8_t *out, uint8_t type, const void *body,
                          plen,
                          9};
     kvt__wire_hdr_encode(&h, out);
-    memcpy(out + KVT_WIRE_HDR_LEN, body, blen);
+    if (blen)
+        memcpy(out + KVT_WIRE_HDR_LEN, body, blen);
     if (plen)
         memcpy(out + KVT_WIRE_HDR_LEN + blen, payload, plen);
     return KVT_WIRE_HDR_LEN + blen + plen;
