@@ -20,6 +20,7 @@ static void usage(FILE *f)
             "                 [--max-body SIZE] [--max-bytes SIZE]\n"
             "                 [--max-connections N] [--header-timeout S]\n"
             "                 [--body-timeout S]\n"
+            "                 [--auth-token T] [--auth-reads]\n"
             "\n"
             "Serve Mooncake's /metadata?key= routes, SGLang's /route "
             "bootstrap routes,\n"
@@ -37,7 +38,11 @@ static void usage(FILE *f)
             "  --header-timeout S   seconds to send a whole request header\n"
             "                       (default 5)\n"
             "  --body-timeout S     seconds to send a whole body, or to read\n"
-            "                       an answer (default 30)\n");
+            "                       an answer (default 30)\n"
+            "  --auth-token T       writes (PUT, DELETE) must prove this\n"
+            "                       shared secret (default: KVT_AUTH_TOKEN;\n"
+            "                       docs/security.md)\n"
+            "  --auth-reads         reads must prove it too\n");
 }
 
 /* Parse seconds (decimals allowed) into 1..3600000 ms. 0 on success. */
@@ -123,6 +128,12 @@ int kvt_cmd_metad(int argc, char **argv)
                 goto bad;
             p.max_body = (size_t)size;
             p.field_mask |= KVT_METAD_PARAM_MAX_BODY;
+        } else if ((v = cli_opt(argc, argv, &i, "auth-token")) != NULL) {
+            p.auth_token = v;
+            p.field_mask |= KVT_METAD_PARAM_AUTH_TOKEN;
+        } else if (cli_flag(argv[i], "auth-reads")) {
+            p.auth_reads = 1;
+            p.field_mask |= KVT_METAD_PARAM_AUTH_READS;
         } else if ((v = cli_opt(argc, argv, &i, "max-bytes")) != NULL) {
             if (cli_parse_size(v, &size) != 0)
                 goto bad;
@@ -170,6 +181,16 @@ int kvt_cmd_metad(int argc, char **argv)
         return 1;
     }
     printf("metad: listening on http://%s:%u\n", host, kvt_metad_port(md));
+    {
+        const char *env = getenv("KVT_AUTH_TOKEN");
+        int token = (p.field_mask & KVT_METAD_PARAM_AUTH_TOKEN)
+                        ? p.auth_token != NULL && *p.auth_token
+                        : env != NULL && *env;
+        printf("metad: %s\n", !token ? "no auth token: anyone may write"
+                              : p.auth_reads
+                                  ? "reads and writes need the auth token"
+                                  : "writes need the auth token");
+    }
     fflush(stdout);
     while (sigwait(&sigs, &sig) != 0)
         ;

@@ -110,6 +110,7 @@ enum {
     KVT_ENGINE_PARAM_CONNECT_TIMEOUT = 1u << 8,
     KVT_ENGINE_PARAM_SEGMENT_NAME = 1u << 9,
     KVT_ENGINE_PARAM_NET_DEVICES = 1u << 10,
+    KVT_ENGINE_PARAM_AUTH_TOKEN = 1u << 11,
 };
 
 /*
@@ -152,6 +153,14 @@ typedef struct {
      * UCX_NET_DEVICES unless the environment sets it. Default: none
      * named (the transport's own default). At most 127 characters. */
     const char *net_devices;
+    /* Shared secret that every peer must prove at each connection's
+     * handshake, and that signs metadata writes to an http backend
+     * (docs/security.md). Only a key derived from it is kept and it never
+     * goes on the wire. NULL or "": no authentication, even where the
+     * environment sets one. Without this bit: KVT_AUTH_TOKEN from the
+     * environment, if set and not empty; else none (peers are not
+     * authenticated, as before). At most 4096 bytes. */
+    const char *auth_token;
 } kvt_engine_params_t;
 
 /*

@@ -44,6 +44,8 @@ enum {
     KVT_METAD_PARAM_MAX_CONNS = 1u << 5,
     KVT_METAD_PARAM_HEADER_TIMEOUT = 1u << 6,
     KVT_METAD_PARAM_BODY_TIMEOUT = 1u << 7,
+    KVT_METAD_PARAM_AUTH_TOKEN = 1u << 8,
+    KVT_METAD_PARAM_AUTH_READS = 1u << 9,
 };
 
 /* The largest body a request may carry (and the default limit). */
@@ -78,6 +80,15 @@ typedef struct {
      * is in, and the longest an answer may stay unread. 1..3600000,
      * default 30000. */
     uint32_t body_timeout_ms;
+    /* Shared secret that PUT and DELETE requests (of /metadata keys and
+     * /route entries) must prove with an "Authorization: KVT-HMAC ..."
+     * header (docs/security.md); others get 401. NULL or "": none, even
+     * where the environment sets one. Without this bit: KVT_AUTH_TOKEN
+     * from the environment, if set; else writes are open to anyone. */
+    const char *auth_token;
+    /* Non-zero: reads (GET, HEAD) need the proof too. Default 0: reads
+     * are open. Meaningless without a token. */
+    int auth_reads;
 } kvt_metad_params_t;
 
 /*
@@ -113,8 +124,11 @@ KVT_API void kvt_metad_stop(kvt_metad_h server);
  */
 typedef struct kvt_bootc *kvt_bootc_h;
 
-/* kvt_bootc_create() - a client. Returns KVT_OK, KVT_ERR_NOT_SUPPORTED
- * (built without libcurl or json-c), KVT_ERR_NO_MEMORY. */
+/* kvt_bootc_create() - a client. When KVT_AUTH_TOKEN is set in the
+ * environment at this call, every request carries its proof (an
+ * Authorization: KVT-HMAC header, docs/security.md). Returns KVT_OK,
+ * KVT_ERR_NOT_SUPPORTED (built without libcurl or json-c),
+ * KVT_ERR_NO_MEMORY. */
 KVT_API kvt_status_t kvt_bootc_create(kvt_bootc_h *client_p);
 /* NULL does nothing. */
 KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
@@ -124,7 +138,9 @@ KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
  * or with "http://"): engine rank @engine_rank of @tp_total ranks in
  * @dp_size groups, reachable at @ip:@port, expiring after @ttl_s seconds
  * (0: never). Returns KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT,
- * KVT_ERR_IO (the server refused it), KVT_ERR_NOT_SUPPORTED.
+ * KVT_ERR_ACCESS (the server needs an auth token this client lacks or
+ * does not share: KVT_AUTH_TOKEN, docs/security.md), KVT_ERR_IO (the
+ * server refused it otherwise), KVT_ERR_NOT_SUPPORTED.
  */
 KVT_API kvt_status_t kvt_bootc_register(kvt_bootc_h client, const char *server,
                                         const char *ip, uint16_t port,

@@ -84,6 +84,12 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
     if (strlen(host) > KVT_WIRE_NAME_MAX - 8)
         return KVT_ERR_INVALID_PARAM;
     snprintf(e->cfg.host, sizeof(e->cfg.host), "%s", host);
+    if (((m & KVT_ENGINE_PARAM_AUTH_TOKEN)
+             ? kvt__auth_init(&e->cfg.auth, p->auth_token)
+             : kvt__auth_init_env(&e->cfg.auth)) != KVT_OK) {
+        KVT_LOG_E("the auth token is longer than %d bytes", KVT_AUTH_TOKEN_MAX);
+        return KVT_ERR_INVALID_PARAM;
+    }
     if (m & KVT_ENGINE_PARAM_PORT)
         e->cfg.port = p->port;
     if (m & KVT_ENGINE_PARAM_NUM_WORKERS) {
@@ -101,6 +107,8 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
             mp.field_mask = KVT__META_PARAM_TTL;
             mp.ttl_s = (uint32_t)((ttl_ms + 999) / 1000);
         }
+        mp.field_mask |= KVT__META_PARAM_AUTH;
+        mp.auth = e->cfg.auth;
         st = kvt__meta_create(p->metadata_uri, &mp, &meta);
         if (st != KVT_OK) {
             KVT_LOG_E("metadata backend '%s': %s", p->metadata_uri,
@@ -390,9 +398,10 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     if (e->meta != NULL)
         publish_start(e);
     KVT_LOG_I("engine %s up: %u workers, %u connections per peer, "
-              "transfer timeout %.1f s",
+              "transfer timeout %.1f s%s",
               e->cfg.seg_name, e->cfg.num_workers, e->cfg.conns_per_peer,
-              (double)e->cfg.timeout_ns / 1e9);
+              (double)e->cfg.timeout_ns / 1e9,
+              e->cfg.auth.on ? ", peers must prove the auth token" : "");
     *engine_p = e;
     return KVT_OK;
 
@@ -465,6 +474,7 @@ void kvt_engine_destroy(kvt_engine_h e)
     pthread_mutex_destroy(&e->sess_lock);
     kvt__memreg_fini(&e->reg);
     kvt__stats_fini(e);
+    kvt__wipe(&e->cfg.auth, sizeof(e->cfg.auth));
     free(e);
 }
 

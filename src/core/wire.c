@@ -150,14 +150,21 @@ size_t kvt__wire_get_str(const uint8_t *buf, size_t len, char *out)
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap)
 {
-    if (cap < 24 + 2 + strlen(h->name))
+    size_t n;
+
+    if (cap < 24 + 2 + strlen(h->name) + (h->auth ? KVT_WIRE_NONCE_LEN : 0))
         return 0;
     put64(out, h->session_id);
     put32(out + 8, h->conn_index);
     put32(out + 12, h->nconns);
     put32(out + 16, h->transport);
     put32(out + 20, h->fence);
-    return 24 + kvt__wire_put_str(out + 24, h->name);
+    n = 24 + kvt__wire_put_str(out + 24, h->name);
+    if (h->auth) {
+        memcpy(out + n, h->nonce, KVT_WIRE_NONCE_LEN);
+        n += KVT_WIRE_NONCE_LEN;
+    }
+    return n;
 }
 
 kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
@@ -172,10 +179,14 @@ kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
     h->transport = get32(buf + 16);
     h->fence = get32(buf + 20);
     n = kvt__wire_get_str(buf + 24, len - 24, h->name);
+    /* An initiator with a token ends the body with its nonce. */
+    h->auth = n != 0 && 24 + n + KVT_WIRE_NONCE_LEN == len;
+    if (h->auth)
+        memcpy(h->nonce, buf + 24 + n, KVT_WIRE_NONCE_LEN);
     /* The transport is 0 (control) or one bit; a fence names earlier
      * sessions only. */
-    if (n == 0 || 24 + n != len || h->nconns == 0 || h->nconns > 64 ||
-        h->conn_index >= h->nconns ||
+    if (n == 0 || (24 + n != len && !h->auth) || h->nconns == 0 ||
+        h->nconns > 64 || h->conn_index >= h->nconns ||
         (h->transport & (h->transport - 1)) != 0 ||
         (h->fence != 0 && h->fence >= (uint32_t)h->session_id))
         return KVT_ERR_PROTOCOL;
@@ -185,8 +196,9 @@ kvt_status_t kvt__wire_hello_decode(const uint8_t *buf, size_t len,
 const char *kvt__wire_type_name(unsigned type)
 {
     static const char *const names[] = {
-        "?",        "HELLO",      "HELLO_ACK", "ERROR", "SEG_QUERY",
-        "SEG_DESC", "WRITE",      "WRITE_ACK", "READ",  "READ_RESP",
-        "NOTIFY",   "NOTIFY_ACK", "PING",      "PONG"};
+        "?",         "HELLO",     "HELLO_ACK",      "ERROR",
+        "SEG_QUERY", "SEG_DESC",  "WRITE",          "WRITE_ACK",
+        "READ",      "READ_RESP", "NOTIFY",         "NOTIFY_ACK",
+        "PING",      "PONG",      "AUTH_CHALLENGE", "AUTH"};
     return type <= KVT_WIRE_TYPE_MAX ? names[type] : "?";
 }

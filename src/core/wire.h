@@ -18,7 +18,7 @@
 
 #define KVT_WIRE_MAGIC 0x544b /* "KT" on the wire */
 #define KVT_WIRE_VERSION_MAJOR 2
-#define KVT_WIRE_VERSION_MINOR 0
+#define KVT_WIRE_VERSION_MINOR 1
 #define KVT_WIRE_HDR_LEN 32
 #define KVT_WIRE_MAX_BODY (256u * 1024u)
 #define KVT_WIRE_MAX_PAYLOAD (64ull << 20)
@@ -28,6 +28,7 @@
 #define KVT_WIRE_FAIL_LEN 8
 #define KVT_WIRE_TRAILER_LEN 8
 #define KVT_WIRE_NAME_MAX 127
+#define KVT_WIRE_NONCE_LEN 32
 
 typedef enum {
     KVT_WIRE_HELLO = 1,
@@ -43,7 +44,9 @@ typedef enum {
     KVT_WIRE_NOTIFY_ACK = 11,
     KVT_WIRE_PING = 12,
     KVT_WIRE_PONG = 13,
-    KVT_WIRE_TYPE_MAX = 13,
+    KVT_WIRE_AUTH_CHALLENGE = 14,
+    KVT_WIRE_AUTH = 15,
+    KVT_WIRE_TYPE_MAX = 15,
 } kvt__wire_type_t;
 
 typedef struct {
@@ -121,9 +124,18 @@ typedef struct {
     uint32_t transport;
     uint32_t fence;
     char name[KVT_WIRE_NAME_MAX + 1];
+    /* Since 2.1: the initiator holds an auth token and offers its nonce
+     * (the body ends with it); the target must answer AUTH_CHALLENGE. */
+    int auth;
+    uint8_t nonce[KVT_WIRE_NONCE_LEN];
 } kvt__wire_hello_t;
 
-#define KVT_WIRE_HELLO_MAX (8 + 16 + 2 + KVT_WIRE_NAME_MAX)
+#define KVT_WIRE_HELLO_MAX (8 + 16 + 2 + KVT_WIRE_NAME_MAX + KVT_WIRE_NONCE_LEN)
+
+/* AUTH_CHALLENGE body: the target's nonce, its MAC, its segment name (a
+ * str). AUTH body: the initiator's MAC. (docs/protocol.md, Handshake) */
+#define KVT_WIRE_MAC_LEN 32
+#define KVT_WIRE_CHALLENGE_MIN (KVT_WIRE_NONCE_LEN + KVT_WIRE_MAC_LEN + 2)
 
 size_t kvt__wire_hello_encode(const kvt__wire_hello_t *h, uint8_t *out,
                               size_t cap);

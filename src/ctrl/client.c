@@ -69,9 +69,17 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
                      h.status == KVT_ERR_ACCESS || h.status == KVT_ERR_BUSY
                  ? h.status
                  : KVT_ERR_PROTOCOL;
-        KVT_LOG_E("peer %s refused the connection: %s%s%.200s", peer,
-                  kvt_status_str(st), rb ? ": " : "",
-                  rb ? (const char *)rb : "");
+        KVT_LOG_E("peer %s refused the connection (%s): %.200s", peer,
+                  kvt_status_name(st),
+                  rb ? (const char *)rb : kvt_status_str(st));
+        goto err_free;
+    }
+    if (h.type == KVT_WIRE_HELLO_ACK && expect == KVT_WIRE_AUTH_CHALLENGE) {
+        /* A target that does not prove the token is not the one meant. */
+        KVT_LOG_E("authentication failed: segment %s does not authenticate "
+                  "(no auth token set there); refusing it",
+                  peer);
+        st = KVT_ERR_ACCESS;
         goto err_free;
     }
     if (h.type != expect || (h.payload_len != 0 && payload_p == NULL)) {
@@ -113,6 +121,34 @@ err:
     return st;
 }
 
+/*
+ * Answer the target's AUTH_CHALLENGE (*body_p, which this replaces with
+ * the HELLO_ACK's body) once it has proved the token: send AUTH and read
+ * HELLO_ACK. KVT_ERR_ACCESS (logged) when the target proved nothing or
+ * refused our proof.
+ */
+static kvt_status_t prove(kvt_engine_h e, int fd, const char *name,
+                          const uint8_t *hello, size_t hlen, uint8_t **body_p,
+                          size_t *blen_p, uint64_t deadline)
+{
+    uint8_t mac[KVT_WIRE_MAC_LEN];
+    kvt_status_t st =
+        kvt__ctrl_auth_answer(&e->cfg.auth, hello, hlen, *body_p, *blen_p, mac);
+
+    free(*body_p);
+    *body_p = NULL;
+    if (st == KVT_ERR_ACCESS)
+        KVT_LOG_E("authentication failed: segment %s did not prove the auth "
+                  "token (another token?); refusing it",
+                  name);
+    else if (st != KVT_OK)
+        KVT_LOG_E("segment %s sent a malformed AUTH_CHALLENGE", name);
+    if (st == KVT_OK)
+        st = call(fd, KVT_WIRE_AUTH, mac, sizeof(mac), KVT_WIRE_HELLO_ACK,
+                  deadline, name, body_p, blen_p, NULL, NULL);
+    return st;
+}
+
 kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
                             kvt__wire_hello_t *hello, uint64_t deadline,
                             int *fd_p)
@@ -141,9 +177,16 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
     }
     kvt__sock_tune(fd, e->cfg.timeout_ns / 1000000);
     snprintf(hello->name, sizeof(hello->name), "%s", e->cfg.seg_name);
+    hello->auth = e->cfg.auth.on;
+    if (hello->auth)
+        st = kvt__auth_random(hello->nonce, sizeof(hello->nonce));
     hl = kvt__wire_hello_encode(hello, hb, sizeof(hb));
-    st = call(fd, KVT_WIRE_HELLO, hb, hl, KVT_WIRE_HELLO_ACK, deadline, name,
-              &body, &blen, NULL, NULL);
+    if (st == KVT_OK)
+        st = call(fd, KVT_WIRE_HELLO, hb, hl,
+                  hello->auth ? KVT_WIRE_AUTH_CHALLENGE : KVT_WIRE_HELLO_ACK,
+                  deadline, name, &body, &blen, NULL, NULL);
+    if (st == KVT_OK && hello->auth)
+        st = prove(e, fd, name, hb, hl, &body, &blen, deadline);
     free(body);
     if (st != KVT_OK) {
         atomic_fetch_add_explicit(&e->stats.hs_failed, 1, memory_order_relaxed);
@@ -158,7 +201,7 @@ kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
                              kvt__segdesc_t *desc)
 {
     uint64_t deadline = kvt__now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
-    kvt__wire_hello_t hello = {0, 0, 1, 0, 0, {0}};
+    kvt__wire_hello_t hello = {.nconns = 1};
     uint8_t *body = NULL, *payload = NULL;
     size_t blen = 0, plen = 0;
     kvt_status_t st;

@@ -61,4 +61,33 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
 kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
                              kvt__segdesc_t *desc);
 
+/* ---- Authentication (auth.c) ------------------------------------------ */
+
+/*
+ * Target: a fresh nonce into @nonce_t and the AUTH_CHALLENGE body into
+ * @out (room for KVT_WIRE_CHALLENGE_MIN + KVT_WIRE_NAME_MAX bytes): the
+ * nonce, the MAC proving the key over the HELLO body @hello, this
+ * engine's name @name_t and the nonce, and the name. KVT_ERR_IO when the
+ * kernel has no random bytes.
+ */
+kvt_status_t kvt__ctrl_auth_challenge(const kvt__auth_t *a,
+                                      const uint8_t *hello, size_t hlen,
+                                      const char *name_t,
+                                      uint8_t nonce_t[KVT_WIRE_NONCE_LEN],
+                                      uint8_t *out, size_t *len_p);
+/* Target: 1 when the AUTH body @body proves the key for this handshake. */
+int kvt__ctrl_auth_verify(const kvt__auth_t *a, const uint8_t *hello,
+                          size_t hlen, const char *name_t,
+                          const uint8_t nonce_t[KVT_WIRE_NONCE_LEN],
+                          const uint8_t *body, size_t blen);
+/*
+ * Initiator: check the target's AUTH_CHALLENGE @chal against the HELLO
+ * body @hello it answers, and compute the AUTH body into @mac.
+ * KVT_ERR_ACCESS when the target did not prove the key, KVT_ERR_PROTOCOL
+ * for a malformed challenge.
+ */
+kvt_status_t kvt__ctrl_auth_answer(const kvt__auth_t *a, const uint8_t *hello,
+                                   size_t hlen, const uint8_t *chal,
+                                   size_t clen, uint8_t mac[KVT_WIRE_MAC_LEN]);
+
 #endif

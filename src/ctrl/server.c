@@ -63,6 +63,13 @@ typedef struct cconn {
      * ADDR" (the name escaped). */
     char peer[KVT_LOG_ESC_MAX + KVT_SOCK_ADDR_MAX + 8];
     char addr[KVT_SOCK_ADDR_MAX];
+    /* Authentication (auth.c): the HELLO that awaits AUTH, as sent and
+     * decoded, and the nonce this side chose. */
+    int auth_wait;
+    kvt__wire_hello_t hello;
+    uint8_t hello_raw[KVT_WIRE_HELLO_MAX];
+    size_t hello_len;
+    uint8_t nonce_t[KVT_WIRE_NONCE_LEN];
     /* Receiving: the header, then body_len bytes of body. */
     uint8_t hbuf[KVT_WIRE_HDR_LEN];
     kvt__wire_hdr_t hdr;
@@ -204,14 +211,69 @@ static int send_hello_ack(kvt__ctrl_t *ctrl, cconn_t *c)
     return conn_respond(ctrl, c, KVT_WIRE_HELLO_ACK, KVT_OK, body, n, NULL, 0);
 }
 
+static int hello_accept(kvt__ctrl_t *ctrl, cconn_t *c,
+                        const kvt__wire_hello_t *hello);
+
+/*
+ * Authentication, before anything else is served (docs/security.md):
+ * answer a HELLO with AUTH_CHALLENGE, or refuse a peer whose HELLO does
+ * not match this engine's setting. The AUTH that must follow comes
+ * within the HELLO deadline. Same returns as on_hello().
+ */
+static int auth_begin(kvt__ctrl_t *ctrl, cconn_t *c,
+                      const kvt__wire_hello_t *hello)
+{
+    uint8_t out[KVT_WIRE_CHALLENGE_MIN + KVT_WIRE_NAME_MAX];
+    size_t n;
+
+    if (!hello->auth || !ctrl->e->cfg.auth.on) {
+        WARN_PEER(ctrl, "control: authentication failed: %s %s", c->peer,
+                  hello->auth ? "offers an auth token, this engine has none"
+                              : "offers no auth token");
+        return conn_refuse(ctrl, c, KVT_ERR_ACCESS,
+                           hello->auth ? "authentication failed: this engine "
+                                         "has no auth token set"
+                                       : "authentication failed: this engine "
+                                         "requires an auth token");
+    }
+    if (kvt__ctrl_auth_challenge(&ctrl->e->cfg.auth, c->body, c->hdr.body_len,
+                                 ctrl->e->cfg.seg_name, c->nonce_t, out,
+                                 &n) != KVT_OK)
+        return -1;
+    c->auth_wait = 1;
+    c->hello = *hello;
+    memcpy(c->hello_raw, c->body, c->hdr.body_len);
+    c->hello_len = c->hdr.body_len;
+    return conn_respond(ctrl, c, KVT_WIRE_AUTH_CHALLENGE, KVT_OK, out, n, NULL,
+                        0);
+}
+
+/* AUTH: the peer's proof, then the HELLO it completes. */
+static int on_auth(kvt__ctrl_t *ctrl, cconn_t *c)
+{
+    if (!c->auth_wait)
+        return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "AUTH unasked for");
+    c->auth_wait = 0;
+    if (!kvt__ctrl_auth_verify(&ctrl->e->cfg.auth, c->hello_raw, c->hello_len,
+                               ctrl->e->cfg.seg_name, c->nonce_t, c->body,
+                               c->hdr.body_len)) {
+        WARN_PEER(ctrl,
+                  "control: authentication failed: %s did not prove the "
+                  "auth token (another token?)",
+                  c->peer);
+        return conn_refuse(ctrl, c, KVT_ERR_ACCESS,
+                           "authentication failed: wrong auth token");
+    }
+    return hello_accept(ctrl, c, &c->hello);
+}
+
 /* A HELLO: a control connection stays, a data connection goes to its
- * transport. Returns -1 when the connection is to be closed now, 1 when
- * it was handed over, 0 to go on. */
+ * transport (after AUTH, when either side has a token). Returns -1 when
+ * the connection is to be closed now, 1 when it was handed over, 0 to go
+ * on. */
 static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
 {
-    kvt__tl_t *t;
     kvt__wire_hello_t hello;
-    int fd;
 
     if (c->hello_done)
         return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "HELLO repeated");
@@ -221,20 +283,34 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
     }
     conn_name(c, hello.name);
     c->hello_done = 1;
+    if (hello.auth || ctrl->e->cfg.auth.on)
+        return auth_begin(ctrl, c, &hello);
+    return hello_accept(ctrl, c, &hello);
+}
+
+/* The rest of HELLO, once the peer is admitted. */
+static int hello_accept(kvt__ctrl_t *ctrl, cconn_t *c,
+                        const kvt__wire_hello_t *hello)
+{
+    kvt__wire_hello_t h = *hello; /* @hello may be @c's, freed below */
+    kvt__tl_t *t;
+    int fd;
+
+    hello = &h;
     c->deadline = kvt__now_ns() + IDLE_NS;
-    if (hello.transport == 0)
+    if (hello->transport == 0)
         return send_hello_ack(ctrl, c);
-    t = taker_of(ctrl, hello.transport);
+    t = taker_of(ctrl, hello->transport);
     if (t == NULL) {
         char why[96];
         snprintf(why, sizeof(why), "transport %#x is not served by this engine",
-                 hello.transport);
+                 hello->transport);
         WARN_PEER(ctrl, "control: %s asked for %s", c->peer, why);
         return conn_refuse(ctrl, c, KVT_ERR_NOT_SUPPORTED, why);
     }
     if (t->ops->admit != NULL) {
         const char *why = NULL;
-        kvt_status_t st = t->ops->admit(t, &hello, &why);
+        kvt_status_t st = t->ops->admit(t, hello, &why);
         if (st != KVT_OK) {
             WARN_PEER(ctrl, "control: %s refused by %s: %s", c->peer,
                       t->ops->name, why != NULL ? why : kvt_status_str(st));
@@ -250,7 +326,7 @@ static int on_hello(kvt__ctrl_t *ctrl, cconn_t *c)
     epoll_ctl(ctrl->epfd, EPOLL_CTL_DEL, fd, NULL);
     c->fd = -1;
     conn_close(ctrl, c);
-    if (t->ops->accept(t, fd, &hello) != KVT_OK)
+    if (t->ops->accept(t, fd, hello) != KVT_OK)
         KVT_LOG_W("control: transport %s could not take a connection",
                   t->ops->name);
     return 1;
@@ -280,10 +356,19 @@ static int dispatch(kvt__ctrl_t *ctrl, cconn_t *c)
                   kvt__wire_type_name(h->type));
         return conn_refuse(ctrl, c, KVT_ERR_PROTOCOL, "HELLO expected");
     }
-    c->deadline = kvt__now_ns() + IDLE_NS;
+    if (c->auth_wait && h->type != KVT_WIRE_AUTH) {
+        WARN_PEER(ctrl, "control: authentication failed: %s sent %s, not AUTH",
+                  c->peer, kvt__wire_type_name(h->type));
+        return conn_refuse(ctrl, c, KVT_ERR_ACCESS,
+                           "authentication failed: AUTH expected");
+    }
+    if (!c->auth_wait)
+        c->deadline = kvt__now_ns() + IDLE_NS;
     switch (h->type) {
     case KVT_WIRE_HELLO:
         return on_hello(ctrl, c);
+    case KVT_WIRE_AUTH:
+        return on_auth(ctrl, c);
     case KVT_WIRE_SEG_QUERY:
         return on_seg_query(ctrl, c);
     case KVT_WIRE_PING:

@@ -14,6 +14,7 @@
 #if defined(KVT_WITH_CURL) && defined(KVT_WITH_JSON)
 #include "meta/json_parse.h"
 #include "meta/meta_curl.h"
+#include "util/log.h"
 
 #define MAX_ANSWER 65536
 
@@ -33,6 +34,9 @@ kvt_status_t kvt_bootc_create(kvt_bootc_h *c_p)
         free(c);
         return st;
     }
+    if (kvt__auth_init_env(&c->curl.auth) != KVT_OK)
+        KVT_LOG_W("bootstrap: %s is too long; requests go unsigned",
+                  KVT_AUTH_ENV);
     *c_p = c;
     return KVT_OK;
 }
@@ -99,10 +103,13 @@ kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
     if (r.code != 200) {
         snprintf(why, wl,
                  "bootstrap server %s refused the registration "
-                 "of rank %u: HTTP %ld %.120s",
+                 "of rank %u: HTTP %ld %.120s%s",
                  server, engine_rank, r.code,
-                 r.body ? (const char *)r.body : "");
-        st = KVT_ERR_IO;
+                 r.body ? (const char *)r.body : "",
+                 r.code == 401 ? " (KVT_AUTH_TOKEN missing or not the "
+                                 "server's)"
+                               : "");
+        st = r.code == 401 ? KVT_ERR_ACCESS : KVT_ERR_IO;
     }
     kvt__curl_resp_free(&r);
     return st;

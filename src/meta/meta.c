@@ -112,6 +112,10 @@ kvt_status_t kvt__meta_create(const char *uri, const kvt__meta_params_t *params,
     m->timeout_ms = (fm & KVT__META_PARAM_TIMEOUT) ? params->timeout_ms
                                                    : DEFAULT_TIMEOUT_MS;
     m->ttl_s = (fm & KVT__META_PARAM_TTL) ? params->ttl_s : DEFAULT_TTL_S;
+    if (fm & KVT__META_PARAM_AUTH)
+        m->auth = params->auth;
+    else
+        kvt__auth_init_env(&m->auth);
     if (m->timeout_ms < 1 || m->timeout_ms > 600000 || m->ttl_s < 2 ||
         m->ttl_s > 3600) {
         KVT_LOG_E("metadata timeout must be 1..600000 ms and ttl 2..3600 s");

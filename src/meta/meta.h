@@ -35,6 +35,7 @@
 #include <kvt/status.h>
 
 #include "core/wire.h"
+#include "util/auth.h"
 
 /* Longest key, in bytes, not counting the terminating NUL. */
 #define KVT_META_KEY_MAX 1024u
@@ -97,6 +98,7 @@ typedef struct kvt__meta kvt__meta_t;
 enum {
     KVT__META_PARAM_TIMEOUT = 1u << 0,
     KVT__META_PARAM_TTL = 1u << 1,
+    KVT__META_PARAM_AUTH = 1u << 2,
 };
 
 typedef struct {
@@ -107,6 +109,9 @@ typedef struct {
     /* Lifetime of published keys that are not refreshed, in seconds.
      * Default 10; 2..3600 (etcd rounds up to its minimum lease). */
     uint32_t ttl_s;
+    /* The engine's key: the http backend signs its requests with it
+     * (docs/security.md). Default: from KVT_AUTH_TOKEN, off when unset. */
+    kvt__auth_t auth;
 } kvt__meta_params_t;
 
 /*
@@ -142,8 +147,10 @@ uint32_t kvt__meta_ttl_s(const kvt__meta_t *m);
  * NUL-terminated string of 1..KVT_META_KEY_MAX bytes; @value may hold any
  * bytes and is copied. Returns KVT_OK, KVT_ERR_INVALID_PARAM, KVT_ERR_OVERFLOW
  * (value larger than KVT_META_VALUE_MAX or refused by the server as too
- * large), KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_IO (the server
- * answered with an error; logged), KVT_ERR_NOT_SUPPORTED (p2p).
+ * large), KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_ACCESS (http:
+ * the server wants an auth token this client lacks or does not share),
+ * KVT_ERR_IO (the server answered with an error; logged),
+ * KVT_ERR_NOT_SUPPORTED (p2p).
  */
 kvt_status_t kvt__meta_put(kvt__meta_t *m, const char *key, const void *value,
                            size_t len);

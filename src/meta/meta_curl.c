@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "util/log.h"
 
@@ -97,6 +98,25 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
+/* Append the request's Authorization header (util/auth.h) to @hdrs: the
+ * MAC covers the target as it goes on the wire, path and query, which is
+ * what follows the authority in @url. */
+static struct curl_slist *sign(kvt__curl_t *c, const char *method,
+                               const char *url, const void *body, size_t len,
+                               struct curl_slist *hdrs)
+{
+    char line[32 + KVT_AUTH_HTTP_HDR_MAX];
+    const char *t = strstr(url, "://");
+
+    t = t != NULL ? strchr(t + 3, '/') : NULL;
+    if (t == NULL)
+        t = "/";
+    memcpy(line, "Authorization: ", 15);
+    kvt__auth_http_sign(&c->auth, method, t, strcspn(t, "#"), body, len,
+                        time(NULL), line + 15);
+    return curl_slist_append(hdrs, line);
+}
+
 kvt_status_t kvt__curl_request(kvt__curl_t *c, const char *what,
                                const char *method, const char *url,
                                const char *ctype, const void *body, size_t len,
@@ -121,6 +141,11 @@ kvt_status_t kvt__curl_request(kvt__curl_t *c, const char *what,
     if (body != NULL) {
         snprintf(ct, sizeof(ct), "Content-Type: %s", ctype);
         if ((h = curl_slist_append(hdrs, ct)) == NULL)
+            goto err_hdrs;
+        hdrs = h;
+    }
+    if (c->auth.on) {
+        if ((h = sign(c, method, url, body, body ? len : 0, hdrs)) == NULL)
             goto err_hdrs;
         hdrs = h;
     }

@@ -14,9 +14,14 @@
 
 #include <kvt/status.h>
 
+#include "util/auth.h"
+
 typedef struct {
     CURL *easy;
     char errbuf[CURL_ERROR_SIZE];
+    /* When on, every request carries an Authorization: KVT-HMAC header
+     * (util/auth.h); set by the backends that talk to kvt metad. */
+    kvt__auth_t auth;
 } kvt__curl_t;
 
 typedef struct {

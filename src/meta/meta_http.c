@@ -42,6 +42,7 @@ static kvt_status_t http_open(kvt__meta_t *m)
     st = kvt__curl_init(&b->curl);
     if (st != KVT_OK)
         goto err_b;
+    b->curl.auth = m->auth;
     snprintf(b->base, sizeof(b->base), "http://%s%s%s:%u%s", v6 ? "[" : "",
              ep->host, v6 ? "]" : "", ep->port, m->uri.path);
     m->be = b;
@@ -84,6 +85,13 @@ static char *make_url(http_be_t *b, const char *suffix, const char *param,
 static kvt_status_t bad_code(const char *method, const char *key,
                              const kvt__curl_resp_t *r)
 {
+    if (r->code == 401) {
+        KVT_LOG_E("http metadata: authentication failed: %s key '%s' "
+                  "refused (401): this engine's auth token is missing or "
+                  "not the server's",
+                  method, key);
+        return KVT_ERR_ACCESS;
+    }
     KVT_LOG_W("http metadata: %s key '%s' answered %ld: %.200s", method, key,
               r->code, r->body ? (const char *)r->body : "");
     if (r->code == 413 || r->code == 414 || r->code == 431)

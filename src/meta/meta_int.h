@@ -59,7 +59,8 @@ struct kvt__meta {
     const kvt__meta_ops_t *ops;
     uint64_t timeout_ms;
     uint32_t ttl_s;
-    void *be; /* backend state */
+    kvt__auth_t auth; /* signs the http backend's requests */
+    void *be;         /* backend state */
 
     /* Serialises ops and guards the owned list. */
     pthread_mutex_t lock;

@@ -55,7 +55,7 @@
 #define MAX_CONNS_MAX 1000000u
 
 const unsigned kvt__metad_codes[KVT__METAD_NCODES] = {
-    200, 400, 404, 405, 409, 413, 414, 431, 500, 503, 507, 0};
+    200, 400, 401, 404, 405, 409, 413, 414, 431, 500, 503, 507, 0};
 
 typedef kvt__metad_req_t req_t;
 
@@ -249,6 +249,37 @@ static int write_check(kvt__metad_t *md, struct MHD_Connection *c,
     return 0;
 }
 
+/*
+ * The token's proof (docs/security.md): with a token, a write (and a read
+ * with auth_reads) must carry an Authorization header whose MAC covers
+ * its method, target, time and body. 1 when the request is refused; the
+ * reason is logged, at most once a second.
+ */
+static int auth_refused(kvt__metad_t *md, struct MHD_Connection *c,
+                        const req_t *rq, int writes)
+{
+    const char *why = NULL;
+    uint64_t now, last;
+
+    if (!md->auth.on || (!writes && !md->auth_reads))
+        return 0;
+    if (kvt__auth_http_verify(
+            &md->auth,
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                        MHD_HTTP_HEADER_AUTHORIZATION),
+            kvt__http_method_name(rq->method), rq->target, rq->target_len,
+            rq->body, rq->body_len, time(NULL), &why))
+        return 0;
+    now = kvt__metad_now_ms();
+    last = atomic_load_explicit(&md->auth_warned_ms, memory_order_relaxed);
+    if (now - last >= 1000 &&
+        atomic_compare_exchange_strong(&md->auth_warned_ms, &last, now))
+        KVT_LOG_W("metad: authentication failed: %s %s refused: %s",
+                  kvt__http_method_name(rq->method),
+                  kvt__http_route_name(rq->route), why);
+    return 1;
+}
+
 /* The final call: the whole request is in. */
 static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
                                   req_t *rq)
@@ -273,6 +304,8 @@ static enum MHD_Result final_call(kvt__metad_t *md, struct MHD_Connection *c,
                    ? kvt__metad_not_allowed(md, c, rq, allowed[hr.route])
                    : kvt__metad_answer(md, c, rq, (unsigned)code,
                                        kvt__metad_code_text(code));
+    if (auth_refused(md, c, rq, !read_like))
+        return kvt__metad_answer(md, c, rq, 401, "authentication failed");
     if (hr.route == KVT__ROUTE_METADATA && (!hr.has_key || hr.key_len == 0))
         return kvt__metad_answer(md, c, rq, 400, "missing key");
     switch (hr.route) {
@@ -605,6 +638,10 @@ kvt_status_t kvt__metad_start(const char *host, uint16_t port,
         goto err_md;
     }
     md->started_ms = kvt__metad_now_ms();
+    if (m & KVT__METAD_PARAM_AUTH) {
+        md->auth = params->auth;
+        md->auth_reads = params->auth_reads;
+    }
     st = kvt__kvstore_create((m & KVT__METAD_PARAM_MAX_BYTES)
                                  ? params->max_bytes
                                  : DEFAULT_MAX_BYTES,

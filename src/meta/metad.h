@@ -24,6 +24,8 @@
 
 #include <kvt/status.h>
 
+#include "util/auth.h"
+
 typedef struct kvt__metad kvt__metad_t;
 
 enum {
@@ -33,6 +35,7 @@ enum {
     KVT__METAD_PARAM_MAX_CONNS = 1u << 3,
     KVT__METAD_PARAM_HEADER_TIMEOUT = 1u << 4,
     KVT__METAD_PARAM_BODY_TIMEOUT = 1u << 5,
+    KVT__METAD_PARAM_AUTH = 1u << 6,
 };
 
 /* Defaults of the connection limits (docs/metadata.md). */
@@ -61,6 +64,10 @@ typedef struct {
      * header, and the longest a client may leave an answer unread.
      * 1..3600000, default KVT__METAD_BODY_MS. */
     uint32_t body_timeout_ms;
+    /* With a key: writes need its proof, and reads too when auth_reads
+     * (docs/security.md). Default: none, everything open. */
+    kvt__auth_t auth;
+    int auth_reads;
 } kvt__metad_params_t;
 
 /*

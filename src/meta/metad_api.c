@@ -55,7 +55,14 @@ kvt_status_t kvt_metad_start(const kvt_metad_params_t *params,
         p.field_mask |= KVT__METAD_PARAM_BODY_TIMEOUT;
         p.body_timeout_ms = params->body_timeout_ms;
     }
+    p.field_mask |= KVT__METAD_PARAM_AUTH;
+    if (((m & KVT_METAD_PARAM_AUTH_TOKEN)
+             ? kvt__auth_init(&p.auth, params->auth_token)
+             : kvt__auth_init_env(&p.auth)) != KVT_OK)
+        return KVT_ERR_INVALID_PARAM;
+    p.auth_reads = (m & KVT_METAD_PARAM_AUTH_READS) && params->auth_reads;
     st = kvt__metad_start(host, port, &p, &md);
+    kvt__wipe(&p.auth, sizeof(p.auth));
     if (st == KVT_OK)
         *server_p = (kvt_metad_h)md;
     return st;

@@ -22,7 +22,7 @@
 #include "meta/metad_store.h"
 
 /* Status codes counted in /metrics; the last (0) counts any other. */
-#define KVT__METAD_NCODES 12
+#define KVT__METAD_NCODES 13
 extern const unsigned kvt__metad_codes[KVT__METAD_NCODES];
 
 struct kvt__metad {
@@ -34,6 +34,9 @@ struct kvt__metad {
     size_t max_body;
     uint16_t port;
     uint64_t started_ms;
+    kvt__auth_t auth; /* on: writes (and reads with auth_reads) need proof */
+    int auth_reads;
+    _Atomic uint64_t auth_warned_ms;
 
     pthread_t sweeper;
     pthread_mutex_t sweep_lock;

@@ -32,6 +32,7 @@
 #include "core/memreg.h"
 #include "core/segdesc.h"
 #include "core/wire.h"
+#include "util/auth.h"
 
 #define KVT__TL_MAX KVT_MEMREG_KEYS /* transports one engine runs */
 /* The longest a transport's admit() may hold a data connection's HELLO. */
@@ -56,6 +57,9 @@ typedef struct {
     size_t slice_size;
     uint64_t host_id;      /* boot id and pid namespace, hashed */
     char net_devices[128]; /* empty: none named */
+    /* The key derived from the shared secret (off: no secret): every
+     * session set-up proves it (docs/security.md). */
+    kvt__auth_t auth;
 } kvt__engine_cfg_t;
 
 const kvt__engine_cfg_t *kvt__engine_cfg(kvt_engine_h e);

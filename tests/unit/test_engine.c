@@ -613,7 +613,11 @@ static int read_until_eof(int fd, int32_t *status_p)
  * answer's type (HELLO_ACK, or ERROR with *status_p). */
 static int hello_as(int fd, uint64_t sid, uint32_t fence, int32_t *status_p)
 {
-    kvt__wire_hello_t h = {sid, 0, 1, KVT_TRANSPORT_TCP, fence, "rawpeer:1"};
+    kvt__wire_hello_t h = {.session_id = sid,
+                           .nconns = 1,
+                           .transport = KVT_TRANSPORT_TCP,
+                           .fence = fence,
+                           .name = "rawpeer:1"};
     uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
     size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
     kvt__wire_hdr_t rh;
@@ -633,7 +637,10 @@ static int hello_as(int fd, uint64_t sid, uint32_t fence, int32_t *status_p)
 
 static void hello(int fd)
 {
-    kvt__wire_hello_t h = {1, 0, 1, KVT_TRANSPORT_TCP, 0, "rawpeer:1"};
+    kvt__wire_hello_t h = {.session_id = 1,
+                           .nconns = 1,
+                           .transport = KVT_TRANSPORT_TCP,
+                           .name = "rawpeer:1"};
     uint8_t body[64], hb[KVT_WIRE_HDR_LEN];
     size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
     kvt__wire_hdr_t rh;
@@ -720,7 +727,10 @@ KVT_TEST(malformed_frames)
     /* A HELLO for a transport this engine does not serve. */
     fd = dial_engine(e);
     {
-        kvt__wire_hello_t h = {1, 0, 1, 1u << 20, 0, "rawpeer:1"};
+        kvt__wire_hello_t h = {.session_id = 1,
+                               .nconns = 1,
+                               .transport = 1u << 20,
+                               .name = "rawpeer:1"};
         uint8_t body[64];
         size_t n = kvt__wire_hello_encode(&h, body, sizeof(body));
         send_hdr(fd, KVT_WIRE_VERSION_MAJOR, KVT_WIRE_HELLO, (uint32_t)n, 0);

@@ -97,7 +97,8 @@ static int recv_frame(int fd, kvt__wire_hdr_t *h, double secs)
 static int hello_named(int fd, uint32_t transport, uint64_t sid,
                        const char *name, int32_t *status_p)
 {
-    kvt__wire_hello_t h = {sid, 0, 1, transport, 0, ""};
+    kvt__wire_hello_t h = {
+        .session_id = sid, .nconns = 1, .transport = transport, .name = ""};
     uint8_t body[256], hb[KVT_WIRE_HDR_LEN];
     kvt__wire_hdr_t rh;
     size_t n;
@@ -634,7 +635,7 @@ KVT_TEST(protocol_refusals)
     /* A HELLO with flags set is no HELLO. */
     fd = dial(e);
     {
-        kvt__wire_hello_t hl = {0, 0, 1, 0, 0, "raw:1"};
+        kvt__wire_hello_t hl = {.nconns = 1, .name = "raw:1"};
         uint8_t body[64];
         size_t n = kvt__wire_hello_encode(&hl, body, sizeof(body));
         kvt__wire_hdr_t rh;

@@ -141,7 +141,12 @@ KVT_TEST(fail_list)
 
 KVT_TEST(hello)
 {
-    kvt__wire_hello_t h = {42, 1, 3, KVT_TRANSPORT_TCP, 41, "127.0.0.1:5555"},
+    kvt__wire_hello_t h = {.session_id = 42,
+                           .conn_index = 1,
+                           .nconns = 3,
+                           .transport = KVT_TRANSPORT_TCP,
+                           .fence = 41,
+                           .name = "127.0.0.1:5555"},
                       g;
     uint8_t buf[256];
     size_t n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
@@ -171,6 +176,32 @@ KVT_TEST(hello)
     n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
     CHECK_ST(kvt__wire_hello_decode(buf, n, &g), KVT_ERR_PROTOCOL);
     CHECK(kvt__wire_hello_encode(&h, buf, 10) == 0);
+}
+
+/* Since 2.1 a HELLO may end with the initiator's nonce (it holds a
+ * token); a body a byte longer or shorter than either form is refused. */
+KVT_TEST(hello_auth)
+{
+    kvt__wire_hello_t h = {.nconns = 1, .name = "a:1", .auth = 1}, g;
+    uint8_t buf[KVT_WIRE_HELLO_MAX + 1];
+    size_t n;
+
+    for (int i = 0; i < KVT_WIRE_NONCE_LEN; i++)
+        h.nonce[i] = (uint8_t)(i + 1);
+    n = kvt__wire_hello_encode(&h, buf, sizeof(buf));
+    CHECK(n == 24 + 2 + 3 + KVT_WIRE_NONCE_LEN);
+    CHECK_OK(kvt__wire_hello_decode(buf, n, &g));
+    CHECK(g.auth && memcmp(g.nonce, h.nonce, KVT_WIRE_NONCE_LEN) == 0 &&
+          strcmp(g.name, "a:1") == 0);
+    CHECK_ST(kvt__wire_hello_decode(buf, n - 1, &g), KVT_ERR_PROTOCOL);
+    buf[n] = 0;
+    CHECK_ST(kvt__wire_hello_decode(buf, n + 1, &g), KVT_ERR_PROTOCOL);
+    CHECK_OK(kvt__wire_hello_decode(buf, n - KVT_WIRE_NONCE_LEN, &g));
+    CHECK(!g.auth);
+    CHECK(kvt__wire_hello_encode(&h, buf, n - 1) == 0);
+    CHECK(strcmp(kvt__wire_type_name(KVT_WIRE_AUTH_CHALLENGE),
+                 "AUTH_CHALLENGE") == 0 &&
+          strcmp(kvt__wire_type_name(KVT_WIRE_AUTH), "AUTH") == 0);
 }
 
 KVT_TEST(segdesc)
@@ -305,5 +336,6 @@ KVT_TEST(status_strings)
 KVT_TEST_MAIN(KVT_CASE(header_roundtrip, 10), KVT_CASE(header_rejects, 10),
               KVT_CASE(pieces, 10), KVT_CASE(pieces_reject_overflow, 10),
               KVT_CASE(fail_list, 10), KVT_CASE(hello, 10),
-              KVT_CASE(segdesc, 10), KVT_CASE(segdesc_unknown_section, 10),
+              KVT_CASE(hello_auth, 10), KVT_CASE(segdesc, 10),
+              KVT_CASE(segdesc_unknown_section, 10),
               KVT_CASE(segdesc_many_regions, 30), KVT_CASE(status_strings, 10))

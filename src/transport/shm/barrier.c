@@ -3,7 +3,7 @@
  * The registry barrier (the bounds guarantee explained in target.c):
  * snapshots of the registry in every channel, the lease closed, drained
  * and reopened around each change; and the Yama ptracer grant that lets
- * same-host initiators attach to this process while it serves any.
+ * the same-host initiator this process serves attach to it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,17 +25,34 @@
 #include "util/log.h"
 #include "util/time.h"
 
-/* Yama's PR_SET_PTRACER is an attribute of the whole process, shared by
- * every engine in it: it is granted while any of them has memory
- * registered and has a peer. */
+/*
+ * The Yama ptracer grant. Where ptrace_scope is 1, attaching to this
+ * process (process_vm_readv/writev) is allowed to its ancestors and to the
+ * one process it names with PR_SET_PTRACER (and that one's descendants).
+ * The attribute belongs to the whole process and names one pid, so every
+ * engine of the process serves shm channels to one peer process at a
+ * time: the first admitted is granted; channels of other processes are
+ * refused (KVT_ERR_BUSY: their sessions fall back to tcp) until its last
+ * channel closes and the grant is withdrawn. KVT_SHM_PTRACER_ANY=1 in the
+ * environment grants PR_SET_PTRACER_ANY instead, while any channel is
+ * open: every process of the same user may then attach (docs/shm.md).
+ * With scope 0 nothing is needed (any process of the user may attach
+ * anyway); with 2 or 3 attaching is impossible and the initiator's probe
+ * fails.
+ */
 static pthread_mutex_t ptracer_lock = PTHREAD_MUTEX_INITIALIZER;
-static int ptracer_users;
+static long ptracer_pid;  /* granted to; 0: none */
+static int ptracer_chans; /* channels admitted under the grant */
+static int scope_override = -2;
 
 int kvt__shm_yama_scope(void)
 {
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    FILE *f;
     int v = -1;
 
+    if (scope_override != -2)
+        return scope_override;
+    f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
     if (f == NULL)
         return -1;
     if (fscanf(f, "%d", &v) != 1)
@@ -44,17 +61,42 @@ int kvt__shm_yama_scope(void)
     return v;
 }
 
-/* Called with chan_lock held. */
-void kvt__shm_ptracer_update(kvt__shm_t *shm, int want)
+void kvt__shm_yama_scope_set(int scope)
 {
-    if (want == shm->ptracer_held || kvt__shm_yama_scope() != 1)
-        return;
-    shm->ptracer_held = want;
+    scope_override = scope;
+}
+
+int kvt__shm_ptracer_admit(pid_t pid, long *holder_p)
+{
+    const char *any = getenv("KVT_SHM_PTRACER_ANY");
+    long want = any != NULL && strcmp(any, "1") == 0 ? (long)PR_SET_PTRACER_ANY
+                                                     : (long)pid;
+    int ok = 1;
+
+    if (kvt__shm_yama_scope() != 1)
+        return 0;
     pthread_mutex_lock(&ptracer_lock);
-    if (want && ptracer_users++ == 0)
-        prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    else if (!want && --ptracer_users == 0)
+    if (ptracer_chans == 0) {
+        ptracer_pid = want;
+        if (prctl(PR_SET_PTRACER, (unsigned long)want, 0, 0, 0) != 0)
+            KVT_LOG_D("shm: PR_SET_PTRACER: %s", strerror(errno));
+    } else if (ptracer_pid != want && ptracer_pid != (long)PR_SET_PTRACER_ANY) {
+        ok = 0;
+    }
+    if (ok)
+        ptracer_chans++;
+    *holder_p = ptracer_pid;
+    pthread_mutex_unlock(&ptracer_lock);
+    return ok ? 1 : -1;
+}
+
+void kvt__shm_ptracer_release(void)
+{
+    pthread_mutex_lock(&ptracer_lock);
+    if (ptracer_chans > 0 && --ptracer_chans == 0) {
+        ptracer_pid = 0;
         prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    }
     pthread_mutex_unlock(&ptracer_lock);
 }
 
@@ -195,15 +237,6 @@ static void drain(shm_tchan_t *c)
     }
 }
 
-int kvt__shm_registry_nonempty(kvt__shm_t *shm)
-{
-    int n;
-    kvt__memreg_rdlock(shm->reg);
-    n = kvt__memreg_count_locked(shm->reg) > 0;
-    kvt__memreg_unlock(shm->reg);
-    return n;
-}
-
 /*
  * The registry barrier (see the top of this file). Holds chan_lock
  * throughout, so that two changes and a channel being set up are
@@ -236,7 +269,5 @@ void kvt__shm_registry_changed(kvt__tl_t *tl)
     }
     free(regs);
 out:
-    kvt__shm_ptracer_update(shm, shm->chans != NULL &&
-                                     kvt__shm_registry_nonempty(shm));
     pthread_mutex_unlock(&shm->chan_lock);
 }

@@ -213,7 +213,7 @@ kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     struct timeval tv = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000};
     struct ucred cred;
     socklen_t cl = sizeof(cred);
-    kvt__shm_msg_t m;
+    kvt__shm_msg_t m, hello;
     uint64_t probe = 0;
     struct iovec lv = {&probe, sizeof(probe)}, rv;
     int memfd = -1;
@@ -239,15 +239,47 @@ kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
     kvt__shm_msg_init(&m, KVT_SHM_HELLO);
     m.pid = (uint32_t)getpid();
     snprintf(m.name, sizeof(m.name), "%s", cfg->seg_name);
+    kvt__shm_auth_hello(s->shm, &m);
+    hello = m;
     if (send(s->sock, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m) ||
         kvt__shm_recv_msg(s->sock, &m, &memfd) != (ssize_t)sizeof(m) ||
-        m.magic != KVT_SHM_MAGIC || m.type != KVT_SHM_HELLO_ACK) {
+        m.magic != KVT_SHM_MAGIC) {
+        *why = "no answer to the shm handshake";
+        goto err_fd;
+    }
+    if (cfg->auth.on && !(m.type == KVT_SHM_HELLO_ACK && m.status != KVT_OK)) {
+        kvt_status_t st = kvt__shm_auth_initiator(s->shm, s->sock, &hello,
+                                                  d->name, d->pid, &m, why);
+        if (st != KVT_OK) {
+            if (memfd >= 0)
+                close(memfd);
+            return st;
+        }
+        if (kvt__shm_recv_msg(s->sock, &m, &memfd) != (ssize_t)sizeof(m) ||
+            m.magic != KVT_SHM_MAGIC) {
+            *why = "no answer to the shm handshake";
+            goto err_fd;
+        }
+    }
+    if (m.type == KVT_SHM_HELLO_ACK && m.status == KVT_ERR_ACCESS &&
+        strncmp(m.name, "authentication failed", 21) == 0) {
+        /* The target logs which side lacks the token or has another. */
+        *why = "authentication failed: the peer refused this engine "
+               "(auth token missing or different)";
+        if (memfd >= 0)
+            close(memfd);
+        return KVT_ERR_ACCESS;
+    }
+    if (m.type != KVT_SHM_HELLO_ACK) {
         *why = "no answer to the shm handshake";
         goto err_fd;
     }
     if (m.status != KVT_OK || m.version != KVT_SHM_VERSION) {
         *why = m.version != KVT_SHM_VERSION ? "another shm protocol version"
-                                            : "the peer refused the channel";
+               : m.status == KVT_ERR_BUSY
+                   ? "the peer lets another process attach to it (Yama "
+                     "ptrace_scope 1 allows one; see docs/shm.md)"
+                   : "the peer refused the channel";
         goto err_fd;
     }
     if (m.pid != d->pid || m.host_id != cfg->host_id || memfd < 0 ||

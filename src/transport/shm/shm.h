@@ -34,7 +34,7 @@
 #include "mem/dev.h"
 #include "transport/transport.h"
 
-#define KVT_SHM_VERSION 4
+#define KVT_SHM_VERSION 5
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */
 #define KVT_SHM_CHAN_MAGIC 0x316e616863747663ull /* "kvtchan1" */
 #define KVT_SHM_NOTES 64u
@@ -158,6 +158,8 @@ enum {
     KVT_SHM_IPC_ACK = 7,   /* target: status, id, seq, addr and length (the
                               allocation holding the region), pid (its
                               device), handle; on failure, name says why */
+    KVT_SHM_CHALLENGE = 8, /* target: pid, handle = its nonce and MAC */
+    KVT_SHM_AUTH = 9,      /* initiator: handle = its MAC */
 };
 
 typedef struct {
@@ -204,7 +206,6 @@ struct kvt__shm {
     int helper_running, helper_failed;
     _Atomic uint32_t helper_seq; /* futex word: work for the helper */
     _Atomic int helper_stop;
-    int ptracer_held;
     _Atomic int ipc_said; /* an export was refused: said once */
 
     /* Initiator role (session.c). Lock order: pool_lock -> session lock. */
@@ -237,6 +238,7 @@ struct shm_tchan {
     kvt__shm_chan_t *ch;
     size_t len;
     pid_t peer_pid;
+    int ptraced;   /* admitted under the ptracer grant (barrier.c) */
     uint32_t head; /* notifications consumed; the service thread's copy */
     int dead;      /* under chan_lock: no lease is granted any more */
     char peer[KVT_WIRE_NAME_MAX + 1];
@@ -245,14 +247,19 @@ struct shm_tchan {
 /* barrier.c: the registry barrier and the ptracer grant (chan_lock held
  * for those that touch channels). */
 int kvt__shm_yama_scope(void);
-void kvt__shm_ptracer_update(kvt__shm_t *shm, int want);
+/* Tests: act as if Yama's scope were @scope (-2: read it again). */
+void kvt__shm_yama_scope_set(int scope);
+/* A channel for a peer process @pid: 0 when no grant is needed, 1 when
+ * admitted under the grant (release it with the channel), -1 when the
+ * grant is held for another process (*holder_p says which). */
+int kvt__shm_ptracer_admit(pid_t pid, long *holder_p);
+void kvt__shm_ptracer_release(void);
 void kvt__shm_snap_build(kvt__shm_t *shm, kvt__shm_region_t **regs_p,
                          uint32_t *n_p, uint32_t *trunc_p);
 void kvt__shm_publish(kvt__shm_t *shm, shm_tchan_t *c,
                       const kvt__shm_region_t *regs, uint32_t n,
                       uint32_t trunc);
 void kvt__shm_sever(shm_tchan_t *c, kvt_status_t why);
-int kvt__shm_registry_nonempty(kvt__shm_t *shm);
 
 /* stage_out.c: copy out the slots of @c made full (@helper: called by
  * the helper thread, under chan_lock). */
@@ -260,6 +267,22 @@ void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper);
 
 /* chan.c: a message of @type, magic and version set. */
 void kvt__shm_msg_init(kvt__shm_msg_t *m, uint16_t type);
+
+/* auth.c: the socket's proof of the shared secret, when either side holds
+ * one. Target: after the HELLO's credentials are checked; 0 when the
+ * peer proved the key, -1 to refuse with *ack (status and reason set,
+ * logged), -2 to close. Initiator: mark @hello and add its nonce before
+ * sending; then answer the target's first message @chal (it must be a
+ * CHALLENGE proving the key for @name_t and @pid_t_) with AUTH.
+ * KVT_ERR_ACCESS or KVT_ERR_PROTOCOL with *why. */
+int kvt__shm_auth_target(kvt__shm_t *shm, int fd, const kvt__shm_msg_t *hello,
+                         kvt__shm_msg_t *ack);
+void kvt__shm_auth_hello(const kvt__shm_t *shm, kvt__shm_msg_t *hello);
+kvt_status_t kvt__shm_auth_initiator(const kvt__shm_t *shm, int sock,
+                                     const kvt__shm_msg_t *hello,
+                                     const char *name_t, uint32_t pid_t_,
+                                     const kvt__shm_msg_t *chal,
+                                     const char **why);
 /* target.c: deliver the notifications @c's initiator queued. */
 int kvt__shm_consume_notes(kvt__shm_t *shm, shm_tchan_t *c);
 

@@ -185,6 +185,8 @@ static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
 
 static void chan_free(shm_tchan_t *c)
 {
+    if (c->ptraced)
+        kvt__shm_ptracer_release();
     if (c->fd >= 0)
         close(c->fd);
     if (c->ch != NULL)
@@ -206,8 +208,6 @@ static void chan_close(kvt__shm_t *shm, shm_tchan_t *c)
         }
     }
     kvt__shm_sever(c, KVT_ERR_CONN_LOST);
-    kvt__shm_ptracer_update(shm, shm->chans != NULL &&
-                                     kvt__shm_registry_nonempty(shm));
     pthread_mutex_unlock(&shm->chan_lock);
     epoll_ctl(shm->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     KVT_LOG_D("shm: channel of %s (pid %d) closed", c->peer, (int)c->peer_pid);
@@ -262,7 +262,8 @@ static void chan_open(kvt__shm_t *shm, int fd)
     uint32_t n, trunc;
     kvt__shm_msg_t m, ack;
     shm_tchan_t *c;
-    int memfd = -1;
+    int memfd = -1, ptraced;
+    long holder;
     ssize_t got;
 
     kvt__shm_msg_init(&ack, KVT_SHM_HELLO_ACK);
@@ -290,9 +291,32 @@ static void chan_open(kvt__shm_t *shm, int fd)
         ack.status = KVT_ERR_ACCESS;
         goto err_refuse;
     }
+    if (shm->cfg->auth.on || m.id == 1) {
+        int r = kvt__shm_auth_target(shm, fd, &m, &ack);
+        if (r == -1)
+            goto err_refuse;
+        if (r != 0)
+            goto err_close;
+    }
+    ptraced = kvt__shm_ptracer_admit(cred.pid, &holder);
+    if (ptraced < 0) {
+        KVT_LOG_W("shm: refusing %s (pid %d): Yama ptrace_scope 1 lets one "
+                  "process attach, and pid %ld does; it goes over tcp",
+                  m.name, (int)cred.pid, holder);
+        snprintf(ack.name, sizeof(ack.name),
+                 "Yama ptrace_scope 1: another process (pid %ld) attaches "
+                 "to this target",
+                 holder);
+        ack.status = KVT_ERR_BUSY;
+        goto err_refuse;
+    }
     c = calloc(1, sizeof(*c));
-    if (c == NULL)
+    if (c == NULL) {
+        if (ptraced)
+            kvt__shm_ptracer_release();
         goto err_close;
+    }
+    c->ptraced = ptraced;
     c->fd = fd;
     c->peer_pid = cred.pid;
     snprintf(c->peer, sizeof(c->peer), "%s", m.name);
@@ -326,7 +350,6 @@ static void chan_open(kvt__shm_t *shm, int fd)
     atomic_store(&c->ch->lease, 1);
     c->next = shm->chans;
     shm->chans = c;
-    kvt__shm_ptracer_update(shm, kvt__shm_registry_nonempty(shm));
     pthread_mutex_unlock(&shm->chan_lock);
 
     if (send_msg(fd, &ack, memfd) != KVT_OK) {
@@ -515,7 +538,6 @@ void kvt__shm_stop(kvt__tl_t *tl)
         kvt__shm_sever(c, KVT_ERR_CONN_LOST);
         chan_free(c);
     }
-    kvt__shm_ptracer_update(shm, 0);
     pthread_mutex_unlock(&shm->chan_lock);
     if (shm->listen_fd >= 0) {
         close(shm->listen_fd);

@@ -45,7 +45,19 @@ enum {
     UCX_AM_NOTIFY,
     UCX_AM_REG_CHANGED,
     UCX_AM_REG_ACK,
+    UCX_AM_AUTH,
 };
+
+/* HELLO_ACK values: bit 0, the descriptor's generation is not the
+ * current one; REFUSED, authentication failed (the session is not
+ * served); AUTHED, the initiator's AUTH proved the token. With a token,
+ * the first HELLO_ACK is the challenge (its data: the target's nonce and
+ * MAC); the second says AUTHED or REFUSED (ucx_auth.c). */
+#define UCX_ACK_STALE 1u
+#define UCX_ACK_REFUSED 2u
+#define UCX_ACK_AUTHED 4u
+#define UCX_NONCE_LEN 32
+#define UCX_MAC_LEN 32
 
 /* The header of every message: the initiator's token for the session,
  * and a value (HELLO: the length of the worker address, which follows the
@@ -147,7 +159,9 @@ struct ucx_session {
     /* The opener waits on these for HELLO_ACK. */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int opened;        /* 1: acknowledged; <0: a kvt_status_t failure */
+    int opened;    /* 1: acknowledged; <0: a kvt_status_t failure */
+    int auth_sent; /* AUTH sent: the next HELLO_ACK decides */
+    uint8_t nonce[UCX_NONCE_LEN]; /* in HELLO when this engine has a token */
     uint64_t desc_gen; /* the registry generation of the peer's descriptor */
     /* A peer on this host: its process, watched while work is in flight
      * (UCX's shared memory finds a dead peer only by keepalive). */
@@ -180,9 +194,11 @@ struct ucx_inbound {
     ucx_inbound_t *next;
     ucx_worker_t *wk;
     uint64_t token;
-    ucx_conn_t *conn; /* back to the initiator's worker */
-    uint64_t acked;   /* the last generation it acknowledged */
-    uint64_t owed;    /* the generation it has yet to acknowledge */
+    ucx_conn_t *conn;          /* back to the initiator's worker */
+    uint64_t acked;            /* the last generation it acknowledged */
+    uint64_t owed;             /* the generation it has yet to acknowledge */
+    int auth_wait;             /* challenged; served only after its AUTH */
+    uint8_t want[UCX_MAC_LEN]; /* the MAC its AUTH must carry */
     int dead;
     int error; /* its error handler ran */
 };
@@ -307,6 +323,13 @@ kvt_status_t kvt__ucx_am_send(ucp_ep_h ep, unsigned id, uint64_t token,
                               uint64_t value, const void *data, size_t len,
                               ucx_unit_t *u);
 void kvt__ucx_reg_changed(ucx_worker_t *wk, uint64_t gen);
+/* ucx_auth.c: the proof of the shared secret on ucx's own HELLO, when
+ * either side has one (docs/ucx.md). The MACs cover both workers'
+ * addresses, both nonces and the descriptor's generation. */
+void kvt__ucx_auth_mac(const kvt__engine_cfg_t *cfg, int target,
+                       const void *iaddr, size_t ilen, const void *taddr,
+                       size_t tlen, const uint8_t *nonce_i,
+                       const uint8_t *nonce_t, uint64_t gen, uint8_t *out);
 void kvt__ucx_inbound_close_all(ucx_worker_t *wk);
 void kvt__ucx_regchg_done(kvt__ucx_t *ucx, uint64_t gen, unsigned acks);
 void kvt__ucx_regchg_ack(kvt__ucx_t *ucx, uint64_t gen);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "transport/ucx/ucx.h"
+#include "util/auth.h"
 #include "util/log.h"
 
 static ucs_status_t am_recv(void *arg, const void *header, size_t hlen,
@@ -66,6 +67,7 @@ AM_THUNK(UCX_AM_BYE)
 AM_THUNK(UCX_AM_NOTIFY)
 AM_THUNK(UCX_AM_REG_CHANGED)
 AM_THUNK(UCX_AM_REG_ACK)
+AM_THUNK(UCX_AM_AUTH)
 
 kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk)
 {
@@ -79,6 +81,7 @@ kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk)
         {UCX_AM_NOTIFY, am_UCX_AM_NOTIFY},
         {UCX_AM_REG_CHANGED, am_UCX_AM_REG_CHANGED},
         {UCX_AM_REG_ACK, am_UCX_AM_REG_ACK},
+        {UCX_AM_AUTH, am_UCX_AM_AUTH},
     };
 
     for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]); i++) {
@@ -256,6 +259,65 @@ static void inbound_reap(ucx_worker_t *wk)
     wk->inbound_error = 0;
 }
 
+/*
+ * Authentication (ucx_auth.c), when either side has a token: refuse a
+ * HELLO that does not match this engine's setting, else challenge it.
+ * 0 to go on (with @in waiting for its AUTH, or without a token on
+ * either side), -1 when @in was refused (told so), -2 when it cannot be
+ * told anything.
+ */
+static int auth_hello(ucx_worker_t *wk, ucx_inbound_t *in, ucx_event_t *ev,
+                      uint64_t gen, uint64_t ack)
+{
+    const kvt__engine_cfg_t *cfg = wk->ucx->cfg;
+    int offers = ev->len == 8 + ev->value + UCX_NONCE_LEN;
+    uint8_t chal[UCX_NONCE_LEN + UCX_MAC_LEN];
+    const uint8_t *nonce_i = ev->data + 8 + ev->value;
+
+    if (!cfg->auth.on && !offers)
+        return 0;
+    if (!cfg->auth.on || !offers ||
+        kvt__auth_random(chal, UCX_NONCE_LEN) != KVT_OK) {
+        KVT_LOG_W("ucx: authentication failed: an initiator %s",
+                  offers ? "offers an auth token, this engine has none"
+                         : "offers no auth token");
+        kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
+                         UCX_ACK_REFUSED, NULL, 0, NULL);
+        return -1;
+    }
+    kvt__ucx_auth_mac(cfg, 1, ev->data + 8, ev->value, wk->addr, wk->addr_len,
+                      nonce_i, chal, gen, chal + UCX_NONCE_LEN);
+    kvt__ucx_auth_mac(cfg, 0, ev->data + 8, ev->value, wk->addr, wk->addr_len,
+                      nonce_i, chal, gen, in->want);
+    in->auth_wait = 1;
+    if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token, ack, chal,
+                         sizeof(chal), NULL) != KVT_OK)
+        return -2;
+    return 0;
+}
+
+/* AUTH: the initiator's proof; the session is served from now on. */
+static void on_auth(ucx_worker_t *wk, ucx_event_t *ev)
+{
+    ucx_inbound_t *in = inbound_find(wk, ev->token);
+    int ok;
+
+    if (in == NULL || !in->auth_wait)
+        return;
+    ok = ev->len == UCX_MAC_LEN &&
+         kvt__ct_equal(ev->data, in->want, UCX_MAC_LEN);
+    in->auth_wait = 0;
+    if (!ok)
+        KVT_LOG_W("ucx: authentication failed: an initiator did not prove "
+                  "the auth token (another token?)");
+    if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
+                         ok ? UCX_ACK_AUTHED : UCX_ACK_REFUSED, NULL, 0,
+                         NULL) != KVT_OK)
+        inbound_drop(wk, in, 1);
+    else if (!ok)
+        inbound_drop(wk, in, 0);
+}
+
 static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
 {
     kvt__ucx_t *ucx = wk->ucx;
@@ -264,7 +326,9 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
     kvt_status_t st;
 
     if (ev->value == 0 || ev->value > UCX_ADDR_MAX ||
-        ev->len != 8 + ev->value || inbound_find(wk, ev->token)) {
+        (ev->len != 8 + ev->value &&
+         ev->len != 8 + ev->value + UCX_NONCE_LEN) ||
+        inbound_find(wk, ev->token)) {
         KVT_LOG_W("ucx: a malformed HELLO dropped");
         return;
     }
@@ -287,6 +351,14 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
      * that its descriptor predates it. */
     atomic_fetch_add(&ucx->ninbound, 1);
     memcpy(&gen, ev->data, 8);
+    if (ucx->cfg->auth.on || ev->len != 8 + ev->value) {
+        /* A refused peer's endpoint stays, so that it learns why. */
+        int r = auth_hello(wk, in, ev, gen,
+                           gen != atomic_load(&ucx->gen) ? UCX_ACK_STALE : 0);
+        if (r != 0)
+            inbound_drop(wk, in, r == -2);
+        return;
+    }
     if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
                          gen != atomic_load(&ucx->gen), NULL, 0,
                          NULL) != KVT_OK)
@@ -302,6 +374,15 @@ static void on_notify(ucx_worker_t *wk, ucx_event_t *ev)
         ev->len - nl > KVT_NOTIFY_MAX || memchr(ev->data, 0, nl) != NULL) {
         KVT_LOG_W("ucx: a malformed notification dropped");
         return;
+    }
+    if (wk->ucx->cfg->auth.on) {
+        /* Only from a session that proved the token. */
+        ucx_inbound_t *in = inbound_find(wk, ev->token);
+        if (in == NULL || in->auth_wait) {
+            KVT_LOG_W("ucx: authentication failed: a notification from an "
+                      "unauthenticated peer dropped");
+            return;
+        }
     }
     memcpy(from, ev->data, nl);
     from[nl] = '\0';
@@ -326,7 +407,7 @@ void kvt__ucx_reg_changed(ucx_worker_t *wk, uint64_t gen)
         return;
     }
     for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next) {
-        if (in->dead || in->error)
+        if (in->dead || in->error || in->auth_wait)
             continue;
         if (kvt__ucx_am_send(in->conn->ep, UCX_AM_REG_CHANGED, in->token, gen,
                              NULL, 0, NULL) != KVT_OK) {
@@ -352,6 +433,51 @@ void kvt__ucx_inbound_close_all(ucx_worker_t *wk)
 /* ---- Events ----------------------------------------------------------------
  */
 
+/*
+ * Initiator: a HELLO_ACK for @s. 1 when the session is open, 0 when it
+ * waits for the next one (AUTH was sent), -1 when authentication failed
+ * (logged).
+ */
+static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
+{
+    const kvt__engine_cfg_t *cfg = wk->ucx->cfg;
+    uint8_t mac[UCX_MAC_LEN];
+
+    if (ev->value & UCX_ACK_REFUSED) {
+        KVT_LOG_E("ucx: authentication failed: segment %s refused this "
+                  "engine (auth token missing or different)",
+                  s->base.name);
+        return -1;
+    }
+    if (ev->value & UCX_ACK_STALE)
+        s->stale = 1; /* its descriptor predates a change */
+    if (!cfg->auth.on)
+        return ev->len == 0 ? 1 : -1;
+    if (s->auth_sent)
+        return (ev->value & UCX_ACK_AUTHED) ? 1 : -1;
+    if (ev->len != UCX_NONCE_LEN + UCX_MAC_LEN) {
+        KVT_LOG_E("ucx: authentication failed: segment %s does not "
+                  "authenticate (no auth token set there)",
+                  s->base.name);
+        return -1;
+    }
+    kvt__ucx_auth_mac(cfg, 1, wk->addr, wk->addr_len, s->peer_addr,
+                      s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
+    if (!kvt__ct_equal(mac, ev->data + UCX_NONCE_LEN, UCX_MAC_LEN)) {
+        KVT_LOG_E("ucx: authentication failed: segment %s did not prove the "
+                  "auth token (another token?)",
+                  s->base.name);
+        return -1;
+    }
+    kvt__ucx_auth_mac(cfg, 0, wk->addr, wk->addr_len, s->peer_addr,
+                      s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
+    s->auth_sent = 1;
+    if (kvt__ucx_am_send(s->conn->ep, UCX_AM_AUTH, s->token, 0, mac,
+                         sizeof(mac), NULL) != KVT_OK)
+        return -1;
+    return 0;
+}
+
 static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
 {
     ucx_inbound_t *in;
@@ -369,6 +495,9 @@ static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
     case UCX_AM_NOTIFY:
         on_notify(wk, ev);
         break;
+    case UCX_AM_AUTH:
+        on_auth(wk, ev);
+        break;
     case UCX_AM_REG_ACK:
         in = inbound_find(wk, ev->token);
         if (in != NULL && in->owed != 0 && ev->value == in->owed) {
@@ -380,11 +509,14 @@ static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
     case UCX_AM_HELLO_ACK:
         s = kvt__ucx_sess_by_token(wk, ev->token);
         if (s != NULL) {
-            if (ev->value != 0)
-                s->stale = 1; /* its descriptor predates a change */
+            int r = hello_ack(wk, s, ev);
+            if (r == 0)
+                break;
+            if (r < 0)
+                kvt__ucx_sess_fail(s, KVT_ERR_ACCESS, 0);
             pthread_mutex_lock(&s->lock);
             if (s->opened == 0)
-                s->opened = 1;
+                s->opened = r > 0 ? 1 : -KVT_ERR_ACCESS;
             pthread_cond_broadcast(&s->cond);
             pthread_mutex_unlock(&s->lock);
         }

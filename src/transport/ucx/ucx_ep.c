@@ -14,6 +14,7 @@
 
 #include "ctrl/ctrl.h"
 #include "transport/ucx/ucx.h"
+#include "util/auth.h"
 #include "util/log.h"
 #include "util/time.h"
 
@@ -190,11 +191,20 @@ void kvt__ucx_sess_connect(ucx_session_t *s)
         return;
     }
     {
-        uint8_t hello[8 + UCX_ADDR_MAX];
+        /* With a token: the nonce follows the address (ucx_auth.c). */
+        uint8_t hello[8 + UCX_ADDR_MAX + UCX_NONCE_LEN];
+        size_t len = 8 + wk->addr_len;
         memcpy(hello, &s->desc_gen, 8);
         memcpy(hello + 8, wk->addr, wk->addr_len);
-        kst = kvt__ucx_am_send(s->conn->ep, UCX_AM_HELLO, s->token,
-                               wk->addr_len, hello, 8 + wk->addr_len, NULL);
+        kst = KVT_OK;
+        if (wk->ucx->cfg->auth.on) {
+            kst = kvt__auth_random(s->nonce, UCX_NONCE_LEN);
+            memcpy(hello + len, s->nonce, UCX_NONCE_LEN);
+            len += UCX_NONCE_LEN;
+        }
+        if (kst == KVT_OK)
+            kst = kvt__ucx_am_send(s->conn->ep, UCX_AM_HELLO, s->token,
+                                   wk->addr_len, hello, len, NULL);
     }
     if (kst != KVT_OK) {
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 0);
@@ -262,7 +272,8 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         kvt__ucx_kill(&s->base, KVT_ERR_TIMEDOUT);
         return KVT_ERR_TIMEDOUT;
     }
-    *why_p = "it cannot be reached through ucx";
+    *why_p = result == -KVT_ERR_ACCESS ? "authentication failed"
+                                       : "it cannot be reached through ucx";
     return (kvt_status_t)-result;
 }
 
