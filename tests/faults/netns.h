@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -51,7 +52,10 @@ typedef struct {
     char ns[NETNS_MAX_PEERS + 1][32]; /* [0]: initiator, [k]: peer k */
     char filter[16];                  /* "iptables", "nft" or "" */
     pid_t peer_pid[NETNS_MAX_PEERS + 1];
-    int peer_ctl[NETNS_MAX_PEERS + 1]; /* closing it ends the peer */
+    int peer_ctl[NETNS_MAX_PEERS + 1];        /* closing it ends the peer */
+    int peer_res[NETNS_MAX_PEERS + 1];        /* its port, then its count */
+    int peer_status[NETNS_MAX_PEERS + 1];     /* as waitpid() gave it */
+    uint64_t peer_notes[NETNS_MAX_PEERS + 1]; /* notifications taken */
     uint16_t peer_port[NETNS_MAX_PEERS + 1];
     int created;
 } netns_world_t;
@@ -184,17 +188,24 @@ static inline void netns_peers_stop(netns_world_t *w)
         w->peer_ctl[k] = -1;
     }
     for (int k = 1; k <= w->npeers; k++) {
+        w->peer_status[k] = -1;
         if (w->peer_pid[k] > 0) {
             double t0 = netns_now();
-            while (waitpid(w->peer_pid[k], NULL, WNOHANG) == 0) {
+            while (waitpid(w->peer_pid[k], &w->peer_status[k], WNOHANG) == 0) {
                 if (netns_now() - t0 > 5) {
                     kill(w->peer_pid[k], SIGKILL);
-                    waitpid(w->peer_pid[k], NULL, 0);
+                    waitpid(w->peer_pid[k], &w->peer_status[k], 0);
                     break;
                 }
                 usleep(2000);
             }
         }
+        if (w->peer_res[k] >= 0) {
+            if (read(w->peer_res[k], &w->peer_notes[k], 8) != 8)
+                w->peer_notes[k] = 0;
+            close(w->peer_res[k]);
+        }
+        w->peer_res[k] = -1;
         w->peer_pid[k] = 0;
     }
 }
@@ -221,7 +232,7 @@ static inline int netns_world_create(netns_world_t *w, int npeers)
 
     memset(w, 0, sizeof(*w));
     for (int k = 0; k <= NETNS_MAX_PEERS; k++)
-        w->peer_ctl[k] = -1;
+        w->peer_ctl[k] = w->peer_res[k] = -1;
     if (why != NULL) {
         fprintf(stderr, "skipped: %s\n", why);
         return 77;
@@ -355,16 +366,20 @@ static inline int netns_repair(const netns_world_t *w, int k)
 /* ---- Peers ----------------------------------------------------------- */
 
 static inline void netns_peer_main(const netns_world_t *w, int k,
-                                   size_t buf_len, int ctl_fd, int port_fd)
+                                   size_t buf_len, int ctl_fd, int res_fd)
 {
     kvt_engine_params_t p = {0};
     kvt_engine_h e = NULL;
-    char host[32], c;
+    kvt_notify_t *msgs = calloc(16, sizeof(*msgs));
+    uint64_t got = 0;
+    size_t n;
+    char host[32];
     uint16_t port;
     void *buf;
 
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1 || netns_enter(w, k) != 0)
+    signal(SIGPIPE, SIG_IGN);
+    if (getppid() == 1 || msgs == NULL || netns_enter(w, k) != 0)
         _exit(3);
     snprintf(host, sizeof(host), "10.77.%d.2", k);
     p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_LOCAL_HOST;
@@ -373,20 +388,37 @@ static inline void netns_peer_main(const netns_world_t *w, int k,
     if (kvt_engine_create(&p, &e) != KVT_OK ||
         kvt_mem_alloc(e, buf_len, KVT_ACCESS_REMOTE_RW, &buf) != KVT_OK)
         _exit(3);
+    memset(buf, 0, buf_len); /* resident from the start */
     port = kvt_engine_rpc_port(e);
-    if (write(port_fd, &port, sizeof(port)) != (ssize_t)sizeof(port))
+    if (write(res_fd, &port, sizeof(port)) != (ssize_t)sizeof(port))
         _exit(3);
-    close(port_fd);
-    while (read(ctl_fd, &c, 1) != 0 && errno == EINTR)
-        ;
+    /* Take notifications as they come until the control pipe closes. */
+    for (;;) {
+        struct pollfd pf = {.fd = ctl_fd, .events = POLLIN};
+        if (poll(&pf, 1, 0) != 0)
+            break;
+        n = 0;
+        kvt_notify_recv(e, msgs, 16, &n, 100);
+        got += n;
+    }
+    do {
+        n = 0;
+        kvt_notify_recv(e, msgs, 16, &n, 0);
+        got += n;
+    } while (n > 0);
     kvt_engine_destroy(e);
+    free(msgs);
+    if (write(res_fd, &got, sizeof(got)) != (ssize_t)sizeof(got))
+        _exit(3);
     _exit(0);
 }
 
 /*
  * netns_peers_start() - one peer process per peer namespace, each serving
  * a registered buffer of @buf_len bytes on 10.77.k.2 (the only region its
- * descriptor lists). Call it before creating any thread. Returns 0 or 1.
+ * descriptor lists) and taking the notifications sent to it; how many it
+ * took is in peer_notes[k] once netns_peers_stop() has returned. Call it
+ * before creating any thread. Returns 0 or 1.
  */
 static inline int netns_peers_start(netns_world_t *w, size_t buf_len)
 {
@@ -396,14 +428,17 @@ static inline int netns_peers_start(netns_world_t *w, size_t buf_len)
 
         if (pipe(ctl) != 0 || pipe(port) != 0)
             return 1;
+        w->peer_notes[k] = 0;
         fflush(NULL);
         pid = fork();
         if (pid < 0)
             return 1;
         if (pid == 0) {
             /* Only the parent may hold a peer's control pipe open. */
-            for (int j = 1; j < k; j++)
+            for (int j = 1; j < k; j++) {
                 close(w->peer_ctl[j]);
+                close(w->peer_res[j]);
+            }
             close(ctl[1]);
             close(port[0]);
             netns_peer_main(w, k, buf_len, ctl[0], port[1]);
@@ -412,13 +447,12 @@ static inline int netns_peers_start(netns_world_t *w, size_t buf_len)
         close(port[1]);
         w->peer_pid[k] = pid;
         w->peer_ctl[k] = ctl[1];
+        w->peer_res[k] = port[0];
         if (read(port[0], &w->peer_port[k], sizeof(uint16_t)) !=
             (ssize_t)sizeof(uint16_t)) {
-            close(port[0]);
             fprintf(stderr, "peer %d did not start\n", k);
             return 1;
         }
-        close(port[0]);
     }
     return 0;
 }
@@ -433,6 +467,7 @@ static inline void netns_peer_name(const netns_world_t *w, int k, char *buf,
 
 typedef struct {
     long rss_kb, fds, threads;
+    double cpu_s; /* user + system time so far */
 } netns_usage_t;
 
 static inline int netns_count_dir(const char *path)
@@ -452,7 +487,7 @@ static inline int netns_count_dir(const char *path)
 
 static inline int netns_usage(pid_t pid, netns_usage_t *u)
 {
-    char path[64], line[256];
+    char path[64], line[512];
     FILE *f;
 
     memset(u, 0, sizeof(*u));
@@ -463,6 +498,21 @@ static inline int netns_usage(pid_t pid, netns_usage_t *u)
     while (fgets(line, sizeof(line), f) != NULL)
         if (strncmp(line, "VmRSS:", 6) == 0)
             u->rss_kb = strtol(line + 6, NULL, 10);
+    fclose(f);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    if (fgets(line, sizeof(line), f) != NULL) {
+        /* Fields 14 and 15, after the command name in parentheses. */
+        const char *q = strrchr(line, ')');
+        unsigned long ut = 0, st = 0;
+        if (q != NULL && sscanf(q + 2,
+                                "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u "
+                                "%*u %lu %lu",
+                                &ut, &st) == 2)
+            u->cpu_s = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    }
     fclose(f);
     snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
     u->fds = netns_count_dir(path);
