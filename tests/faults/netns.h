@@ -280,9 +280,9 @@ static inline int netns_world_create(netns_world_t *w, int npeers)
             goto fail;
     }
     /* A packet filter: iptables (either backend), else nft. */
-    if (netns_sh("ip netns exec %s iptables -A INPUT -m statistic --mode "
+    if (netns_sh("ip netns exec %s iptables -w 5 -A INPUT -m statistic --mode "
                  "random --probability 0.5 -s 10.77.99.1 -j DROP && "
-                 "ip netns exec %s iptables -F",
+                 "ip netns exec %s iptables -w 5 -F",
                  w->ns[1], w->ns[1]) == 0)
         snprintf(w->filter, sizeof(w->filter), "iptables");
     else if (netns_sh("ip netns exec %s nft add table inet kvtf && "
@@ -325,8 +325,9 @@ static inline int netns_loss(const netns_world_t *w, int k, double p)
 {
     if (strcmp(w->filter, "iptables") == 0)
         return netns_sh(
-            "ip netns exec %s iptables -A INPUT -m statistic --mode random "
-            "--probability %.4f -j DROP && ip netns exec %s iptables -A "
+            "ip netns exec %s iptables -w 5 -A INPUT -m statistic --mode "
+            "random "
+            "--probability %.4f -j DROP && ip netns exec %s iptables -w 5 -A "
             "OUTPUT -m statistic --mode random --probability %.4f -j DROP",
             w->ns[k], p, w->ns[k], p);
     if (strcmp(w->filter, "nft") == 0)
@@ -345,9 +346,10 @@ static inline int netns_loss(const netns_world_t *w, int k, double p)
 static inline int netns_blackhole(const netns_world_t *w, int k)
 {
     if (strcmp(w->filter, "iptables") == 0)
-        return netns_sh("ip netns exec %s iptables -A INPUT -s 10.77.%d.1 -j "
-                        "DROP",
-                        w->ns[k], k);
+        return netns_sh(
+            "ip netns exec %s iptables -w 5 -A INPUT -s 10.77.%d.1 -j "
+            "DROP",
+            w->ns[k], k);
     if (strcmp(w->filter, "nft") == 0)
         return netns_sh("ip netns exec %s nft -f - <<'EOF'\n"
                         "table inet kvtf {\n"
@@ -364,7 +366,7 @@ static inline int netns_repair(const netns_world_t *w, int k)
     int rc = 0;
 
     if (strcmp(w->filter, "iptables") == 0)
-        rc |= netns_sh("ip netns exec %s iptables -F", w->ns[k]);
+        rc |= netns_sh("ip netns exec %s iptables -w 5 -F", w->ns[k]);
     else if (strcmp(w->filter, "nft") == 0)
         netns_sh("ip netns exec %s nft delete table inet kvtf", w->ns[k]);
     rc |= netns_link(w, k, 1);
