@@ -336,11 +336,9 @@ KVT_TEST(link_down)
     loader_start(&lb, &r, B);
     before = baseline(&r, &lb);
 
-    /* A batch far larger than the link moves in the time it takes to
-     * notice the first piece done: the link is cut with part of it
-     * complete and part in flight. */
+    /* 8 GiB, far more than the link moves before the cut: the link goes
+     * down once 16 MiB of it are done, the rest in flight or queued. */
     CHECK_OK(kvt_batch_create(r.e, 8192, &b));
-    wait0 = netns_now();
     CHECK_OK(
         submit_span(&r, b, A, KVT_OP_WRITE, r.out, PEER_BUF, 8192 * MIB, MIB));
     wait0 = netns_now();
@@ -356,7 +354,6 @@ KVT_TEST(link_down)
     CHECK(st == KVT_INPROGRESS && bs.completed > 0 && bs.pending > 0);
     st = kvt_batch_wait(b, (int64_t)(BOUND_FAIL_S * 2000));
     t_fail = netns_now();
-    m1 = mark(&lb);
     CHECK(kvt_batch_query(b, &bs) != KVT_INPROGRESS);
     printf("link_down: batch failed (%s; %zu done, %zu failed) %.2f s after "
            "the cut (bound %.1f s)\n",
@@ -365,6 +362,11 @@ KVT_TEST(link_down)
     CHECK(st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST);
     CHECK(t_fail - t_cut <= BOUND_FAIL_S);
     CHECK_OK(kvt_batch_free(b));
+    /* Peer 2 measured over at least 3 s of the cut, however soon the
+     * batch failed (the timeout runs from its submission). */
+    while (netns_now() < t_cut + 3)
+        usleep(10000);
+    m1 = mark(&lb);
     during = mbps(m0, m1);
 
     CHECK(netns_link(&g_world, A, 1) == 0);
@@ -437,7 +439,7 @@ KVT_TEST(blackhole)
     loader_t lb;
     kvt_segment_t seg;
     kvt_status_t st;
-    double before, during, t0, t1, worst = 0, t_rec;
+    double before, during, t0, t1, t_rec;
     char nobody[64];
     mark_t m0, m1;
 
@@ -474,8 +476,6 @@ KVT_TEST(blackhole)
                name, kvt_status_name(st), t1 - t0, BOUND_CONNECT_S);
         CHECK(st != KVT_OK);
         CHECK(t1 - t0 <= BOUND_CONNECT_S);
-        if (t1 - t0 > worst)
-            worst = t1 - t0;
     }
     m1 = mark(&lb);
     during = mbps(m0, m1);
