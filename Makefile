@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Wraps the CMake presets: `make` builds into build/, `make test` runs every
 # test through CTest, `make demo` runs the demo. Each sets itself up first
-# (installs Debian packages when run as root).
+# (installs Debian packages when run as root). `make soak` runs the 10-minute
+# soak under random network faults (KVT_SOAK_SECONDS=N to change it), which
+# `make test` leaves out.
 
 BUILD   ?= build
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
@@ -26,6 +28,12 @@ build: deps $(BUILD)/build.ninja
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
+
+# The soak belongs to CTest's `soak` configuration, so it runs only when
+# asked for by name.
+.PHONY: soak
+soak: build
+	ctest --test-dir $(BUILD) -C soak -L soak -V
 
 demo: build
 	$(BUILD)/bin/kvt demo
