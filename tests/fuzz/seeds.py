@@ -130,9 +130,56 @@ def initiator():
                REQ_ID | CLOSE) + auto * 8)
 
 
+OP_MSG, OP_NOTE, OP_STAGE, OP_BELL, OP_TAIL = range(5)
+SHM_MAP, SHM_BELL, SHM_IPC = 3, 5, 6
+
+
+def run(raddr, data4=b"abcd", length=4, count=1, rstride=0, off=0):
+    return struct.pack("<IHIHH", raddr, rstride, off, length, count) + data4
+
+
+def stage(runs, op=0, slot=0, nruns=None):
+    n = len(runs) if nruns is None else nruns
+    return struct.pack("<BBBH", OP_STAGE, slot, op, n) + b"".join(runs)
+
+
+def note(data, length=None, step=0):
+    n = len(data) if length is None else length
+    return struct.pack("<BIB", OP_NOTE, n, len(data)) + data + bytes([step])
+
+
+def msg(typ, mode=0, status=0, ident=0, seq=0, addr=0, length=0, name=0x61):
+    return struct.pack("<BBBiQQQQB", OP_MSG, typ, mode, status, ident, seq,
+                       addr, length, name)
+
+
+def shm_chan():
+    save("shm_chan", "stage_write", stage([run(RW)]))
+    save("shm_chan", "stage_read_ro", stage([run(RO)], op=1))
+    save("shm_chan", "stage_write_ro_refused", stage([run(RO)]))
+    save("shm_chan", "stage_write_guard_refused", stage([run(GUARD + 8)]))
+    save("shm_chan", "stage_strided", stage(
+        [run(RW, length=4, count=4, rstride=64), run(WO, off=16)]))
+    save("shm_chan", "stage_many_slots", stage([run(RW)], slot=0) +
+         stage([run(RW + 64)], slot=1) + stage([run(RO)], op=1, slot=2))
+    save("shm_chan", "stage_runs_overflow", stage([run(RW)], nruns=0xffff))
+    save("shm_chan", "stage_off_outside", stage([run(RW, off=0xfffffff0)]))
+    save("shm_chan", "note", note(b"room-7 done"))
+    save("shm_chan", "note_long", note(b"x", length=100000))
+    save("shm_chan", "note_burst", note(b"a") + note(b"b") + note(b"c", step=3))
+    save("shm_chan", "map", msg(SHM_MAP, mode=4, seq=1))
+    save("shm_chan", "map_unknown", msg(SHM_MAP, ident=77, seq=1))
+    save("shm_chan", "ipc", msg(SHM_IPC, addr=RW, seq=2))
+    save("shm_chan", "bad_type", msg(99))
+    save("shm_chan", "short_msg", msg(SHM_BELL, mode=2) + b"\x08")
+    save("shm_chan", "tail_jump", struct.pack("<BI", OP_TAIL, 1000) +
+         bytes([OP_BELL]))
+
+
 def main():
     engine()
     initiator()
+    shm_chan()
     return 0
 
 
