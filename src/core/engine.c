@@ -518,7 +518,8 @@ void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
     n->next = NULL;
     snprintf(n->n.from, sizeof(n->n.from), "%s", from);
     n->n.length = (uint32_t)len;
-    memcpy(n->n.data, data, len);
+    if (len > 0) /* an empty message may come without a buffer */
+        memcpy(n->n.data, data, len);
     atomic_fetch_add_explicit(&e->stats.notifies_received, 1,
                               memory_order_relaxed);
     pthread_mutex_lock(&e->nq_lock);

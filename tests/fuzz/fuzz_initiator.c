@@ -18,6 +18,7 @@
  * left closes its connection, as does one left unanswered for IDLE_MS.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -40,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 enum { F_AUTO = 1, F_REQ_ID = 2, F_CLOSE = 4 };
 
 #define MAX_CONNS 8
-#define IDLE_MS 50
+#define IDLE_MS 20
 #define GUARD 0xa5
 #define SRC_BYTE 0x3c
 /* Local memory: guard | dst (READ destinations) | guard | src | guard. */
@@ -71,6 +72,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int listen_fd;
+    int wake[2]; /* a pipe: the main thread wakes the fake target */
     uint16_t port;
     fconn_t conns[MAX_CONNS];
     unsigned nconns;
@@ -256,7 +258,7 @@ static void *fake_target(void *arg)
 {
     (void)arg;
     for (;;) {
-        struct pollfd p[MAX_CONNS + 1];
+        struct pollfd p[MAX_CONNS + 2];
         unsigned n;
         uint64_t now;
 
@@ -271,8 +273,13 @@ static void *fake_target(void *arg)
         p[0] = (struct pollfd){ft.listen_fd, POLLIN, 0};
         for (unsigned i = 0; i < n; i++)
             p[i + 1] = (struct pollfd){ft.conns[i].fd, POLLIN, 0};
+        p[n + 1] = (struct pollfd){ft.wake[0], POLLIN, 0};
         pthread_mutex_unlock(&ft.lock);
-        poll(p, n + 1, 10);
+        poll(p, n + 2, 10);
+        if (p[n + 1].revents & POLLIN) {
+            char b[64];
+            (void)read(ft.wake[0], b, sizeof(b));
+        }
         pthread_mutex_lock(&ft.lock);
         now = kvt__now_ns();
         if (ft.drop == 0) {
@@ -356,7 +363,8 @@ static void setup(void)
 
     fuzz_quiet();
     record();
-    if (kvt__sock_listen("127.0.0.1", 0, &ft.listen_fd, &ft.port) != KVT_OK)
+    if (kvt__sock_listen("127.0.0.1", 0, &ft.listen_fd, &ft.port) != KVT_OK ||
+        pipe2(ft.wake, O_CLOEXEC | O_NONBLOCK) != 0)
         die("cannot listen");
     if (pthread_create(&th, NULL, fake_target, NULL) != 0)
         die("cannot start the fake target");
@@ -478,6 +486,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_mutex_lock(&ft.lock);
     ft.input = NULL;
     ft.drop = 1;
+    (void)write(ft.wake[1], "", 1);
     while (ft.drop)
         pthread_cond_wait(&ft.cond, &ft.lock);
     pthread_mutex_unlock(&ft.lock);
