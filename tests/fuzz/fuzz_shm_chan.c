@@ -165,6 +165,8 @@ static kvt__shm_chan_t *open_chan(int *fd_p, size_t *len_p)
 {
     kvt__shm_msg_t m;
     kvt__shm_chan_t *ch;
+    uint64_t t0;
+    ssize_t got;
     int fd, memfd = -1;
 
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -173,10 +175,19 @@ static kvt__shm_chan_t *open_chan(int *fd_p, size_t *len_p)
     kvt__shm_msg_init(&m, KVT_SHM_HELLO);
     m.pid = (uint32_t)getpid();
     snprintf(m.name, sizeof(m.name), "fuzz-shm");
-    if (send(fd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m) ||
-        recv_msg(fd, &m, &memfd, 20000) != (ssize_t)sizeof(m) ||
-        m.type != KVT_SHM_HELLO_ACK || m.status != KVT_OK || memfd < 0)
+    t0 = kvt__now_ns();
+    if (send(fd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+        die("cannot send HELLO");
+    got = recv_msg(fd, &m, &memfd, 20000);
+    if (got != (ssize_t)sizeof(m) || m.type != KVT_SHM_HELLO_ACK ||
+        m.status != KVT_OK || memfd < 0) {
+        fprintf(stderr,
+                "fuzz_shm_chan: HELLO answered after %llu ms: %zd bytes, "
+                "type %u, status %d, memfd %d (errno %d)\n",
+                (unsigned long long)((kvt__now_ns() - t0) / 1000000), got,
+                m.type, m.status, memfd, errno);
         die("the engine no longer hands out channels");
+    }
     ch = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     close(memfd);
     if (ch == MAP_FAILED)
