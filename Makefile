@@ -1,17 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 # Wraps the CMake presets: `make` builds into build/, `make test` runs every
-# test through CTest, `make demo` runs the demo. Each sets itself up first
-# (installs Debian packages when run as root). `make soak` runs the 10-minute
-# soak under random network faults (KVT_SOAK_SECONDS=N to change it), which
-# `make test` leaves out.
+# test through CTest, `make demo` runs the demo, `make fuzz SECONDS=N` runs
+# each fuzz target N seconds (FUZZ_JOBS at once) in build/fuzz. Each sets
+# itself up first (installs Debian packages when run as root). `make soak`
+# runs the 10-minute soak under random network faults (KVT_SOAK_SECONDS=N
+# to change it), which `make test` leaves out.
 
 BUILD   ?= build
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CLANG   := $(shell command -v clang 2>/dev/null)
 CC_ARG  := $(if $(CLANG),-DCMAKE_C_COMPILER=$(CLANG),)
 ROOT    := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+SECONDS ?= 60
+FUZZ_JOBS ?= 1
 
-.PHONY: all deps build test demo asan tsan dev install clean format
+.PHONY: all deps build test demo asan tsan dev fuzz install clean format
 
 all: build
 
@@ -42,6 +45,9 @@ dev asan tsan: deps
 	cmake --preset $@ $(CC_ARG) >/dev/null
 	cmake --build --preset $@ -j $(JOBS)
 	ctest --preset $@ -j $(JOBS)
+
+fuzz: deps
+	scripts/fuzz --jobs $(FUZZ_JOBS) $(SECONDS)
 
 install: build
 	cmake --install $(BUILD)

@@ -18,9 +18,11 @@
 
 #include <structmember.h>
 
-#define NOTIFY_MAGIC "\0MCN"
-#define NOTIFY_MAGIC_LEN 4
-#define NOTIFY_HDR_LEN (NOTIFY_MAGIC_LEN + 2)
+#include "notify_pack.h"
+
+#define NOTIFY_MAGIC KVTPY_NOTIFY_MAGIC
+#define NOTIFY_MAGIC_LEN KVTPY_NOTIFY_MAGIC_LEN
+#define NOTIFY_HDR_LEN KVTPY_NOTIFY_HDR_LEN
 
 typedef struct {
     PyObject_HEAD PyObject *name;
@@ -196,21 +198,13 @@ static PyObject *text(const char *p, size_t n)
 PyObject *kvtpy_notify_decode(const kvt_notify_t *n)
 {
     PyObject *name, *msg, *obj;
-    size_t len = n->length > KVT_NOTIFY_MAX ? KVT_NOTIFY_MAX : n->length;
-    size_t nlen;
+    size_t noff, nlen, moff, mlen;
 
-    if (len >= NOTIFY_HDR_LEN &&
-        memcmp(n->data, NOTIFY_MAGIC, NOTIFY_MAGIC_LEN) == 0 &&
-        (nlen = (size_t)(unsigned char)n->data[4] |
-                (size_t)(unsigned char)n->data[5] << 8) <=
-            len - NOTIFY_HDR_LEN) {
-        name = text(n->data + NOTIFY_HDR_LEN, nlen);
-        msg =
-            text(n->data + NOTIFY_HDR_LEN + nlen, len - NOTIFY_HDR_LEN - nlen);
-    } else {
+    if (kvtpy_notify_unpack(n->data, n->length, &noff, &nlen, &moff, &mlen))
+        name = text(n->data + noff, nlen);
+    else
         name = text(n->from, strnlen(n->from, sizeof(n->from)));
-        msg = text(n->data, len);
-    }
+    msg = text(n->data + moff, mlen);
     if (name == NULL || msg == NULL) {
         Py_XDECREF(name);
         Py_XDECREF(msg);

@@ -638,7 +638,8 @@ void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
     n->pnext = NULL;
     n->peer = p;
     n->length = (uint32_t)len;
-    memcpy(n->data, data, len);
+    if (len > 0) /* an empty message may come without a buffer */
+        memcpy(n->data, data, len);
     if (e->nq_tail)
         e->nq_tail->next = n;
     else

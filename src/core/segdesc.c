@@ -286,14 +286,16 @@ static kvt_status_t dec_keys(const uint8_t *p, const uint8_t *end,
 kvt_status_t kvt__segdesc_decode(const uint8_t *buf, size_t len,
                                  kvt__segdesc_t *d)
 {
-    const uint8_t *p = buf, *end = buf + len;
+    const uint8_t *p = buf, *end;
     uint32_t nsec;
     int seen_common = 0, seen_regions = 0;
     kvt_status_t st = KVT_OK;
 
     memset(d, 0, sizeof(*d));
+    /* An empty descriptor may come as NULL: no arithmetic on it. */
     if (len < 8)
         return KVT_ERR_PROTOCOL;
+    end = buf + len;
     if (kvt__get32(p) != KVT_SEGDESC_FORMAT)
         return KVT_ERR_VERSION;
     nsec = kvt__get32(p + 4);

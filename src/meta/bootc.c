@@ -12,7 +12,7 @@
 #include <string.h>
 
 #if defined(KVT_WITH_CURL) && defined(KVT_WITH_JSON)
-#include "meta/json_parse.h"
+#include "meta/bootstrap.h"
 #include "meta/meta_curl.h"
 #include "util/log.h"
 
@@ -131,63 +131,29 @@ kvt_status_t kvt_bootc_unregister(struct kvt_bootc *c, const char *server,
     return st;
 }
 
-/* An integer field given as a JSON integer or a decimal string. */
-static int json_uint(json_object *o, const char *key, uint64_t max,
-                     uint64_t *v_p)
+/* GET @path: the answer's body on 200 (*r_p to free). */
+static kvt_status_t get_answer(struct kvt_bootc *c, const char *server,
+                               const char *path, uint64_t timeout_ms,
+                               kvt__curl_resp_t *r, char *why, size_t wl)
 {
-    json_object *v;
-    uint64_t x;
-
-    if (!json_object_object_get_ex(o, key, &v))
-        return -1;
-    if (json_object_is_type(v, json_type_string)) {
-        const char *s = json_object_get_string(v);
-        char *end;
-        if (s == NULL || *s < '0' || *s > '9')
-            return -1;
-        x = strtoull(s, &end, 10);
-        if (*end != '\0')
-            return -1;
-    } else if (kvt__json_u64(v, &x) != 0) {
-        return -1;
-    }
-    if (x > max)
-        return -1;
-    *v_p = x;
-    return 0;
-}
-
-static kvt_status_t get_json(struct kvt_bootc *c, const char *server,
-                             const char *path, uint64_t timeout_ms,
-                             json_object **o_p, char *why, size_t wl)
-{
-    kvt__curl_resp_t r;
     kvt_status_t st;
 
-    st = request(c, "GET", server, path, NULL, timeout_ms, &r, why, wl);
+    st = request(c, "GET", server, path, NULL, timeout_ms, r, why, wl);
     if (st != KVT_OK)
         return st;
-    if (r.code == 404) {
+    if (r->code == 404) {
         snprintf(why, wl,
                  "bootstrap server %s: nothing registered for "
                  "%s",
                  server, path);
         st = KVT_ERR_NOT_FOUND;
-    } else if (r.code != 200) {
+    } else if (r->code != 200) {
         snprintf(why, wl, "bootstrap server %s: GET %s: HTTP %ld", server, path,
-                 r.code);
+                 r->code);
         st = KVT_ERR_IO;
-    } else {
-        *o_p = kvt__json_parse((const char *)r.body, r.len);
-        if (*o_p == NULL) {
-            snprintf(why, wl,
-                     "bootstrap server %s: GET %s: the answer is "
-                     "not JSON",
-                     server, path);
-            st = KVT_ERR_PROTOCOL;
-        }
     }
-    kvt__curl_resp_free(&r);
+    if (st != KVT_OK)
+        kvt__curl_resp_free(r);
     return st;
 }
 
@@ -197,24 +163,18 @@ kvt_status_t kvt_bootc_sizes(struct kvt_bootc *c, const char *server,
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
-    json_object *o = NULL;
-    uint64_t tp, dp;
+    const char *path = "/route?engine_rank=-1&target_dp_group=-1", *bad;
+    kvt__curl_resp_t r;
     kvt_status_t st;
 
-    st = get_json(c, server, "/route?engine_rank=-1&target_dp_group=-1",
-                  timeout_ms, &o, why, wl);
+    st = get_answer(c, server, path, timeout_ms, &r, why, wl);
     if (st != KVT_OK)
         return st;
-    if (json_uint(o, "prefill_tp_size", 1u << 20, &tp) != 0 ||
-        json_uint(o, "prefill_dp_size", 1u << 20, &dp) != 0 || tp == 0 ||
-        dp == 0 || tp % dp != 0) {
-        snprintf(why, wl, "bootstrap server %s: bad prefill sizes", server);
-        st = KVT_ERR_PROTOCOL;
-    } else {
-        *tp_total_p = (uint32_t)tp;
-        *dp_p = (uint32_t)dp;
-    }
-    json_object_put(o);
+    st = kvt__boot_sizes_parse((const char *)r.body, r.len, tp_total_p, dp_p,
+                               &bad);
+    if (st != KVT_OK)
+        snprintf(why, wl, "bootstrap server %s: GET %s: %s", server, path, bad);
+    kvt__curl_resp_free(&r);
     return st;
 }
 
@@ -225,35 +185,21 @@ kvt_status_t kvt_bootc_route(struct kvt_bootc *c, const char *server,
 {
     char spare_[1], *why = why_in != NULL ? why_in : spare_;
     size_t wl = why_in != NULL ? wl_in : sizeof(spare_);
-    json_object *o = NULL;
-    const char *ip;
-    uint64_t port;
+    const char *bad;
+    kvt__curl_resp_t r;
     char path[96];
     kvt_status_t st;
 
     snprintf(path, sizeof(path), "/route?engine_rank=%u&target_dp_group=%u",
              rank, group);
-    st = get_json(c, server, path, timeout_ms, &o, why, wl);
+    st = get_answer(c, server, path, timeout_ms, &r, why, wl);
     if (st != KVT_OK)
         return st;
-    ip = kvt__json_str(o, "rank_ip", 255);
-    if (ip == NULL || json_uint(o, "rank_port", 65535, &port) != 0 ||
-        port == 0) {
-        snprintf(why, wl,
-                 "bootstrap server %s: bad address for rank %u "
-                 "of group %u",
-                 server, rank, group);
-        st = KVT_ERR_PROTOCOL;
-    } else if ((size_t)snprintf(name, cap,
-                                strchr(ip, ':') ? "[%s]:%u" : "%s:%u", ip,
-                                (unsigned)port) >= cap) {
-        snprintf(why, wl,
-                 "bootstrap server %s: address of rank %u too "
-                 "long",
-                 server, rank);
-        st = KVT_ERR_PROTOCOL;
-    }
-    json_object_put(o);
+    st = kvt__boot_route_parse((const char *)r.body, r.len, name, cap, &bad);
+    if (st != KVT_OK)
+        snprintf(why, wl, "bootstrap server %s: rank %u of group %u: %s",
+                 server, rank, group, bad);
+    kvt__curl_resp_free(&r);
     return st;
 }
 

@@ -46,6 +46,20 @@ typedef struct {
 kvt_status_t kvt__boot_parse(const char *body, size_t len, kvt__boot_rank_t *r,
                              const char **why_p);
 
+/*
+ * The bootstrap client's decoding of GET /route answers (untrusted), pure
+ * and without logging. The sizes answer {"prefill_tp_size",
+ * "prefill_dp_size"}: both in 1..2^20 and dp dividing tp. A rank's answer
+ * {"rank_ip", "rank_port"}: @name gets "ip:port" ("[ip]:port" for IPv6),
+ * the ip 1..255 bytes without spaces or control characters, the port in
+ * 1..65535. Integers may be JSON integers or decimal strings. KVT_OK, or
+ * KVT_ERR_PROTOCOL with *why_p a static sentence.
+ */
+kvt_status_t kvt__boot_sizes_parse(const char *body, size_t len, uint32_t *tp_p,
+                                   uint32_t *dp_p, const char **why_p);
+kvt_status_t kvt__boot_route_parse(const char *body, size_t len, char *name,
+                                   size_t cap, const char **why_p);
+
 /* The data-parallel group of a validated registration, and its rank in
  * that group (what SGLang's GET /route calls engine_rank). */
 static inline uint32_t kvt__boot_dp_group(const kvt__boot_rank_t *r)

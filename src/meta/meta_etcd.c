@@ -23,6 +23,7 @@
 
 #include "meta/base64.h"
 #include "meta/json_parse.h"
+#include "meta/meta_answer.h"
 #include "meta/meta_curl.h"
 #include "meta/meta_int.h"
 #include "util/log.h"
@@ -279,10 +280,8 @@ static kvt_status_t etcd_put(kvt__meta_t *m, const char *key, const void *val,
 static kvt_status_t etcd_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
                              size_t *len_p)
 {
-    json_object *req = json_object_new_object(), *resp = NULL, *kvs, *v;
-    const char *enc;
-    uint8_t *out;
-    long code, n;
+    json_object *req = json_object_new_object(), *resp = NULL;
+    long code;
     int oom = 0;
     kvt_status_t st;
 
@@ -294,43 +293,10 @@ static kvt_status_t etcd_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
     st = call(m, "/v3/kv/range", req, &resp, &code);
     if (st != KVT_OK)
         goto err;
-    if (code != 200 || resp == NULL) {
+    if (code != 200 || resp == NULL)
         st = answer_error("range", code, resp);
-        goto err_resp;
-    }
-    st = KVT_ERR_NOT_FOUND;
-    if (!json_object_object_get_ex(resp, "kvs", &kvs) ||
-        !json_object_is_type(kvs, json_type_array) ||
-        json_object_array_length(kvs) == 0)
-        goto err_resp;
-    st = KVT_ERR_PROTOCOL;
-    v = json_object_array_get_idx(kvs, 0);
-    if (!json_object_object_get_ex(v, "value", &v)) {
-        /* proto3 omits empty fields: an empty value. */
-        enc = "";
-    } else if (!json_object_is_type(v, json_type_string)) {
-        KVT_LOG_W("etcd metadata: range answer without a string value");
-        goto err_resp;
-    } else {
-        enc = json_object_get_string(v);
-    }
-    out = malloc(strlen(enc) / 4 * 3 + 1);
-    if (out == NULL) {
-        st = KVT_ERR_NO_MEMORY;
-        goto err_resp;
-    }
-    n = kvt__b64_decode(enc, strlen(enc), out);
-    if (n < 0 || (size_t)n > KVT_META_VALUE_MAX) {
-        KVT_LOG_W("etcd metadata: value of '%s' is not base64 or too large",
-                  key);
-        free(out);
-        goto err_resp;
-    }
-    out[n] = '\0';
-    *val_p = out;
-    *len_p = (size_t)n;
-    st = KVT_OK;
-err_resp:
+    else
+        st = kvt__etcd_range_value(resp, key, val_p, len_p);
     json_object_put(resp);
 err:
     return st;
@@ -365,7 +331,7 @@ static kvt_status_t etcd_list(kvt__meta_t *m, const char *prefix,
 {
     size_t plen = strlen(prefix), elen = plen;
     unsigned char *end = malloc(plen + 1);
-    json_object *req, *resp = NULL, *kvs;
+    json_object *req, *resp = NULL;
     long code;
     int oom = 0;
     kvt_status_t st = KVT_ERR_NO_MEMORY;
@@ -397,33 +363,7 @@ static kvt_status_t etcd_list(kvt__meta_t *m, const char *prefix,
         st = answer_error("range", code, resp);
         goto err_resp;
     }
-    if (!json_object_object_get_ex(resp, "kvs", &kvs))
-        goto err_resp; /* no keys */
-    for (size_t i = 0; st == KVT_OK && i < json_object_array_length(kvs); i++) {
-        json_object *k;
-        const char *enc;
-        uint8_t *dec;
-        long n;
-
-        if (!json_object_object_get_ex(json_object_array_get_idx(kvs, i), "key",
-                                       &k) ||
-            !json_object_is_type(k, json_type_string)) {
-            st = KVT_ERR_PROTOCOL;
-            break;
-        }
-        enc = json_object_get_string(k);
-        dec = malloc(strlen(enc) / 4 * 3 + 1);
-        if (dec == NULL) {
-            st = KVT_ERR_NO_MEMORY;
-            break;
-        }
-        n = kvt__b64_decode(enc, strlen(enc), dec);
-        st = n < 0 ? KVT_ERR_PROTOCOL
-                   : kvt__meta_keys_add(out, (const char *)dec, (size_t)n);
-        free(dec);
-    }
-    if (st == KVT_ERR_PROTOCOL)
-        KVT_LOG_W("etcd metadata: malformed key in a range answer");
+    st = kvt__etcd_range_keys(resp, out);
 err_resp:
     json_object_put(resp);
 err_end:

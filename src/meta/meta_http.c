@@ -20,9 +20,7 @@
 #include "meta/meta_int.h"
 #include "util/log.h"
 
-#ifdef KVT_WITH_JSON
-#include "meta/json_parse.h"
-#endif
+#include "meta/meta_answer.h"
 
 typedef struct {
     kvt__curl_t curl;
@@ -198,36 +196,6 @@ err:
     return st;
 }
 
-#ifdef KVT_WITH_JSON
-/* Collect the strings of a JSON array answer. */
-static kvt_status_t parse_keys(const kvt__curl_resp_t *r, kvt__meta_keys_t *out)
-{
-    json_object *a = kvt__json_parse((const char *)r->body, r->len);
-    kvt_status_t st = KVT_ERR_PROTOCOL;
-    size_t n;
-
-    if (a == NULL || !json_object_is_type(a, json_type_array)) {
-        KVT_LOG_W("http metadata: key listing is not a JSON array");
-        goto err_a;
-    }
-    n = json_object_array_length(a);
-    st = KVT_OK;
-    for (size_t i = 0; i < n && st == KVT_OK; i++) {
-        json_object *k = json_object_array_get_idx(a, i);
-        if (!json_object_is_type(k, json_type_string)) {
-            KVT_LOG_W("http metadata: key listing holds a non-string");
-            st = KVT_ERR_PROTOCOL;
-            break;
-        }
-        st = kvt__meta_keys_add(out, json_object_get_string(k),
-                                (size_t)json_object_get_string_len(k));
-    }
-err_a:
-    json_object_put(a);
-    return st;
-}
-#endif
-
 /* GET PATH/keys?prefix=P, kvt metad's listing; other servers answer 404
  * or 405, which is KVT_ERR_NOT_SUPPORTED. */
 static kvt_status_t http_list(kvt__meta_t *m, const char *prefix,
@@ -253,7 +221,7 @@ static kvt_status_t http_list(kvt__meta_t *m, const char *prefix,
     } else if (r.code != 200) {
         st = bad_code("LIST", prefix, &r);
     } else {
-        st = parse_keys(&r, out);
+        st = kvt__http_keys_parse(r.body, r.len, out);
     }
     kvt__curl_resp_free(&r);
 err_url:

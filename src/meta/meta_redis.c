@@ -18,6 +18,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "meta/meta_answer.h"
 #include "meta/meta_int.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -212,36 +213,11 @@ static kvt_status_t redis_get(kvt__meta_t *m, const char *key, uint8_t **val_p,
                               size_t *len_p)
 {
     redisReply *rep;
-    uint8_t *copy;
     kvt_status_t st = command(m, "GET", &rep, "GET %b", key, strlen(key));
 
     if (st != KVT_OK)
         goto err;
-    if (rep->type == REDIS_REPLY_NIL) {
-        st = KVT_ERR_NOT_FOUND;
-        goto err_rep;
-    }
-    if (rep->type != REDIS_REPLY_STRING) {
-        KVT_LOG_W("redis metadata: GET '%s' answered type %d", key, rep->type);
-        st = KVT_ERR_PROTOCOL;
-        goto err_rep;
-    }
-    if (rep->len > KVT_META_VALUE_MAX) {
-        KVT_LOG_W("redis metadata: value of '%s' is %zu bytes (limit %u)", key,
-                  rep->len, KVT_META_VALUE_MAX);
-        st = KVT_ERR_OVERFLOW;
-        goto err_rep;
-    }
-    copy = malloc(rep->len + 1);
-    if (copy == NULL) {
-        st = KVT_ERR_NO_MEMORY;
-        goto err_rep;
-    }
-    memcpy(copy, rep->str, rep->len);
-    copy[rep->len] = '\0';
-    *val_p = copy;
-    *len_p = rep->len;
-err_rep:
+    st = kvt__redis_get_reply(rep, key, val_p, len_p);
     freeReplyObject(rep);
 err:
     return st;
@@ -281,7 +257,7 @@ static kvt_status_t redis_list(kvt__meta_t *m, const char *prefix,
     pattern[n++] = '*';
     st = KVT_OK;
     do {
-        redisReply *rep, *keys;
+        redisReply *rep;
         if (kvt__now_ns() > deadline) {
             KVT_LOG_W("redis metadata: listing '%s' took longer than %llu ms",
                       prefix, (unsigned long long)m->timeout_ms);
@@ -292,22 +268,7 @@ static kvt_status_t redis_list(kvt__meta_t *m, const char *prefix,
                      pattern, n);
         if (st != KVT_OK)
             break;
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-            rep->element[0]->type != REDIS_REPLY_STRING ||
-            rep->element[0]->len >= sizeof(cursor) ||
-            rep->element[1]->type != REDIS_REPLY_ARRAY) {
-            KVT_LOG_W("redis metadata: unexpected SCAN answer");
-            st = KVT_ERR_PROTOCOL;
-            freeReplyObject(rep);
-            break;
-        }
-        memcpy(cursor, rep->element[0]->str, rep->element[0]->len);
-        cursor[rep->element[0]->len] = '\0';
-        keys = rep->element[1];
-        for (size_t i = 0; i < keys->elements && st == KVT_OK; i++)
-            if (keys->element[i]->type == REDIS_REPLY_STRING)
-                st = kvt__meta_keys_add(out, keys->element[i]->str,
-                                        keys->element[i]->len);
+        st = kvt__redis_scan_reply(rep, cursor, sizeof(cursor), out);
         freeReplyObject(rep);
     } while (st == KVT_OK && strcmp(cursor, "0") != 0);
     free(pattern);
