@@ -119,7 +119,8 @@ static size_t put_hdr(uint8_t *out, uint8_t type, uint32_t body,
 /* The harness's HELLO (@transport 0: control connection) into @out. */
 static size_t hello(uint8_t *out, uint32_t transport)
 {
-    kvt__wire_hello_t h = {0, 0, 1, transport, 0, "fuzzpeer:1"};
+    kvt__wire_hello_t h = {
+        .nconns = 1, .transport = transport, .name = "fuzzpeer:1"};
     size_t n;
 
     if (transport != 0)

@@ -330,7 +330,7 @@ static void record(void)
 {
     static uint8_t region[64 * 1024];
     kvt_engine_params_t p = {0};
-    kvt__wire_hello_t hello = {0, 0, 1, 0, 0, "fuzz-recorder"};
+    kvt__wire_hello_t hello = {.nconns = 1, .name = "fuzz-recorder"};
     uint8_t out[KVT_WIRE_HDR_LEN + KVT_WIRE_HELLO_MAX];
     kvt_engine_h t;
     size_t n;
