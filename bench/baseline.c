@@ -283,6 +283,11 @@ size_t matched_size(const char *s)
     return size_arg(s);
 }
 
+char *matched_touched(size_t n)
+{
+    return touched(n);
+}
+
 int matched_tcp_pair(int *a, int *b)
 {
     return pair(a, b, 1);

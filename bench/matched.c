@@ -55,19 +55,6 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static char *area(size_t n)
-{
-    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(2);
-    }
-    for (size_t i = 0; i < n; i += 4096)
-        p[i] = (char)(i >> 12);
-    return p;
-}
-
 static int walk(bench_walk_t *w, size_t wset, size_t block, int scatter,
                 double frac)
 {
@@ -199,7 +186,7 @@ int matched_tcp(int argc, char **argv)
     pid = fork();
     if (pid == 0) {
         for (int i = 0; i < n; i++)
-            s[i].mem = area(s[i].wset);
+            s[i].mem = matched_touched(s[i].wset);
         if (write(ready[1], "r", 1) != 1)
             _exit(1);
         for (int i = 0; i < n; i++) {
@@ -214,7 +201,7 @@ int matched_tcp(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         close(fds[i][1]);
         s[i].fd = fds[i][0];
-        s[i].mem = area(s[i].wset);
+        s[i].mem = matched_touched(s[i].wset);
     }
     /* The clock starts once both sides' memory is in place. */
     if (read(ready[0], &c, 1) != 1)
@@ -279,7 +266,8 @@ static void copy_nt(char *d, const char *s, size_t n)
 static void *copier_run(void *arg)
 {
     copier_t *c = arg;
-    char *src = area(c->wset), *dst = c->cma ? NULL : area(c->wset);
+    char *src = matched_touched(c->wset),
+         *dst = c->cma ? NULL : matched_touched(c->wset);
     struct iovec *l = calloc(c->batch, sizeof(*l));
     struct iovec *r = calloc(c->batch, sizeof(*r));
     bench_walk_t ws, wd;
@@ -360,7 +348,7 @@ int matched_copy(int argc, char **argv)
             return 2;
         pid = fork();
         if (pid == 0) {
-            char *p = area(per * (size_t)n);
+            char *p = matched_touched(per * (size_t)n);
             if (write(pipefd[1], &p, sizeof(p)) != sizeof(p))
                 _exit(1);
             pause();

@@ -94,10 +94,15 @@ static uint64_t word(uint64_t idx, uint64_t pass, uint64_t seed)
     return mix(idx ^ (pass << 40) ^ (seed << 56) ^ seed);
 }
 
-void bench_fill(void *dst, uint64_t off, uint64_t len, uint64_t pass,
-                uint64_t seed)
+/*
+ * Walk the pattern of bytes [off, off+len) in pass @pass: @buf is filled
+ * with it (@check 0), or compared with it (@check 1: returns 1 at the
+ * first byte that differs). Word by word, with partial words at either
+ * end, so any offset and length work.
+ */
+static int pattern(unsigned char *buf, uint64_t off, uint64_t len,
+                   uint64_t pass, uint64_t seed, int check)
 {
-    unsigned char *p = dst;
     uint64_t end = off + len;
 
     while (off < end) {
@@ -107,31 +112,27 @@ void bench_fill(void *dst, uint64_t off, uint64_t len, uint64_t pass,
 
         if (n > end - off)
             n = end - off;
-        memcpy(p, (unsigned char *)&w + skip, n);
-        p += n;
+        if (!check)
+            memcpy(buf, (unsigned char *)&w + skip, n);
+        else if (memcmp(buf, (unsigned char *)&w + skip, n) != 0)
+            return 1;
+        buf += n;
         off += n;
     }
+    return 0;
+}
+
+void bench_fill(void *dst, uint64_t off, uint64_t len, uint64_t pass,
+                uint64_t seed)
+{
+    pattern(dst, off, len, pass, seed, 0);
 }
 
 int bench_differs(const void *src, uint64_t off, uint64_t len, uint64_t pass,
                   uint64_t seed)
 {
-    const unsigned char *p = src;
-    uint64_t end = off + len;
-
-    while (off < end) {
-        uint64_t w = word(off >> 3, pass, seed);
-        unsigned skip = (unsigned)(off & 7);
-        uint64_t n = 8 - skip;
-
-        if (n > end - off)
-            n = end - off;
-        if (memcmp(p, (unsigned char *)&w + skip, n) != 0)
-            return 1;
-        p += n;
-        off += n;
-    }
-    return 0;
+    /* Only read when checking. */
+    return pattern((unsigned char *)(uintptr_t)src, off, len, pass, seed, 1);
 }
 
 double bench_cpu_s(void)
