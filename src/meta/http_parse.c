@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "util/hex.h"
+
 static const char *const method_names[KVT__METHOD_COUNT] = {
     "GET", "PUT", "DELETE", "HEAD", "POST", "OTHER",
 };
@@ -38,17 +40,6 @@ const char *kvt__http_route_name(kvt__route_t r)
     return (unsigned)r < KVT__ROUTE_COUNT ? route_names[r] : "other";
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /*
  * Percent-decode [s, e) into @out (room for @cap bytes plus a NUL).
  * Returns the decoded length, -400 for a bad escape or a NUL byte, -414
@@ -62,7 +53,8 @@ static long decode(const char *s, const char *e, char *out, size_t cap)
         int c = (unsigned char)*s;
         if (c == '%') {
             int hi, lo;
-            if (e - s < 3 || (hi = hexval(s[1])) < 0 || (lo = hexval(s[2])) < 0)
+            if (e - s < 3 || (hi = kvt__hex_val(s[1])) < 0 ||
+                (lo = kvt__hex_val(s[2])) < 0)
                 return -400;
             c = hi * 16 + lo;
             s += 3;

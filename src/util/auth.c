@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "util/hex.h"
+
 #define KDF_LABEL "kvt-auth-v1"
 #define HTTP_LABEL "kvt-http-v1"
 #define HTTP_SCHEME "KVT-HMAC "
@@ -109,17 +111,6 @@ void kvt__auth_http_sign(const kvt__auth_t *a, const char *method,
                       mac[i]);
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int kvt__auth_http_verify(const kvt__auth_t *a, const char *hdr,
                           const char *method, const char *target, size_t tlen,
                           const void *body, size_t blen, time_t now,
@@ -160,7 +151,7 @@ int kvt__auth_http_verify(const kvt__auth_t *a, const char *hdr,
         return 0;
     }
     for (int i = 0; i < KVT_AUTH_MAC_LEN; i++) {
-        int hi = hexval(m[2 * i]), lo = hexval(m[2 * i + 1]);
+        int hi = kvt__hex_val(m[2 * i]), lo = kvt__hex_val(m[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             *why = "malformed KVT-HMAC header";
             return 0;

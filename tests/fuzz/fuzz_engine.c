@@ -34,6 +34,7 @@
 #include "fuzz/fuzz_util.h"
 #include "util/sock.h"
 #include "util/time.h"
+#include "wire_test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -101,21 +102,6 @@ static void check_arena(void)
     }
 }
 
-static size_t put_hdr(uint8_t *out, uint8_t type, uint32_t body,
-                      uint64_t payload, uint64_t req_id)
-{
-    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR,
-                         KVT_WIRE_VERSION_MINOR,
-                         type,
-                         0,
-                         body,
-                         0,
-                         payload,
-                         req_id};
-    kvt__wire_hdr_encode(&h, out);
-    return KVT_WIRE_HDR_LEN;
-}
-
 /* The harness's HELLO (@transport 0: control connection) into @out. */
 static size_t hello(uint8_t *out, uint32_t transport)
 {
@@ -126,7 +112,7 @@ static size_t hello(uint8_t *out, uint32_t transport)
     if (transport != 0)
         h.session_id = (0xf00dull << 32) | (uint32_t)++sessions;
     n = kvt__wire_hello_encode(&h, out + KVT_WIRE_HDR_LEN, KVT_WIRE_HELLO_MAX);
-    put_hdr(out, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+    kvt_test_hdr(out, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
     return KVT_WIRE_HDR_LEN + n;
 }
 
@@ -228,7 +214,7 @@ static void check_alive(void)
     kvt__wire_hdr_t h;
     int fd = dial();
 
-    n += put_hdr(out + n, KVT_WIRE_PING, 0, 0, 2);
+    n += kvt_test_hdr(out + n, KVT_WIRE_PING, 0, 0, 2);
     got = exchange(fd, out, n, in, sizeof(in));
     close(fd);
     if (got < KVT_WIRE_HDR_LEN ||

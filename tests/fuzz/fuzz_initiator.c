@@ -35,6 +35,7 @@
 #include "fuzz/fuzz_util.h"
 #include "util/sock.h"
 #include "util/time.h"
+#include "wire_test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -112,21 +113,6 @@ static void send_all(int fd, const void *buf, size_t len)
     }
 }
 
-static size_t put_hdr(uint8_t *out, uint8_t type, uint32_t body,
-                      uint64_t payload, uint64_t req_id)
-{
-    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR,
-                         KVT_WIRE_VERSION_MINOR,
-                         type,
-                         0,
-                         body,
-                         0,
-                         payload,
-                         req_id};
-    kvt__wire_hdr_encode(&h, out);
-    return KVT_WIRE_HDR_LEN;
-}
-
 /* What a sound target answers to @h. */
 static void answer_auto(int fd, const kvt__wire_hdr_t *h)
 {
@@ -144,12 +130,13 @@ static void answer_auto(int fd, const kvt__wire_hdr_t *h)
         send_all(fd, desc_frame, desc_len);
         break;
     case KVT_WIRE_WRITE:
-        send_all(fd, out, put_hdr(out, KVT_WIRE_WRITE_ACK, 0, 0, h->req_id));
+        send_all(fd, out,
+                 kvt_test_hdr(out, KVT_WIRE_WRITE_ACK, 0, 0, h->req_id));
         break;
     case KVT_WIRE_READ:
-        send_all(
-            fd, out,
-            put_hdr(out, KVT_WIRE_READ_RESP, 0, h->payload_len, h->req_id));
+        send_all(fd, out,
+                 kvt_test_hdr(out, KVT_WIRE_READ_RESP, 0, h->payload_len,
+                              h->req_id));
         for (left = h->payload_len; left > 0;) {
             size_t n = left < sizeof(zeros) ? (size_t)left : sizeof(zeros);
             send_all(fd, zeros, n);
@@ -158,10 +145,11 @@ static void answer_auto(int fd, const kvt__wire_hdr_t *h)
         send_all(fd, zeros, KVT_WIRE_TRAILER_LEN);
         break;
     case KVT_WIRE_NOTIFY:
-        send_all(fd, out, put_hdr(out, KVT_WIRE_NOTIFY_ACK, 0, 0, h->req_id));
+        send_all(fd, out,
+                 kvt_test_hdr(out, KVT_WIRE_NOTIFY_ACK, 0, 0, h->req_id));
         break;
     case KVT_WIRE_PING:
-        send_all(fd, out, put_hdr(out, KVT_WIRE_PONG, 0, 0, h->req_id));
+        send_all(fd, out, kvt_test_hdr(out, KVT_WIRE_PONG, 0, 0, h->req_id));
         break;
     default:
         break;
@@ -347,10 +335,10 @@ static void record(void)
         die("cannot start the recording engine");
     n = kvt__wire_hello_encode(&hello, out + KVT_WIRE_HDR_LEN,
                                KVT_WIRE_HELLO_MAX);
-    put_hdr(out, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+    kvt_test_hdr(out, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
     send_all(fd, out, KVT_WIRE_HDR_LEN + n);
     ack_frame = recv_frame(fd, &ack_len);
-    send_all(fd, out, put_hdr(out, KVT_WIRE_SEG_QUERY, 0, 0, 2));
+    send_all(fd, out, kvt_test_hdr(out, KVT_WIRE_SEG_QUERY, 0, 0, 2));
     desc_frame = recv_frame(fd, &desc_len);
     close(fd);
     kvt_engine_destroy(t);

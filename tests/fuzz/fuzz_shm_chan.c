@@ -27,6 +27,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "transport/shm/shm.h"
+#include "transport/shm/shm_sess.h"
 #include "util/time.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -126,37 +127,19 @@ static void check_arena(void)
  * message's length, 0 when none is waiting, -1 at the end. */
 static ssize_t recv_msg(int fd, kvt__shm_msg_t *m, int *memfd_p, int wait_ms)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {m, sizeof(*m)};
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = u.buf,
-                        .msg_controllen = sizeof(u.buf)};
     struct pollfd p = {fd, POLLIN, 0};
-    struct cmsghdr *cm;
+    int got = -1;
     ssize_t n;
 
     if (memfd_p != NULL)
         *memfd_p = -1;
     if (poll(&p, 1, wait_ms) <= 0)
         return 0;
-    n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return 0;
-    for (cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm != NULL;
-         cm = CMSG_NXTHDR(&mh, cm)) {
-        int got;
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        memcpy(&got, CMSG_DATA(cm), sizeof(int));
-        if (memfd_p != NULL && *memfd_p < 0)
-            *memfd_p = got;
-        else
-            close(got);
-    }
+    n = kvt__shm_recv_msg(fd, m, &got);
+    if (got >= 0 && memfd_p != NULL)
+        *memfd_p = got;
+    else if (got >= 0)
+        close(got);
     return n <= 0 ? -1 : n;
 }
 

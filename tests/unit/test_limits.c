@@ -21,6 +21,7 @@
 #include "core/engine_int.h"
 #include "core/wire.h"
 #include "kvt_test.h"
+#include "wire_test.h"
 #include "transport/tcp/tcp.h"
 #include "util/sock.h"
 #include "util/time.h"
@@ -59,20 +60,6 @@ static int dial(kvt_engine_h e)
     return fd;
 }
 
-static void hdr(uint8_t *buf, uint8_t type, uint32_t body, uint64_t payload,
-                uint64_t req_id)
-{
-    kvt__wire_hdr_t h = {KVT_WIRE_VERSION_MAJOR,
-                         KVT_WIRE_VERSION_MINOR,
-                         type,
-                         0,
-                         body,
-                         0,
-                         payload,
-                         req_id};
-    kvt__wire_hdr_encode(&h, buf);
-}
-
 static void send_all(int fd, const void *buf, size_t len)
 {
     CHECK(send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len);
@@ -106,7 +93,7 @@ static int hello_named(int fd, uint32_t transport, uint64_t sid,
     snprintf(h.name, sizeof(h.name), "%s", name);
     n = kvt__wire_hello_encode(&h, body, sizeof(body));
     CHECK(n > 0);
-    hdr(hb, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+    kvt_test_hdr(hb, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
     send_all(fd, hb, sizeof(hb));
     send_all(fd, body, n);
     CHECK(recv_frame(fd, &rh, 3) > 0);
@@ -265,7 +252,7 @@ KVT_TEST(read_responses_bounded)
 
     CHECK_OK(kvt_mem_register(e, region, sizeof(region), KVT_ACCESS_REMOTE_RW));
     fd = data_conn(e, "reader:1");
-    hdr(frame, KVT_WIRE_READ, KVT_WIRE_PIECE_LEN, sizeof(region), 9);
+    kvt_test_hdr(frame, KVT_WIRE_READ, KVT_WIRE_PIECE_LEN, sizeof(region), 9);
     kvt__wire_piece_encode(&p, frame + KVT_WIRE_HDR_LEN);
     before = rss_bytes();
     sent = flood(fd, frame, sizeof(frame), 2.0, 512 * 1024 / sizeof(frame));
@@ -289,7 +276,7 @@ KVT_TEST(ping_flood_bounded)
     size_t before, grown, sent;
     int fd = data_conn(e, "pinger:1");
 
-    hdr(frame, KVT_WIRE_PING, 0, 0, 3);
+    kvt_test_hdr(frame, KVT_WIRE_PING, 0, 0, 3);
     before = rss_bytes();
     sent = flood(fd, frame, sizeof(frame), 4.0, 32u * 1024 * 1024 / 32);
     usleep(300000);
@@ -324,7 +311,7 @@ KVT_TEST(unread_responses_freed)
     int fds0 = count_fds(), fd, small = 4096;
     size_t sent;
 
-    hdr(frame, KVT_WIRE_PING, 0, 0, 3);
+    kvt_test_hdr(frame, KVT_WIRE_PING, 0, 0, 3);
     /* Never read, with a small receive window: the target's end goes
      * within the timeout (and a tick), this end alone stays open. */
     fd = data_conn(e, "sleeper:1");
@@ -476,7 +463,7 @@ static void notify_raw(int fd, size_t n, const char *msg)
     size_t len = strlen(msg), unacked = 0;
     uint8_t frame[KVT_WIRE_HDR_LEN + 64];
 
-    hdr(frame, KVT_WIRE_NOTIFY, (uint32_t)len, 0, 5);
+    kvt_test_hdr(frame, KVT_WIRE_NOTIFY, (uint32_t)len, 0, 5);
     memcpy(frame + KVT_WIRE_HDR_LEN, msg, len);
     for (size_t i = 0; i < n; i++) {
         send_all(fd, frame, KVT_WIRE_HDR_LEN + len);
@@ -561,7 +548,7 @@ KVT_TEST(log_lines_limited_and_escaped)
         kvt__wire_hdr_t h;
         int fd = data_conn(e, "evil\n[0.0] kvt ERROR 1 forged.c:1 forged");
         /* A response sent as a request. */
-        hdr(junk, KVT_WIRE_WRITE_ACK, 0, 0, 1);
+        kvt_test_hdr(junk, KVT_WIRE_WRITE_ACK, 0, 0, 1);
         send_all(fd, junk, sizeof(junk));
         CHECK(recv_frame(fd, &h, 3) == KVT_WIRE_ERROR);
         CHECK(h.status == KVT_ERR_PROTOCOL);
@@ -618,17 +605,17 @@ KVT_TEST(protocol_refusals)
     for (int ctl = 0; ctl < 2; ctl++) {
         /* Wrong magic. */
         fd = ctl ? dial(e) : data_conn(e, "raw:1");
-        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        kvt_test_hdr(h, KVT_WIRE_PING, 0, 0, 1);
         h[0] ^= 0xff;
         expect_refused(fd, h);
         /* Flags. */
         fd = ctl ? dial(e) : data_conn(e, "raw:1");
-        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        kvt_test_hdr(h, KVT_WIRE_PING, 0, 0, 1);
         h[5] = 1;
         expect_refused(fd, h);
         /* Reserved bits. */
         fd = ctl ? dial(e) : data_conn(e, "raw:1");
-        hdr(h, KVT_WIRE_PING, 0, 0, 1);
+        kvt_test_hdr(h, KVT_WIRE_PING, 0, 0, 1);
         h[7] = 0x80;
         expect_refused(fd, h);
     }
@@ -639,7 +626,7 @@ KVT_TEST(protocol_refusals)
         uint8_t body[64];
         size_t n = kvt__wire_hello_encode(&hl, body, sizeof(body));
         kvt__wire_hdr_t rh;
-        hdr(h, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
+        kvt_test_hdr(h, KVT_WIRE_HELLO, (uint32_t)n, 0, 1);
         h[5] = 0x40;
         send_all(fd, h, sizeof(h));
         send_all(fd, body, n);
