@@ -468,7 +468,7 @@ static int64_t target_verify(kvt_engine_h e, kvt_segment_t seg,
     int64_t bad = 0;
 
     for (unsigned i = 0; i < n; i++) {
-        char req[256], reply[128];
+        char req[256], reply[128] = "";
         uint64_t c, b;
 
         snprintf(req, sizeof(req), "verify %llu %llu %llu %llu %llu %llu",
@@ -599,6 +599,15 @@ static int run_initiator(const bench_opts_t *o)
             goto out_local;
         }
     }
+    /* A target that does not answer the first request (a peer that is
+     * not kvt bench) cannot check anything either: say so now rather
+     * than after the run. */
+    tcpu0 = target_cpu(e, seg);
+    if (o->verify && tcpu0 < 0) {
+        fprintf(stderr, "kvt bench: --verify needs a kvt bench target, and "
+                        "this one does not answer\n");
+        goto out_local;
+    }
     if (o->verify && strcmp(o->op, "read") == 0) {
         char reply[128];
         snprintf(reply, sizeof(reply), "fill %llu", (unsigned long long)seed);
@@ -608,8 +617,8 @@ static int run_initiator(const bench_opts_t *o)
                             "buffer for --verify\n");
             goto out_local;
         }
+        tcpu0 = target_cpu(e, seg); /* the fill is not the run's */
     }
-    tcpu0 = target_cpu(e, seg);
     cpu0 = bench_cpu_s();
     t0 = now_s();
     for (unsigned i = 0; i < o->threads; i++) {

@@ -54,4 +54,33 @@ fi
 bad=$(field "$TMP/out" mismatches)
 [ "$bad" -gt 0 ] || { cat "$TMP/out"; exit 1; }
 echo "scribbled: $bad of $(field "$TMP/out" verified_blocks) blocks differ, as they should"
+
+# A target that is not kvt bench (an engine of the Python binding) does
+# not answer: the figures come without its CPU time, and --verify is
+# refused before the run instead of reporting nothing checked.
+if [ -n "${PYTHONPATH:-}" ] && python3 -c 'import kvt' 2>/dev/null; then
+    python3 -c '
+import ctypes, kvt, mmap, sys, time
+e = kvt.TransferEngine()
+assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+b = mmap.mmap(-1, 64 << 20)
+assert e.register_memory(ctypes.addressof(ctypes.c_char.from_buffer(b)), len(b)) == 0
+print("segment: 127.0.0.1:%d" % e.get_rpc_port(), flush=True)
+time.sleep(120)' >"$TMP/target.py" 2>&1 &
+    PYPID=$!
+    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.py" && break; sleep 0.1; done
+    PSEG=$(sed -n 's/^segment: *//p' "$TMP/target.py")
+    [ -n "$PSEG" ] || { cat "$TMP/target.py"; exit 1; }
+    "$KVT" bench --mode=initiator --segment="$PSEG" --protocol=tcp --block-size=64K \
+        --batch-size=8 --duration=0.3 --json >"$TMP/out" 2>"$TMP/err"
+    [ "$(field "$TMP/out" target_cpu_s)" = None ] || { cat "$TMP/out"; exit 1; }
+    if "$KVT" bench --mode=initiator --segment="$PSEG" --protocol=tcp --block-size=64K \
+        --batch-size=8 --duration=0.3 --verify --json >"$TMP/out" 2>"$TMP/err"; then
+        echo "--verify against a target that cannot check passed"; exit 1
+    fi
+    grep -q "needs a kvt bench target" "$TMP/err" || { cat "$TMP/err"; exit 1; }
+    echo "a target that does not answer: no target CPU, --verify refused"
+    kill "$PYPID"
+    wait "$PYPID" 2>/dev/null || true
+fi
 echo ok
