@@ -18,8 +18,13 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
 /* The application's handler, if any. Readers hold the lock across the
  * call, so kvt_log_set_handler() returns only once no thread is inside
- * the handler it replaces. Logging is never on a hot path. */
-static pthread_rwlock_t handler_lock = PTHREAD_RWLOCK_INITIALIZER;
+ * the handler it replaces. The lock prefers the writer: with readers
+ * preferred (glibc's default), threads that log without pause would keep
+ * kvt_log_set_handler() waiting for ever. Logging is never on a hot
+ * path, and a handler never logs (its contract), so no thread takes the
+ * lock twice. */
+static pthread_rwlock_t handler_lock =
+    PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static kvt_log_handler_cb_t handler_cb;
 static void *handler_arg;
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG",
