@@ -29,7 +29,9 @@ _thread = None
 
 def _pump():
     while True:
-        lines = _kvt._log_next(0.5)
+        # Woken by each line and by stop(); the timeout only bounds a
+        # sleep nothing ends, so an idle process is not woken for nothing.
+        lines = _kvt._log_next(60.0)
         if lines is None:
             return
         for level, file, line, msg in lines:
