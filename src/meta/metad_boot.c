@@ -218,7 +218,8 @@ int kvt__boot_table_topology(kvt__boot_table_t *t, uint64_t now_ms,
     ranks = json_object_new_array();
     pthread_mutex_lock(&t->lock);
     sweep(t, now_ms);
-    qsort(t->e, t->n, sizeof(*t->e), cmp_entry);
+    if (t->n > 0) /* an empty table has no array to sort */
+        qsort(t->e, t->n, sizeof(*t->e), cmp_entry);
     add(o, "prefill_tp_size", json_object_new_int64(t->tp_size), &oom);
     add(o, "prefill_dp_size", json_object_new_int64(t->dp_size), &oom);
     for (size_t i = 0; ranks != NULL && i < t->n; i++) {
