@@ -54,7 +54,7 @@ static void usage(void)
            "            [--batch-size=N] [--threads=N] [--duration=SECONDS] "
            "[--protocol=...] [--json]\n"
            "            [--pattern=contig|scatter] [--working-set=BYTES] "
-           "[--verify]\n"
+           "[--verify] [--depth=N]\n"
            "options for both: [--workers=N] [--conns=N] "
            "[--memory=host|cuda] [--device=N]\n"
            "Sizes take K/M/G suffixes (powers of 1024).\n");
@@ -77,6 +77,7 @@ static int parse(int argc, char **argv, bench_opts_t *o)
     o->block = 64 << 10;
     o->batch = 128;
     o->threads = 1;
+    o->depth = 1;
     o->duration = 5;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -126,6 +127,10 @@ static int parse(int argc, char **argv, bench_opts_t *o)
         } else if ((v = cli_opt(argc, argv, &i, "threads"))) {
             if (cli_parse_size(v, &o->threads) || o->threads == 0 ||
                 o->threads > 256)
+                goto bad;
+        } else if ((v = cli_opt(argc, argv, &i, "depth"))) {
+            if (cli_parse_size(v, &o->depth) || o->depth == 0 ||
+                o->depth > 64)
                 goto bad;
         } else if ((v = cli_opt(argc, argv, &i, "workers"))) {
             if (cli_parse_size(v, &o->workers) || o->workers == 0)
@@ -347,85 +352,139 @@ static void progress(kvt_engine_h e, const bench_opts_t *o, double t0)
 /*
  * One initiator thread: batches of o->batch descriptors, each one block
  * from local slot lw(k) to remote slot rw(k) (or back, reading), k
- * counting every descriptor of the thread. With --verify a write's
+ * counting every descriptor of the thread. o->depth batches are in
+ * flight at once: the thread waits for the oldest, then refills and
+ * submits it again, so with a depth of 2 or more the transport is never
+ * left without work while the thread is busy. With --verify a write's
  * source is filled with the pattern of its destination and pass before
  * it is submitted (so the figure then includes that work), and a read's
- * block is checked once it has landed.
+ * block is checked once it has landed. A batch's latency runs from its
+ * submission to the return of the wait that saw it complete.
  */
+typedef struct {
+    kvt_batch_h b;
+    kvt_xfer_desc_t *d;
+    uint64_t k; /* its first descriptor's number */
+    double t0;
+    int busy;
+} bench_slot_t;
+
+static int note_latency(worker_t *w, double us)
+{
+    if (w->nlat == w->lat_cap) {
+        size_t cap = w->lat_cap ? w->lat_cap * 2 : 4096;
+        double *n = realloc(w->lat, cap * sizeof(double));
+        if (n == NULL)
+            return -1;
+        w->lat = n;
+        w->lat_cap = cap;
+    }
+    w->lat[w->nlat++] = us;
+    return 0;
+}
+
+/* Waits for @sl and accounts for it; returns -1 when the run must stop. */
+static int finish_slot(worker_t *w, bench_slot_t *sl, int reading)
+{
+    const bench_opts_t *o = w->o;
+    kvt_status_t st = kvt_batch_wait(sl->b, -1);
+    int stop = 0;
+
+    sl->busy = 0;
+    if (note_latency(w, (now_s() - sl->t0) * 1e6) != 0)
+        stop = 1;
+    if (st == KVT_OK) {
+        w->bytes += o->block * o->batch;
+        w->ops += o->batch;
+        for (uint64_t i = 0; o->verify && reading && i < o->batch; i++)
+            w->bad += (uint64_t)bench_differs(
+                sl->d[i].local_addr,
+                w->base + bench_walk_slot(&w->rw, sl->k + i) * o->block,
+                o->block, 0, w->seed);
+    } else {
+        kvt_batch_state_t s;
+        kvt_batch_query(sl->b, &s);
+        w->errors += s.failed;
+        w->ops += s.completed;
+        w->bytes += s.completed * o->block;
+        if (w->errors == s.failed)
+            fprintf(stderr, "kvt bench: transfer failed: %s\n",
+                    kvt_status_str(st));
+        if (st == KVT_ERR_CONN_LOST || st == KVT_ERR_TIMEDOUT ||
+            st == KVT_ERR_NOT_FOUND) {
+            w->fatal = 1;
+            stop = 1;
+        }
+    }
+    kvt_batch_reset(sl->b);
+    return stop ? -1 : 0;
+}
+
 static void *initiator_thread(void *arg)
 {
     worker_t *w = arg;
     const bench_opts_t *o = w->o;
     int reading = strcmp(o->op, "read") == 0;
-    kvt_xfer_desc_t *d = calloc(o->batch, sizeof(*d));
-    kvt_batch_h b;
-    uint64_t k = 0;
+    bench_slot_t *slots = calloc(o->depth, sizeof(*slots));
+    uint64_t k = 0, n = 0;
 
-    if (d == NULL || kvt_batch_create(w->e, o->batch, &b) != KVT_OK) {
-        free(d);
-        w->fatal = 1;
-        return NULL;
+    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+        slots[j].d = calloc(o->batch, sizeof(kvt_xfer_desc_t));
+        if (slots[j].d == NULL ||
+            kvt_batch_create(w->e, o->batch, &slots[j].b) != KVT_OK) {
+            free(slots[j].d);
+            slots[j].d = NULL;
+            w->fatal = 1;
+            break;
+        }
     }
-    while (now_s() < w->t_end) {
-        double t0;
+    for (; !w->fatal && now_s() < w->t_end; n++) {
+        bench_slot_t *sl = &slots[n % o->depth];
         kvt_status_t st;
 
+        if (sl->busy && finish_slot(w, sl, reading) != 0)
+            break;
         for (uint64_t i = 0; i < o->batch; i++) {
             uint64_t rs = bench_walk_slot(&w->rw, k + i);
             char *l = w->local + bench_walk_slot(&w->lw, k + i) * o->block;
 
-            d[i].opcode = reading ? KVT_OP_READ : KVT_OP_WRITE;
-            d[i].segment = w->seg;
-            d[i].local_addr = l;
-            d[i].remote_addr = w->remote + rs * o->block;
-            d[i].length = o->block;
+            sl->d[i].opcode = reading ? KVT_OP_READ : KVT_OP_WRITE;
+            sl->d[i].segment = w->seg;
+            sl->d[i].local_addr = l;
+            sl->d[i].remote_addr = w->remote + rs * o->block;
+            sl->d[i].length = o->block;
             if (o->verify && !reading)
                 bench_fill(l, w->base + rs * o->block, o->block,
                            (k + i) / w->rw.n, w->seed);
         }
-        t0 = now_s();
-        st = kvt_batch_submit(b, d, o->batch);
-        if (st == KVT_OK)
-            st = kvt_batch_wait(b, -1);
-        if (w->nlat == w->lat_cap) {
-            size_t cap = w->lat_cap ? w->lat_cap * 2 : 4096;
-            double *n = realloc(w->lat, cap * sizeof(double));
-            if (n == NULL)
-                break;
-            w->lat = n;
-            w->lat_cap = cap;
-        }
-        w->lat[w->nlat++] = (now_s() - t0) * 1e6;
-        if (st == KVT_OK) {
-            w->bytes += o->block * o->batch;
-            w->ops += o->batch;
-            for (uint64_t i = 0; o->verify && reading && i < o->batch; i++)
-                w->bad += (uint64_t)bench_differs(
-                    d[i].local_addr,
-                    w->base + bench_walk_slot(&w->rw, k + i) * o->block,
-                    o->block, 0, w->seed);
-        } else {
-            kvt_batch_state_t s;
-            kvt_batch_query(b, &s);
-            w->errors += s.failed;
-            w->ops += s.completed;
-            w->bytes += s.completed * o->block;
-            if (w->errors == s.failed)
-                fprintf(stderr, "kvt bench: transfer failed: %s\n",
-                        kvt_status_str(st));
-            if (st == KVT_ERR_CONN_LOST || st == KVT_ERR_TIMEDOUT ||
-                st == KVT_ERR_NOT_FOUND) {
-                w->fatal = 1;
-                k += o->batch;
-                break;
-            }
-        }
-        kvt_batch_reset(b);
+        sl->k = k;
         k += o->batch;
+        sl->t0 = now_s();
+        st = kvt_batch_submit(sl->b, sl->d, o->batch);
+        if (st != KVT_OK) { /* nothing of it went out */
+            fprintf(stderr, "kvt bench: cannot submit: %s\n",
+                    kvt_status_str(st));
+            w->errors += o->batch;
+            w->fatal = 1;
+            break;
+        }
+        sl->busy = 1;
+    }
+    /* The batches still in flight complete (or fail) before the thread
+     * reports: their bytes are counted, as the clock stops after them. */
+    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+        bench_slot_t *sl = &slots[(n + j) % o->depth];
+        if (sl->busy)
+            finish_slot(w, sl, reading);
     }
     w->count = k;
-    kvt_batch_free(b);
-    free(d);
+    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+        if (slots[j].d != NULL) {
+            kvt_batch_free(slots[j].b);
+            free(slots[j].d);
+        }
+    }
+    free(slots);
     return NULL;
 }
 
@@ -565,10 +624,10 @@ static int run_initiator(const bench_opts_t *o)
             (unsigned long long)o->threads);
         goto out_engine;
     }
-    if (o->verify && wset / o->block < o->batch) {
+    if (o->verify && wset / o->block < o->batch * o->depth) {
         fprintf(stderr, "kvt bench: --verify needs a working set of at least "
-                        "one batch, so that no block is written twice in "
-                        "one batch\n");
+                        "--depth batches, so that no block is written twice "
+                        "while in flight\n");
         goto out_engine;
     }
     if (o->verify && region.kind != KVT_MEM_HOST) {
@@ -665,10 +724,11 @@ static int run_initiator(const bench_opts_t *o)
         p99 = lat[(size_t)((double)(nlat - 1) * 0.99)];
     }
     gbps = (double)bytes / secs / 1e9;
-    printf("kvt bench: %s %s, block %llu B %s, batch %llu, threads %llu, "
-           "working set %llu B, protocol %s\n",
+    printf("kvt bench: %s %s, block %llu B %s, batch %llu, depth %llu, "
+           "threads %llu, working set %llu B, protocol %s\n",
            o->op, o->segment, (unsigned long long)o->block, o->pattern,
-           (unsigned long long)o->batch, (unsigned long long)o->threads,
+           (unsigned long long)o->batch, (unsigned long long)o->depth,
+           (unsigned long long)o->threads,
            (unsigned long long)wset, proto);
     printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
            "p50 %.1f us p99 %.1f us, errors %llu\n",
@@ -692,7 +752,7 @@ static int run_initiator(const bench_opts_t *o)
         printf(
             "{\"op\":\"%s\",\"protocol\":\"%s\",\"memory\":\"%s\","
             "\"remote_memory\":\"%s\",\"block_size\":%llu,"
-            "\"batch_size\":%llu,\"threads\":%llu,\"conns\":%llu,"
+            "\"batch_size\":%llu,\"depth\":%llu,\"threads\":%llu,\"conns\":%llu,"
             "\"workers\":%llu,\"pattern\":\"%s\",\"working_set\":%llu,"
             "\"seconds\":%.3f,\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
             "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
@@ -702,7 +762,7 @@ static int run_initiator(const bench_opts_t *o)
             o->op, proto, o->memory,
             region.kind == KVT_MEM_CUDA ? "cuda" : "host",
             (unsigned long long)o->block, (unsigned long long)o->batch,
-            (unsigned long long)o->threads,
+            (unsigned long long)o->depth, (unsigned long long)o->threads,
             (unsigned long long)(o->conns ? o->conns : KVT_BENCH_CONNS),
             (unsigned long long)(o->workers ? o->workers : KVT_BENCH_WORKERS),
             o->pattern, (unsigned long long)wset, secs,

@@ -373,6 +373,7 @@ static void *slow_main(void *arg)
     kvt_bootc_h bc = NULL;
     char why[KVT__WHY_MAX];
 
+    pthread_setname_np(pthread_self(), "kvt-conn-slow");
     if (kvt_bootc_create(&bc) != KVT_OK)
         bc = NULL;
     pthread_mutex_lock(&c->lock);
@@ -456,6 +457,7 @@ static void *rx_main(void *arg)
     kvt_notify_t *buf = malloc(RX_BATCH * sizeof(*buf));
     int stop = 0;
 
+    pthread_setname_np(pthread_self(), "kvt-conn-rx");
     if (buf == NULL) {
         KVT_LOG_E("connector: no memory for the notification thread");
         return NULL;
@@ -536,6 +538,7 @@ static void *worker_main(void *arg)
 {
     kvt_conn_h c = arg;
 
+    pthread_setname_np(pthread_self(), "kvt-conn-w");
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
         uint64_t now = kvt__conn_now_ms();

@@ -12,6 +12,7 @@
 #include "transport/transport.h"
 #include "meta/meta.h"
 #include "util/log.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 #define DEFAULT_TIMEOUT_MS 30000ull
@@ -192,6 +193,7 @@ static void *publisher_main(void *arg)
 {
     kvt_engine_h e = arg;
 
+    kvt__thread_name("kvt-publish");
     pthread_mutex_lock(&e->pub_lock);
     while (!e->pub_stop) {
         kvt_status_t st;

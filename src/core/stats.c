@@ -18,6 +18,7 @@
 #include "core/stats.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 /* ---- Counting ------------------------------------------------------------ */
@@ -616,6 +617,7 @@ static void *lst_main(void *arg)
     struct pollfd pf[MAX_CLIENTS + 1];
     unsigned n = 0;
 
+    kvt__thread_name("kvt-stats");
     (void)arg;
     for (;;) {
         uint64_t now = kvt__now_ns();

@@ -41,6 +41,7 @@
 #include "ctrl/ctrl.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 #define MAX_CONNS 1024
@@ -597,6 +598,7 @@ static void *server_main(void *arg)
     struct epoll_event evs[64];
     uint64_t last = kvt__now_ns();
 
+    kvt__thread_name("kvt-ctrl");
     for (;;) {
         int n = epoll_wait(ctrl->epfd, evs, 64, TICK_MS), listener = 0;
         uint64_t now;

@@ -13,6 +13,7 @@
 
 #include "meta/meta_int.h"
 #include "util/log.h"
+#include "util/thread.h"
 
 #define DEFAULT_TIMEOUT_MS 3000u
 #define DEFAULT_TTL_S 10u
@@ -464,6 +465,7 @@ static void *heartbeat_main(void *arg)
     kvt_status_t last = KVT_OK;
     struct timespec ts;
 
+    kvt__thread_name("kvt-meta-hb");
     pthread_mutex_lock(&m->hb_lock);
     clock_gettime(CLOCK_MONOTONIC, &ts);
     while (!m->hb_stop) {

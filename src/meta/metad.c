@@ -41,6 +41,7 @@
 
 #include "meta/metad_int.h"
 #include "util/sock.h"
+#include "util/thread.h"
 
 #define DEFAULT_MAX_BYTES ((size_t)1 << 30)
 /* Loopback unless the caller names an address: anyone who reaches the
@@ -528,6 +529,7 @@ static void *sweeper_main(void *arg)
     uint64_t last_purge = kvt__metad_now_ms();
     struct timespec ts;
 
+    kvt__thread_name("kvt-metad-sweep");
     pthread_mutex_lock(&md->sweep_lock);
     while (!md->sweep_stop) {
         clock_gettime(CLOCK_MONOTONIC, &ts);

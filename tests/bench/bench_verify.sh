@@ -22,18 +22,20 @@ for proto in tcp shm; do
     SEG=$(target $proto)
     [ -n "$SEG" ] || { cat "$TMP/target.$proto"; exit 1; }
     for op in write read; do
-        for spec in 4K:scatter 256K:contig; do
-            bs=${spec%:*}; pat=${spec#*:}
+        for spec in 4K:scatter:1 256K:contig:1 4K:scatter:3; do
+            bs=${spec%%:*}; rest=${spec#*:}; pat=${rest%%:*}; depth=${rest#*:}
             "$KVT" bench --mode=initiator --segment="$SEG" --protocol=$proto \
                 --op=$op --block-size=$bs --batch-size=16 --threads=2 \
-                --duration=0.5 --verify --json >"$TMP/out" 2>"$TMP/err" ||
+                --depth="$depth" --duration=0.5 --verify --json \
+                >"$TMP/out" 2>"$TMP/err" ||
                 { cat "$TMP/out" "$TMP/err"; exit 1; }
             [ "$(field "$TMP/out" protocol)" = $proto ]
             [ "$(field "$TMP/out" pattern)" = $pat ]
             [ "$(field "$TMP/out" mismatches)" = 0 ]
             [ "$(field "$TMP/out" errors)" = 0 ]
             [ "$(field "$TMP/out" verified_blocks)" -gt 0 ]
-            echo "$proto $op $bs $pat: $(field "$TMP/out" verified_blocks) blocks verified"
+            [ "$(field "$TMP/out" depth)" = "$depth" ]
+            echo "$proto $op $bs $pat depth $depth: $(field "$TMP/out" verified_blocks) blocks verified"
         done
     done
 done

@@ -23,6 +23,7 @@
 
 #include "transport/shm/shm_sess.h"
 #include "util/log.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 /* The next job an executor may take, with the session lock held. */
@@ -297,6 +298,7 @@ static void *worker_main(void *arg)
     kvt__shm_t *shm = arg;
     uint64_t last_tick = kvt__now_ns();
 
+    kvt__thread_name("kvt-shm-w");
     pthread_mutex_lock(&shm->pool_lock);
     while (!shm->stopping) {
         shm_session_t *s;

@@ -24,6 +24,7 @@
 #include "mem/md.h"
 #include "transport/shm/shm.h"
 #include "util/log.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 #ifdef KVT_TSAN
@@ -200,6 +201,7 @@ static void *helper_main(void *arg)
 {
     kvt__shm_t *shm = arg;
 
+    kvt__thread_name("kvt-shm-stage");
     while (!atomic_load(&shm->helper_stop)) {
         uint32_t seq = atomic_load(&shm->helper_seq);
         pthread_mutex_lock(&shm->chan_lock);

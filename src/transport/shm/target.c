@@ -57,6 +57,7 @@
 
 #include "transport/shm/shm.h"
 #include "util/log.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 static kvt_status_t send_msg(int fd, const kvt__shm_msg_t *m, int pass_fd)
@@ -387,6 +388,7 @@ static void *service_main(void *arg)
     struct epoll_event evs[32];
     uint64_t last_tick = 0;
 
+    kvt__thread_name("kvt-shm-svc");
     for (;;) {
         int n =
             epoll_wait(shm->epfd, evs, 32, (int)(KVT_SHM_TICK_NS / 1000000));

@@ -21,6 +21,7 @@
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 static void check_timeouts(tcp_worker_t *w, uint64_t now)
@@ -68,6 +69,7 @@ void *kvt__tcp_worker_main(void *arg)
     kvt__tcp_t *tcp = w->tcp;
     struct epoll_event evs[64];
 
+    kvt__thread_name("kvt-tcp-w%u", w->id);
     while (!atomic_load_explicit(&tcp->stopping, memory_order_acquire)) {
         int n;
         uint64_t now;

@@ -13,6 +13,7 @@
 
 #include "transport/ucx/ucx.h"
 #include "util/log.h"
+#include "util/thread.h"
 #include "util/time.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -257,6 +258,7 @@ void *kvt__ucx_worker_main(void *arg)
     kvt__ucx_t *ucx = wk->ucx;
     struct epoll_event evs[4];
 
+    kvt__thread_name("kvt-ucx-w%u", wk->id);
     wk->next_tick = kvt__now_ns() + TICK_NS;
     for (;;) {
         ucx_msg_t *m = inbox_take(wk);
