@@ -16,6 +16,14 @@
 #    2:4 against 2:2), for token-major and head-major blocks, and the
 #    ratio.
 #
+# 3. The connector at scale: many small requests at once (--mode=rooms:
+#    256 rooms of 16 to 64 tokens per prefill step, 0.05 ms of simulated
+#    compute per layer, 32 KiB blocks) beside the engine alone writing the
+#    same 32 KiB blocks, scattered and cold (`kvt bench`, two batches of
+#    128 in flight), over the same transports, and the ratio. Both keep
+#    their caches (the target's buffer) in kvt_mem_alloc() memory, which
+#    shm maps.
+#
 # Each for the engine's transports in PROTOCOLS: "tcp" (tcp only) and
 # "auto" (same-host shm where the build has it); with "auto" the
 # heterogeneous runs are made twice, the caches in plain memory (malloc)
@@ -29,9 +37,10 @@ REPEATS=${2:-3}
 COMPUTE_MS=${3:-10}
 PROTOCOLS=${4:-tcp auto}
 BIN=build/bin/kvt_connector_bench
-[ -x "$BIN" ] || { echo "run make first"; exit 1; }
+KVT=build/bin/kvt
+[ -x "$BIN" ] && [ -x "$KVT" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
 field() { tr ' ' '\n' | sed -n "s/^$1=//p"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
@@ -94,4 +103,31 @@ EOF
     done
     echo
     done
+done
+
+# 3. Many small rooms beside the engine alone, same block size and transport.
+for proto in $PROTOCOLS; do
+    eproto=$([ "$proto" = tcp ] && echo tcp || echo auto)
+    echo "== [$proto] many small rooms (256 per step, 16-64 tokens) beside the engine"
+    "$KVT" bench --mode=target --local=127.0.0.1 --protocol="$eproto" \
+        --buffer-size=1G >"$TMP/target" 2>&1 &
+    tpid=$!
+    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target" && break; sleep 0.1; done
+    seg=$(sed -n 's/^segment: *//p' "$TMP/target")
+    [ -n "$seg" ] || { echo "kvt bench target did not start"; exit 1; }
+    : >"$TMP/rc"; : >"$TMP/re"
+    for _ in $(seq "$REPEATS"); do
+        run --mode=rooms --protocol="$proto" --rounds="$ROUNDS" --memory=managed |
+            field gbps >>"$TMP/rc"
+        "$KVT" bench --mode=initiator --segment="$seg" --protocol="$eproto" \
+            --block-size=32K --pattern=scatter --batch-size=128 --depth=2 \
+            --duration=3 --json | tail -1 |
+            python3 -c "import json,sys; print(json.load(sys.stdin)['gbps'])" >>"$TMP/re"
+    done
+    kill "$tpid"; wait "$tpid" 2>/dev/null || true
+    c=$(median <"$TMP/rc"); e=$(median <"$TMP/re")
+    printf '%-40s %9s GB/s\n' "connector, 256 rooms per step" "$c"
+    printf '%-40s %9s GB/s\n' "engine, 32 KiB scattered, cold" "$e"
+    printf '%-40s %9.2f (bar 0.50)\n' "ratio" "$(python3 -c "print($c/$e)")"
+    echo
 done

@@ -12,6 +12,13 @@
  *   --mode=tp       one request per round sent whole by every prefill
  *                   rank at once: bytes of KV moved / (last SUCCESS on
  *                   decode - first send on prefill).
+ *   --mode=rooms    many small requests at once, as a busy server has
+ *                   them: each round one prefill step carries --rooms
+ *                   rooms (256) of 1 to --tokens/--block-tokens blocks
+ *                   (room i has 1 + i mod that many), streamed layer by
+ *                   layer with --compute-ms of simulated compute per
+ *                   layer (0.05); bytes of KV moved / (last SUCCESS on
+ *                   decode - step begin on prefill), over every round.
  *
  * Geometry: --layers (32), --kv-heads (8, in all), --head-bytes (256:
  * head dim 128 in bf16), --block-tokens (16), --tokens (2048 per
@@ -36,7 +43,8 @@
 #include <kvt/kvt.h>
 
 typedef struct {
-    int latency;
+    int latency, rooms_mode;
+    uint32_t rooms;
     uint32_t layers, heads, head_bytes, block_tokens, tokens;
     uint32_t P, D, rounds, interval, workers, conns;
     int head_major, tcp_only, managed;
@@ -131,13 +139,16 @@ static void rank_setup(rank_t *r, uint16_t boot)
     if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
         die("engine", st);
     r->nblocks = (o->tokens + o->block_tokens - 1) / o->block_tokens;
-    pool = r->nblocks + 8;
+    pool = (o->rooms_mode ? o->rooms : 1) * r->nblocks + 8;
     r->ncaches = 2 * o->layers;
     r->caches = calloc(r->ncaches, sizeof(*r->caches));
     if (o->managed) {
         /* One kvt allocation (registered by it) holding every cache. */
         uint64_t each = (block * pool + 4095) & ~4095ull;
-        st = kvt_mem_alloc(r->eng, each * r->ncaches + 4096,
+        st = kvt_mem_alloc(r->eng,
+                           each * r->ncaches +
+                               (((uint64_t)o->rooms + 4) * 64 + 4095) / 4096 *
+                                   4096,
                            KVT_ACCESS_REMOTE_RW, &r->arena);
         if (st != KVT_OK)
             die("kvt_mem_alloc", st);
@@ -176,16 +187,16 @@ static void rank_setup(rank_t *r, uint16_t boot)
             perm[i] = perm[j];
             perm[j] = t;
         }
-        for (uint32_t i = 0; i < r->nblocks; i++)
+        for (uint32_t i = 0; i < runs * 4; i++)
             r->table[i] = perm[i / 4] * 4 + i % 4;
         free(perm);
     }
     r->aux.item_bytes = 64;
-    r->aux.count = 4;
+    r->aux.count = o->rooms_mode ? o->rooms + 4 : 4;
     r->aux.base = o->managed
                       ? (uint8_t *)r->arena +
                             (((block * pool + 4095) & ~4095ull) * r->ncaches)
-                      : calloc(4, 64);
+                      : calloc(r->aux.count, 64);
     r->aux_slot = r->prefill ? 1 : 2;
 
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot);
@@ -223,6 +234,89 @@ static void rank_fini(rank_t *r)
         free(r->aux.base);
 }
 
+/* Blocks of room @i of a rooms round: 1 to nblocks. */
+static uint32_t room_blocks(const rank_t *r, uint32_t i)
+{
+    return 1 + i % r->nblocks;
+}
+
+/* A rooms round on one rank: --rooms rooms from @first, each its own
+ * blocks of the table and its own aux slot. */
+static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
+{
+    const opt_t *o = r->o;
+    struct kvt_room **h = calloc(o->rooms, sizeof(*h));
+    uint64_t *slots = calloc(o->rooms, sizeof(*slots));
+    uint32_t off = 0;
+    int failed = 0;
+    double t = 0;
+    kvt_status_t st;
+
+    if (h == NULL || slots == NULL)
+        die("rooms", KVT_ERR_NO_MEMORY);
+    for (uint32_t i = 0; i < o->rooms; i++) {
+        uint32_t n = room_blocks(r, i);
+        slots[i] = i;
+        if (r->prefill)
+            st = kvt_sender_create(r->conn, NULL, first + i, &h[i]);
+        else
+            st = kvt_receiver_create(r->conn, NULL, first + i, -1, &h[i]);
+        if (st == KVT_OK)
+            st = r->prefill
+                     ? kvt_sender_init(h[i], n, &slots[i], 1)
+                     : kvt_receiver_init(h[i], r->table + off, n, 0,
+                                         &slots[i], 1);
+        if (st != KVT_OK)
+            die(r->prefill ? "sender" : "receiver", st);
+        off += n;
+    }
+    if (r->prefill) {
+        uint64_t step;
+        double t0;
+        /* Decode announced every room: what follows is the transfer. */
+        for (uint32_t i = 0; i < o->rooms; i++)
+            while (kvt_room_poll(h[i]) == KVT_POLL_BOOTSTRAPPING)
+                usleep(200);
+        send_msg(res_fd, MSG_ANNOUNCED, (int)r->rank, 0);
+        if (read_cmd(cmd_fd) != 'g')
+            return -1;
+        t0 = now_s();
+        kvt_conn_step_begin(r->conn, &step);
+        off = 0;
+        for (uint32_t i = 0; i < o->rooms; i++) {
+            uint32_t n = room_blocks(r, i);
+            kvt_sender_send_step(h[i], step, r->table + off, n, 1);
+            off += n;
+        }
+        for (uint32_t l = 0; l < o->layers; l++) {
+            sleep_until(t0 + (l + 1) * o->compute_ms * 1e-3);
+            kvt_conn_layer_ready(r->conn, step, l);
+        }
+        kvt_conn_step_end(r->conn, step);
+        t = t0;
+    }
+    for (uint32_t i = 0; i < o->rooms; i++) {
+        if (kvt_room_wait(h[i], 60000) != KVT_POLL_SUCCESS) {
+            kvt_room_info_t info;
+            kvt_room_info(h[i], &info);
+            fprintf(stderr, "%s: room %llu: %s\n",
+                    r->prefill ? "prefill" : "decode",
+                    (unsigned long long)(first + i), info.reason);
+            failed = 1;
+        }
+    }
+    if (failed)
+        send_msg(res_fd, MSG_FAIL, (int)r->rank, 0);
+    else
+        send_msg(res_fd, r->prefill ? MSG_T_LAST : MSG_T_SUCCESS,
+                 (int)r->rank, r->prefill ? t : now_s());
+    for (uint32_t i = 0; i < o->rooms; i++)
+        kvt_room_destroy(h[i]);
+    free(h);
+    free(slots);
+    return 0;
+}
+
 /* One rank: rounds as the parent commands them. */
 static int rank_main(const opt_t *o, int prefill, uint32_t rank, uint16_t boot,
                      int cmd_fd, int res_fd)
@@ -243,6 +337,12 @@ static int rank_main(const opt_t *o, int prefill, uint32_t rank, uint16_t boot,
         kvt_status_t st;
         double t = 0;
 
+        if (c == 'r') {
+            room += o->rooms;
+            if (rooms_round(&r, room - o->rooms + 1, cmd_fd, res_fd) != 0)
+                break;
+            continue;
+        }
         room++;
         if (!prefill) {
             st = kvt_receiver_create(r.conn, NULL, room, -1, &h);
@@ -385,13 +485,14 @@ static double round_once(const opt_t *o, char c, int *cmd, int nranks, int res)
             t_done = m.t > t_done ? m.t : t_done;
         }
     }
-    return t_done - (c == 't' ? t_first : t_last);
+    return t_done - (c == 't' || c == 'r' ? t_first : t_last);
 }
 
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: kvt_connector_bench [--mode=latency|tp] [--layers=N] "
+            "usage: kvt_connector_bench [--mode=latency|tp|rooms] "
+            "[--rooms=N] [--layers=N] "
             "[--kv-heads=N]\n  [--head-bytes=N] [--block-tokens=N] "
             "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
             "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
@@ -418,6 +519,7 @@ int main(int argc, char **argv)
                                           {"conns", 1, 0, 'C'},
                                           {"protocol", 1, 0, 'p'},
                                           {"memory", 1, 0, 'M'},
+                                          {"rooms", 1, 0, 'R'},
                                           {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
@@ -435,11 +537,18 @@ int main(int argc, char **argv)
     uint16_t port;
     double *a, *b;
     uint64_t bytes;
+    int tokens_set = 0, compute_set = 0;
 
     while ((opt = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (opt) {
         case 'm':
-            o.latency = strcmp(optarg, "tp") != 0;
+            o.latency = strcmp(optarg, "latency") == 0;
+            o.rooms_mode = strcmp(optarg, "rooms") == 0;
+            if (!o.latency && !o.rooms_mode && strcmp(optarg, "tp") != 0)
+                usage();
+            break;
+        case 'R':
+            o.rooms = (uint32_t)atoi(optarg);
             break;
         case 'L':
             o.layers = (uint32_t)atoi(optarg);
@@ -455,6 +564,7 @@ int main(int argc, char **argv)
             break;
         case 'n':
             o.tokens = (uint32_t)atoi(optarg);
+            tokens_set = 1;
             break;
         case 'y':
             o.head_major = strcmp(optarg, "head") == 0;
@@ -467,6 +577,7 @@ int main(int argc, char **argv)
             break;
         case 'c':
             o.compute_ms = atof(optarg);
+            compute_set = 1;
             break;
         case 'r':
             o.rounds = (uint32_t)atoi(optarg);
@@ -489,6 +600,14 @@ int main(int argc, char **argv)
         default:
             usage();
         }
+    }
+    if (o.rooms_mode) {
+        if (!tokens_set)
+            o.tokens = 64;
+        if (!compute_set)
+            o.compute_ms = 0.05;
+        if (o.rooms == 0)
+            o.rooms = 256;
     }
     if (o.layers == 0 || o.P == 0 || o.D == 0 || o.P + o.D > 32 ||
         o.rounds == 0 || o.heads % o.P || o.heads % o.D)
@@ -524,9 +643,19 @@ int main(int argc, char **argv)
             ((o.tokens + o.block_tokens - 1) / o.block_tokens) *
             o.block_tokens * o.heads * o.head_bytes;
     /* A warm-up round opens every session and warms the caches. */
-    round_once(&o, o.latency ? 'w' : 't', cmd, nranks, res[0]);
+    if (o.rooms_mode) {
+        uint32_t nb = (o.tokens + o.block_tokens - 1) / o.block_tokens;
+        bytes = 0;
+        for (uint32_t i = 0; i < o.rooms; i++)
+            bytes += 2ull * o.layers * (1 + i % nb) * o.block_tokens *
+                     o.heads * o.head_bytes;
+    }
+    round_once(&o, o.latency ? 'w' : o.rooms_mode ? 'r' : 't', cmd, nranks,
+               res[0]);
     for (uint32_t i = 0; i < o.rounds; i++) {
-        if (o.latency) {
+        if (o.rooms_mode) {
+            a[i] = round_once(&o, 'r', cmd, nranks, res[0]);
+        } else if (o.latency) {
             a[i] = round_once(&o, 'l', cmd, nranks, res[0]);
             b[i] = round_once(&o, 'w', cmd, nranks, res[0]);
         } else {
@@ -542,6 +671,21 @@ int main(int argc, char **argv)
                o.tcp_only ? "tcp" : "auto", o.P, o.D, o.layers,
                (unsigned long long)(bytes / o.layers), o.compute_ms, lw, wh,
                wh / o.layers, wh / o.layers + 2.0);
+    } else if (o.rooms_mode) {
+        double t = 0;
+        for (uint32_t i = 0; i < o.rounds; i++)
+            t += a[i];
+        printf("mode=rooms protocol=%s memory=%s prefill_tp=%u decode_tp=%u "
+               "layout=%s rooms=%u max_tokens=%u block_bytes=%llu "
+               "compute_ms_per_layer=%.3f rounds=%u bytes=%llu ms=%.3f "
+               "gbps=%.3f\n",
+               o.tcp_only ? "tcp" : "auto", o.managed ? "managed" : "malloc",
+               o.P, o.D, o.head_major ? "head" : "token", o.rooms, o.tokens,
+               (unsigned long long)((uint64_t)o.block_tokens * o.heads /
+                                    o.P * o.head_bytes),
+               o.compute_ms, o.rounds,
+               (unsigned long long)(bytes * o.rounds), t * 1e3,
+               (double)bytes * o.rounds / t / 1e9);
     } else {
         double t = median(a, o.rounds);
         printf("mode=tp protocol=%s memory=%s prefill_tp=%u decode_tp=%u "
