@@ -7,17 +7,21 @@
 #     default, 2) against `kvt_baseline tcp-matched` with as many TCP
 #     streams, the same block walk, the same cold working set on both
 #     sides, and a receiver that reads each whole message into the
-#     scattered destination;
+#     scattered destination; kvt keeps DEPTH batches in flight (default
+#     2, so that the connection does not idle while the thread builds the
+#     next batch, as the ceiling's streams never do);
 #   - a synchronous 4 KiB write (batch of one) against a 4 KiB TCP
 #     ping-pong, with both processes pinned to one CPU and to two
 #     (placement changes a loopback round trip several-fold).
 # Both kvt engines are limited to tcp (on one host they would pick shm).
 #   bench/tcp.sh [ROUNDS] [SECONDS]      (run from the project root after make)
 #   CONNS=1 bench/tcp.sh                 (connections per peer, both sides)
+#   DEPTH=1 bench/tcp.sh                 (batches in flight per thread)
 set -euo pipefail
 ROUNDS=${1:-3}
 SECS=${2:-3}
 CONNS=${CONNS:-2}
+DEPTH=${DEPTH:-2}
 WSET=512M
 KVT=build/bin/kvt
 BASE=build/bin/kvt_baseline
@@ -40,6 +44,7 @@ size() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30
 
 target bw
 SEG=$(cat "$TMP/seg.bw")
+echo "kvt: $CONNS connection(s) per peer, $DEPTH batch(es) in flight; ceiling: $CONNS stream(s)"
 printf '%-6s %-8s %5s %10s %12s %7s %10s\n' block pattern batch "kvt GB/s" "matched GB/s" ratio "kvt s/GB"
 for spec in 4K:128:scatter 64K:128:contig 1M:32:contig 16M:4:contig; do
     IFS=: read -r blk batch pat <<<"$spec"
@@ -50,7 +55,8 @@ for spec in 4K:128:scatter 64K:128:contig 1M:32:contig 16M:4:contig; do
             if [ "$who" = kvt ]; then
                 "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
                     --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
-                    --working-set="$WSET" --conns="$CONNS" --threads=1 --duration="$SECS" \
+                    --working-set="$WSET" --conns="$CONNS" --threads=1 --depth="$DEPTH" \
+                    --duration="$SECS" \
                     --json | tail -1 >"$TMP/json"
                 field gbps <"$TMP/json" >>"$TMP/k"
                 python3 -c "import json; d=json.load(open('$TMP/json')); print(d['cpu_s_per_gb'] + (d['target_cpu_s_per_gb'] or 0))" >>"$TMP/c"
