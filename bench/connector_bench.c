@@ -262,10 +262,9 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
         else
             st = kvt_receiver_create(r->conn, NULL, first + i, -1, &h[i]);
         if (st == KVT_OK)
-            st = r->prefill
-                     ? kvt_sender_init(h[i], n, &slots[i], 1)
-                     : kvt_receiver_init(h[i], r->table + off, n, 0,
-                                         &slots[i], 1);
+            st = r->prefill ? kvt_sender_init(h[i], n, &slots[i], 1)
+                            : kvt_receiver_init(h[i], r->table + off, n, 0,
+                                                &slots[i], 1);
         if (st != KVT_OK)
             die(r->prefill ? "sender" : "receiver", st);
         off += n;
@@ -308,8 +307,8 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
     if (failed)
         send_msg(res_fd, MSG_FAIL, (int)r->rank, 0);
     else
-        send_msg(res_fd, r->prefill ? MSG_T_LAST : MSG_T_SUCCESS,
-                 (int)r->rank, r->prefill ? t : now_s());
+        send_msg(res_fd, r->prefill ? MSG_T_LAST : MSG_T_SUCCESS, (int)r->rank,
+                 r->prefill ? t : now_s());
     for (uint32_t i = 0; i < o->rooms; i++)
         kvt_room_destroy(h[i]);
     free(h);
@@ -490,37 +489,28 @@ static double round_once(const opt_t *o, char c, int *cmd, int nranks, int res)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: kvt_connector_bench [--mode=latency|tp|rooms] "
-            "[--rooms=N] [--layers=N] "
-            "[--kv-heads=N]\n  [--head-bytes=N] [--block-tokens=N] "
-            "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
-            "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
-            "[--submit-interval=N]\n  [--workers=N] [--conns=N] "
-            "[--protocol=tcp|auto] [--memory=malloc|managed]\n");
+    fprintf(stderr, "usage: kvt_connector_bench [--mode=latency|tp|rooms] "
+                    "[--rooms=N] [--layers=N] "
+                    "[--kv-heads=N]\n  [--head-bytes=N] [--block-tokens=N] "
+                    "[--tokens=N] [--layout=token|head]\n  [--prefill-tp=N] "
+                    "[--decode-tp=N] [--compute-ms=X] [--rounds=N] "
+                    "[--submit-interval=N]\n  [--workers=N] [--conns=N] "
+                    "[--protocol=tcp|auto] [--memory=malloc|managed]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option longs[] = {{"mode", 1, 0, 'm'},
-                                          {"layers", 1, 0, 'L'},
-                                          {"kv-heads", 1, 0, 'H'},
-                                          {"head-bytes", 1, 0, 'B'},
-                                          {"block-tokens", 1, 0, 'T'},
-                                          {"tokens", 1, 0, 'n'},
-                                          {"layout", 1, 0, 'y'},
-                                          {"prefill-tp", 1, 0, 'P'},
-                                          {"decode-tp", 1, 0, 'D'},
-                                          {"compute-ms", 1, 0, 'c'},
-                                          {"rounds", 1, 0, 'r'},
-                                          {"submit-interval", 1, 0, 'i'},
-                                          {"workers", 1, 0, 'w'},
-                                          {"conns", 1, 0, 'C'},
-                                          {"protocol", 1, 0, 'p'},
-                                          {"memory", 1, 0, 'M'},
-                                          {"rooms", 1, 0, 'R'},
-                                          {0, 0, 0, 0}};
+    static const struct option longs[] = {
+        {"mode", 1, 0, 'm'},         {"layers", 1, 0, 'L'},
+        {"kv-heads", 1, 0, 'H'},     {"head-bytes", 1, 0, 'B'},
+        {"block-tokens", 1, 0, 'T'}, {"tokens", 1, 0, 'n'},
+        {"layout", 1, 0, 'y'},       {"prefill-tp", 1, 0, 'P'},
+        {"decode-tp", 1, 0, 'D'},    {"compute-ms", 1, 0, 'c'},
+        {"rounds", 1, 0, 'r'},       {"submit-interval", 1, 0, 'i'},
+        {"workers", 1, 0, 'w'},      {"conns", 1, 0, 'C'},
+        {"protocol", 1, 0, 'p'},     {"memory", 1, 0, 'M'},
+        {"rooms", 1, 0, 'R'},        {0, 0, 0, 0}};
     opt_t o = {.latency = 1,
                .layers = 32,
                .heads = 8,
@@ -647,11 +637,14 @@ int main(int argc, char **argv)
         uint32_t nb = (o.tokens + o.block_tokens - 1) / o.block_tokens;
         bytes = 0;
         for (uint32_t i = 0; i < o.rooms; i++)
-            bytes += 2ull * o.layers * (1 + i % nb) * o.block_tokens *
-                     o.heads * o.head_bytes;
+            bytes += 2ull * o.layers * (1 + i % nb) * o.block_tokens * o.heads *
+                     o.head_bytes;
     }
-    round_once(&o, o.latency ? 'w' : o.rooms_mode ? 'r' : 't', cmd, nranks,
-               res[0]);
+    round_once(&o,
+               o.latency      ? 'w'
+               : o.rooms_mode ? 'r'
+                              : 't',
+               cmd, nranks, res[0]);
     for (uint32_t i = 0; i < o.rounds; i++) {
         if (o.rooms_mode) {
             a[i] = round_once(&o, 'r', cmd, nranks, res[0]);
@@ -681,11 +674,10 @@ int main(int argc, char **argv)
                "gbps=%.3f\n",
                o.tcp_only ? "tcp" : "auto", o.managed ? "managed" : "malloc",
                o.P, o.D, o.head_major ? "head" : "token", o.rooms, o.tokens,
-               (unsigned long long)((uint64_t)o.block_tokens * o.heads /
-                                    o.P * o.head_bytes),
-               o.compute_ms, o.rounds,
-               (unsigned long long)(bytes * o.rounds), t * 1e3,
-               (double)bytes * o.rounds / t / 1e9);
+               (unsigned long long)((uint64_t)o.block_tokens * o.heads / o.P *
+                                    o.head_bytes),
+               o.compute_ms, o.rounds, (unsigned long long)(bytes * o.rounds),
+               t * 1e3, (double)bytes * o.rounds / t / 1e9);
     } else {
         double t = median(a, o.rounds);
         printf("mode=tp protocol=%s memory=%s prefill_tp=%u decode_tp=%u "

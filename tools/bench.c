@@ -129,8 +129,7 @@ static int parse(int argc, char **argv, bench_opts_t *o)
                 o->threads > 256)
                 goto bad;
         } else if ((v = cli_opt(argc, argv, &i, "depth"))) {
-            if (cli_parse_size(v, &o->depth) || o->depth == 0 ||
-                o->depth > 64)
+            if (cli_parse_size(v, &o->depth) || o->depth == 0 || o->depth > 64)
                 goto bad;
         } else if ((v = cli_opt(argc, argv, &i, "workers"))) {
             if (cli_parse_size(v, &o->workers) || o->workers == 0)
@@ -728,8 +727,7 @@ static int run_initiator(const bench_opts_t *o)
            "threads %llu, working set %llu B, protocol %s\n",
            o->op, o->segment, (unsigned long long)o->block, o->pattern,
            (unsigned long long)o->batch, (unsigned long long)o->depth,
-           (unsigned long long)o->threads,
-           (unsigned long long)wset, proto);
+           (unsigned long long)o->threads, (unsigned long long)wset, proto);
     printf("  %.3f GB/s (%.1f MiB/s), %llu ops in %.2f s, batch latency "
            "p50 %.1f us p99 %.1f us, errors %llu\n",
            gbps, (double)bytes / secs / 1048576.0, (unsigned long long)ops,
@@ -752,8 +750,9 @@ static int run_initiator(const bench_opts_t *o)
         printf(
             "{\"op\":\"%s\",\"protocol\":\"%s\",\"memory\":\"%s\","
             "\"remote_memory\":\"%s\",\"block_size\":%llu,"
-            "\"batch_size\":%llu,\"depth\":%llu,\"threads\":%llu,\"conns\":%llu,"
-            "\"workers\":%llu,\"pattern\":\"%s\",\"working_set\":%llu,"
+            "\"batch_size\":%llu,\"depth\":%llu,\"threads\":%llu,"
+            "\"conns\":%llu,\"workers\":%llu,\"pattern\":\"%s\","
+            "\"working_set\":%llu,"
             "\"seconds\":%.3f,\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
             "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
             "\"cpu_s\":%.3f,\"cpu_s_per_gb\":%.4f,"

@@ -19,7 +19,7 @@ typedef struct {
     const char *pattern; /* "contig", "scatter"; NULL: by block size */
     uint64_t device;
     uint64_t port, buffer_size, block, batch, threads, workers, conns;
-    uint64_t depth; /* batches in flight per thread */
+    uint64_t depth;       /* batches in flight per thread */
     uint64_t working_set; /* per thread; 0: the default (cold) */
     double duration;
     int json, verify;
