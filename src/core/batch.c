@@ -395,6 +395,11 @@ kvt_status_t kvt_batch_query(kvt_batch_h b, kvt_batch_state_t *state_p)
     pending = atomic_load_explicit(&b->pending, memory_order_acquire);
     failed = atomic_load_explicit(&b->failed, memory_order_relaxed);
     first = atomic_load_explicit(&b->first_error, memory_order_relaxed);
+    /* kvt__comp_done() counts a slot failed just before it stops being
+     * pending: read in between, it is reported pending only (else it
+     * would be counted twice, and completed would wrap below 0). */
+    if (failed > b->used - pending)
+        failed = (uint32_t)(b->used - pending);
     if (state_p != NULL) {
         state_p->submitted = b->used;
         state_p->pending = pending;

@@ -897,8 +897,35 @@ KVT_TEST(raw_write_refused)
     kvt_engine_destroy(e);
 }
 
+/* A query between a failing slot's two counts (failed raised, pending
+ * not yet lowered) counts the slot once, as pending. */
+KVT_TEST(query_between_counts)
+{
+    kvt_engine_h e = mk();
+    kvt_batch_h b;
+    kvt_batch_state_t st;
+
+    CHECK_OK(kvt_batch_create(e, 4, &b));
+    b->used = 1; /* as kvt__comp_done() leaves it between the two */
+    atomic_store(&b->pending, 1);
+    atomic_store(&b->failed, 1);
+    atomic_store(&b->first_error, KVT_ERR_IO);
+    CHECK_ST(kvt_batch_query(b, &st), KVT_INPROGRESS);
+    CHECK(st.submitted == 1 && st.pending == 1);
+    CHECK(st.failed == 0 && st.completed == 0);
+    atomic_store(&b->pending, 0);
+    CHECK_ST(kvt_batch_query(b, &st), KVT_ERR_IO);
+    CHECK(st.failed == 1 && st.completed == 0);
+    b->used = 0;
+    atomic_store(&b->failed, 0);
+    atomic_store(&b->first_error, 0);
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+}
+
 KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
-              KVT_CASE(memory_api, 10), KVT_CASE(loopback_pair, 30),
+              KVT_CASE(query_between_counts, 10), KVT_CASE(memory_api, 10),
+              KVT_CASE(loopback_pair, 30),
               KVT_CASE(sync_waiters_share_connection, 60),
               KVT_CASE(destroy_target_first, 20), KVT_CASE(batch_on_idle, 30),
               KVT_CASE(transport_keys, 20),
