@@ -427,7 +427,12 @@ static void *initiator_thread(void *arg)
     bench_slot_t *slots = calloc(o->depth, sizeof(*slots));
     uint64_t k = 0, n = 0;
 
-    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+    if (slots == NULL) {
+        w->fatal = 1;
+        return NULL;
+    }
+
+    for (uint64_t j = 0; j < o->depth; j++) {
         slots[j].d = calloc(o->batch, sizeof(kvt_xfer_desc_t));
         if (slots[j].d == NULL ||
             kvt_batch_create(w->e, o->batch, &slots[j].b) != KVT_OK) {
@@ -457,7 +462,6 @@ static void *initiator_thread(void *arg)
                            (k + i) / w->rw.n, w->seed);
         }
         sl->k = k;
-        k += o->batch;
         sl->t0 = now_s();
         st = kvt_batch_submit(sl->b, sl->d, o->batch);
         if (st != KVT_OK) { /* nothing of it went out */
@@ -468,16 +472,17 @@ static void *initiator_thread(void *arg)
             break;
         }
         sl->busy = 1;
+        k += o->batch;
     }
     /* The batches still in flight complete (or fail) before the thread
      * reports: their bytes are counted, as the clock stops after them. */
-    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+    for (uint64_t j = 0; j < o->depth; j++) {
         bench_slot_t *sl = &slots[(n + j) % o->depth];
         if (sl->busy)
             finish_slot(w, sl, reading);
     }
     w->count = k;
-    for (uint64_t j = 0; slots != NULL && j < o->depth; j++) {
+    for (uint64_t j = 0; j < o->depth; j++) {
         if (slots[j].d != NULL) {
             kvt_batch_free(slots[j].b);
             free(slots[j].d);
