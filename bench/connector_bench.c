@@ -17,8 +17,9 @@
  *                   rooms (256) of 1 to --tokens/--block-tokens blocks
  *                   (room i has 1 + i mod that many), streamed layer by
  *                   layer with --compute-ms of simulated compute per
- *                   layer (0.05); bytes of KV moved / (last SUCCESS on
- *                   decode - step begin on prefill), over every round.
+ *                   layer (0.05), beginning once decode announced every
+ *                   room; bytes of KV moved / (last SUCCESS on decode -
+ *                   step begin on prefill), over every round.
  *
  * Geometry: --layers (32), --kv-heads (8, in all), --head-bytes (256:
  * head dim 128 in bf16), --block-tokens (16), --tokens (2048 per
@@ -139,7 +140,12 @@ static void rank_setup(rank_t *r, uint16_t boot)
     if ((st = kvt_engine_create(&ep, &r->eng)) != KVT_OK)
         die("engine", st);
     r->nblocks = (o->tokens + o->block_tokens - 1) / o->block_tokens;
-    pool = (o->rooms_mode ? o->rooms : 1) * r->nblocks + 8;
+    pool = r->nblocks + 8;
+    if (o->rooms_mode) { /* every room's blocks (room_blocks()) */
+        pool = 8;
+        for (uint32_t i = 0; i < o->rooms; i++)
+            pool += 1 + i % r->nblocks;
+    }
     r->ncaches = 2 * o->layers;
     r->caches = calloc(r->ncaches, sizeof(*r->caches));
     if (o->managed) {
@@ -249,7 +255,7 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
     uint64_t *slots = calloc(o->rooms, sizeof(*slots));
     uint32_t off = 0;
     int failed = 0;
-    double t = 0;
+    double t = 0, deadline;
     kvt_status_t st;
 
     if (h == NULL || slots == NULL)
@@ -277,8 +283,10 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
             while (kvt_room_poll(h[i]) == KVT_POLL_BOOTSTRAPPING)
                 usleep(200);
         send_msg(res_fd, MSG_ANNOUNCED, (int)r->rank, 0);
-        if (read_cmd(cmd_fd) != 'g')
-            return -1;
+        if (read_cmd(cmd_fd) != 'g') {
+            failed = -1;
+            goto out;
+        }
         t0 = now_s();
         kvt_conn_step_begin(r->conn, &step);
         off = 0;
@@ -294,8 +302,11 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
         kvt_conn_step_end(r->conn, step);
         t = t0;
     }
+    deadline = now_s() + 60.0; /* for the whole step */
     for (uint32_t i = 0; i < o->rooms; i++) {
-        if (kvt_room_wait(h[i], 60000) != KVT_POLL_SUCCESS) {
+        double left = deadline - now_s();
+        if (kvt_room_wait(h[i], left > 0 ? (int64_t)(left * 1e3) : 0) !=
+            KVT_POLL_SUCCESS) {
             kvt_room_info_t info;
             kvt_room_info(h[i], &info);
             fprintf(stderr, "%s: room %llu: %s\n",
@@ -309,11 +320,12 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
     else
         send_msg(res_fd, r->prefill ? MSG_T_LAST : MSG_T_SUCCESS, (int)r->rank,
                  r->prefill ? t : now_s());
+out:
     for (uint32_t i = 0; i < o->rooms; i++)
         kvt_room_destroy(h[i]);
     free(h);
     free(slots);
-    return 0;
+    return failed < 0 ? -1 : 0;
 }
 
 /* One rank: rounds as the parent commands them. */
@@ -599,6 +611,9 @@ int main(int argc, char **argv)
         if (o.rooms == 0)
             o.rooms = 256;
     }
+    if (o.tokens == 0 || o.block_tokens == 0 || o.rooms > 65536 ||
+        (o.rooms_mode && o.rooms == 0))
+        usage();
     if (o.layers == 0 || o.P == 0 || o.D == 0 || o.P + o.D > 32 ||
         o.rounds == 0 || o.heads % o.P || o.heads % o.D)
         usage();
