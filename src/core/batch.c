@@ -396,8 +396,9 @@ kvt_status_t kvt_batch_query(kvt_batch_h b, kvt_batch_state_t *state_p)
     failed = atomic_load_explicit(&b->failed, memory_order_relaxed);
     first = atomic_load_explicit(&b->first_error, memory_order_relaxed);
     /* kvt__comp_done() counts a slot failed just before it stops being
-     * pending: read in between, it is reported pending only (else it
-     * would be counted twice, and completed would wrap below 0). */
+     * pending: read in between, the slot would be counted twice and
+     * completed could wrap below 0. No count wraps here; the split is
+     * exact once the batch is idle. */
     if (failed > b->used - pending)
         failed = (uint32_t)(b->used - pending);
     if (state_p != NULL) {
