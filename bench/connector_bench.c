@@ -112,6 +112,12 @@ typedef struct {
     void *arena; /* --memory=managed */
 } rank_t;
 
+/* Blocks of room @i of a rooms round, of at most @nblocks: 1 to nblocks. */
+static uint32_t room_blocks(uint32_t i, uint32_t nblocks)
+{
+    return 1 + i % nblocks;
+}
+
 static void rank_setup(rank_t *r, uint16_t boot)
 {
     const opt_t *o = r->o;
@@ -141,10 +147,10 @@ static void rank_setup(rank_t *r, uint16_t boot)
         die("engine", st);
     r->nblocks = (o->tokens + o->block_tokens - 1) / o->block_tokens;
     pool = r->nblocks + 8;
-    if (o->rooms_mode) { /* every room's blocks (room_blocks()) */
+    if (o->rooms_mode) { /* every room's blocks */
         pool = 8;
         for (uint32_t i = 0; i < o->rooms; i++)
-            pool += 1 + i % r->nblocks;
+            pool += room_blocks(i, r->nblocks);
     }
     r->ncaches = 2 * o->layers;
     r->caches = calloc(r->ncaches, sizeof(*r->caches));
@@ -240,12 +246,6 @@ static void rank_fini(rank_t *r)
         free(r->aux.base);
 }
 
-/* Blocks of room @i of a rooms round: 1 to nblocks. */
-static uint32_t room_blocks(const rank_t *r, uint32_t i)
-{
-    return 1 + i % r->nblocks;
-}
-
 /* A rooms round on one rank: --rooms rooms from @first, each its own
  * blocks of the table and its own aux slot. */
 static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
@@ -261,7 +261,7 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
     if (h == NULL || slots == NULL)
         die("rooms", KVT_ERR_NO_MEMORY);
     for (uint32_t i = 0; i < o->rooms; i++) {
-        uint32_t n = room_blocks(r, i);
+        uint32_t n = room_blocks(i, r->nblocks);
         slots[i] = i;
         if (r->prefill)
             st = kvt_sender_create(r->conn, NULL, first + i, &h[i]);
@@ -291,7 +291,7 @@ static int rooms_round(rank_t *r, uint64_t first, int cmd_fd, int res_fd)
         kvt_conn_step_begin(r->conn, &step);
         off = 0;
         for (uint32_t i = 0; i < o->rooms; i++) {
-            uint32_t n = room_blocks(r, i);
+            uint32_t n = room_blocks(i, r->nblocks);
             kvt_sender_send_step(h[i], step, r->table + off, n, 1);
             off += n;
         }
@@ -652,8 +652,8 @@ int main(int argc, char **argv)
         uint32_t nb = (o.tokens + o.block_tokens - 1) / o.block_tokens;
         bytes = 0;
         for (uint32_t i = 0; i < o.rooms; i++)
-            bytes += 2ull * o.layers * (1 + i % nb) * o.block_tokens * o.heads *
-                     o.head_bytes;
+            bytes += 2ull * o.layers * room_blocks(i, nb) * o.block_tokens *
+                     o.heads * o.head_bytes;
     }
     round_once(&o,
                o.latency      ? 'w'
