@@ -85,4 +85,28 @@ time.sleep(120)' >"$TMP/target.py" 2>&1 &
     kill "$PYPID"
     wait "$PYPID" 2>/dev/null || true
 fi
+# A target killed while batches are in flight (--depth 2): the run ends
+# soon, reports the failed transfers, and exits 1; it neither hangs on
+# the batches still out nor counts them as moved.
+"$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp --buffer-size=64M \
+    >"$TMP/target.dying" 2>&1 &
+DPID=$!
+for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.dying" && break; sleep 0.1; done
+DSEG=$(sed -n 's/^segment: *//p' "$TMP/target.dying")
+"$KVT" bench --mode=initiator --segment="$DSEG" --protocol=tcp --op=write \
+    --block-size=64K --batch-size=64 --depth=2 --duration=20 --json \
+    >"$TMP/out" 2>"$TMP/err" &
+IPID=$!
+sleep 1
+kill -9 "$DPID"
+start=$(date +%s)
+rc=0
+wait "$IPID" || rc=$?
+took=$(( $(date +%s) - start ))
+[ "$rc" = 1 ] || { echo "initiator exit $rc, not 1"; cat "$TMP/out" "$TMP/err"; exit 1; }
+[ "$took" -le 15 ] || { echo "initiator took $took s after its target died"; exit 1; }
+grep -q "transfer failed" "$TMP/err" || { cat "$TMP/err"; exit 1; }
+[ "$(field "$TMP/out" errors)" -gt 0 ] || { cat "$TMP/out"; exit 1; }
+[ "$(field "$TMP/out" depth)" = 2 ] || { cat "$TMP/out"; exit 1; }
+echo "target killed at depth 2: exit 1 after $took s, $(field "$TMP/out" errors) descriptors failed"
 echo ok
