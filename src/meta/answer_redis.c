@@ -6,6 +6,33 @@
 #include "meta/meta_answer.h"
 #include "util/log.h"
 
+static void *bounded_array(const redisReadTask *task, kvt__redis_nelem_t n)
+{
+    kvt__redis_bound_t *b = task->privdata;
+
+    if ((unsigned long long)n > KVT_REDIS_ARRAY_MAX) {
+        KVT_LOG_W("redis metadata: reply array of %lld elements refused "
+                  "(limit %u)",
+                  (long long)n, KVT_REDIS_ARRAY_MAX);
+        b->refused = (long long)n;
+        return NULL;
+    }
+    return b->create_array(task, n);
+}
+
+void kvt__redis_reader_bound(redisReader *r, kvt__redis_bound_t *b)
+{
+    b->fn = *r->fn;
+    b->create_array = r->fn->createArray;
+    b->fn.createArray = bounded_array;
+    b->refused = 0;
+    r->fn = &b->fn;
+    r->privdata = b;
+#if HIREDIS_MAJOR >= 1
+    r->maxelements = KVT_REDIS_ARRAY_MAX;
+#endif
+}
+
 kvt_status_t kvt__redis_get_reply(const redisReply *rep, const char *key,
                                   uint8_t **val_p, size_t *len_p)
 {

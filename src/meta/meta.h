@@ -150,6 +150,8 @@ uint32_t kvt__meta_ttl_s(const kvt__meta_t *m);
  * large), KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_ACCESS (http:
  * the server wants an auth token this client lacks or does not share),
  * KVT_ERR_IO (the server answered with an error; logged),
+ * KVT_ERR_PROTOCOL (the answer is malformed or beyond the client's bounds,
+ * such as a redis array of more than KVT_REDIS_ARRAY_MAX elements; logged),
  * KVT_ERR_NOT_SUPPORTED (p2p).
  */
 kvt_status_t kvt__meta_put(kvt__meta_t *m, const char *key, const void *value,

@@ -35,6 +35,30 @@ kvt_status_t kvt__http_keys_parse(const uint8_t *body, size_t len,
 #ifdef KVT_WITH_REDIS
 #include <hiredis/hiredis.h>
 
+/*
+ * Bounds on what a server's reply may make hiredis allocate. hiredis
+ * (before 1.0) allocates an array's element table as soon as it reads the
+ * "*<count>" header, so one line from a broken or hostile server could ask
+ * for gigabytes. kvt__redis_reader_bound() makes @r refuse, before any
+ * allocation, an array of more than KVT_REDIS_ARRAY_MAX elements: the
+ * reply fails (hiredis reports it as out of memory) and @b->refused is
+ * set, so that the caller reports KVT_ERR_PROTOCOL. @b must outlive @r
+ * and belongs to that one reader; the caller clears @b->refused before
+ * each command. Not thread-safe beyond the reader's own.
+ */
+#define KVT_REDIS_ARRAY_MAX KVT_META_LIST_MAX
+#if HIREDIS_MAJOR >= 1
+typedef size_t kvt__redis_nelem_t;
+#else
+typedef int kvt__redis_nelem_t;
+#endif
+typedef struct {
+    redisReplyObjectFunctions fn; /* hiredis's own, createArray bounded */
+    void *(*create_array)(const redisReadTask *, kvt__redis_nelem_t);
+    long long refused; /* elements of the last array refused, or 0 */
+} kvt__redis_bound_t;
+void kvt__redis_reader_bound(redisReader *r, kvt__redis_bound_t *b);
+
 /* A GET reply: a string is the value (*val_p malloc'd with a NUL after
  * *len_p bytes), nil KVT_ERR_NOT_FOUND, anything else KVT_ERR_PROTOCOL;
  * KVT_ERR_OVERFLOW beyond KVT_META_VALUE_MAX. */

@@ -25,6 +25,7 @@
 
 typedef struct {
     redisContext *ctx;
+    kvt__redis_bound_t bound; /* the bounds on ctx's reader */
 } redis_be_t;
 
 static struct timeval to_tv(uint64_t ms)
@@ -101,6 +102,7 @@ static kvt_status_t ensure(kvt__meta_t *m, redis_be_t *b)
         goto err_ctx;
     }
     redisEnableKeepAlive(c);
+    kvt__redis_reader_bound(c->reader, &b->bound);
     if (m->uri.password[0] != '\0') {
         if (m->uri.user[0] != '\0')
             rep = redisCommand(c, "AUTH %s %s", m->uri.user, m->uri.password);
@@ -145,6 +147,7 @@ static kvt_status_t command(kvt__meta_t *m, const char *what,
         st = ensure(m, b);
         if (st != KVT_OK)
             break;
+        b->bound.refused = 0;
         va_start(ap, fmt);
         rep = redisvCommand(b->ctx, fmt, ap);
         va_end(ap);
@@ -158,6 +161,8 @@ static kvt_status_t command(kvt__meta_t *m, const char *what,
             continue;
         }
         st = ctx_status(m, b->ctx, err, what);
+        if (b->bound.refused != 0)
+            st = KVT_ERR_PROTOCOL;
         drop(b);
         break;
     }

@@ -40,17 +40,22 @@ static void check_value(kvt_status_t st, uint8_t *val, size_t len)
 }
 
 #ifdef KVT_WITH_REDIS
-/* The first complete reply in @data, as hiredis reads it off the socket. */
+/* The first complete reply in @data, as the redis backend's bounded reader
+ * reads it off the socket. */
 static redisReply *redis_reply(const uint8_t *data, size_t size)
 {
     redisReader *r = redisReaderCreate();
+    kvt__redis_bound_t bound;
     void *rep = NULL;
 
     if (r == NULL)
         return NULL;
+    kvt__redis_reader_bound(r, &bound);
     if (redisReaderFeed(r, (const char *)data, size) != REDIS_OK ||
         redisReaderGetReply(r, &rep) != REDIS_OK)
         rep = NULL;
+    if (bound.refused != 0 && rep != NULL)
+        abort();
     redisReaderFree(r);
     return rep;
 }

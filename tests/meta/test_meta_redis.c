@@ -161,8 +161,71 @@ KVT_TEST(unreachable)
     ms_unreachable(u);
 }
 
+/*
+ * A server that answers any command with the header of an array of
+ * 1.5 billion elements and one element: the client must refuse it before
+ * hiredis allocates the element table (12 GB), and say it is a protocol
+ * error rather than wait for the rest.
+ */
+static void *huge_array_server(void *arg)
+{
+    static const char answer[] = "*1500000000\r\n$1\r\na\r\n";
+    int lfd = *(int *)arg, fd;
+    char buf[256];
+    struct pollfd p;
+
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    p.fd = fd;
+    p.events = POLLIN;
+    if (poll(&p, 1, 5000) == 1 && recv(fd, buf, sizeof(buf), 0) > 0 &&
+        mt_send_all(fd, answer, sizeof(answer) - 1) == 0) {
+        /* Hold the connection until the client drops it. */
+        while (poll(&p, 1, 5000) == 1 && recv(fd, buf, sizeof(buf), 0) > 0)
+            ;
+    }
+    close(fd);
+    return NULL;
+}
+
+KVT_TEST(huge_array)
+{
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof(sa);
+    kvt__meta_t *m;
+    pthread_t t;
+    uint8_t *v = NULL;
+    size_t n = 0;
+    double t0;
+    int lfd;
+    char u[64];
+
+#ifndef KVT_WITH_REDIS
+    SKIP("built without hiredis");
+#endif
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(lfd >= 0);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHECK(listen(lfd, 4) == 0);
+    CHECK(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+    CHECK(pthread_create(&t, NULL, huge_array_server, &lfd) == 0);
+    snprintf(u, sizeof(u), "redis://127.0.0.1:%u", ntohs(sa.sin_port));
+    m = ms_open(u, 10);
+    t0 = kvt_test_now();
+    CHECK_ST(kvt__meta_get(m, "kvt/test/huge", &v, &n), KVT_ERR_PROTOCOL);
+    CHECK(v == NULL);
+    /* Refused at once, not after the 2 s timeout. */
+    CHECK(kvt_test_now() - t0 < 1.0 * kvt_test_slowdown());
+    kvt__meta_destroy(m);
+    pthread_join(t, NULL);
+    close(lfd);
+}
+
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(database, 60),
               KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
               KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
               KVT_CASE(reconnect, 60), KVT_CASE(late_server, 60),
-              KVT_CASE(unreachable, 30))
+              KVT_CASE(unreachable, 30), KVT_CASE(huge_array, 30))
