@@ -210,15 +210,23 @@ static size_t flood(int fd, const uint8_t *frame, size_t len, double secs,
     return sent;
 }
 
-/* Read @count responses of @type, each with @payload bytes of payload and
- * (READ_RESP) the trailer. */
+/*
+ * Read @count responses of @type, each with @payload bytes of payload and
+ * (READ_RESP) the trailer. Each may take a while: a flood of small frames
+ * into a socket that is not read overruns its memory (the kernel accounts
+ * an skb's whole size, not its bytes), the kernel drops what arrives, and
+ * the sender retransmits with its timeout doubled each time (seen with
+ * `ss -tmi`: drops at the target, retransmissions at 0.4, 0.9, 1.7 and
+ * 3.5 s); once the target reads again, the next retransmission can be
+ * several seconds away.
+ */
 static void drain(int fd, size_t count, uint8_t type, uint64_t payload)
 {
     static uint8_t sink[1 << 16];
     for (size_t i = 0; i < count; i++) {
         kvt__wire_hdr_t h;
         uint64_t left;
-        if (recv_frame(fd, &h, 10) != type) {
+        if (recv_frame(fd, &h, 30) != type) {
             fprintf(stderr, "response %zu of %zu did not come\n", i, count);
             exit(1);
         }
