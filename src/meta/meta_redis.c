@@ -36,14 +36,19 @@ static struct timeval to_tv(uint64_t ms)
 }
 
 /* A failed context's status; logs it. @err is errno right after the
- * failure. */
+ * failure. A reply the reader refused (kvt__redis_reader_bound()) is
+ * KVT_ERR_PROTOCOL, whichever command it answered. */
 static kvt_status_t ctx_status(kvt__meta_t *m, redisContext *c, int err,
                                const char *doing)
 {
+    const kvt__redis_bound_t *bound =
+        c != NULL && c->reader != NULL ? c->reader->privdata : NULL;
     kvt_status_t st = KVT_ERR_IO;
 
-    if (err == ETIMEDOUT || err == EAGAIN || err == EWOULDBLOCK ||
-        err == EINPROGRESS)
+    if (bound != NULL && bound->refused != 0)
+        st = KVT_ERR_PROTOCOL; /* an answer beyond the reader's bounds */
+    else if (err == ETIMEDOUT || err == EAGAIN || err == EWOULDBLOCK ||
+             err == EINPROGRESS)
         st = KVT_ERR_TIMEDOUT;
     else if (err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH ||
              c == NULL || c->err == REDIS_ERR_OTHER || c->err == REDIS_ERR_EOF)
@@ -161,8 +166,6 @@ static kvt_status_t command(kvt__meta_t *m, const char *what,
             continue;
         }
         st = ctx_status(m, b->ctx, err, what);
-        if (b->bound.refused != 0)
-            st = KVT_ERR_PROTOCOL;
         drop(b);
         break;
     }

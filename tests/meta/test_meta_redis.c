@@ -165,7 +165,8 @@ KVT_TEST(unreachable)
  * A server that answers any command with the header of an array of
  * 1.5 billion elements and one element: the client must refuse it before
  * hiredis allocates the element table (12 GB), and say it is a protocol
- * error rather than wait for the rest.
+ * error rather than wait for the rest, whether it answers a GET or the
+ * AUTH of a new connection.
  */
 static void *huge_array_server(void *arg)
 {
@@ -189,7 +190,7 @@ static void *huge_array_server(void *arg)
     return NULL;
 }
 
-KVT_TEST(huge_array)
+static void huge_array_as(const char *userinfo)
 {
     struct sockaddr_in sa = {0};
     socklen_t sl = sizeof(sa);
@@ -199,11 +200,8 @@ KVT_TEST(huge_array)
     size_t n = 0;
     double t0;
     int lfd;
-    char u[64];
+    char u[96];
 
-#ifndef KVT_WITH_REDIS
-    SKIP("built without hiredis");
-#endif
     lfd = socket(AF_INET, SOCK_STREAM, 0);
     CHECK(lfd >= 0);
     sa.sin_family = AF_INET;
@@ -212,7 +210,8 @@ KVT_TEST(huge_array)
     CHECK(listen(lfd, 4) == 0);
     CHECK(getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
     CHECK(pthread_create(&t, NULL, huge_array_server, &lfd) == 0);
-    snprintf(u, sizeof(u), "redis://127.0.0.1:%u", ntohs(sa.sin_port));
+    snprintf(u, sizeof(u), "redis://%s127.0.0.1:%u", userinfo,
+             ntohs(sa.sin_port));
     m = ms_open(u, 10);
     t0 = kvt_test_now();
     CHECK_ST(kvt__meta_get(m, "kvt/test/huge", &v, &n), KVT_ERR_PROTOCOL);
@@ -222,6 +221,15 @@ KVT_TEST(huge_array)
     kvt__meta_destroy(m);
     pthread_join(t, NULL);
     close(lfd);
+}
+
+KVT_TEST(huge_array)
+{
+#ifndef KVT_WITH_REDIS
+    SKIP("built without hiredis");
+#endif
+    huge_array_as("");         /* answering GET */
+    huge_array_as(":secret@"); /* answering AUTH */
 }
 
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(database, 60),
