@@ -154,13 +154,16 @@ static void rank_setup(rank_t *r, uint16_t boot)
     }
     r->ncaches = 2 * o->layers;
     r->caches = calloc(r->ncaches, sizeof(*r->caches));
+    /* An aux slot per room (rooms mode), and a few to spare. */
+    r->aux.item_bytes = 64;
+    r->aux.count = o->rooms_mode ? o->rooms + 4 : 4;
     if (o->managed) {
-        /* One kvt allocation (registered by it) holding every cache. */
+        /* One kvt allocation (registered by it) holding every cache and
+         * the aux buffer. */
         uint64_t each = (block * pool + 4095) & ~4095ull;
-        st = kvt_mem_alloc(r->eng,
-                           each * r->ncaches +
-                               (((uint64_t)o->rooms + 4) * 64 + 4095) / 4096 *
-                                   4096,
+        uint64_t aux =
+            ((uint64_t)r->aux.count * r->aux.item_bytes + 4095) & ~4095ull;
+        st = kvt_mem_alloc(r->eng, each * r->ncaches + aux,
                            KVT_ACCESS_REMOTE_RW, &r->arena);
         if (st != KVT_OK)
             die("kvt_mem_alloc", st);
@@ -203,12 +206,10 @@ static void rank_setup(rank_t *r, uint16_t boot)
             r->table[i] = perm[i / 4] * 4 + i % 4;
         free(perm);
     }
-    r->aux.item_bytes = 64;
-    r->aux.count = o->rooms_mode ? o->rooms + 4 : 4;
     r->aux.base = o->managed
                       ? (uint8_t *)r->arena +
                             (((block * pool + 4095) & ~4095ull) * r->ncaches)
-                      : calloc(r->aux.count, 64);
+                      : calloc(r->aux.count, r->aux.item_bytes);
     r->aux_slot = r->prefill ? 1 : 2;
 
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", boot);
