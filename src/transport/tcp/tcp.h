@@ -64,6 +64,10 @@
 #define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one readv */
 #define SCRATCH_LEN (256u * 1024u)
 #define MIN_FRAME (64u * 1024u)
+/* The most payload of a WRITE that a submitting thread sends itself on an
+ * idle connection (kvt__tcp_conn_enqueue()); larger ones are the
+ * worker's. */
+#define INLINE_MAX (64u * 1024u)
 /* Inbound: stop reading a connection's requests while its queued
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */

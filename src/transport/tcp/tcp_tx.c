@@ -245,10 +245,17 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
         pthread_mutex_unlock(&c->out_lock);
         atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
         txq_append_locked(c, &f->tx);
-        /* An idle connection sends this frame from the calling thread,
-         * which saves a wake-up on small transfers; anything the socket
-         * does not take now, and every later frame, is the worker's. */
-        if (c->txq_head == &f->tx)
+        /* An idle connection sends a request from the calling thread,
+         * which saves a wake-up, unless it is a WRITE with more than
+         * INLINE_MAX bytes of payload. That one is the worker's, as
+         * is anything the socket does not take now and every later frame:
+         * copied from here, it would hold the submitting thread for the
+         * copy, and one submitting thread would do the copying for every
+         * connection while their workers idle (1 MiB writes over two
+         * connections: 0.92 of the matched ceiling against 0.80 when the
+         * submitting thread sent them; docs/benchmarks.md). */
+        if (c->txq_head == &f->tx &&
+            (f->type != KVT_WIRE_WRITE || f->bytes <= INLINE_MAX))
             kvt__tcp_flush_locked(c, 1);
         changed = kvt__tcp_want_out_update(c);
     }
