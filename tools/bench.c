@@ -354,7 +354,9 @@ static void progress(kvt_engine_h e, const bench_opts_t *o, double t0)
  * counting every descriptor of the thread. o->depth batches are in
  * flight at once: the thread waits for the oldest, then refills and
  * submits it again, so with a depth of 2 or more the transport is never
- * left without work while the thread is busy. With --verify a write's
+ * left without work while the thread is busy; with a depth of 1 each
+ * batch is submitted and waited for in one call (kvt_batch_submit_wait(),
+ * a synchronous transfer). With --verify a write's
  * source is filled with the pattern of its destination and pass before
  * it is submitted (so the figure then includes that work), and a read's
  * block is checked once it has landed. A batch's latency runs from its
@@ -463,7 +465,17 @@ static void *initiator_thread(void *arg)
         }
         sl->k = k;
         sl->t0 = now_s();
-        st = kvt_batch_submit(sl->b, sl->d, o->batch);
+        if (o->depth == 1) {
+            /* One batch at a time is a synchronous transfer: submitted
+             * and waited for in one call. A refusal submits nothing. */
+            kvt_batch_state_t q;
+            st = kvt_batch_submit_wait(sl->b, sl->d, o->batch, -1);
+            kvt_batch_query(sl->b, &q);
+            if (q.submitted > 0)
+                st = KVT_OK;
+        } else {
+            st = kvt_batch_submit(sl->b, sl->d, o->batch);
+        }
         if (st != KVT_OK) { /* nothing of it went out */
             fprintf(stderr, "kvt bench: cannot submit: %s\n",
                     kvt_status_str(st));
@@ -473,6 +485,8 @@ static void *initiator_thread(void *arg)
         }
         sl->busy = 1;
         k += o->batch;
+        if (o->depth == 1 && finish_slot(w, sl, reading) != 0)
+            break;
     }
     /* The batches still in flight complete (or fail) before the thread
      * reports: their bytes are counted, as the clock stops after them. */

@@ -165,6 +165,30 @@ KVT_API kvt_status_t kvt_batch_entry(kvt_batch_h batch, size_t index,
 KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
 
 /*
+ * kvt_batch_submit_wait() - kvt_batch_submit(), then kvt_batch_wait(), in
+ * one call: for a thread that waits for what it submits as soon as it is
+ * submitted (a synchronous transfer). Knowing that, a transport may make
+ * the calling thread the reader of the responses before the request goes
+ * out, rather than wake a worker thread for a response that comes before
+ * the thread waits (tcp does, for a request written to an idle connection
+ * from the calling thread): on a busy machine that is a thread wake-up
+ * and a context switch fewer per transfer. Thread safety, the
+ * descriptors' contract and the blocking are those of the two calls; it
+ * must not be called while this thread holds the submission plug.
+ *
+ * Returns kvt_batch_submit()'s refusals (KVT_ERR_INVALID_PARAM,
+ * KVT_ERR_NO_SPACE, KVT_ERR_NO_MEMORY: nothing submitted, nothing waited
+ * for), else what kvt_batch_wait() returns: KVT_OK, the first failure
+ * (per-slot states as kvt_batch_entry() has them), or KVT_INPROGRESS when
+ * @timeout_ms (negative: no limit) passed first, the transfers going on
+ * as after any submission. The wait covers every descriptor in the batch,
+ * those submitted earlier too.
+ */
+KVT_API kvt_status_t kvt_batch_submit_wait(kvt_batch_h batch,
+                                           const kvt_xfer_desc_t *descs,
+                                           size_t count, int64_t timeout_ms);
+
+/*
  * A call made when a batch goes idle (kvt_batch_set_idle_cb()): @arg as
  * given there.
  */

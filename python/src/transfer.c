@@ -224,9 +224,9 @@ static void run_sync(kvtpy_engine_t *self, sync_req_t *r)
             r->st = KVT_ERR_NO_MEMORY;
             return;
         }
-        r->st = kvt_batch_submit(b, r->ds->d, r->ds->n);
-        if (r->st == KVT_OK)
-            r->st = wait_final(b);
+        /* Submitted and waited for in one call: the calling thread may
+         * read its own responses (kvt_batch_submit_wait()). */
+        r->st = kvt_batch_submit_wait(b, r->ds->d, r->ds->n, -1);
         pool_put(self, b, r->ds->n);
         if (r->st != KVT_OK)
             return;

@@ -250,22 +250,39 @@ static void batch_unhint(kvt_batch_h b)
     b->hint_multi = 0;
 }
 
-/* Hand @n descriptors to their session; a refusal fails them. */
+/* For kvt_batch_submit_wait(): where a transport attached the submitting
+ * thread (kvt__sub_t.attached), the session held until the wait takes the
+ * attachment over or ends it. */
+typedef struct {
+    kvt__session_t *sess;
+    void *where;
+} attach_t;
+
+/* Hand @n descriptors to their session; a refusal fails them. @att: the
+ * submitting thread waits as soon as the submission is made. */
 static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
-                     size_t n)
+                     size_t n, attach_t *att)
 {
-    kvt__sub_t h = {plugged(b->engine), NULL, 0};
+    kvt__sub_t h = {.plugged = plugged(b->engine),
+                    .will_wait = att != NULL && att->sess == NULL &&
+                                 s->ops->progress != NULL &&
+                                 s->ops->detach != NULL};
 
     if (s->ops->submit(s, x, n, &h) != KVT_OK) {
         for (size_t j = 0; j < n; j++)
             comp_fail(x[j].comp, KVT_ERR_NO_MEMORY);
         h.many = 1;
     }
+    if (h.attached != NULL) {
+        kvt__session_hold(s);
+        att->sess = s;
+        att->where = h.attached;
+    }
     batch_hint(b, s, &h);
 }
 
-kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
-                              size_t count)
+static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
+                                 size_t count, attach_t *att)
 {
     kvt_engine_h e;
     size_t base, nvalid = 0;
@@ -363,7 +380,7 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
     /* Hand each session its descriptors, in submission order. */
     if (nvalid > 0 && one) {
-        dispatch(b, sess[0], xf, nvalid);
+        dispatch(b, sess[0], xf, nvalid, att);
     } else {
         for (size_t i = 0; i < nvalid; i++) {
             kvt__session_t *s = sess[i];
@@ -376,13 +393,19 @@ kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                     sess[j] = NULL;
                 }
             }
-            dispatch(b, s, grp, m);
+            dispatch(b, s, grp, m, att);
         }
     }
     for (size_t i = 0; i < nheld; i++)
         kvt__seg_unref(held[i]);
     free(xf);
     return KVT_OK;
+}
+
+kvt_status_t kvt_batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
+                              size_t count)
+{
+    return batch_submit(b, descs, count, NULL);
 }
 
 kvt_status_t kvt_batch_query(kvt_batch_h b, kvt_batch_state_t *state_p)
@@ -430,19 +453,30 @@ static void drain_completers(kvt_batch_h b)
         sched_yield();
 }
 
-kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
+/* kvt_batch_wait(); @att: an attachment kvt_batch_submit_wait()'s
+ * submission made, taken over by progress() or ended here. */
+static kvt_status_t batch_wait(kvt_batch_h b, int64_t timeout_ms, attach_t *att)
 {
     uint64_t deadline = 0;
 
-    if (b == NULL)
-        return KVT_ERR_INVALID_PARAM;
     if (timeout_ms >= 0)
         deadline = kvt__now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    if (b->hint != NULL && !b->hint_multi &&
-        b->hint_sess->ops->progress != NULL &&
-        atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
+    if (att != NULL && att->sess != NULL) {
+        kvt__session_t *s = att->sess;
+        if (b->hint == att->where && b->hint_sess == s && !b->hint_multi &&
+            atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
+            s->ops->progress(s, att->where, &b->pending,
+                             timeout_ms >= 0 ? deadline : 0, 1);
+        else
+            s->ops->detach(s, att->where);
+        kvt__session_release(s);
+        att->sess = NULL;
+    } else if (b->hint != NULL && !b->hint_multi &&
+               b->hint_sess->ops->progress != NULL &&
+               atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
         b->hint_sess->ops->progress(b->hint_sess, b->hint, &b->pending,
-                                    timeout_ms >= 0 ? deadline : 0);
+                                    timeout_ms >= 0 ? deadline : 0, 0);
+    }
     for (;;) {
         uint32_t p = atomic_load_explicit(&b->pending, memory_order_acquire);
         int64_t left = -1;
@@ -465,6 +499,26 @@ kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
         atomic_load_explicit(&b->on_idle, memory_order_relaxed) != NULL)
         drain_completers(b);
     return kvt_batch_query(b, NULL);
+}
+
+kvt_status_t kvt_batch_wait(kvt_batch_h b, int64_t timeout_ms)
+{
+    if (b == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    return batch_wait(b, timeout_ms, NULL);
+}
+
+kvt_status_t kvt_batch_submit_wait(kvt_batch_h b, const kvt_xfer_desc_t *descs,
+                                   size_t count, int64_t timeout_ms)
+{
+    attach_t att = {NULL, NULL};
+    kvt_status_t st = batch_submit(b, descs, count, &att);
+
+    if (st != KVT_OK) {
+        /* Nothing was submitted, so nothing is attached. */
+        return st;
+    }
+    return batch_wait(b, timeout_ms, &att);
 }
 
 kvt_status_t kvt_batch_set_idle_cb(kvt_batch_h b, kvt_batch_idle_cb_t cb,

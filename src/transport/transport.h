@@ -166,11 +166,21 @@ static inline int kvt__xfer_rpacked(const kvt__xfer_t *x)
  * submit() notes each place it hands work to with kvt__sub_note(). One
  * place for the whole submission lets the waiter drive it; NULL, or two
  * different places, mean it cannot.
+ *
+ * @will_wait: the submitting thread waits for this submission as soon as
+ * submit() returns (kvt_batch_submit_wait()). A transport whose progress()
+ * reads responses may then attach the thread as the reader of the place
+ * it sends to before it sends, so that a response that comes before the
+ * thread waits wakes no worker; it reports that place in @attached
+ * (NULL: nothing attached). The core then calls progress() for it with
+ * @attached set, or detach(), exactly once, before the wait returns.
  */
 typedef struct {
     int plugged;
     void *where;
     int many;
+    int will_wait;
+    void *attached;
 } kvt__sub_t;
 
 static inline void kvt__sub_note(kvt__sub_t *sub, void *where)
@@ -312,8 +322,12 @@ struct kvt__tl {
  * network. KVT_ERR_NO_MEMORY before anything was taken: the core fails
  * the descriptors. progress() makes progress from a thread waiting for
  * the work noted at @where, until *@until reads 0 or @deadline_ns passes
- * (0: no deadline); KVT_ERR_AGAIN when it cannot now. flush() wakes what
- * plugged submissions left asleep. kill() fails everything in flight with
+ * (0: no deadline); KVT_ERR_AGAIN when it cannot now. With @attached,
+ * submit() attached this thread to @where (kvt__sub_t.attached), and
+ * progress() ends that attachment before it returns, whatever it returns;
+ * detach() ends one for a thread that does not call progress() for it
+ * (the work went to more than one place, or is already done). flush() wakes
+ * what plugged submissions left asleep. kill() fails everything in flight with
  * @why and refuses new work; it may be called more than once.
  */
 struct kvt__tl_ops {
@@ -347,7 +361,8 @@ struct kvt__tl_ops {
                            kvt__sub_t *sub);
     kvt_status_t (*progress)(kvt__session_t *s, void *where,
                              const _Atomic uint32_t *until,
-                             uint64_t deadline_ns);
+                             uint64_t deadline_ns, int attached);
+    void (*detach)(kvt__session_t *s, void *where);
     void (*flush)(kvt__tl_t *tl);
     void (*kill)(kvt__session_t *s, kvt_status_t why);
     void (*destroy_session)(kvt__session_t *s);

@@ -100,12 +100,18 @@ def main():
                 r'\b(COVER|UNCOVERED)\(\s*(\w+)\s*,\s*(KVT_\w+)', text):
             cov.setdefault(fn, set()).add(st)
         # FINAL(b, status) and NOT_HERE(status, why) stand for the three
-        # calls that report a descriptor's state.
+        # calls that report a descriptor's state, NOT_HERE for
+        # kvt_batch_submit_wait() too, and SYNC(e, d, status) for it.
         three = ('kvt_batch_wait', 'kvt_batch_query', 'kvt_batch_entry')
-        for st in re.findall(r'\b(?:FINAL\(\s*\w+\s*,|NOT_HERE\()\s*'
-                             r'(KVT_ERR_\w+)', text):
+        for st in re.findall(r'\bFINAL\(\s*\w+\s*,\s*(KVT_ERR_\w+)', text):
             for fn in three:
                 cov.setdefault(fn, set()).add(st)
+        for st in re.findall(r'\bNOT_HERE\(\s*(KVT_ERR_\w+)', text):
+            for fn in three + ('kvt_batch_submit_wait',):
+                cov.setdefault(fn, set()).add(st)
+        for st in re.findall(r'\bSYNC\([^;]*?(KVT_(?:OK|INPROGRESS|ERR_\w+))'
+                             r'\s*\)\s*;', text):
+            cov.setdefault('kvt_batch_submit_wait', set()).add(st)
         for fn, got in sorted(cov.items()):
             if fn not in docs:
                 problems.append('%s: covered by the test but not a public '

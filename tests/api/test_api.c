@@ -36,11 +36,23 @@
         COVER(kvt_batch_query, status, kvt_batch_query(b, NULL));              \
         COVER(kvt_batch_entry, status, kvt_batch_entry(b, 0, NULL));           \
     } while (0)
-/* Not produced for any of the three. */
+/* The same descriptor @d submitted alone and waited for in one call. */
+#define SYNC(e, d, status)                                                     \
+    do {                                                                       \
+        kvt_batch_h sb_;                                                       \
+        kvt_xfer_desc_t sd_ = (d);                                             \
+        CHECK_OK(kvt_batch_create((e), 1, &sb_));                              \
+        COVER(kvt_batch_submit_wait, status,                                   \
+              kvt_batch_submit_wait(sb_, &sd_, 1, 30000));                     \
+        CHECK_ST(kvt_batch_entry(sb_, 0, NULL), (status));                     \
+        CHECK_OK(kvt_batch_free(sb_));                                         \
+    } while (0)
+/* Not produced for any of the three, nor for kvt_batch_submit_wait(). */
 #define NOT_HERE(status, why)                                                  \
     UNCOVERED(kvt_batch_entry, status, why);                                   \
     UNCOVERED(kvt_batch_query, status, why);                                   \
-    UNCOVERED(kvt_batch_wait, status, why)
+    UNCOVERED(kvt_batch_wait, status, why);                                    \
+    UNCOVERED(kvt_batch_submit_wait, status, why)
 
 static kvt_engine_h engine(uint32_t transports, uint64_t timeout_ms,
                            uint64_t connect_ms)
@@ -563,6 +575,20 @@ static kvt_xfer_desc_t wr(const pair_t *x, uint64_t raddr, uint64_t len)
     return d;
 }
 
+/* Close @x's segment after @ms milliseconds, from another thread. */
+typedef struct {
+    pair_t *x;
+    unsigned ms;
+} closer_t;
+
+static void *close_main(void *arg)
+{
+    closer_t *c = arg;
+    usleep(c->ms * 1000u);
+    CHECK_OK(kvt_segment_close(c->x->e, c->x->seg));
+    return NULL;
+}
+
 /* A batch with @d submitted alone. */
 static kvt_batch_h one(kvt_engine_h e, kvt_xfer_desc_t d)
 {
@@ -620,30 +646,57 @@ KVT_TEST(batches)
     COVER(kvt_batch_free, KVT_OK, kvt_batch_free(b));
     COVER(kvt_batch_free, KVT_OK, kvt_batch_free(NULL));
 
+    /* Submitted and waited for in one call. */
+    CHECK_OK(kvt_batch_create(x.e, 2, &b));
+    COVER(kvt_batch_submit_wait, KVT_OK, kvt_batch_submit_wait(b, d, 2, 30000));
+    CHECK_ST(kvt_batch_query(b, &bs), KVT_OK);
+    CHECK(bs.completed == 2 && bs.pending == 0);
+    COVER(kvt_batch_submit_wait, KVT_ERR_NO_SPACE,
+          kvt_batch_submit_wait(b, d, 1, 30000));
+    COVER(kvt_batch_submit_wait, KVT_ERR_INVALID_PARAM,
+          kvt_batch_submit_wait(NULL, d, 1, 30000));
+    CHECK_OK(kvt_batch_reset(b));
+    COVER(kvt_batch_submit_wait, KVT_ERR_INVALID_PARAM,
+          kvt_batch_submit_wait(b, NULL, 1, 30000));
+    CHECK_ST(kvt_batch_query(b, &bs), KVT_OK);
+    CHECK(bs.submitted == 0); /* refused: nothing submitted */
+    UNCOVERED(kvt_batch_submit_wait, KVT_ERR_NO_MEMORY, "allocation failure");
+    peer_kill(&x.p, SIGSTOP);
+    COVER(kvt_batch_submit_wait, KVT_INPROGRESS,
+          kvt_batch_submit_wait(b, d, 1, 50));
+    peer_kill(&x.p, SIGCONT);
+    CHECK_OK(kvt_batch_wait(b, 30000));
+    CHECK_OK(kvt_batch_free(b));
+
     /* Failures found at submission. */
     d[0] = wr(&x, x.p.main_addr, 0);
     b = one(x.e, d[0]);
     FINAL(b, KVT_ERR_INVALID_PARAM);
     CHECK_OK(kvt_batch_free(b));
+    SYNC(x.e, d[0], KVT_ERR_INVALID_PARAM);
     d[0] = wr(&x, x.p.main_addr, 4096);
     d[0].local_addr = &d; /* not registered */
     b = one(x.e, d[0]);
     FINAL(b, KVT_ERR_NOT_REGISTERED);
     CHECK_OK(kvt_batch_free(b));
+    SYNC(x.e, d[0], KVT_ERR_NOT_REGISTERED);
     d[0] = wr(&x, x.p.main_addr, KVT_NOTIFY_MAX + 1);
     d[0].opcode = KVT_OP_NOTIFY;
     b = one(x.e, d[0]);
     FINAL(b, KVT_ERR_OVERFLOW);
     CHECK_OK(kvt_batch_free(b));
+    SYNC(x.e, d[0], KVT_ERR_OVERFLOW);
     d[0] = wr(&x, x.p.main_addr, 4096);
     d[0].segment = 12345;
     b = one(x.e, d[0]);
     FINAL(b, KVT_ERR_NOT_FOUND);
     CHECK_OK(kvt_batch_free(b));
+    SYNC(x.e, d[0], KVT_ERR_NOT_FOUND);
     /* Refused by the target: a range it never registered. */
     b = one(x.e, wr(&x, x.p.guard_addr, 64));
     FINAL(b, KVT_ERR_ACCESS);
     CHECK_OK(kvt_batch_free(b));
+    SYNC(x.e, wr(&x, x.p.guard_addr, 64), KVT_ERR_ACCESS);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
 }
@@ -660,6 +713,12 @@ KVT_TEST(batches_on_the_way)
     b = one(x.e, wr(&x, x.p.main_addr, 4096));
     FINAL(b, KVT_ERR_TIMEDOUT);
     CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(x.e);
+    peer_kill(&x.p, SIGCONT);
+    peer_stop(&x.p);
+    pair_up(&x, 300);
+    peer_kill(&x.p, SIGSTOP);
+    SYNC(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_TIMEDOUT);
     peer_kill(&x.p, SIGCONT);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
@@ -670,6 +729,17 @@ KVT_TEST(batches_on_the_way)
     CHECK_OK(kvt_segment_close(x.e, x.seg));
     FINAL(b, KVT_ERR_CANCELED);
     CHECK_OK(kvt_batch_free(b));
+    /* ... and while a thread waits in kvt_batch_submit_wait(). */
+    peer_kill(&x.p, SIGCONT);
+    CHECK_OK(kvt_segment_open(x.e, x.p.segment, &x.seg));
+    peer_kill(&x.p, SIGSTOP);
+    {
+        closer_t c = {&x, 200};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, close_main, &c) == 0);
+        SYNC(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CANCELED);
+        pthread_join(th, NULL);
+    }
     peer_kill(&x.p, SIGCONT);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
@@ -679,6 +749,11 @@ KVT_TEST(batches_on_the_way)
     b = one(x.e, wr(&x, x.p.main_addr, 4096));
     FINAL(b, KVT_ERR_CONN_LOST);
     CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(x.e);
+    peer_stop(&x.p);
+    pair_up(&x, 0);
+    peer_kill(&x.p, SIGKILL);
+    SYNC(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CONN_LOST);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
 

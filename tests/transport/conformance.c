@@ -142,14 +142,17 @@ static uint8_t *dev_of(const void *p, uint64_t *span_p, uint8_t **shadow_p)
     return NULL;
 }
 
-static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
-                                size_t n)
+/* kvt_batch_submit(), or with @wait kvt_batch_submit_wait() and its
+ * @timeout_ms. */
+static kvt_status_t conf_submit_ex(kvt_batch_h b, const kvt_xfer_desc_t *d,
+                                   size_t n, int wait, int64_t timeout_ms)
 {
     kvt_xfer_desc_t *x;
     kvt_status_t st;
 
     if (!g_cuda)
-        return kvt_batch_submit(b, d, n);
+        return wait ? kvt_batch_submit_wait(b, d, n, timeout_ms)
+                    : kvt_batch_submit(b, d, n);
     x = malloc((n ? n : 1) * sizeof(*x));
     CHECK(x != NULL);
     memcpy(x, d, n * sizeof(*x));
@@ -178,9 +181,16 @@ static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
         }
     }
     pthread_mutex_unlock(&g_dev_lock);
-    st = kvt_batch_submit(b, x, n);
+    st = wait ? kvt_batch_submit_wait(b, x, n, timeout_ms)
+              : kvt_batch_submit(b, x, n);
     free(x);
     return st;
+}
+
+static kvt_status_t conf_submit(kvt_batch_h b, const kvt_xfer_desc_t *d,
+                                size_t n)
+{
+    return conf_submit_ex(b, d, n, 0, 0);
 }
 
 /* Bring the device bytes of @b's READs into the mirrors (@copy), or drop
@@ -219,6 +229,16 @@ static kvt_status_t conf_wait(kvt_batch_h b, int64_t timeout_ms)
     return st;
 }
 
+static kvt_status_t conf_submit_wait(kvt_batch_h b, const kvt_xfer_desc_t *d,
+                                     size_t n, int64_t timeout_ms)
+{
+    kvt_status_t st = conf_submit_ex(b, d, n, 1, timeout_ms);
+
+    if (g_cuda && st != KVT_INPROGRESS)
+        conf_reads(b, 1);
+    return st;
+}
+
 static kvt_status_t conf_free(kvt_batch_h b)
 {
     if (g_cuda)
@@ -236,6 +256,7 @@ static kvt_status_t conf_reset(kvt_batch_h b)
 }
 
 #define kvt_batch_submit(b, d, n) conf_submit(b, d, n)
+#define kvt_batch_submit_wait(b, d, n, t) conf_submit_wait(b, d, n, t)
 #define kvt_batch_wait(b, t) conf_wait(b, t)
 #define kvt_batch_free(b) conf_free(b)
 #define kvt_batch_reset(b) conf_reset(b)
@@ -1145,12 +1166,12 @@ KVT_TEST(threads)
 
 /*
  * Many small transfers at once: three threads each write and read back
- * blocks of 1 byte to 4 KiB, one at a time and waiting for each, beside
- * a fourth that polls its batches with kvt_batch_query() and never waits
- * on one still pending. Small frames and their responses share
- * connections and reads (a waiter reading one connection completes
- * whatever it reads, for any batch); every transfer completes and every
- * byte lands.
+ * blocks of 1 byte to 4 KiB, one at a time and waiting for each (two of
+ * them with kvt_batch_submit_wait()), beside a fourth that polls its
+ * batches with kvt_batch_query() and never waits on one still pending. Small
+ * frames and their responses share connections and reads (a waiter reading one
+ * connection completes whatever it reads, for any batch); every transfer
+ * completes and every byte lands.
  */
 typedef struct {
     fixture_t *f;
@@ -1162,6 +1183,20 @@ typedef struct {
 enum { SMALL_T = 4, SMALL_SLOT = 8192 };
 /* Fewer through the device double, whose copies each take 100 us. */
 #define SMALL_ROUNDS (g_cuda ? 300 : 2000)
+
+/* One small transfer, complete when this returns: threads 0 and 3
+ * submit, then wait (0) or poll (3); threads 1 and 2 submit and wait in
+ * one call, reading their own responses from the connection. */
+static kvt_status_t small_finish(kvt_batch_h b, int poll);
+static kvt_status_t small_one(small_arg_t *a, kvt_batch_h b,
+                              const kvt_xfer_desc_t *d)
+{
+    if (a->id == 1 || a->id == 2)
+        return kvt_batch_submit_wait(b, d, 1, 30000);
+    if (kvt_batch_submit(b, d, 1) != KVT_OK)
+        return KVT_ERR_INVALID_PARAM;
+    return small_finish(b, a->poll);
+}
 
 static kvt_status_t small_finish(kvt_batch_h b, int poll)
 {
@@ -1194,13 +1229,11 @@ static void *small_main(void *arg)
         kvt_xfer_desc_t d = desc(a->f, KVT_OP_WRITE, mine, remote, len);
 
         pattern_fill(mine, len, seed, 0);
-        if (kvt_batch_submit(b, &d, 1) != KVT_OK ||
-            small_finish(b, a->poll) != KVT_OK || kvt_batch_reset(b) != KVT_OK)
+        if (small_one(a, b, &d) != KVT_OK || kvt_batch_reset(b) != KVT_OK)
             a->ok = 0;
         d = desc(a->f, KVT_OP_READ, back, remote, len);
         memset(back, 0, len);
-        if (!a->ok || kvt_batch_submit(b, &d, 1) != KVT_OK ||
-            small_finish(b, a->poll) != KVT_OK ||
+        if (!a->ok || small_one(a, b, &d) != KVT_OK ||
             kvt_batch_reset(b) != KVT_OK || pattern_check(back, len, seed, 0))
             a->ok = 0;
     }
@@ -1226,6 +1259,103 @@ KVT_TEST(small_mixed)
     teardown(&f);
 }
 
+/*
+ * kvt_batch_submit_wait(), a synchronous transfer: a small write and its
+ * read back (tcp: the calling thread reads its own responses), a batch
+ * spread over the session (an attachment made and ended unused), a
+ * refusal (nothing submitted, nothing waited for), descriptors the
+ * target refuses, a timeout that passes first (the transfers go on and a
+ * later wait sees them land), and a call that waits longer than its
+ * peer's transfer timeout allows.
+ */
+KVT_TEST(submit_wait)
+{
+    enum { BLK = 1 << 20, N = 8, SMALL = 4096 };
+    fixture_t f;
+    kvt_xfer_desc_t d[N];
+    kvt_batch_h b;
+    kvt_batch_state_t s;
+    uint8_t *small, *back;
+    double t0;
+
+    setup(&f, N * BLK + 2 * SMALL, 3000);
+    small = f.local + N * BLK;
+    back = small + SMALL;
+    CHECK_OK(kvt_batch_create(f.e, N, &b));
+
+    pattern_fill(small, SMALL, 91, 0);
+    d[0] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr, SMALL);
+    CHECK_OK(kvt_batch_submit_wait(b, d, 1, 30000));
+    CHECK_OK(kvt_batch_entry(b, 0, NULL));
+    CHECK_OK(kvt_batch_reset(b));
+    memset(back, 0, SMALL);
+    d[0] = desc(&f, KVT_OP_READ, back, f.peer.main_addr, SMALL);
+    CHECK_OK(kvt_batch_submit_wait(b, d, 1, 30000));
+    CHECK(pattern_check(back, SMALL, 91, 0) == 0);
+    CHECK_OK(kvt_batch_reset(b));
+
+    pattern_fill(f.local, N * BLK, 92, 0);
+    for (int i = 0; i < N; i++)
+        d[i] = desc(&f, KVT_OP_WRITE, f.local + (uint64_t)i * BLK,
+                    f.peer.main_addr + (uint64_t)i * BLK, BLK);
+    CHECK_OK(kvt_batch_submit_wait(b, d, N, 60000));
+    CHECK(peer_check(&f, f.peer.main_addr, N * BLK, 92) == 0);
+    CHECK_OK(kvt_batch_reset(b));
+
+    /* Refused: nothing submitted, the batch as it was (the library's
+     * own call: device mirrors play no part in a refusal). */
+    CHECK_ST((kvt_batch_submit_wait)(NULL, d, 1, 1000), KVT_ERR_INVALID_PARAM);
+    CHECK_ST((kvt_batch_submit_wait)(b, NULL, 1, 1000), KVT_ERR_INVALID_PARAM);
+    CHECK_OK((kvt_batch_submit_wait)(b, d, 0, 1000));
+    CHECK_ST((kvt_batch_submit_wait)(b, d, N + 1, 1000), KVT_ERR_NO_SPACE);
+    CHECK_OK(kvt_batch_query(b, &s));
+    CHECK(s.submitted == 0);
+
+    /* The target refuses one; the other lands. */
+    d[0] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr + PEER_MAIN_LEN - 100,
+                200);
+    d[1] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr, SMALL);
+    CHECK_ST(kvt_batch_submit_wait(b, d, 2, 30000), KVT_ERR_ACCESS);
+    CHECK_ST(kvt_batch_entry(b, 0, NULL), KVT_ERR_ACCESS);
+    CHECK_OK(kvt_batch_entry(b, 1, NULL));
+    CHECK_OK(kvt_batch_reset(b));
+
+    /* The peer stopped: the call's own timeout passes first, then the
+     * transfer lands once it runs again; kvt_batch_wait() the same. (A
+     * waiting thread that ran a job which waits for its target could
+     * overrun its timeout by the transfer timeout: shm's staged jobs.) */
+    pattern_fill(small, SMALL, 93, SMALL);
+    d[0] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr + SMALL, SMALL);
+    peer_kill(&f.peer, SIGSTOP);
+    t0 = kvt_test_now();
+    CHECK_OK(kvt_batch_submit(b, d, 1));
+    CHECK_ST(kvt_batch_wait(b, 300), KVT_INPROGRESS);
+    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000);
+    peer_kill(&f.peer, SIGCONT);
+    CHECK_OK(kvt_batch_wait(b, 30000));
+    CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 93) == 0);
+    CHECK_OK(kvt_batch_reset(b));
+    pattern_fill(small, SMALL, 94, SMALL);
+    peer_kill(&f.peer, SIGSTOP);
+    t0 = kvt_test_now();
+    CHECK_ST(kvt_batch_submit_wait(b, d, 1, 300), KVT_INPROGRESS);
+    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000);
+    peer_kill(&f.peer, SIGCONT);
+    CHECK_OK(kvt_batch_wait(b, 30000));
+    CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 94) == 0);
+    CHECK_OK(kvt_batch_reset(b));
+
+    /* Stopped for longer than the transfer timeout (3 s): the call ends
+     * with it, however long it was willing to wait. */
+    peer_kill(&f.peer, SIGSTOP);
+    t0 = kvt_test_now();
+    CHECK_ST(kvt_batch_submit_wait(b, d, 1, -1), KVT_ERR_TIMEDOUT);
+    CHECK(ms_since(t0) >= 2500 && ms_since(t0) < 10000);
+    peer_kill(&f.peer, SIGCONT);
+    CHECK_OK(kvt_batch_free(b));
+    teardown(&f);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(write_single, 30),
     KVT_CASE(read_single, 30),
@@ -1247,6 +1377,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(destroy_in_flight, 30),
     KVT_CASE(threads, 60),
     KVT_CASE(small_mixed, 60),
+    KVT_CASE(submit_wait, 60),
     KVT_CASE(open_close_cycles, 120),
     KVT_CASE(many_regions, 120),
 };

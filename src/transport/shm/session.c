@@ -286,20 +286,28 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
 /*
  * Waiter progress: run this session's jobs from the thread waiting for
  * them until *@until reads 0, the queue offers nothing, or @deadline_ns
- * passes; the caller then sleeps on the batch.
+ * passes; the caller then sleeps on the batch. Only jobs whose own
+ * deadline comes no later than @deadline_ns: a job that waits for its
+ * target would otherwise hold the thread past the wait's timeout.
  */
 static kvt_status_t shm_progress(kvt__session_t *base, void *where,
                                  const _Atomic uint32_t *until,
-                                 uint64_t deadline_ns)
+                                 uint64_t deadline_ns, int attached)
 {
+    (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
     shm_session_t *s = where;
 
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
-        job_t *j;
+        job_t *j = NULL;
         if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
             break;
         pthread_mutex_lock(&s->lock);
-        j = kvt__shm_take_locked(s);
+        /* A job may wait for its target up to its own deadline (staged
+         * pieces, a stopped target): this thread runs it only when that
+         * cannot outlast the wait's. */
+        if (deadline_ns == 0 ||
+            (s->head != NULL && s->head->deadline <= deadline_ns))
+            j = kvt__shm_take_locked(s);
         pthread_mutex_unlock(&s->lock);
         if (j == NULL)
             break;

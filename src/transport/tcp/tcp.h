@@ -31,7 +31,11 @@
  * time; it completes whatever responses it reads, for any batch, and other
  * threads sleep on their batches meanwhile. While a waiter is attached the
  * worker does not watch the connection's input; when it leaves, watching
- * again reports anything left unread to the worker.
+ * again reports anything left unread to the worker. A thread in
+ * kvt_batch_submit_wait() attaches before its request leaves (submit
+ * sees kvt__sub_t.will_wait): a response that comes before the thread
+ * waits, as on a busy CPU where the target runs the moment the request
+ * is written, then wakes no worker either.
  *
  * Completion lifecycle. Every piece of every request frame is completed
  * exactly once: by its response, or by the failure of its connection
@@ -360,6 +364,11 @@ void kvt__tcp_hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id);
 void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
                           kvt_status_t status, const void *body, size_t len);
 void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f);
+/* Whether an idle connection sends @f from the submitting thread. */
+static inline int kvt__tcp_sends_inline(const tcp_frame_t *f)
+{
+    return f->type != KVT_WIRE_WRITE || f->bytes <= INLINE_MAX;
+}
 int kvt__tcp_notify_ready(tcp_session_t *s, const tcp_frame_t *f);
 void kvt__tcp_release_parked(tcp_session_t *s);
 tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s);
@@ -402,7 +411,9 @@ void kvt__tcp_fence_sweep(tcp_worker_t *w);
 void *kvt__tcp_worker_main(void *arg);
 kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                const _Atomic uint32_t *until,
-                               uint64_t deadline_ns);
+                               uint64_t deadline_ns, int attached);
+int kvt__tcp_waiter_attach(tcp_conn_t *c);
+void kvt__tcp_detach(kvt__session_t *base, void *where);
 
 /* tcp_dev.c */
 void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len, int dev);

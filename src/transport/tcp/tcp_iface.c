@@ -175,6 +175,7 @@ KVT_TRANSPORT_REGISTER(tcp, {
     .open = kvt__tcp_open,
     .submit = kvt__tcp_submit,
     .progress = kvt__tcp_progress,
+    .detach = kvt__tcp_detach,
     .kill = kvt__tcp_session_kill,
     .destroy_session = kvt__tcp_session_destroy,
 });

@@ -254,8 +254,7 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
          * connection while their workers idle (1 MiB writes over two
          * connections: 0.92 of the matched ceiling against 0.80 when the
          * submitting thread sent them; docs/benchmarks.md). */
-        if (c->txq_head == &f->tx &&
-            (f->type != KVT_WIRE_WRITE || f->bytes <= INLINE_MAX))
+        if (c->txq_head == &f->tx && kvt__tcp_sends_inline(f))
             kvt__tcp_flush_locked(c, 1);
         changed = kvt__tcp_want_out_update(c);
     }

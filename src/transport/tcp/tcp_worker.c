@@ -146,37 +146,85 @@ void *kvt__tcp_worker_main(void *arg)
 }
 
 /*
- * Waiter progress (see the top of this file): read connection @where from
- * this thread until *@until reads 0 or @deadline_ns passes. KVT_ERR_AGAIN
- * when the connection is already dead: the caller sleeps on the batch
- * instead.
+ * Attach the calling thread to outbound connection @c as the reader of its
+ * responses: the worker stops watching its input until the last waiter
+ * detaches (waiter_detach()). Returns 0, or -1 when it cannot: the
+ * connection is dead, or another thread already reads it (a second
+ * waiter polling the same socket could sleep on after the first had read
+ * the response that completes its batch; other waiters sleep on their
+ * batches, woken by whoever completes them). The descriptor stays open
+ * while a waiter is attached.
  */
-kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
-                               const _Atomic uint32_t *until,
-                               uint64_t deadline_ns)
+int kvt__tcp_waiter_attach(tcp_conn_t *c)
 {
-    tcp_conn_t *c = where;
-    int fd;
-
     pthread_mutex_lock(&c->rx_lock);
-    /* One reader per connection besides the worker: a second waiter
-     * polling the same socket could sleep on after the first had read the
-     * response that completes its batch. Other waiters sleep on their
-     * batches, woken by whoever completes them. */
     if (c->rx_dead || c->fd < 0 || c->waiters > 0) {
         pthread_mutex_unlock(&c->rx_lock);
-        return KVT_ERR_AGAIN;
+        return -1;
     }
-    fd = c->fd; /* stays open while a waiter is attached */
     if (c->waiters++ == 0) {
         /* Spare the worker a wake-up; input that came before this is
-         * still readable, and poll() below sees it. */
+         * still readable, and the waiter's poll() sees it. */
         atomic_store(&c->no_input, 1);
         kvt__tcp_conn_events(c);
     }
     pthread_mutex_unlock(&c->rx_lock);
+    return 0;
+}
 
-    while (atomic_load_explicit(until, memory_order_acquire) != 0) {
+static void waiter_detach(tcp_conn_t *c)
+{
+    pthread_mutex_lock(&c->rx_lock);
+    if (--c->waiters == 0) {
+        if (c->rx_dead) {
+            tcp_session_t *s = c->sess;
+            int fd;
+            pthread_mutex_lock(&s->lock);
+            fd = c->fd;
+            c->fd = -1;
+            pthread_mutex_unlock(&s->lock);
+            if (fd >= 0)
+                close(fd);
+        } else {
+            /* Watching input again reports to the worker whatever is
+             * left unread (EPOLL_CTL_MOD polls the socket). */
+            atomic_store(&c->no_input, 0);
+            kvt__tcp_conn_events(c);
+        }
+    }
+    pthread_mutex_unlock(&c->rx_lock);
+}
+
+/* An attachment made at submission (kvt__sub_t.attached) that no
+ * progress() call takes over. */
+void kvt__tcp_detach(kvt__session_t *base, void *where)
+{
+    (void)base;
+    waiter_detach(where);
+}
+
+/*
+ * Waiter progress (see the top of this file): read connection @where from
+ * this thread until *@until reads 0 or @deadline_ns passes; @attached: the
+ * thread attached itself when it submitted (kvt__tcp_waiter_attach()).
+ * KVT_ERR_AGAIN when the connection is dead or read by another waiter:
+ * the caller sleeps on the batch instead.
+ */
+kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
+                               const _Atomic uint32_t *until,
+                               uint64_t deadline_ns, int attached)
+{
+    tcp_conn_t *c = where;
+    int fd;
+
+    (void)base;
+    if (!attached && kvt__tcp_waiter_attach(c) != 0)
+        return KVT_ERR_AGAIN;
+    pthread_mutex_lock(&c->rx_lock);
+    fd = c->fd; /* stays open while a waiter is attached */
+    pthread_mutex_unlock(&c->rx_lock);
+
+    while (fd >= 0 && atomic_load_explicit(until, memory_order_acquire) != 0) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int ms = -1;
         if (deadline_ns != 0) {
@@ -192,22 +240,6 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
             kvt__tcp_conn_rx(c, until);
         pthread_mutex_unlock(&c->rx_lock);
     }
-
-    pthread_mutex_lock(&c->rx_lock);
-    if (--c->waiters == 0) {
-        if (c->rx_dead) {
-            tcp_session_t *s = c->sess;
-            pthread_mutex_lock(&s->lock);
-            c->fd = -1;
-            pthread_mutex_unlock(&s->lock);
-            close(fd);
-        } else {
-            /* Watching input again reports to the worker whatever is
-             * left unread (EPOLL_CTL_MOD polls the socket). */
-            atomic_store(&c->no_input, 0);
-            kvt__tcp_conn_events(c);
-        }
-    }
-    pthread_mutex_unlock(&c->rx_lock);
+    waiter_detach(c);
     return KVT_OK;
 }
