@@ -252,7 +252,7 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
          * copied from here, it would hold the submitting thread for the
          * copy, and one submitting thread would do the copying for every
          * connection while their workers idle (1 MiB writes over two
-         * connections: 0.92 of the matched ceiling against 0.80 when the
+         * connections: 0.95 of the matched ceiling against 0.92 when the
          * submitting thread sent them; docs/benchmarks.md). */
         if (c->txq_head == &f->tx && kvt__tcp_sends_inline(f))
             kvt__tcp_flush_locked(c, 1);
