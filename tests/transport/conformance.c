@@ -1278,7 +1278,7 @@ KVT_TEST(submit_wait)
     uint8_t *small, *back;
     double t0;
 
-    setup(&f, N * BLK + 2 * SMALL, 3000);
+    setup(&f, N * BLK + 2 * SMALL, 1500);
     small = f.local + N * BLK;
     back = small + SMALL;
     CHECK_OK(kvt_batch_create(f.e, N, &b));
@@ -1345,12 +1345,12 @@ KVT_TEST(submit_wait)
     CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 94) == 0);
     CHECK_OK(kvt_batch_reset(b));
 
-    /* Stopped for longer than the transfer timeout (3 s): the call ends
+    /* Stopped for longer than the transfer timeout (1.5 s): the call ends
      * with it, however long it was willing to wait. */
     peer_kill(&f.peer, SIGSTOP);
     t0 = kvt_test_now();
     CHECK_ST(kvt_batch_submit_wait(b, d, 1, -1), KVT_ERR_TIMEDOUT);
-    CHECK(ms_since(t0) >= 2500 && ms_since(t0) < 10000);
+    CHECK(ms_since(t0) >= 1200 && ms_since(t0) < 8000);
     peer_kill(&f.peer, SIGCONT);
     CHECK_OK(kvt_batch_free(b));
     teardown(&f);
