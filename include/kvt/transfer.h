@@ -170,9 +170,10 @@ KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
  * submitted (a synchronous transfer). Knowing that, a transport may make
  * the calling thread the reader of the responses before the request goes
  * out, rather than wake a worker thread for a response that comes before
- * the thread waits (tcp does, for a request written to an idle connection
- * from the calling thread): on a busy machine that is a thread wake-up
- * and a context switch fewer per transfer. Thread safety, the
+ * the thread waits (tcp does, for a submission that goes out as one
+ * request small enough to be written from the calling thread): on a busy
+ * machine that is a thread wake-up and a context switch fewer per
+ * transfer. Thread safety, the
  * descriptors' contract and the blocking are those of the two calls; it
  * must not be called while this thread holds the submission plug.
  *
@@ -181,7 +182,9 @@ KVT_API kvt_status_t kvt_batch_wait(kvt_batch_h batch, int64_t timeout_ms);
  * for), else what kvt_batch_wait() returns: KVT_OK, the first failure
  * (per-slot states as kvt_batch_entry() has them), or KVT_INPROGRESS when
  * @timeout_ms (negative: no limit) passed first, the transfers going on
- * as after any submission. The wait covers every descriptor in the batch,
+ * as after any submission. A refusal leaves kvt_batch_query()'s
+ * submitted count as it was, which tells it from a descriptor that failed
+ * with the same status. The wait covers every descriptor in the batch,
  * those submitted earlier too.
  */
 KVT_API kvt_status_t kvt_batch_submit_wait(kvt_batch_h batch,

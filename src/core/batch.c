@@ -263,10 +263,13 @@ typedef struct {
 static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
                      size_t n, attach_t *att)
 {
+    /* Attached only where the wait can take it over: the batch's work
+     * all in this session (see kvt_batch_wait()). */
     kvt__sub_t h = {.plugged = plugged(b->engine),
-                    .will_wait = att != NULL && att->sess == NULL &&
-                                 s->ops->progress != NULL &&
-                                 s->ops->detach != NULL};
+                    .will_wait =
+                        att != NULL && att->sess == NULL && !b->hint_multi &&
+                        (b->hint_sess == NULL || b->hint_sess == s) &&
+                        s->ops->progress != NULL && s->ops->detach != NULL};
 
     if (s->ops->submit(s, x, n, &h) != KVT_OK) {
         for (size_t j = 0; j < n; j++)
@@ -380,7 +383,7 @@ static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
 
     /* Hand each session its descriptors, in submission order. */
     if (nvalid > 0 && one) {
-        dispatch(b, sess[0], xf, nvalid, att);
+        dispatch(b, sess[0], xf, nvalid, att); /* one session */
     } else {
         for (size_t i = 0; i < nvalid; i++) {
             kvt__session_t *s = sess[i];
@@ -393,7 +396,7 @@ static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                     sess[j] = NULL;
                 }
             }
-            dispatch(b, s, grp, m, att);
+            dispatch(b, s, grp, m, NULL); /* several: nothing to attach */
         }
     }
     for (size_t i = 0; i < nheld; i++)

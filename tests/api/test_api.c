@@ -734,7 +734,7 @@ KVT_TEST(batches_on_the_way)
     CHECK_OK(kvt_segment_open(x.e, x.p.segment, &x.seg));
     peer_kill(&x.p, SIGSTOP);
     {
-        closer_t c = {&x, 200};
+        closer_t c = {&x, 1000}; /* the transfer timeout is 30 s */
         pthread_t th;
         CHECK(pthread_create(&th, NULL, close_main, &c) == 0);
         SYNC(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CANCELED);

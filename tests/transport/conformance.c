@@ -1261,12 +1261,14 @@ KVT_TEST(small_mixed)
 
 /*
  * kvt_batch_submit_wait(), a synchronous transfer: a small write and its
- * read back (tcp: the calling thread reads its own responses), a batch
- * spread over the session (an attachment made and ended unused), a
- * refusal (nothing submitted, nothing waited for), descriptors the
- * target refuses, a timeout that passes first (the transfers go on and a
- * later wait sees them land), and a call that waits longer than its
- * peer's transfer timeout allows.
+ * read back (tcp: the calling thread attaches to the connection and reads
+ * its own responses), batches spread over the session, one added to a
+ * batch with work in flight (tcp: when the two went to different
+ * connections, the attachment ends unused and the call waits for both),
+ * a refusal (nothing submitted, nothing waited for), descriptors the
+ * target refuses, and a timeout that passes first (the transfers go on
+ * and a later wait sees them land). (The transfer timeout ending such a
+ * call: test_api.)
  */
 KVT_TEST(submit_wait)
 {
@@ -1278,7 +1280,7 @@ KVT_TEST(submit_wait)
     uint8_t *small, *back;
     double t0;
 
-    setup(&f, N * BLK + 2 * SMALL, 1500);
+    setup(&f, N * BLK + 2 * SMALL, 10000);
     small = f.local + N * BLK;
     back = small + SMALL;
     CHECK_OK(kvt_batch_create(f.e, N, &b));
@@ -1301,6 +1303,28 @@ KVT_TEST(submit_wait)
     CHECK_OK(kvt_batch_submit_wait(b, d, N, 60000));
     CHECK(peer_check(&f, f.peer.main_addr, N * BLK, 92) == 0);
     CHECK_OK(kvt_batch_reset(b));
+    memset(f.local, 0, N * BLK);
+    for (int i = 0; i < N; i++)
+        d[i] = desc(&f, KVT_OP_READ, f.local + (uint64_t)i * BLK,
+                    f.peer.main_addr + (uint64_t)i * BLK, BLK);
+    CHECK_OK(kvt_batch_submit_wait(b, d, N, 60000));
+    CHECK(pattern_check(f.local, N * BLK, 92, 0) == 0);
+    CHECK_OK(kvt_batch_reset(b));
+
+    /* Added to a batch with a transfer in flight, several times over. */
+    for (int r = 0; r < 20; r++) {
+        uint64_t seed = 200 + (uint64_t)r;
+        pattern_fill(f.local, BLK, seed, 0);
+        pattern_fill(small, SMALL, seed, BLK);
+        d[0] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, BLK);
+        d[1] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr + BLK, SMALL);
+        CHECK_OK(kvt_batch_submit(b, &d[0], 1));
+        CHECK_OK(kvt_batch_submit_wait(b, &d[1], 1, 30000));
+        CHECK_OK(kvt_batch_entry(b, 0, NULL));
+        CHECK_OK(kvt_batch_entry(b, 1, NULL));
+        CHECK(peer_check(&f, f.peer.main_addr, BLK + SMALL, seed) == 0);
+        CHECK_OK(kvt_batch_reset(b));
+    }
 
     /* Refused: nothing submitted, the batch as it was (the library's
      * own call: device mirrors play no part in a refusal). */
@@ -1330,7 +1354,7 @@ KVT_TEST(submit_wait)
     t0 = kvt_test_now();
     CHECK_OK(kvt_batch_submit(b, d, 1));
     CHECK_ST(kvt_batch_wait(b, 300), KVT_INPROGRESS);
-    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000);
+    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000 * kvt_test_slowdown());
     peer_kill(&f.peer, SIGCONT);
     CHECK_OK(kvt_batch_wait(b, 30000));
     CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 93) == 0);
@@ -1339,19 +1363,12 @@ KVT_TEST(submit_wait)
     peer_kill(&f.peer, SIGSTOP);
     t0 = kvt_test_now();
     CHECK_ST(kvt_batch_submit_wait(b, d, 1, 300), KVT_INPROGRESS);
-    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000);
+    CHECK(ms_since(t0) >= 290 && ms_since(t0) < 2000 * kvt_test_slowdown());
     peer_kill(&f.peer, SIGCONT);
     CHECK_OK(kvt_batch_wait(b, 30000));
     CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 94) == 0);
     CHECK_OK(kvt_batch_reset(b));
 
-    /* Stopped for longer than the transfer timeout (1.5 s): the call ends
-     * with it, however long it was willing to wait. */
-    peer_kill(&f.peer, SIGSTOP);
-    t0 = kvt_test_now();
-    CHECK_ST(kvt_batch_submit_wait(b, d, 1, -1), KVT_ERR_TIMEDOUT);
-    CHECK(ms_since(t0) >= 1200 && ms_since(t0) < 8000);
-    peer_kill(&f.peer, SIGCONT);
     CHECK_OK(kvt_batch_free(b));
     teardown(&f);
 }

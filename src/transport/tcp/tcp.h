@@ -412,7 +412,7 @@ void *kvt__tcp_worker_main(void *arg);
 kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                const _Atomic uint32_t *until,
                                uint64_t deadline_ns, int attached);
-int kvt__tcp_waiter_attach(tcp_conn_t *c);
+int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only);
 void kvt__tcp_detach(kvt__session_t *base, void *where);
 
 /* tcp_dev.c */

@@ -248,15 +248,18 @@ static void submit_op(tcp_session_t *s, uint8_t type,
         start = end;
     }
     free(ps);
-    while (frames != NULL) {
+    for (tcp_frame_t *first = frames; frames != NULL;) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
         tcp_conn_t *c = kvt__tcp_pick_conn(s);
         kvt__sub_note(hint, c);
         /* A thread that waits at once reads the response itself: attached
          * before the request goes out from here, it leaves the worker
-         * asleep however soon the response comes. */
+         * asleep however soon the response comes. Only for a submission
+         * of one request (more may go to other connections), and never
+         * waiting for a reader that holds the connection now. */
         if (hint->will_wait && hint->attached == NULL && !hint->plugged &&
-            kvt__tcp_sends_inline(f) && kvt__tcp_waiter_attach(c) == 0)
+            f == first && next == NULL && kvt__tcp_sends_inline(f) &&
+            kvt__tcp_waiter_attach(c, 1) == 0)
             hint->attached = c;
         kvt__tcp_conn_enqueue(c, f);
         frames = next;

@@ -153,11 +153,18 @@ void *kvt__tcp_worker_main(void *arg)
  * waiter polling the same socket could sleep on after the first had read
  * the response that completes its batch; other waiters sleep on their
  * batches, woken by whoever completes them). The descriptor stays open
- * while a waiter is attached.
+ * while a waiter is attached. With @try_only, -1 as well when another
+ * thread holds rx_lock now (reading a response into place): a submitting
+ * thread does not wait for that.
  */
-int kvt__tcp_waiter_attach(tcp_conn_t *c)
+int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only)
 {
-    pthread_mutex_lock(&c->rx_lock);
+    if (try_only) {
+        if (pthread_mutex_trylock(&c->rx_lock) != 0)
+            return -1;
+    } else {
+        pthread_mutex_lock(&c->rx_lock);
+    }
     if (c->rx_dead || c->fd < 0 || c->waiters > 0) {
         pthread_mutex_unlock(&c->rx_lock);
         return -1;
@@ -218,7 +225,7 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
     int fd;
 
     (void)base;
-    if (!attached && kvt__tcp_waiter_attach(c) != 0)
+    if (!attached && kvt__tcp_waiter_attach(c, 0) != 0)
         return KVT_ERR_AGAIN;
     pthread_mutex_lock(&c->rx_lock);
     fd = c->fd; /* stays open while a waiter is attached */
