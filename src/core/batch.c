@@ -461,22 +461,24 @@ static void drain_completers(kvt_batch_h b)
 static kvt_status_t batch_wait(kvt_batch_h b, int64_t timeout_ms, attach_t *att)
 {
     uint64_t deadline = 0;
+    /* All of the batch's work went to one place, which this thread can
+     * drive itself. */
+    int drive = b->hint != NULL && !b->hint_multi &&
+                b->hint_sess->ops->progress != NULL &&
+                atomic_load_explicit(&b->pending, memory_order_acquire) != 0;
 
     if (timeout_ms >= 0)
         deadline = kvt__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     if (att != NULL && att->sess != NULL) {
         kvt__session_t *s = att->sess;
-        if (b->hint == att->where && b->hint_sess == s && !b->hint_multi &&
-            atomic_load_explicit(&b->pending, memory_order_acquire) != 0)
+        if (drive && b->hint == att->where && b->hint_sess == s)
             s->ops->progress(s, att->where, &b->pending,
                              timeout_ms >= 0 ? deadline : 0, 1);
         else
             s->ops->detach(s, att->where);
         kvt__session_release(s);
         att->sess = NULL;
-    } else if (b->hint != NULL && !b->hint_multi &&
-               b->hint_sess->ops->progress != NULL &&
-               atomic_load_explicit(&b->pending, memory_order_acquire) != 0) {
+    } else if (drive) {
         b->hint_sess->ops->progress(b->hint_sess, b->hint, &b->pending,
                                     timeout_ms >= 0 ? deadline : 0, 0);
     }

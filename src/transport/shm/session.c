@@ -294,9 +294,9 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
                                  const _Atomic uint32_t *until,
                                  uint64_t deadline_ns, int attached)
 {
-    (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
     shm_session_t *s = where;
 
+    (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         job_t *j = NULL;
         if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)

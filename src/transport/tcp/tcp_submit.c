@@ -159,6 +159,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
     size_t cap = 0, np = 0, start;
     pspec_t *ps = NULL;
     tcp_frame_t *frames = NULL, **ftail = &frames;
+    int single; /* the submission went as one frame */
 
     if (n == 0)
         return;
@@ -248,7 +249,8 @@ static void submit_op(tcp_session_t *s, uint8_t type,
         start = end;
     }
     free(ps);
-    for (tcp_frame_t *first = frames; frames != NULL;) {
+    single = frames != NULL && frames->tx.next == NULL;
+    while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
         tcp_conn_t *c = kvt__tcp_pick_conn(s);
         kvt__sub_note(hint, c);
@@ -257,8 +259,8 @@ static void submit_op(tcp_session_t *s, uint8_t type,
          * asleep however soon the response comes. Only for a submission
          * of one request (more may go to other connections), and never
          * waiting for a reader that holds the connection now. */
-        if (hint->will_wait && hint->attached == NULL && !hint->plugged &&
-            f == first && next == NULL && kvt__tcp_sends_inline(f) &&
+        if (single && hint->will_wait && hint->attached == NULL &&
+            !hint->plugged && kvt__tcp_sends_inline(f) &&
             kvt__tcp_waiter_attach(c, 1) == 0)
             hint->attached = c;
         kvt__tcp_conn_enqueue(c, f);

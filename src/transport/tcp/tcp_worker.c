@@ -184,14 +184,15 @@ static void waiter_detach(tcp_conn_t *c)
     pthread_mutex_lock(&c->rx_lock);
     if (--c->waiters == 0) {
         if (c->rx_dead) {
+            /* Failed while attached: kvt__tcp_conn_fail() left the
+             * descriptor to the last waiter. */
             tcp_session_t *s = c->sess;
             int fd;
             pthread_mutex_lock(&s->lock);
             fd = c->fd;
             c->fd = -1;
             pthread_mutex_unlock(&s->lock);
-            if (fd >= 0)
-                close(fd);
+            close(fd);
         } else {
             /* Watching input again reports to the worker whatever is
              * left unread (EPOLL_CTL_MOD polls the socket). */
@@ -228,10 +229,10 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
     if (!attached && kvt__tcp_waiter_attach(c, 0) != 0)
         return KVT_ERR_AGAIN;
     pthread_mutex_lock(&c->rx_lock);
-    fd = c->fd; /* stays open while a waiter is attached */
+    fd = c->fd; /* open, and left as it is, while a waiter is attached */
     pthread_mutex_unlock(&c->rx_lock);
 
-    while (fd >= 0 && atomic_load_explicit(until, memory_order_acquire) != 0) {
+    while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int ms = -1;
         if (deadline_ns != 0) {
