@@ -1259,6 +1259,14 @@ KVT_TEST(small_mixed)
     teardown(&f);
 }
 
+/* Kill the peer of @arg (a fixture) with SIGKILL after 300 ms. */
+static void *kill_later(void *arg)
+{
+    usleep(300 * 1000);
+    peer_kill(&((fixture_t *)arg)->peer, SIGKILL);
+    return NULL;
+}
+
 /*
  * kvt_batch_submit_wait(), a synchronous transfer: a small write and its
  * read back (tcp: the calling thread attaches to the connection and reads
@@ -1267,8 +1275,9 @@ KVT_TEST(small_mixed)
  * connections, the attachment ends unused and the call waits for both),
  * a refusal (nothing submitted, nothing waited for), descriptors the
  * target refuses, and a timeout that passes first (the transfers go on
- * and a later wait sees them land). (The transfer timeout ending such a
- * call: test_api.)
+ * and a later wait sees them land), and the peer dying while a thread
+ * waits in the call. (The transfer timeout ending such a call:
+ * test_api.)
  */
 KVT_TEST(submit_wait)
 {
@@ -1368,6 +1377,18 @@ KVT_TEST(submit_wait)
     CHECK_OK(kvt_batch_wait(b, 30000));
     CHECK(peer_check(&f, f.peer.main_addr + SMALL, SMALL, 94) == 0);
     CHECK_OK(kvt_batch_reset(b));
+
+    /* Killed while this thread waits for its response: the call ends
+     * with the connection, not the transfer timeout (10 s). */
+    {
+        pthread_t th;
+        peer_kill(&f.peer, SIGSTOP);
+        CHECK(pthread_create(&th, NULL, kill_later, &f) == 0);
+        t0 = kvt_test_now();
+        CHECK_ST(kvt_batch_submit_wait(b, d, 1, 30000), KVT_ERR_CONN_LOST);
+        CHECK(ms_since(t0) >= 290 && ms_since(t0) < 3000 * kvt_test_slowdown());
+        pthread_join(th, NULL);
+    }
 
     CHECK_OK(kvt_batch_free(b));
     teardown(&f);
