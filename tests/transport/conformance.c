@@ -1270,7 +1270,8 @@ static void *kill_later(void *arg)
 /*
  * kvt_batch_submit_wait(), a synchronous transfer: a small write and its
  * read back (tcp: the calling thread attaches to the connection and reads
- * its own responses), batches spread over the session, one added to a
+ * its own responses), transfers nobody waits for right after one (tcp:
+ * the connection it leaves unwatched is watched again), batches spread over the session, one added to a
  * batch with work in flight (tcp: when the two went to different
  * connections, the attachment ends unused and the call waits for both),
  * a refusal (nothing submitted, nothing waited for), descriptors the
@@ -1304,6 +1305,39 @@ KVT_TEST(submit_wait)
     CHECK_OK(kvt_batch_submit_wait(b, d, 1, 30000));
     CHECK(pattern_check(back, SMALL, 91, 0) == 0);
     CHECK_OK(kvt_batch_reset(b));
+
+    /* Transfers nobody waits for, after a synchronous one: polled, they
+     * land as soon as their responses come (tcp: two requests in flight
+     * take both connections, one of them left unwatched by the
+     * synchronous call; the next request on it watches it again, so its
+     * response is not left for the worker's next tick, 50 ms later). */
+    {
+        double polled = 0;
+        for (int r = 0; r < 200; r++) {
+            const struct timespec nap = {0, 20000};
+            uint64_t seed = 300 + (uint64_t)r;
+            pattern_fill(small, SMALL, seed, 0);
+            pattern_fill(back, SMALL, seed, SMALL);
+            pattern_fill(f.local, SMALL, seed, 2 * SMALL);
+            d[0] = desc(&f, KVT_OP_WRITE, small, f.peer.main_addr, SMALL);
+            CHECK_OK(kvt_batch_submit_wait(b, d, 1, 30000));
+            CHECK_OK(kvt_batch_reset(b));
+            d[0] =
+                desc(&f, KVT_OP_WRITE, back, f.peer.main_addr + SMALL, SMALL);
+            d[1] = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr + 2 * SMALL,
+                        SMALL);
+            t0 = kvt_test_now();
+            CHECK_OK(kvt_batch_submit(b, &d[0], 1));
+            CHECK_OK(kvt_batch_submit(b, &d[1], 1));
+            while (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
+                nanosleep(&nap, NULL);
+            polled += (kvt_test_now() - t0) * 1000;
+            CHECK_OK(kvt_batch_query(b, NULL));
+            CHECK(peer_check(&f, f.peer.main_addr, 3 * SMALL, seed) == 0);
+            CHECK_OK(kvt_batch_reset(b));
+        }
+        CHECK(polled < 1000 * kvt_test_slowdown());
+    }
 
     pattern_fill(f.local, N * BLK, 92, 0);
     for (int i = 0; i < N; i++)

@@ -218,6 +218,14 @@ struct tcp_conn {
     int ev_closed;    /* descriptor leaving the epoll set, under ev_lock */
     _Atomic int want_out;
     _Atomic int no_input;
+    /* Input left unwatched after the last waiter detached from a
+     * connection with nothing in flight, so that the next synchronous
+     * transfer on it attaches without two epoll_ctl() calls. Cleared, and
+     * input watched again, by the next frame enqueued on the connection
+     * (kvt__tcp_conn_enqueue()) or at the worker's next tick, whichever
+     * comes first: a peer that closes an idle connection is noticed
+     * within TICK_NS. */
+    _Atomic int idle_unwatched;
 
     _Atomic uint64_t enq_seq;
     _Atomic uint64_t done_seq;
@@ -371,7 +379,7 @@ static inline int kvt__tcp_sends_inline(const tcp_frame_t *f)
 }
 int kvt__tcp_notify_ready(tcp_session_t *s, const tcp_frame_t *f);
 void kvt__tcp_release_parked(tcp_session_t *s);
-tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s);
+tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter);
 
 /* tcp_target.c */
 void kvt__tcp_resp_revalidate(kvt__tcp_t *tcp, tcp_resp_t *r);

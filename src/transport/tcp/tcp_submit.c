@@ -252,16 +252,16 @@ static void submit_op(tcp_session_t *s, uint8_t type,
     single = frames != NULL && frames->tx.next == NULL;
     while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
-        tcp_conn_t *c = kvt__tcp_pick_conn(s);
-        kvt__sub_note(hint, c);
         /* A thread that waits at once reads the response itself: attached
          * before the request goes out from here, it leaves the worker
          * asleep however soon the response comes. Only for a submission
          * of one request (more may go to other connections), and never
          * waiting for a reader that holds the connection now. */
-        if (single && hint->will_wait && hint->attached == NULL &&
-            !hint->plugged && kvt__tcp_sends_inline(f) &&
-            kvt__tcp_waiter_attach(c, 1) == 0)
+        int attach = single && hint->will_wait && hint->attached == NULL &&
+                     !hint->plugged && kvt__tcp_sends_inline(f);
+        tcp_conn_t *c = kvt__tcp_pick_conn(s, attach);
+        kvt__sub_note(hint, c);
+        if (attach && kvt__tcp_waiter_attach(c, 1) == 0)
             hint->attached = c;
         kvt__tcp_conn_enqueue(c, f);
         frames = next;

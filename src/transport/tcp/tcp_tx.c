@@ -123,7 +123,8 @@ void kvt__tcp_conn_events(tcp_conn_t *c)
     uint32_t mask = EPOLLET;
 
     pthread_mutex_lock(&c->ev_lock);
-    if (!atomic_load_explicit(&c->no_input, memory_order_acquire))
+    if (!atomic_load_explicit(&c->no_input, memory_order_acquire) &&
+        !atomic_load_explicit(&c->idle_unwatched, memory_order_acquire))
         mask |= EPOLLIN | EPOLLRDHUP;
     if (atomic_load_explicit(&c->want_out, memory_order_acquire))
         mask |= EPOLLOUT;
@@ -257,6 +258,12 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
         if (c->txq_head == &f->tx && kvt__tcp_sends_inline(f))
             kvt__tcp_flush_locked(c, 1);
         changed = kvt__tcp_want_out_update(c);
+        /* Its response is read by an attached waiter or the worker: input
+         * left unwatched while idle is watched again (the mask then says
+         * which). After the frame is on out_head: see waiter_detach(). */
+        if (atomic_load_explicit(&c->idle_unwatched, memory_order_seq_cst) &&
+            atomic_exchange(&c->idle_unwatched, 0))
+            changed = 1;
     }
     pthread_mutex_unlock(&c->tx_lock);
     if (changed)
@@ -301,19 +308,29 @@ void kvt__tcp_release_parked(tcp_session_t *s)
     }
 }
 
-tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s)
+/* The least loaded connection of @s, the first of a round-robin walk
+ * among equals; @for_waiter (the submitting thread will attach itself as
+ * the reader): among equals, one whose input is left unwatched, which
+ * spares the two epoll_ctl() calls of moving the attachment. */
+tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter)
 {
     tcp_conn_t *best = NULL;
     uint64_t best_load = UINT64_MAX;
+    int best_unwatched = 0;
     unsigned start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
 
     for (unsigned k = 0; k < s->nconns; k++) {
         tcp_conn_t *c = s->conns[(start + k) % s->nconns];
         uint64_t load =
             atomic_load_explicit(&c->inflight, memory_order_relaxed);
-        if (load < best_load) {
+        int unwatched =
+            for_waiter &&
+            atomic_load_explicit(&c->idle_unwatched, memory_order_relaxed);
+        if (load < best_load ||
+            (load == best_load && unwatched && !best_unwatched)) {
             best = c;
             best_load = load;
+            best_unwatched = unwatched;
         }
     }
     return best;

@@ -30,8 +30,16 @@ static void check_timeouts(tcp_worker_t *w, uint64_t now)
     size_t n = 0;
 
     pthread_mutex_lock(&w->lock);
-    for (tcp_conn_t *c = w->conns; c != NULL && n < 64; c = c->wnext) {
+    for (tcp_conn_t *c = w->conns; c != NULL; c = c->wnext) {
         if (!c->outbound)
+            continue;
+        /* Input left unwatched while idle is watched again each tick, so
+         * that an end of stream or a reset is noticed (ev_lock is a leaf
+         * lock). */
+        if (atomic_load_explicit(&c->idle_unwatched, memory_order_relaxed) &&
+            atomic_exchange(&c->idle_unwatched, 0))
+            kvt__tcp_conn_events(c);
+        if (n == 64)
             continue;
         pthread_mutex_lock(&c->out_lock);
         if (c->out_head != NULL && now > c->out_head->deadline)
@@ -171,7 +179,8 @@ int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only)
     }
     if (c->waiters++ == 0) {
         /* Spare the worker a wake-up; input that came before this is
-         * still readable, and the waiter's poll() sees it. */
+         * still readable, and the waiter's poll() sees it. (No system
+         * call when input was left unwatched: the mask stays as it is.) */
         atomic_store(&c->no_input, 1);
         kvt__tcp_conn_events(c);
     }
@@ -194,6 +203,19 @@ static void waiter_detach(tcp_conn_t *c)
             pthread_mutex_unlock(&s->lock);
             close(fd);
         } else {
+            /* Nothing in flight: input stays unwatched until the next
+             * frame or the worker's tick (tcp_conn_t.idle_unwatched), so
+             * that the next synchronous transfer attaches for free. The
+             * flag goes up before out_head is read: a frame enqueued after
+             * that read sees it (kvt__tcp_conn_enqueue()), and one
+             * enqueued before is seen here. */
+            int busy;
+            atomic_store_explicit(&c->idle_unwatched, 1, memory_order_seq_cst);
+            pthread_mutex_lock(&c->out_lock);
+            busy = c->out_head != NULL;
+            pthread_mutex_unlock(&c->out_lock);
+            if (busy)
+                atomic_store(&c->idle_unwatched, 0);
             /* Watching input again reports to the worker whatever is
              * left unread (EPOLL_CTL_MOD polls the socket). */
             atomic_store(&c->no_input, 0);
