@@ -1271,10 +1271,10 @@ static void *kill_later(void *arg)
  * kvt_batch_submit_wait(), a synchronous transfer: a small write and its
  * read back (tcp: the calling thread attaches to the connection and reads
  * its own responses), transfers nobody waits for right after one (tcp:
- * the connection it leaves unwatched is watched again), batches spread over the session, one added to a
- * batch with work in flight (tcp: when the two went to different
- * connections, the attachment ends unused and the call waits for both),
- * a refusal (nothing submitted, nothing waited for), descriptors the
+ * the connection it leaves unwatched is watched again), batches spread over the
+ * session, one added to a batch with work in flight (tcp: when the two went to
+ * different connections, the attachment ends unused and the call waits for
+ * both), a refusal (nothing submitted, nothing waited for), descriptors the
  * target refuses, and a timeout that passes first (the transfers go on
  * and a later wait sees them land), and the peer dying while a thread
  * waits in the call. (The transfer timeout ending such a call:

@@ -217,6 +217,7 @@ struct tcp_conn {
     uint32_t ev_mask; /* registered, under ev_lock */
     int ev_closed;    /* descriptor leaving the epoll set, under ev_lock */
     _Atomic int want_out;
+    _Atomic int out_kick; /* want_out went to 1: poll the socket again */
     _Atomic int no_input;
     /* Input left unwatched after the last waiter detached from a
      * connection with nothing in flight, so that the next synchronous

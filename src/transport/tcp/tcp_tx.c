@@ -117,10 +117,22 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
  * dropped while frames waited, and the connection stalled until something
  * else was sent on it.) Adding EPOLLOUT when the socket already has room
  * reports it at once (EPOLL_CTL_MOD polls the socket), so no edge is lost.
+ *
+ * The mask alone does not say that: want_out can go from 1 to 0 (a flush
+ * emptied the queue without filling the socket, so no edge will come)
+ * and back to 1 (a frame queued) before either call gets here, and both
+ * then find EPOLLOUT registered already. So a 0 to 1 change also raises
+ * out_kick (kvt__tcp_want_out_update()), and the next call polls the
+ * socket again whatever the mask. (Input events report EPOLLOUT as well,
+ * which hid this while the worker watched input; with a waiter reading
+ * the connection, the frame it waited for stayed queued until the
+ * transfer timeout: test_engine tcp_send_queue_never_stalls, two at
+ * once.)
  */
 void kvt__tcp_conn_events(tcp_conn_t *c)
 {
     uint32_t mask = EPOLLET;
+    int kick;
 
     pthread_mutex_lock(&c->ev_lock);
     if (!atomic_load_explicit(&c->no_input, memory_order_acquire) &&
@@ -128,7 +140,9 @@ void kvt__tcp_conn_events(tcp_conn_t *c)
         mask |= EPOLLIN | EPOLLRDHUP;
     if (atomic_load_explicit(&c->want_out, memory_order_acquire))
         mask |= EPOLLOUT;
-    if (!c->ev_closed && mask != c->ev_mask) {
+    kick = atomic_exchange_explicit(&c->out_kick, 0, memory_order_acq_rel) &&
+           (mask & EPOLLOUT);
+    if (!c->ev_closed && (mask != c->ev_mask || kick)) {
         struct epoll_event ev = {.events = mask, .data.ptr = c};
         if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
             c->ev_mask = mask;
@@ -138,12 +152,16 @@ void kvt__tcp_conn_events(tcp_conn_t *c)
 
 /* After a flush with tx_lock held: whether output must be watched now.
  * Returns 1 when the flag changed (the caller then calls kvt__tcp_conn_events()
- * after dropping tx_lock). */
+ * after dropping tx_lock); a change to 1 raises out_kick. */
 int kvt__tcp_want_out_update(tcp_conn_t *c)
 {
     int want = c->txq_head != NULL;
-    return atomic_exchange_explicit(&c->want_out, want, memory_order_acq_rel) !=
-           want;
+    if (atomic_exchange_explicit(&c->want_out, want, memory_order_acq_rel) ==
+        want)
+        return 0;
+    if (want)
+        atomic_store_explicit(&c->out_kick, 1, memory_order_release);
+    return 1;
 }
 
 static void txq_append_locked(tcp_conn_t *c, tcp_tx_t *t)
