@@ -8,18 +8,23 @@
 set -eu
 KVT=$1
 TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$TMP"' EXIT
+PIDS=
+# Every process started here is in PIDS (`kill $(jobs -p)` kills nothing
+# under dash, and a target started inside $(...) is no job of this shell).
+trap 'kill $PIDS 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
-target() { # proto -> segment
+target() { # proto: starts a target, its segment in $TMP/seg.proto
     "$KVT" bench --mode=target --local=127.0.0.1 --protocol="$1" \
         --buffer-size=64M >"$TMP/target.$1" 2>&1 &
+    PIDS="$PIDS $!"
     for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.$1" && break; sleep 0.1; done
-    sed -n 's/^segment: *//p' "$TMP/target.$1"
+    sed -n 's/^segment: *//p' "$TMP/target.$1" >"$TMP/seg.$1"
 }
 field() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])" "$@"; }
 
 for proto in tcp shm; do
-    SEG=$(target $proto)
+    target $proto
+    SEG=$(cat "$TMP/seg.$proto")
     [ -n "$SEG" ] || { cat "$TMP/target.$proto"; exit 1; }
     for op in write read; do
         for spec in 4K:scatter:1 256K:contig:1 4K:scatter:3; do
@@ -47,6 +52,7 @@ SEG=$(sed -n 's/^segment: *//p' "$TMP/target.tcp")
 "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
     --block-size=4K --batch-size=16 --working-set=1M --duration=4 \
     >/dev/null 2>&1 &
+PIDS="$PIDS $!"
 sleep 0.5
 if "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
     --block-size=4K --batch-size=16 --working-set=1M --duration=1 --verify \
@@ -70,6 +76,7 @@ assert e.register_memory(ctypes.addressof(ctypes.c_char.from_buffer(b)), len(b))
 print("segment: 127.0.0.1:%d" % e.get_rpc_port(), flush=True)
 time.sleep(120)' >"$TMP/target.py" 2>&1 &
     PYPID=$!
+    PIDS="$PIDS $!"
     for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.py" && break; sleep 0.1; done
     PSEG=$(sed -n 's/^segment: *//p' "$TMP/target.py")
     [ -n "$PSEG" ] || { cat "$TMP/target.py"; exit 1; }
@@ -91,12 +98,14 @@ fi
 "$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp --buffer-size=64M \
     >"$TMP/target.dying" 2>&1 &
 DPID=$!
+PIDS="$PIDS $!"
 for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.dying" && break; sleep 0.1; done
 DSEG=$(sed -n 's/^segment: *//p' "$TMP/target.dying")
 "$KVT" bench --mode=initiator --segment="$DSEG" --protocol=tcp --op=write \
     --block-size=64K --batch-size=64 --depth=2 --duration=20 --json \
     >"$TMP/out" 2>"$TMP/err" &
 IPID=$!
+PIDS="$PIDS $!"
 sleep 1
 kill -9 "$DPID"
 start=$(date +%s)

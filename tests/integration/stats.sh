@@ -8,9 +8,12 @@
 set -eu
 KVT=$1
 TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+PIDS=
+# (`kill $(jobs -p)` kills nothing under dash: the list is empty there.)
+trap 'kill $PIDS 2>/dev/null || true; rm -rf "$TMP"' EXIT
 "$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp \
     --buffer-size=64M >"$TMP/target" 2>&1 &
+PIDS="$PIDS $!"
 for _ in $(seq 100); do grep -q '^segment:' "$TMP/target" && break; sleep 0.1; done
 SEG=$(sed -n 's/^segment: *//p' "$TMP/target")
 [ -n "$SEG" ] || { cat "$TMP/target"; exit 1; }
@@ -19,6 +22,7 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 KVT_METRICS_PORT=$PORT "$KVT" bench --mode=initiator --segment="$SEG" \
     --protocol=tcp --block-size=64K --batch-size=16 --duration=8 \
     >"$TMP/ini" 2>&1 &
+PIDS="$PIDS $!"
 sleep 1
 "$KVT" stats --count=2 --interval=1 "127.0.0.1:$PORT" >"$TMP/out"
 cat "$TMP/out"

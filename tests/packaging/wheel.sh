@@ -11,7 +11,9 @@ BUILD=$1
 SRC=$2
 PY=$3
 TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+PIDS=
+# (`kill $(jobs -p)` kills nothing under dash: the list is empty there.)
+trap 'kill $PIDS 2>/dev/null || true; rm -rf "$TMP"' EXIT
 "$PY" -c "import build, setuptools, venv" 2>/dev/null || {
     echo "skipped: python3-build or python3-venv missing"; exit 77; }
 cd "$SRC"
@@ -60,6 +62,7 @@ assert e.get_metrics()["transports"]["tcp"]["writes"] == 1
 PYEOF
 mkfifo "$TMP/in"
 env -u PYTHONPATH "$V" "$TMP/target.py" <"$TMP/in" >"$TMP/out" &
+PIDS="$PIDS $!"
 exec 3>"$TMP/in"
 for _ in $(seq 100); do [ -s "$TMP/out" ] && break; sleep 0.1; done
 read -r seg addr <"$TMP/out"
