@@ -456,6 +456,64 @@ KVT_TEST(tcp_send_queue_never_stalls)
     kvt_engine_destroy(t);
 }
 
+/*
+ * A waiter that leaves a connection while another batch is in flight on
+ * it hands the connection back to its worker at once: only a connection
+ * with nothing in flight is left unwatched until the next request or the
+ * worker's tick (50 ms). One connection; each round a small write is
+ * submitted and waited for (the waiting thread reads the connection), a
+ * 1 MiB write submitted after it is polled, and its response must not
+ * wait for the tick.
+ */
+KVT_TEST(tcp_waiter_leaves_busy_connection)
+{
+    enum { ROUNDS = 80, BIG = 1 << 20, SMALL = 4096 };
+    kvt_engine_h a = mk_tcp(1), t = mk_tcp(1);
+    static char src[BIG + SMALL], dst[BIG + SMALL];
+    kvt_segment_t seg;
+    kvt_batch_h bs, bp;
+    kvt_xfer_desc_t ds = {0}, dp = {0};
+    double polled = 0;
+
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    CHECK_OK(kvt_batch_create(a, 1, &bs));
+    CHECK_OK(kvt_batch_create(a, 1, &bp));
+    ds = (kvt_xfer_desc_t){.opcode = KVT_OP_WRITE,
+                           .segment = seg,
+                           .local_addr = src + BIG,
+                           .remote_addr = (uint64_t)(uintptr_t)(dst + BIG),
+                           .length = SMALL};
+    dp = (kvt_xfer_desc_t){.opcode = KVT_OP_WRITE,
+                           .segment = seg,
+                           .local_addr = src,
+                           .remote_addr = (uint64_t)(uintptr_t)dst,
+                           .length = BIG};
+    for (int r = 0; r < ROUNDS; r++) {
+        const struct timespec nap = {0, 20000};
+        double t0;
+        memset(src, 'a' + r % 26, sizeof(src));
+        CHECK_OK(kvt_batch_submit(bs, &ds, 1));
+        CHECK_OK(kvt_batch_submit(bp, &dp, 1));
+        CHECK_OK(kvt_batch_wait(bs, 5000));
+        t0 = kvt_test_now();
+        while (kvt_batch_query(bp, NULL) == KVT_INPROGRESS)
+            nanosleep(&nap, NULL);
+        polled += kvt_test_now() - t0;
+        CHECK_OK(kvt_batch_query(bp, NULL));
+        CHECK(memcmp(src, dst, sizeof(src)) == 0);
+        CHECK_OK(kvt_batch_reset(bs));
+        CHECK_OK(kvt_batch_reset(bp));
+    }
+    fprintf(stderr, "polled %.1f ms in %d rounds\n", polled * 1000, ROUNDS);
+    CHECK(polled < 0.5 * kvt_test_slowdown());
+    CHECK_OK(kvt_batch_free(bs));
+    CHECK_OK(kvt_batch_free(bp));
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(t);
+}
+
 /* Counts the calls, and those that found the batch still busy. */
 static _Atomic int idle_busy;
 
@@ -930,6 +988,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(destroy_target_first, 20), KVT_CASE(batch_on_idle, 30),
               KVT_CASE(transport_keys, 20),
               KVT_CASE(tcp_send_queue_never_stalls, 60),
+              KVT_CASE(tcp_waiter_leaves_busy_connection, 60),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),

@@ -21,7 +21,9 @@
  * Locks. Order: rx_lock -> session lock -> tx_lock -> out_lock. rx_lock
  * guards the receive state of an outbound connection; tx_lock guards the
  * send queue, socket writes and the dead flag; out_lock guards the
- * outstanding FIFO. None is held across a wait: sockets are non-blocking.
+ * outstanding FIFO. ev_lock (the epoll registration) is a leaf: it may
+ * be taken under rx_lock or the worker's lock, and holds no other. None is
+ * held across a wait: sockets are non-blocking.
  *
  * Waiter progress. A thread in kvt_batch_wait() whose frames all went to
  * one connection reads that connection itself (it "attaches" as the
@@ -225,7 +227,9 @@ struct tcp_conn {
      * input watched again, by the next frame enqueued on the connection
      * (kvt__tcp_conn_enqueue()) or at the worker's next tick, whichever
      * comes first: a peer that closes an idle connection is noticed
-     * within TICK_NS. */
+     * within 2 * TICK_NS (the tick runs when the worker wakes at least
+     * TICK_NS after the last one, and epoll_wait() waits up to TICK_NS);
+     * an error or a reset is reported at once. */
     _Atomic int idle_unwatched;
 
     _Atomic uint64_t enq_seq;

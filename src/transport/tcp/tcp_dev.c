@@ -297,8 +297,10 @@ int kvt__tcp_rx_dev(tcp_conn_t *c)
         got = recv(c->fd, chunk + m->fill, want, 0);
         if (got == 0)
             return -1;
+        if (got < 0 && errno == EINTR)
+            continue;
         if (got < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+            return errno == EAGAIN ? 0 : -1;
         m->fill += (uint64_t)got;
         c->rx_seg_off += (uint64_t)got;
         if (c->rx_seg_off == g->len) {

@@ -257,8 +257,10 @@ static int rx_payload(tcp_conn_t *c)
             kvt__memreg_unlock(reg);
         if (got == 0)
             return -1;
+        if (got < 0 && errno == EINTR)
+            continue; /* no edge would report what is still there */
         if (got < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+            return errno == EAGAIN ? 0 : -1;
         rx_advance(c, (uint64_t)got);
     }
     /* Answered or completed only once its bytes are in device memory. */
@@ -274,8 +276,10 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
         ssize_t n = recv(c->fd, buf + c->rx_have, want - c->rx_have, 0);
         if (n == 0)
             return -1;
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+            return errno == EAGAIN ? 0 : -1;
         c->rx_have += (size_t)n;
     }
     return 1;

@@ -76,7 +76,11 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
         if (locked)
             kvt__memreg_unlock(tcp->reg);
         if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR)
+            /* Interrupted: again at once, as no edge would report the
+             * room that is still there. */
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
                 return KVT_OK;
             KVT_LOG_D("send to %s: %s", c->who, strerror(errno));
             /* tx_lock is held and the connection is not dead, so its
