@@ -514,6 +514,49 @@ KVT_TEST(tcp_waiter_leaves_busy_connection)
     kvt_engine_destroy(t);
 }
 
+/*
+ * A peer that closes a connection left unwatched after a synchronous
+ * transfer (nothing in flight, no traffic after) is noticed by the
+ * worker's tick: the session fails within 2 * TICK_NS, not at the next
+ * transfer.
+ */
+KVT_TEST(tcp_idle_unwatched_peer_close)
+{
+    kvt_engine_h a = mk_tcp(1), t = mk_tcp(1);
+    static char src[4096], dst[4096];
+    kvt_segment_t seg;
+    kvt_batch_h b;
+    kvt__seg_t *g;
+    kvt_xfer_desc_t d = {0};
+    double t0;
+
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    CHECK_OK(kvt_batch_create(a, 1, &b));
+    d = (kvt_xfer_desc_t){.opcode = KVT_OP_WRITE,
+                          .segment = seg,
+                          .local_addr = src,
+                          .remote_addr = (uint64_t)(uintptr_t)dst,
+                          .length = sizeof(src)};
+    CHECK_OK(kvt_batch_submit_wait(b, &d, 1, 5000));
+    g = kvt__seg_get(a, seg);
+    CHECK(g != NULL && g->nsess == 1);
+    CHECK(atomic_load(&g->sess[0]->dead) == 0);
+    kvt_engine_destroy(t);
+    t0 = kvt_test_now();
+    while (atomic_load(&g->sess[0]->dead) == 0 &&
+           kvt_test_now() - t0 < 2.0 * kvt_test_slowdown())
+        usleep(1000);
+    fprintf(stderr, "session failed %.0f ms after the peer closed\n",
+            (kvt_test_now() - t0) * 1000);
+    CHECK(atomic_load(&g->sess[0]->dead) != 0);
+    CHECK(kvt_test_now() - t0 < 0.5 * kvt_test_slowdown());
+    kvt__seg_unref(g);
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(a);
+}
+
 /* Counts the calls, and those that found the batch still busy. */
 static _Atomic int idle_busy;
 
@@ -989,6 +1032,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(transport_keys, 20),
               KVT_CASE(tcp_send_queue_never_stalls, 60),
               KVT_CASE(tcp_waiter_leaves_busy_connection, 60),
+              KVT_CASE(tcp_idle_unwatched_peer_close, 30),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
