@@ -40,16 +40,22 @@ BIN=build/bin/kvt_connector_bench
 KVT=build/bin/kvt
 [ -x "$BIN" ] && [ -x "$KVT" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'j=$(jobs -p); [ -z "$j" ] || kill $j 2>/dev/null || true; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
 field() { tr ' ' '\n' | sed -n "s/^$1=//p"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-# A failed run is reported with the end of its log and left out.
+# A/B, or n/a when either figure is missing (its runs failed).
+ratio() {
+    python3 -c "import sys; a, b = (float(x or 0) for x in sys.argv[1:3]); print(f'{a / b:.2f}' if a > 0 and b > 0 else 'n/a')" "$1" "$2"
+}
+# A failed run is reported with the end of its log and left out; the
+# script then ends with status 1.
 run() {
     : >"$TMP/log"
     if ! "$BIN" "$@" 2>"$TMP/log"; then
         echo "run failed: $BIN $*" >&2
-        grep -v WARN "$TMP/log" | tail -5 >&2
+        : >"$TMP/failed"
+        { grep -v WARN "$TMP/log" || true; } | tail -5 >&2
         return 0
     fi
 }
@@ -71,11 +77,14 @@ for proto in $PROTOCOLS; do
     printf '%-36s %10s\n' "compute per layer" "$COMPUTE_MS ms"
     python3 - "$lw" "$lt" "$COMPUTE_MS" <<'EOF'
 import sys
-lw, lt, c = map(float, sys.argv[1:])
+lw, lt, c = (float(x or 0) for x in sys.argv[1:])
 bound = lt + 2.0
-print(f"{'bound (one layer + 2 ms)':36s} {bound:7.3f} ms: "
-      f"{'met' if lw <= bound else 'NOT met'}"
-      f"{'' if c > lt else ' (compute per layer is not longer than transfer)'}")
+if lw <= 0 or lt <= 0:
+    print(f"{'bound (one layer + 2 ms)':36s}     n/a (no run gave figures)")
+else:
+    print(f"{'bound (one layer + 2 ms)':36s} {bound:7.3f} ms: "
+          f"{'met' if lw <= bound else 'NOT met'}"
+          f"{'' if c > lt else ' (compute per layer is not longer than transfer)'}")
 EOF
     echo
     mems=malloc
@@ -97,8 +106,8 @@ EOF
             set -- $cmp
             h=$(median <"$TMP/tp_${proto}_${mem}_${layout}_${1/:/_}")
             s=$(median <"$TMP/tp_${proto}_${mem}_${layout}_${2/:/_}")
-            printf '%-7s %-7s %9s %-7s %9s %7.2f\n' "$layout" "$1" "$h" "$2" \
-                "$s" "$(python3 -c "print($h/$s)")"
+            printf '%-7s %-7s %9s %-7s %9s %7s\n' "$layout" "$1" "$h" "$2" \
+                "$s" "$(ratio "$h" "$s")"
         done
     done
     echo
@@ -112,7 +121,7 @@ for proto in $PROTOCOLS; do
     "$KVT" bench --mode=target --local=127.0.0.1 --protocol="$eproto" \
         --buffer-size=1G >"$TMP/target" 2>&1 &
     tpid=$!
-    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target" && break; sleep 0.1; done
+    for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target" && break; sleep 0.1; done
     seg=$(sed -n 's/^segment: *//p' "$TMP/target")
     [ -n "$seg" ] || { echo "kvt bench target did not start"; exit 1; }
     : >"$TMP/rc"; : >"$TMP/re"
@@ -128,6 +137,7 @@ for proto in $PROTOCOLS; do
     c=$(median <"$TMP/rc"); e=$(median <"$TMP/re")
     printf '%-40s %9s GB/s\n' "connector, 256 rooms per step" "$c"
     printf '%-40s %9s GB/s\n' "engine, 32 KiB scattered, cold" "$e"
-    printf '%-40s %9.2f (bar 0.50)\n' "ratio" "$(python3 -c "print($c/$e)")"
+    printf '%-40s %9s (bar 0.50)\n' "ratio" "$(ratio "$c" "$e")"
     echo
 done
+[ ! -e "$TMP/failed" ] || { echo "some runs failed (above): their figures are left out"; exit 1; }

@@ -23,7 +23,7 @@ BASE=build/bin/kvt_baseline
 [ -x "$KVT" ] && [ -x "$BASE" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
 # start_target NAME ARGS...: a kvt bench target; sets SEG to its segment.
 start_target() {

@@ -27,14 +27,14 @@ KVT=build/bin/kvt
 BASE=build/bin/kvt_baseline
 [ -x "$KVT" ] && [ -x "$BASE" ] || { echo "run make first"; exit 1; }
 TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'j=$(jobs -p); [ -z "$j" ] || kill $j 2>/dev/null || true; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
 # target NAME [taskset prefix...]: a kvt bench target; its segment in $TMP/seg.NAME
 target() {
     local name=$1; shift
     "$@" "$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp --buffer-size=1G \
         --conns="$CONNS" >"$TMP/target.$name" 2>&1 &
-    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.$name" && break; sleep 0.1; done
+    for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target.$name" && break; sleep 0.1; done
     sed -n 's/^segment: *//p' "$TMP/target.$name" >"$TMP/seg.$name"
     [ -s "$TMP/seg.$name" ] || { echo "target did not start"; cat "$TMP/target.$name"; exit 1; }
 }

@@ -17,7 +17,7 @@ target() { # proto: starts a target, its segment in $TMP/seg.proto
     "$KVT" bench --mode=target --local=127.0.0.1 --protocol="$1" \
         --buffer-size=64M >"$TMP/target.$1" 2>&1 &
     PIDS="$PIDS $!"
-    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.$1" && break; sleep 0.1; done
+    for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target.$1" && break; sleep 0.1; done
     sed -n 's/^segment: *//p' "$TMP/target.$1" >"$TMP/seg.$1"
 }
 field() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])" "$@"; }
@@ -77,7 +77,7 @@ print("segment: 127.0.0.1:%d" % e.get_rpc_port(), flush=True)
 time.sleep(120)' >"$TMP/target.py" 2>&1 &
     PYPID=$!
     PIDS="$PIDS $!"
-    for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.py" && break; sleep 0.1; done
+    for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target.py" && break; sleep 0.1; done
     PSEG=$(sed -n 's/^segment: *//p' "$TMP/target.py")
     [ -n "$PSEG" ] || { cat "$TMP/target.py"; exit 1; }
     "$KVT" bench --mode=initiator --segment="$PSEG" --protocol=tcp --block-size=64K \
@@ -99,7 +99,7 @@ fi
     >"$TMP/target.dying" 2>&1 &
 DPID=$!
 PIDS="$PIDS $!"
-for _ in $(seq 100); do grep -q '^segment:' "$TMP/target.dying" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target.dying" && break; sleep 0.1; done
 DSEG=$(sed -n 's/^segment: *//p' "$TMP/target.dying")
 "$KVT" bench --mode=initiator --segment="$DSEG" --protocol=tcp --op=write \
     --block-size=64K --batch-size=64 --depth=2 --duration=20 --json \

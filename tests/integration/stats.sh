@@ -14,7 +14,7 @@ trap 'kill $PIDS 2>/dev/null || true; rm -rf "$TMP"' EXIT
 "$KVT" bench --mode=target --local=127.0.0.1 --protocol=tcp \
     --buffer-size=64M >"$TMP/target" 2>&1 &
 PIDS="$PIDS $!"
-for _ in $(seq 100); do grep -q '^segment:' "$TMP/target" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs '^segment:' "$TMP/target" && break; sleep 0.1; done
 SEG=$(sed -n 's/^segment: *//p' "$TMP/target")
 [ -n "$SEG" ] || { cat "$TMP/target"; exit 1; }
 # A free port for the initiator's listener.
