@@ -240,6 +240,12 @@ struct tcp_conn {
     /* Receive state: touched by the owning worker only. */
     int rx_state;
     size_t rx_have;
+    /* The last read was shorter than asked: the socket had nothing more
+     * then (for a stream socket, a short read says so), and an edge
+     * reports what comes after. Cleared on each kvt__tcp_conn_rx(), and
+     * only set when that call may trust a short read (rx_short_ok: its
+     * events did not report the peer's end). */
+    int rx_drained, rx_short_ok;
     uint8_t rx_hdrbuf[KVT_WIRE_HDR_LEN];
     kvt__wire_hdr_t rx_hdr;
     uint8_t *rx_body;
@@ -395,7 +401,7 @@ int kvt__tcp_inbound_dispatch(tcp_conn_t *c);
 /* tcp_rx.c */
 void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                              const int32_t *pst);
-void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop);
+void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev);
 
 /* tcp_cm.c */
 int kvt__tcp_worker_attach(tcp_worker_t *w, tcp_conn_t *c);

@@ -203,7 +203,10 @@ static void rx_advance(tcp_conn_t *c, uint64_t got)
  * their destination with readv (neighbouring segments merged into one
  * vector), refused ones into scratch. (Reading runs of small pieces into
  * scratch and copying them out was measured slower than readv with a
- * vector per 512-byte piece.) Returns 1 when the payload is complete, 0
+ * vector per 512-byte piece.) On an inbound connection, the read that
+ * ends the payload also asks for the next frame's header. A read shorter
+ * than asked leaves the socket drained (c->rx_drained), so no read is
+ * made only to be told EAGAIN. Returns 1 when the payload is complete, 0
  * when the socket is drained, -1 on EOF/error.
  */
 static int rx_payload(tcp_conn_t *c)
@@ -212,9 +215,10 @@ static int rx_payload(tcp_conn_t *c)
     int check = !c->outbound;
 
     while (c->rx_seg < c->rx_nsegs) {
-        struct iovec iov[RX_IOV];
+        struct iovec iov[RX_IOV + 1];
         int n = 0;
         ssize_t got;
+        uint64_t asked = 0, rest;
         uint32_t s;
 
         if (check) {
@@ -234,6 +238,9 @@ static int rx_payload(tcp_conn_t *c)
             uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
             iov[n++] = (struct iovec){c->w->scratch,
                                       left < SCRATCH_LEN ? left : SCRATCH_LEN};
+            s++;
+            if (left > SCRATCH_LEN)
+                s = UINT32_MAX; /* not the end of the payload */
         } else {
             uint64_t off = c->rx_seg_off;
             for (; s < c->rx_nsegs && c->rx_segs[s].valid &&
@@ -252,6 +259,15 @@ static int rx_payload(tcp_conn_t *c)
                 }
             }
         }
+        for (int i = 0; i < n; i++)
+            asked += iov[i].iov_len;
+        rest = asked;
+        /* The last vector of this frame: the next header may come with
+         * it (never past IOV_MAX vectors). */
+        if (!c->outbound && s == c->rx_nsegs && n < RX_IOV) {
+            iov[n++] = (struct iovec){c->rx_hdrbuf, KVT_WIRE_HDR_LEN};
+            asked += KVT_WIRE_HDR_LEN;
+        }
         got = payload_readv(c->fd, iov, n);
         if (check)
             kvt__memreg_unlock(reg);
@@ -261,7 +277,17 @@ static int rx_payload(tcp_conn_t *c)
             continue; /* no edge would report what is still there */
         if (got < 0)
             return errno == EAGAIN ? 0 : -1;
+        if ((uint64_t)got > rest) {
+            /* Header bytes of the next frame: the payload is complete. */
+            c->rx_have = (size_t)((uint64_t)got - rest);
+            got = (ssize_t)rest;
+        }
         rx_advance(c, (uint64_t)got);
+        if ((uint64_t)got + c->rx_have < asked && c->rx_short_ok) {
+            c->rx_drained = 1;
+            if (c->rx_seg < c->rx_nsegs)
+                return 0;
+        }
     }
     /* Answered or completed only once its bytes are in device memory. */
     kvt__tcp_rx_dev_finish(c);
@@ -269,17 +295,23 @@ static int rx_payload(tcp_conn_t *c)
 }
 
 /* Read into a fixed buffer until @want bytes are there. 1 done, 0 drained,
- * -1 EOF/error. */
+ * -1 EOF/error. A read shorter than asked drained the socket: no second
+ * read is made to be told so. */
 static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
 {
     while (c->rx_have < want) {
-        ssize_t n = recv(c->fd, buf + c->rx_have, want - c->rx_have, 0);
+        ssize_t n;
+        if (c->rx_drained)
+            return 0;
+        n = recv(c->fd, buf + c->rx_have, want - c->rx_have, 0);
         if (n == 0)
             return -1;
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
             return errno == EAGAIN ? 0 : -1;
+        if ((size_t)n < want - c->rx_have && c->rx_short_ok)
+            c->rx_drained = 1;
         c->rx_have += (size_t)n;
     }
     return 1;
@@ -289,13 +321,19 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
  * Read and handle what @c has, until the socket is drained (the worker,
  * edge-triggered) or, when @stop is given, as soon as *@stop reads 0
  * between two frames (a waiter, which polls: whatever it
- * leaves is reported to the worker when input is watched again).
+ * leaves is reported to the worker when input is watched again). @ev: the
+ * epoll events that brought the call, 0 when not known. A short read is
+ * taken to have drained the socket only when they did not report the
+ * peer's end: an end of stream that came before them raises no other edge,
+ * and only a read that returns 0 finds it.
  */
-void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop)
+void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev)
 {
     kvt_status_t fail = KVT_ERR_CONN_LOST;
     int r = 0;
 
+    c->rx_drained = 0;
+    c->rx_short_ok = ev != 0 && !(ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
     for (;;) {
         if (stop != NULL && c->rx_state == RX_HDR &&
             atomic_load_explicit(stop, memory_order_acquire) == 0)

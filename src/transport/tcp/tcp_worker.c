@@ -115,7 +115,7 @@ void *kvt__tcp_worker_main(void *arg)
                     else if ((evs[i].events &
                               (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) ||
                              c->rx_held)
-                        kvt__tcp_conn_rx(c, NULL);
+                        kvt__tcp_conn_rx(c, NULL, evs[i].events);
                     continue;
                 }
                 if (!(evs[i].events &
@@ -123,7 +123,7 @@ void *kvt__tcp_worker_main(void *arg)
                     continue;
                 pthread_mutex_lock(&c->rx_lock);
                 if (c->waiters == 0 && !c->rx_dead)
-                    kvt__tcp_conn_rx(c, NULL);
+                    kvt__tcp_conn_rx(c, NULL, evs[i].events);
                 pthread_mutex_unlock(&c->rx_lock);
             }
         }
@@ -267,7 +267,7 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
             break;
         pthread_mutex_lock(&c->rx_lock);
         if (!c->rx_dead)
-            kvt__tcp_conn_rx(c, until);
+            kvt__tcp_conn_rx(c, until, 0);
         pthread_mutex_unlock(&c->rx_lock);
     }
     waiter_detach(c);
