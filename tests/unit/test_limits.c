@@ -653,6 +653,86 @@ KVT_TEST(protocol_refusals)
     kvt_engine_destroy(e);
 }
 
+/* ---- Frames cut anywhere ------------------------------------------------
+ */
+
+/* WRITE frame @i of split_frames(): a piece of @len bytes at @off. */
+static size_t split_frame(uint8_t *out, uint8_t *region, uint32_t off,
+                          uint32_t len, uint64_t req)
+{
+    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)(region + off), len, 1, len};
+    size_t n = kvt_test_hdr(out, KVT_WIRE_WRITE, KVT_WIRE_PIECE_LEN, len, req);
+    kvt__wire_piece_encode(&p, out + n);
+    n += KVT_WIRE_PIECE_LEN;
+    for (uint32_t k = 0; k < len; k++)
+        out[n + k] = (uint8_t)(req * 31 + k);
+    return n + len;
+}
+
+/*
+ * The target reads a connection until a read comes back short, and reads
+ * the next frame's header with the end of a payload. A stream of WRITEs
+ * sent in pieces cut at every kind of place (inside a header, a piece
+ * table, a payload, right after one), with a pause between pieces so that
+ * each arrives alone, is answered frame by frame and lands; and a WRITE
+ * followed at once by the end of the stream is answered, and the
+ * connection closed: a short read before an end of stream that was
+ * already reported does not end the pass.
+ */
+KVT_TEST(frames_split_anywhere)
+{
+    static const uint32_t lens[] = {1, 7, 512, 4096, 5000, 24000, 33, 64};
+    static const size_t cuts[] = {1, 3, 31, 33, 57, 4097, 2, 20000};
+    static uint8_t region[64 * 1024];
+    uint8_t *stream = malloc(128 * 1024), last[KVT_WIRE_HDR_LEN + 64 + 64];
+    kvt_engine_h e = mk();
+    size_t n = 0, sent = 0, c = 0, nlast;
+    uint32_t off = 0;
+    kvt__wire_hdr_t h;
+    int fd;
+
+    CHECK(stream != NULL);
+    CHECK_OK(kvt_mem_register(e, region, sizeof(region), KVT_ACCESS_REMOTE_RW));
+    fd = data_conn(e, "splitter:1");
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        n += split_frame(stream + n, region, off, lens[i], 100 + i);
+        off += lens[i];
+    }
+    while (sent < n) {
+        size_t k = cuts[c++ % (sizeof(cuts) / sizeof(cuts[0]))];
+        if (k > n - sent)
+            k = n - sent;
+        send_all(fd, stream + sent, k);
+        sent += k;
+        usleep(2000);
+    }
+    off = 0;
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
+        CHECK(h.req_id == 100 + i && h.status == KVT_OK);
+        for (uint32_t k = 0; k < lens[i]; k++)
+            CHECK(region[off + k] == (uint8_t)((100 + i) * 31 + k));
+        off += lens[i];
+    }
+    close(fd);
+    /* A frame and the end of the stream, sent together (on a few
+     * connections: whether the end comes before the target wakes is up
+     * to the scheduler). */
+    for (int r = 0; r < 4; r++) {
+        fd = data_conn(e, "splitter:2");
+        nlast = split_frame(last, region, off, 64, 200 + (uint64_t)r);
+        send_all(fd, last, nlast);
+        shutdown(fd, SHUT_WR);
+        CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
+        CHECK(h.req_id == 200 + (uint64_t)r && h.status == KVT_OK);
+        CHECK(closed_within(fd, 3.0));
+        close(fd);
+    }
+    free(stream);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
 KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(ping_flood_bounded, 60),
               KVT_CASE(unread_responses_freed, 60),
@@ -660,4 +740,5 @@ KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(accept_at_fd_limit, 30),
               KVT_CASE(notify_quota_per_peer, 60),
               KVT_CASE(log_lines_limited_and_escaped, 60),
-              KVT_CASE(protocol_refusals, 30))
+              KVT_CASE(protocol_refusals, 30),
+              KVT_CASE(frames_split_anywhere, 30))
