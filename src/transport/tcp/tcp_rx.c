@@ -215,10 +215,10 @@ static int rx_payload(tcp_conn_t *c)
     int check = !c->outbound;
 
     while (c->rx_seg < c->rx_nsegs) {
-        struct iovec iov[RX_IOV + 1];
-        int n = 0;
+        struct iovec iov[RX_IOV];
+        int n = 0, ends;
         ssize_t got;
-        uint64_t asked = 0, rest;
+        uint64_t rest = 0, asked; /* payload bytes asked for; all asked */
         uint32_t s;
 
         if (check) {
@@ -236,11 +236,9 @@ static int rx_payload(tcp_conn_t *c)
         }
         if (!c->rx_segs[s].valid) {
             uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
-            iov[n++] = (struct iovec){c->w->scratch,
-                                      left < SCRATCH_LEN ? left : SCRATCH_LEN};
-            s++;
-            if (left > SCRATCH_LEN)
-                s = UINT32_MAX; /* not the end of the payload */
+            rest = left < SCRATCH_LEN ? left : SCRATCH_LEN;
+            iov[n++] = (struct iovec){c->w->scratch, rest};
+            ends = rest == left && s + 1 == c->rx_nsegs;
         } else {
             uint64_t off = c->rx_seg_off;
             for (; s < c->rx_nsegs && c->rx_segs[s].valid &&
@@ -257,14 +255,14 @@ static int rx_payload(tcp_conn_t *c)
                 } else {
                     break;
                 }
+                rest += len;
             }
+            ends = s == c->rx_nsegs;
         }
-        for (int i = 0; i < n; i++)
-            asked += iov[i].iov_len;
-        rest = asked;
-        /* The last vector of this frame: the next header may come with
+        asked = rest;
+        /* The rest of this frame's payload: the next header may come with
          * it (never past IOV_MAX vectors). */
-        if (!c->outbound && s == c->rx_nsegs && n < RX_IOV) {
+        if (!c->outbound && ends && n < RX_IOV) {
             iov[n++] = (struct iovec){c->rx_hdrbuf, KVT_WIRE_HDR_LEN};
             asked += KVT_WIRE_HDR_LEN;
         }
