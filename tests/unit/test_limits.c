@@ -656,11 +656,12 @@ KVT_TEST(protocol_refusals)
 /* ---- Frames cut anywhere ------------------------------------------------
  */
 
-/* WRITE frame @i of split_frames(): a piece of @len bytes at @off. */
-static size_t split_frame(uint8_t *out, uint8_t *region, uint32_t off,
-                          uint32_t len, uint64_t req)
+/* A WRITE of @len bytes to @at, request @req, its payload a pattern of
+ * @req; its length. */
+static size_t split_frame(uint8_t *out, const uint8_t *at, uint32_t len,
+                          uint64_t req)
 {
-    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)(region + off), len, 1, len};
+    kvt__wire_piece_t p = {(uint64_t)(uintptr_t)at, len, 1, len};
     size_t n = kvt_test_hdr(out, KVT_WIRE_WRITE, KVT_WIRE_PIECE_LEN, len, req);
     kvt__wire_piece_encode(&p, out + n);
     n += KVT_WIRE_PIECE_LEN;
@@ -674,17 +675,20 @@ static size_t split_frame(uint8_t *out, uint8_t *region, uint32_t off,
  * the next frame's header with the end of a payload. A stream of WRITEs
  * sent in pieces cut at every kind of place (inside a header, a piece
  * table, a payload, right after one), with a pause between pieces so that
- * each arrives alone, is answered frame by frame and lands; and a WRITE
+ * each arrives alone, is answered frame by frame and lands (or, for the
+ * frames aimed outside the registered region, is read and refused); and a
+ * WRITE
  * followed at once by the end of the stream is answered, and the
  * connection closed: a short read before an end of stream that was
  * already reported does not end the pass.
  */
 KVT_TEST(frames_split_anywhere)
 {
-    static const uint32_t lens[] = {1, 7, 512, 4096, 5000, 24000, 33, 64};
+    static const uint32_t lens[] = {1, 7, 512, 4096, 5000, 24000, 300000, 33};
+    static const int refused[] = {0, 0, 0, 1, 0, 0, 1, 0};
     static const size_t cuts[] = {1, 3, 31, 33, 57, 4097, 2, 20000};
-    static uint8_t region[64 * 1024];
-    uint8_t *stream = malloc(128 * 1024), last[KVT_WIRE_HDR_LEN + 64 + 64];
+    static uint8_t region[64 * 1024], outside[32 * 1024];
+    uint8_t *stream = malloc(512 * 1024), last[KVT_WIRE_HDR_LEN + 64 + 64];
     kvt_engine_h e = mk();
     size_t n = 0, sent = 0, c = 0, nlast;
     uint32_t off = 0;
@@ -694,25 +698,41 @@ KVT_TEST(frames_split_anywhere)
     CHECK(stream != NULL);
     CHECK_OK(kvt_mem_register(e, region, sizeof(region), KVT_ACCESS_REMOTE_RW));
     fd = data_conn(e, "splitter:1");
-    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
-        n += split_frame(stream + n, region, off, lens[i], 100 + i);
-        off += lens[i];
-    }
-    while (sent < n) {
-        size_t k = cuts[c++ % (sizeof(cuts) / sizeof(cuts[0]))];
-        if (k > n - sent)
-            k = n - sent;
-        send_all(fd, stream + sent, k);
-        sent += k;
-        usleep(2000);
-    }
-    off = 0;
-    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
-        CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
-        CHECK(h.req_id == 100 + i && h.status == KVT_OK);
-        for (uint32_t k = 0; k < lens[i]; k++)
-            CHECK(region[off + k] == (uint8_t)((100 + i) * 31 + k));
-        off += lens[i];
+    /* Cut into pieces, then all in one send (the target's reads then
+     * take whole frames, and the next header with each payload). */
+    for (int whole = 0; whole < 2; whole++) {
+        uint64_t req = whole ? 300 : 100;
+        n = sent = c = 0;
+        off = 0;
+        memset(region, 0, sizeof(region));
+        for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+            n += split_frame(stream + n, refused[i] ? outside : region + off,
+                             lens[i], req + i);
+            off += refused[i] ? 0 : lens[i];
+        }
+        while (sent < n) {
+            size_t k = whole ? n : cuts[c++ % (sizeof(cuts) / sizeof(cuts[0]))];
+            if (k > n - sent)
+                k = n - sent;
+            send_all(fd, stream + sent, k);
+            sent += k;
+            if (!whole)
+                usleep(2000);
+        }
+        off = 0;
+        for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+            CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
+            CHECK(h.req_id == req + i);
+            if (refused[i]) {
+                /* A failed piece is listed in the acknowledgement. */
+                CHECK(h.status != KVT_OK || h.body_len > 0);
+                continue;
+            }
+            CHECK(h.status == KVT_OK && h.body_len == 0);
+            for (uint32_t k = 0; k < lens[i]; k++)
+                CHECK(region[off + k] == (uint8_t)((req + i) * 31 + k));
+            off += lens[i];
+        }
     }
     close(fd);
     /* A frame and the end of the stream, sent together (on a few
@@ -720,7 +740,7 @@ KVT_TEST(frames_split_anywhere)
      * to the scheduler). */
     for (int r = 0; r < 4; r++) {
         fd = data_conn(e, "splitter:2");
-        nlast = split_frame(last, region, off, 64, 200 + (uint64_t)r);
+        nlast = split_frame(last, region + off, 64, 200 + (uint64_t)r);
         send_all(fd, last, nlast);
         shutdown(fd, SHUT_WR);
         CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
