@@ -69,6 +69,13 @@
 #define MAX_CONNS 16
 #define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one readv */
 #define SCRATCH_LEN (256u * 1024u)
+/* Read-ahead per connection (tcp_conn_t.rx_pre): a read for a header asks
+ * for RX_PRE bytes, so that a small frame (header, piece table, a 4 KiB
+ * payload) comes in one call; the read that ends a payload asks for
+ * RX_PRE_TAIL more, for the next header and a small body (more would be
+ * payload copied twice when frames stream). */
+#define RX_PRE (8u * 1024u)
+#define RX_PRE_TAIL 512u
 #define MIN_FRAME (64u * 1024u)
 /* The most payload of a WRITE that a submitting thread sends itself on an
  * idle connection (kvt__tcp_conn_enqueue()); larger ones are the
@@ -246,6 +253,13 @@ struct tcp_conn {
      * only set when that call may trust a short read (rx_short_ok: its
      * events did not report the peer's end). */
     int rx_drained, rx_short_ok;
+    /* Bytes read ahead of the state machine, [rx_pre_off, rx_pre_len) of
+     * rx_pre (RX_PRE, RX_PRE_TAIL). The state machine takes its bytes
+     * from here before it reads the socket; a pass ends with it empty,
+     * except when held back (rx_held), which an output event resumes, and
+     * a waiter leaves only with it empty (no edge would report it). */
+    uint32_t rx_pre_off, rx_pre_len;
+    uint8_t rx_pre[RX_PRE];
     uint8_t rx_hdrbuf[KVT_WIRE_HDR_LEN];
     kvt__wire_hdr_t rx_hdr;
     uint8_t *rx_body;

@@ -22,6 +22,7 @@
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/time.h"
+#include "util/tsan.h"
 
 /* Complete every piece of @f: @pst[i] when given, else @st. */
 void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
@@ -198,16 +199,93 @@ static void rx_advance(tcp_conn_t *c, uint64_t got)
     }
 }
 
+/* Bytes read ahead and not yet taken. */
+static inline uint32_t pre_left(const tcp_conn_t *c)
+{
+    return c->rx_pre_len - c->rx_pre_off;
+}
+
+/* Read into a fixed buffer until @want bytes are there, taking what was
+ * read ahead first; a want smaller than the read-ahead buffer reads into
+ * it, so that what follows comes with the same call. 1 done, 0 drained,
+ * -1 EOF/error. A read shorter than asked drained the socket: no second
+ * read is made to be told so. */
+static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
+{
+    while (c->rx_have < want) {
+        size_t need = want - c->rx_have, ask = need;
+        uint8_t *to = buf + c->rx_have;
+        ssize_t n;
+
+        if (pre_left(c) > 0) {
+            size_t m = need < pre_left(c) ? need : pre_left(c);
+            memcpy(to, c->rx_pre + c->rx_pre_off, m);
+            c->rx_pre_off += (uint32_t)m;
+            c->rx_have += m;
+            continue;
+        }
+        if (c->rx_drained)
+            return 0;
+        if (need < RX_PRE) {
+            to = c->rx_pre;
+            ask = RX_PRE;
+        }
+        n = recv(c->fd, to, ask, 0);
+        if (n == 0)
+            return -1;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN ? 0 : -1;
+        if ((size_t)n < ask && c->rx_short_ok)
+            c->rx_drained = 1;
+        if (to == c->rx_pre) {
+            c->rx_pre_off = 0;
+            c->rx_pre_len = (uint32_t)n;
+        } else {
+            c->rx_have += (size_t)n;
+        }
+    }
+    return 1;
+}
+
+/* Payload bytes read ahead into the current host segments (those refused
+ * are skipped), up to the first device segment. Under the registry lock
+ * on an inbound connection, as a read into them is. */
+static void rx_payload_pre(tcp_conn_t *c)
+{
+    while (pre_left(c) > 0 && c->rx_seg < c->rx_nsegs) {
+        const rx_seg_t *g = &c->rx_segs[c->rx_seg];
+        uint64_t m = g->len - c->rx_seg_off;
+
+        if (g->valid && g->dev1 != 0)
+            return;
+        if (m > pre_left(c))
+            m = pre_left(c);
+        if (g->valid) {
+            /* Into registered memory, as a readv() would have: ordered
+             * with the application's accesses by the peers' protocol. */
+            KVT_TSAN_IGNORE_WRITES_BEGIN();
+            memcpy((char *)(uintptr_t)g->addr + c->rx_seg_off,
+                   c->rx_pre + c->rx_pre_off, m);
+            KVT_TSAN_IGNORE_WRITES_END();
+        }
+        c->rx_pre_off += (uint32_t)m;
+        rx_advance(c, m);
+    }
+}
+
 /*
- * Read payload bytes for the current segments: valid runs straight into
- * their destination with readv (neighbouring segments merged into one
- * vector), refused ones into scratch. (Reading runs of small pieces into
- * scratch and copying them out was measured slower than readv with a
- * vector per 512-byte piece.) On an inbound connection, the read that
- * ends the payload also asks for the next frame's header. A read shorter
- * than asked leaves the socket drained (c->rx_drained), so no read is
- * made only to be told EAGAIN. Returns 1 when the payload is complete, 0
- * when the socket is drained, -1 on EOF/error.
+ * Read payload bytes for the current segments: first what was read ahead
+ * (rx_payload_pre()), then valid runs straight into their destination with
+ * readv (neighbouring segments merged into one vector), refused ones into
+ * scratch. (Reading runs of small pieces into scratch and copying them out
+ * was measured slower than readv with a vector per 512-byte piece.) The
+ * read that ends the payload also asks for RX_PRE_TAIL bytes of what
+ * follows (a trailer, the next frame). A read shorter than asked leaves the
+ * socket drained (c->rx_drained), so no read is made only to be told EAGAIN.
+ * Returns 1 when the payload is complete, 0 when the socket is drained,
+ * -1 on EOF/error.
  */
 static int rx_payload(tcp_conn_t *c)
 {
@@ -225,6 +303,14 @@ static int rx_payload(tcp_conn_t *c)
             kvt__memreg_rdlock(reg);
             rx_revalidate(c, reg);
         }
+        if (pre_left(c) > 0) {
+            rx_payload_pre(c);
+            if (c->rx_seg == c->rx_nsegs || pre_left(c) == 0) {
+                if (check)
+                    kvt__memreg_unlock(reg);
+                continue;
+            }
+        }
         s = c->rx_seg;
         if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0) {
             int r = kvt__tcp_rx_dev(c);
@@ -233,6 +319,11 @@ static int rx_payload(tcp_conn_t *c)
             if (r <= 0)
                 return r;
             continue;
+        }
+        if (c->rx_drained) {
+            if (check)
+                kvt__memreg_unlock(reg);
+            return 0;
         }
         if (!c->rx_segs[s].valid) {
             uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
@@ -260,11 +351,11 @@ static int rx_payload(tcp_conn_t *c)
             ends = s == c->rx_nsegs;
         }
         asked = rest;
-        /* The rest of this frame's payload: the next header may come with
-         * it (never past IOV_MAX vectors). */
-        if (!c->outbound && ends && n < RX_IOV) {
-            iov[n++] = (struct iovec){c->rx_hdrbuf, KVT_WIRE_HDR_LEN};
-            asked += KVT_WIRE_HDR_LEN;
+        /* The rest of this frame's payload: what follows may come with it
+         * (never past IOV_MAX vectors). */
+        if (ends && n < RX_IOV) {
+            iov[n++] = (struct iovec){c->rx_pre, RX_PRE_TAIL};
+            asked += RX_PRE_TAIL;
         }
         got = payload_readv(c->fd, iov, n);
         if (check)
@@ -275,43 +366,18 @@ static int rx_payload(tcp_conn_t *c)
             continue; /* no edge would report what is still there */
         if (got < 0)
             return errno == EAGAIN ? 0 : -1;
+        if ((uint64_t)got < asked && c->rx_short_ok)
+            c->rx_drained = 1;
         if ((uint64_t)got > rest) {
-            /* Header bytes of the next frame: the payload is complete. */
-            c->rx_have = (size_t)((uint64_t)got - rest);
+            /* Bytes of what follows: the payload is complete. */
+            c->rx_pre_off = 0;
+            c->rx_pre_len = (uint32_t)((uint64_t)got - rest);
             got = (ssize_t)rest;
         }
         rx_advance(c, (uint64_t)got);
-        if ((uint64_t)got + c->rx_have < asked && c->rx_short_ok) {
-            c->rx_drained = 1;
-            if (c->rx_seg < c->rx_nsegs)
-                return 0;
-        }
     }
     /* Answered or completed only once its bytes are in device memory. */
     kvt__tcp_rx_dev_finish(c);
-    return 1;
-}
-
-/* Read into a fixed buffer until @want bytes are there. 1 done, 0 drained,
- * -1 EOF/error. A read shorter than asked drained the socket: no second
- * read is made to be told so. */
-static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
-{
-    while (c->rx_have < want) {
-        ssize_t n;
-        if (c->rx_drained)
-            return 0;
-        n = recv(c->fd, buf + c->rx_have, want - c->rx_have, 0);
-        if (n == 0)
-            return -1;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return errno == EAGAIN ? 0 : -1;
-        if ((size_t)n < want - c->rx_have && c->rx_short_ok)
-            c->rx_drained = 1;
-        c->rx_have += (size_t)n;
-    }
     return 1;
 }
 
@@ -333,7 +399,9 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev)
     c->rx_drained = 0;
     c->rx_short_ok = ev != 0 && !(ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
     for (;;) {
-        if (stop != NULL && c->rx_state == RX_HDR &&
+        /* A waiter leaves between two frames, and with nothing read
+         * ahead: the worker learns only of what is in the socket. */
+        if (stop != NULL && c->rx_state == RX_HDR && pre_left(c) == 0 &&
             atomic_load_explicit(stop, memory_order_acquire) == 0)
             return;
         if (!c->outbound && c->rx_state == RX_HDR) {

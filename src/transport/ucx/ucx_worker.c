@@ -15,21 +15,7 @@
 #include "util/log.h"
 #include "util/thread.h"
 #include "util/time.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define UCX_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UCX_TSAN 1
-#endif
-#endif
-#ifdef UCX_TSAN
-/* ThreadSanitizer's dynamic annotations (its runtime defines them). */
-void AnnotateIgnoreReadsBegin(const char *file, int line);
-void AnnotateIgnoreReadsEnd(const char *file, int line);
-void AnnotateIgnoreWritesBegin(const char *file, int line);
-void AnnotateIgnoreWritesEnd(const char *file, int line);
-#endif
+#include "util/tsan.h"
 
 #define TICK_NS (10ull * 1000000ull) /* timeouts are checked this often */
 #define SPIN_NS (20ull * 1000ull)    /* polled before sleeping, when busy */
@@ -79,20 +65,17 @@ static unsigned progress(ucx_worker_t *wk)
      * tracked (its synchronisation still is): over UCX's tcp and shared
      * memory ucp copies peers' writes into registered memory there, which
      * the peers' protocol orders with the application's own accesses
-     * across processes, where TSan cannot follow (kvt's own transports
-     * copy through the kernel, which it does not see either). The
+     * across processes, where TSan cannot follow (kvt's tcp copies
+     * through the kernel, which it does not see either, or from its
+     * read-ahead, under the same annotation). The
      * callbacks run in it only note what happened; the work is done
      * outside, where it is checked. */
-#ifdef UCX_TSAN
-    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
-    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
-#endif
+    KVT_TSAN_IGNORE_READS_BEGIN();
+    KVT_TSAN_IGNORE_WRITES_BEGIN();
     while (ucp_worker_progress(wk->w))
         n++;
-#ifdef UCX_TSAN
-    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
-    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
-#endif
+    KVT_TSAN_IGNORE_WRITES_END();
+    KVT_TSAN_IGNORE_READS_END();
     if (n > 0)
         kvt__engine_landed(wk->ucx->e);
     return n;
