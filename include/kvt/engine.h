@@ -141,7 +141,8 @@ typedef struct {
      * or KVT_TRANSFER_TIMEOUT (seconds) from the environment. */
     uint64_t transfer_timeout_ms;
     /* Largest piece one descriptor is cut into before being striped over
-     * the peer's connections. Default 1 MiB. */
+     * the peer's connections, and the most payload of one tcp frame (each
+     * is acknowledged on its own). Default 2 MiB. */
     size_t slice_size;
     /* Bound on connecting and handshaking with a peer, in milliseconds.
      * Default 5000 (or the transfer timeout, if shorter). */

@@ -319,6 +319,9 @@ typedef struct {
 
 /* As dev_pair(), the peer's main region as @peer_mem says: device
  * memory (1), plain host memory (0), kvt_mem_alloc() memory (2). */
+/* The engine's slice size for the next dev_pair() (0: its default). */
+static size_t g_slice;
+
 static void dev_pair_with(dev_pair_t *x, uint32_t transports, size_t len,
                           unsigned conns, int peer_mem)
 {
@@ -335,6 +338,10 @@ static void dev_pair_with(dev_pair_t *x, uint32_t transports, size_t len,
     if (conns != 0) {
         ep.field_mask |= KVT_ENGINE_PARAM_CONNS_PER_PEER;
         ep.conns_per_peer = conns;
+    }
+    if (g_slice != 0) {
+        ep.field_mask |= KVT_ENGINE_PARAM_SLICE_SIZE;
+        ep.slice_size = g_slice;
     }
     CHECK_OK(kvt_engine_create(&ep, &x->e));
     x->dev = (void *)dev_alloc(0, len);
@@ -479,7 +486,10 @@ KVT_TEST(copy_ahead_fails)
     dev_pair_t x;
     void *h;
 
+    /* A frame per block: a frame carries pieces up to a slice. */
+    g_slice = BLK;
     dev_pair(&x, KVT_TRANSPORT_TCP, (size_t)N * BLK, 1);
+    g_slice = 0;
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
     *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");

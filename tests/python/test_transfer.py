@@ -12,7 +12,7 @@ import pytest
 from conftest import MiB, pattern
 from mooncake.engine import TransferNotify, TransferOpcode
 
-# Descriptor sizes: tiny, odd, around a page, and over kvt's 1 MiB slice
+# Descriptor sizes: tiny, odd, around a page, and over kvt's 2 MiB slice
 # (striped over connections).
 SIZES = [1, 7, 4096, 65537, 3 * MiB + 5]
 
