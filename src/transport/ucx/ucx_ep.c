@@ -438,6 +438,14 @@ static void unit_finish(ucx_unit_t *u)
     ucx_session_t *s = u->s;
     kvt_status_t st = u->status;
 
+    /* Puts whose flush reported done while the peer was being lost
+     * (ucp can report a flush done as it purges a failed endpoint) are
+     * not trusted to have landed: once the session failed, an epoch that
+     * ends reports the failure. (A session closed by its user is not a
+     * failure: its last writes may still land.) */
+    if (st == KVT_OK && u->kind == UNIT_EPOCH && s->failed != KVT_OK &&
+        s->failed != KVT_ERR_CANCELED)
+        st = s->failed;
     if (st != KVT_OK && s->failed != KVT_OK)
         st = s->failed;
     else if (st == KVT_OK && !u->posted)
@@ -530,6 +538,9 @@ void kvt__ucx_sess_close_epoch(ucx_session_t *s)
         p.cb.send = req_done;
         p.user_data = u;
         req_posted(u, ucp_ep_flush_nbx(s->conn->ep, &p));
+    } else if (u->status == KVT_OK) {
+        /* Its puts cannot be flushed: nothing says they landed. */
+        u->status = s->failed != KVT_OK ? s->failed : KVT_ERR_CONN_LOST;
     }
     u->posted = 1;
     kvt__ucx_sess_touch(s);
@@ -789,6 +800,9 @@ void kvt__ucx_sess_fail(ucx_session_t *s, kvt_status_t why, int evict)
     s->failed = why;
     atomic_compare_exchange_strong(&s->base.dead, &zero, (int32_t)why);
     if (s->epoch != NULL) {
+        /* Its puts were never flushed: nothing says they landed. */
+        if (s->epoch->status == KVT_OK)
+            s->epoch->status = why;
         s->epoch->posted = 1;
         s->epoch = NULL;
     }
