@@ -58,6 +58,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include "mem/dev.h"
@@ -382,6 +383,19 @@ extern const kvt__tl_ops_t kvt__tl_tcp;
 #endif
 
 #define CONN_EVENTS (EPOLLIN | EPOLLET | EPOLLRDHUP)
+
+/* Up to @max bytes of what @c read ahead (tcp_conn_t.rx_pre) into @dst;
+ * how many (0 when nothing is left). Receive state: its reader only. */
+static inline size_t kvt__tcp_pre_take(tcp_conn_t *c, void *dst, size_t max)
+{
+    size_t n = c->rx_pre_len - c->rx_pre_off;
+
+    if (n > max)
+        n = max;
+    memcpy(dst, c->rx_pre + c->rx_pre_off, n);
+    c->rx_pre_off += (uint32_t)n;
+    return n;
+}
 
 /* ---- Across the files of the transport --------------------------------- */
 

@@ -294,16 +294,9 @@ int kvt__tcp_rx_dev(tcp_conn_t *c)
         want = STAGE_CHUNK - m->fill;
         if (want > left)
             want = left;
-        if (c->rx_pre_off < c->rx_pre_len) {
-            /* Read ahead (tcp_rx.c) */
-            got = (ssize_t)(c->rx_pre_len - c->rx_pre_off);
-            if ((uint64_t)got > want)
-                got = (ssize_t)want;
-            memcpy(chunk + m->fill, c->rx_pre + c->rx_pre_off, (size_t)got);
-            c->rx_pre_off += (uint32_t)got;
-        } else {
+        got = (ssize_t)kvt__tcp_pre_take(c, chunk + m->fill, want);
+        if (got == 0)
             got = recv(c->fd, chunk + m->fill, want, 0);
-        }
         if (got == 0)
             return -1;
         if (got < 0 && errno == EINTR)

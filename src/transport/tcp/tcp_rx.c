@@ -218,10 +218,7 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
         ssize_t n;
 
         if (pre_left(c) > 0) {
-            size_t m = need < pre_left(c) ? need : pre_left(c);
-            memcpy(to, c->rx_pre + c->rx_pre_off, m);
-            c->rx_pre_off += (uint32_t)m;
-            c->rx_have += m;
+            c->rx_have += kvt__tcp_pre_take(c, to, need);
             continue;
         }
         if (c->rx_drained)
@@ -260,17 +257,18 @@ static void rx_payload_pre(tcp_conn_t *c)
 
         if (g->valid && g->dev1 != 0)
             return;
-        if (m > pre_left(c))
-            m = pre_left(c);
         if (g->valid) {
             /* Into registered memory, as a readv() would have: ordered
              * with the application's accesses by the peers' protocol. */
             KVT_TSAN_IGNORE_WRITES_BEGIN();
-            memcpy((char *)(uintptr_t)g->addr + c->rx_seg_off,
-                   c->rx_pre + c->rx_pre_off, m);
+            m = kvt__tcp_pre_take(c, (char *)(uintptr_t)g->addr + c->rx_seg_off,
+                                  m);
             KVT_TSAN_IGNORE_WRITES_END();
+        } else {
+            if (m > pre_left(c))
+                m = pre_left(c);
+            c->rx_pre_off += (uint32_t)m; /* refused: skipped */
         }
-        c->rx_pre_off += (uint32_t)m;
         rx_advance(c, m);
     }
 }
@@ -303,13 +301,16 @@ static int rx_payload(tcp_conn_t *c)
             kvt__memreg_rdlock(reg);
             rx_revalidate(c, reg);
         }
-        if (pre_left(c) > 0) {
-            rx_payload_pre(c);
-            if (c->rx_seg == c->rx_nsegs || pre_left(c) == 0) {
-                if (check)
-                    kvt__memreg_unlock(reg);
-                continue;
-            }
+        /* Read-ahead bytes first. The payload may be in then, or the
+         * socket drained with nothing left read ahead; bytes still read
+         * ahead after this are a device segment's. */
+        rx_payload_pre(c);
+        if (c->rx_seg == c->rx_nsegs || (pre_left(c) == 0 && c->rx_drained)) {
+            if (check)
+                kvt__memreg_unlock(reg);
+            if (c->rx_seg == c->rx_nsegs)
+                break;
+            return 0;
         }
         s = c->rx_seg;
         if (c->rx_segs[s].valid && c->rx_segs[s].dev1 != 0) {
@@ -319,11 +320,6 @@ static int rx_payload(tcp_conn_t *c)
             if (r <= 0)
                 return r;
             continue;
-        }
-        if (c->rx_drained) {
-            if (check)
-                kvt__memreg_unlock(reg);
-            return 0;
         }
         if (!c->rx_segs[s].valid) {
             uint64_t left = c->rx_segs[s].len - c->rx_seg_off;
