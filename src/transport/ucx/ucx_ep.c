@@ -438,15 +438,15 @@ static void unit_finish(ucx_unit_t *u)
     ucx_session_t *s = u->s;
     kvt_status_t st = u->status;
 
-    /* Puts whose flush reported done while the peer was being lost
-     * (ucp can report a flush done as it purges a failed endpoint) are
-     * not trusted to have landed: once the session failed, an epoch that
-     * ends reports the failure. (A session closed by its user is not a
-     * failure: its last writes may still land.) */
-    if (st == KVT_OK && u->kind == UNIT_EPOCH && s->failed != KVT_OK &&
-        s->failed != KVT_ERR_CANCELED)
-        st = s->failed;
-    if (st != KVT_OK && s->failed != KVT_OK)
+    /* Once the session failed, a unit that failed reports why, and so does
+     * an epoch that ends: puts whose flush reported done while the peer
+     * was being lost (ucp can report a flush done as it purges a failed
+     * endpoint) are not trusted to have landed. (Closing by the session's
+     * user fails no epoch whose flush was posted before: that flush still
+     * answers for its puts.) */
+    if (s->failed != KVT_OK &&
+        (st != KVT_OK ||
+         (u->kind == UNIT_EPOCH && s->failed != KVT_ERR_CANCELED)))
         st = s->failed;
     else if (st == KVT_OK && !u->posted)
         st = s->failed != KVT_OK ? s->failed : KVT_ERR_CANCELED;
@@ -800,7 +800,8 @@ void kvt__ucx_sess_fail(ucx_session_t *s, kvt_status_t why, int evict)
     s->failed = why;
     atomic_compare_exchange_strong(&s->base.dead, &zero, (int32_t)why);
     if (s->epoch != NULL) {
-        /* Its puts were never flushed: nothing says they landed. */
+        /* Its puts were never flushed, even if its user closed the
+         * session: nothing says they landed. */
         if (s->epoch->status == KVT_OK)
             s->epoch->status = why;
         s->epoch->posted = 1;
