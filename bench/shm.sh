@@ -12,7 +12,13 @@
 # 1 MiB blocks (batch 32: a 32 MiB submission, cut into jobs copied by the
 # submitting thread and the engine's 2 workers, so as many threads as the
 # machine has CPUs, at most 3), 64 KiB (batch 32: one job, one thread) and
-# scattered 4 KiB (batch 128: one job, one thread).
+# scattered 4 KiB (batch 128: one job, one thread). For 1 MiB kvt keeps 2
+# batches in flight, as bench/tcp.sh does: the ceiling's threads copy
+# without a pause, where with one batch at a time kvt's copiers would wait
+# at the end of each batch for the next one, and every CPU copies either
+# way. The smaller blocks keep one batch in flight: with two, a worker
+# would copy one batch while the submitting thread copies the other, two
+# threads against the ceiling's one.
 #   bench/shm.sh [ROUNDS] [SECONDS]      (run from the project root after make)
 set -euo pipefail
 ROUNDS=${1:-3}
@@ -44,20 +50,20 @@ NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-printf '%-34s %8s %-30s %8s %6s\n' "kvt (carried by)" "GB/s" "matched ceiling" "GB/s" ratio
+printf '%-40s %8s %-30s %8s %6s\n' "kvt (carried by), batches in flight" "GB/s" "matched ceiling" "GB/s" ratio
 for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
     malloc:64K:32:contig managed:4K:128:scatter malloc:4K:128:scatter; do
     IFS=: read -r buf blk batch pat <<<"$spec"
     seg=$MANAGED; kind="memcpy nt"; how="nt memcpy"
     [ "$buf" = malloc ] && { seg=$MALLOC; kind="process_vm_writev"; how="plain cma"; }
-    threads=1; [ "$blk" = 1M ] && threads=$BIG_THREADS
+    threads=1; depth=1; [ "$blk" = 1M ] && { threads=$BIG_THREADS; depth=2; }
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
     for r in $(seq "$ROUNDS"); do
         for who in $([ $((r % 2)) = 1 ] && echo "kvt base" || echo "base kvt"); do
             if [ "$who" = kvt ]; then
                 "$KVT" bench --mode=initiator --segment="$seg" --protocol=shm --op=write \
                     --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
-                    --working-set="$WSET" --threads=1 --duration="$SECS" --json \
+                    --working-set="$WSET" --threads=1 --depth="$depth" --duration="$SECS" --json \
                     2>>"$TMP/log" | tail -1 >"$TMP/json"
                 python3 -c "import json; d=json.load(open('$TMP/json')); print(d['gbps'])" >>"$TMP/k"
                 python3 -c "import json; d=json.load(open('$TMP/json')); print(d['protocol'])" >>"$TMP/p"
@@ -68,6 +74,6 @@ for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
         done
     done
     k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
-    printf '%-34s %8s %-30s %8s %6.2f\n' "$blk x$batch $pat, $buf ($(sort -u "$TMP/p" | paste -sd/ -))" \
+    printf '%-40s %8s %-30s %8s %6.2f\n' "$blk x$batch $pat, $buf ($(sort -u "$TMP/p" | paste -sd/ -)), $depth" \
         "$k" "$kind, $threads thread(s)" "$s" "$(python3 -c "print($k/$s)")"
 done
