@@ -19,6 +19,15 @@
 # way. The smaller blocks keep one batch in flight: with two, a worker
 # would copy one batch while the submitting thread copies the other, two
 # threads against the ceiling's one.
+#
+# Runs are bracketed: ceiling, kvt, ceiling, kvt, ..., ceiling (ROUNDS kvt
+# runs, ROUNDS+1 ceiling runs). Each kvt run is divided by the mean of the
+# two ceiling runs either side of it and the ratio printed is the median
+# of those; the GB/s columns are medians of each program's runs. The
+# memory bandwidth of a shared host moves between levels for seconds at a
+# time (this VM: 30 to 35 and 50 to 59 GB/s for the same copy), and a
+# ratio of medians over alternating runs then compares runs made in
+# different levels (docs/benchmarks.md, "Bracketed rounds").
 #   bench/shm.sh [ROUNDS] [SECONDS]      (run from the project root after make)
 set -euo pipefail
 ROUNDS=${1:-3}
@@ -49,6 +58,15 @@ start_target malloc --buffer=malloc; MALLOC=$SEG
 NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# bracketed KVT CEIL: the median of each kvt run over the mean of the
+# ceiling runs before and after it (CEIL has one line more than KVT).
+bracketed() {
+    paste "$1" <(head -n -1 "$2") <(tail -n +2 "$2") | awk '{print $1 / (($2 + $3) / 2)}' | median
+}
+
+# base: one run of the ceiling for the current spec, appended to $TMP/s.
+# shellcheck disable=SC2086
+base() { "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" >>"$TMP/s"; }
 
 printf '%-40s %8s %-30s %8s %6s\n' "kvt (carried by), batches in flight" "GB/s" "matched ceiling" "GB/s" ratio
 for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
@@ -58,22 +76,17 @@ for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
     [ "$buf" = malloc ] && { seg=$MALLOC; kind="process_vm_writev"; how="plain cma"; }
     threads=1; depth=1; [ "$blk" = 1M ] && { threads=$BIG_THREADS; depth=2; }
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
-    for r in $(seq "$ROUNDS"); do
-        for who in $([ $((r % 2)) = 1 ] && echo "kvt base" || echo "base kvt"); do
-            if [ "$who" = kvt ]; then
-                "$KVT" bench --mode=initiator --segment="$seg" --protocol=shm --op=write \
-                    --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
-                    --working-set="$WSET" --threads=1 --depth="$depth" --duration="$SECS" --json \
-                    2>>"$TMP/log" | tail -1 >"$TMP/json"
-                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['gbps'])" >>"$TMP/k"
-                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['protocol'])" >>"$TMP/p"
-            else
-                # shellcheck disable=SC2086
-                "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" >>"$TMP/s"
-            fi
-        done
+    base
+    for _ in $(seq "$ROUNDS"); do
+        "$KVT" bench --mode=initiator --segment="$seg" --protocol=shm --op=write \
+            --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
+            --working-set="$WSET" --threads=1 --depth="$depth" --duration="$SECS" --json \
+            2>>"$TMP/log" | tail -1 >"$TMP/json"
+        python3 -c "import json; d=json.load(open('$TMP/json')); print(d['gbps'])" >>"$TMP/k"
+        python3 -c "import json; d=json.load(open('$TMP/json')); print(d['protocol'])" >>"$TMP/p"
+        base
     done
     k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
     printf '%-40s %8s %-30s %8s %6.2f\n' "$blk x$batch $pat, $buf ($(sort -u "$TMP/p" | paste -sd/ -)), $depth" \
-        "$k" "$kind, $threads thread(s)" "$s" "$(python3 -c "print($k/$s)")"
+        "$k" "$kind, $threads thread(s)" "$s" "$(bracketed "$TMP/k" "$TMP/s")"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # TCP loopback: kvt bench writes beside a matched ceiling, measured in
-# alternating rounds of the same run, medians and ratios:
+# turn in the same run, medians and ratios:
 #   - bandwidth for 4 KiB blocks (scattered, as paged KV blocks are),
 #     64 KiB, 1 MiB and 16 MiB: kvt with CONNS connections per peer (its
 #     default, 2) against `kvt_baseline tcp-matched` with as many TCP
@@ -14,6 +14,12 @@
 #     ping-pong, with both processes pinned to one CPU and to two
 #     (placement changes a loopback round trip several-fold).
 # Both kvt engines are limited to tcp (on one host they would pick shm).
+# Bandwidth runs are bracketed: ceiling, kvt, ceiling, ..., ceiling; each
+# kvt run is divided by the mean of the ceiling runs either side of it,
+# and the ratio printed is the median of those (the GB/s columns are
+# medians of each program's runs), so that a machine whose speed drifts
+# during the run compares runs made close together (docs/benchmarks.md,
+# "Bracketed rounds").
 #   bench/tcp.sh [ROUNDS] [SECONDS]      (run from the project root after make)
 #   CONNS=1 bench/tcp.sh                 (connections per peer, both sides)
 #   DEPTH=1 bench/tcp.sh                 (batches in flight per thread)
@@ -40,6 +46,11 @@ target() {
 }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])['$1'])"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# bracketed KVT CEIL: the median of each kvt run over the mean of the
+# ceiling runs before and after it (CEIL has one line more than KVT).
+bracketed() {
+    paste "$1" <(head -n -1 "$2") <(tail -n +2 "$2") | awk '{print $1 / (($2 + $3) / 2)}' | median
+}
 size() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1"; }
 
 target bw
@@ -50,24 +61,20 @@ for spec in 4K:128:scatter 64K:128:contig 1M:32:contig 16M:4:contig; do
     IFS=: read -r blk batch pat <<<"$spec"
     msg=$(( $(size "$blk") * batch ))
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/c"
-    for r in $(seq "$ROUNDS"); do
-        for who in $([ $((r % 2)) = 1 ] && echo "kvt base" || echo "base kvt"); do
-            if [ "$who" = kvt ]; then
-                "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
-                    --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
-                    --working-set="$WSET" --conns="$CONNS" --threads=1 --depth="$DEPTH" \
-                    --duration="$SECS" \
-                    --json | tail -1 >"$TMP/json"
-                field gbps <"$TMP/json" >>"$TMP/k"
-                python3 -c "import json; d=json.load(open('$TMP/json')); print(d['cpu_s_per_gb'] + (d['target_cpu_s_per_gb'] or 0))" >>"$TMP/c"
-            else
-                "$BASE" tcp-matched "$SECS" "$CONNS" "$blk" "$WSET" "$pat" "$msg" >>"$TMP/s"
-            fi
-        done
+    "$BASE" tcp-matched "$SECS" "$CONNS" "$blk" "$WSET" "$pat" "$msg" >>"$TMP/s"
+    for _ in $(seq "$ROUNDS"); do
+        "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
+            --block-size="$blk" --batch-size="$batch" --pattern="$pat" \
+            --working-set="$WSET" --conns="$CONNS" --threads=1 --depth="$DEPTH" \
+            --duration="$SECS" \
+            --json | tail -1 >"$TMP/json"
+        field gbps <"$TMP/json" >>"$TMP/k"
+        python3 -c "import json; d=json.load(open('$TMP/json')); print(d['cpu_s_per_gb'] + (d['target_cpu_s_per_gb'] or 0))" >>"$TMP/c"
+        "$BASE" tcp-matched "$SECS" "$CONNS" "$blk" "$WSET" "$pat" "$msg" >>"$TMP/s"
     done
     k=$(median <"$TMP/k"); s=$(median <"$TMP/s"); c=$(median <"$TMP/c")
     printf '%-6s %-8s %5s %10s %12s %7.2f %10.2f\n' "$blk" "$pat" "$batch" "$k" "$s" \
-        "$(python3 -c "print($k/$s)")" "$c"
+        "$(bracketed "$TMP/k" "$TMP/s")" "$c"
 done
 
 # Latency: one target per placement, pinned with the initiator.
