@@ -14,6 +14,7 @@
 
 #include "ctrl/ctrl.h"
 #include "transport/ucx/ucx.h"
+#include "transport/ucx/ucx_status.h"
 #include "util/auth.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -435,21 +436,10 @@ static int unit_add(ucx_unit_t *u, kvt__comp_t *c)
 
 static void unit_finish(ucx_unit_t *u)
 {
-    ucx_session_t *s = u->s;
-    kvt_status_t st = u->status;
+    /* The rule, and why: ucx_status.h. */
+    kvt_status_t st = kvt__ucx_unit_status(u->s->failed, u->status,
+                                           u->kind == UNIT_EPOCH, u->posted);
 
-    /* Once the session failed, a unit that failed reports why, and so does
-     * an epoch that ends: puts whose flush reported done while the peer
-     * was being lost (ucp can report a flush done as it purges a failed
-     * endpoint) are not trusted to have landed. (Closing by the session's
-     * user fails no epoch whose flush was posted before: that flush still
-     * answers for its puts.) */
-    if (s->failed != KVT_OK &&
-        (st != KVT_OK ||
-         (u->kind == UNIT_EPOCH && s->failed != KVT_ERR_CANCELED)))
-        st = s->failed;
-    else if (st == KVT_OK && !u->posted)
-        st = s->failed != KVT_OK ? s->failed : KVT_ERR_CANCELED;
     for (uint32_t i = 0; i < u->ncomps; i++)
         kvt__comp_done(u->comps[i], st);
     if (u->comps != &u->comp1)
