@@ -86,6 +86,12 @@
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */
 #define OUT_HOLD (8u * 1024u * 1024u)
+/* Outbound: request frames a connection's send queue holds at most (the
+ * one being written included) while its session has a backlog; the rest
+ * of a submission waits in the backlog (tcp_session_t.bl_head), and each
+ * connection takes the next frame from there once it has written one
+ * (kvt__tcp_place()). */
+#define TXQ_FRAMES 2u
 #define OUT_RESUME (4u * 1024u * 1024u)
 
 typedef struct kvt__tcp kvt__tcp_t;
@@ -242,6 +248,9 @@ struct tcp_conn {
 
     _Atomic uint64_t enq_seq;
     _Atomic uint64_t done_seq;
+    /* Outbound: request frames in the send queue; raised under tx_lock,
+     * lowered under tx_lock and the session's bl_lock. */
+    _Atomic uint32_t txq_frames;
     _Atomic uint64_t inflight;
     _Atomic int32_t fail_status;
 
@@ -322,6 +331,14 @@ struct tcp_session {
     pthread_mutex_t lock; /* conn fds vs. shutdown; parked notifies */
     tcp_frame_t *parked_head, *parked_tail;
     _Atomic uint32_t nparked;
+    /* Request frames placed on no connection yet, in submission order
+     * (linked by tx.next), under bl_lock: each connection takes the next
+     * one when it has written one of its own, so that the connections
+     * stay busy until the last frame, whichever of them runs faster
+     * (kvt__tcp_place()). Taken after a connection's tx_lock, never
+     * before. */
+    pthread_mutex_t bl_lock;
+    tcp_tx_t *bl_head, *bl_tail;
     _Atomic uint32_t rr;
     /* Connections not yet reaped by their worker: the last reap releases
      * the session (kvt__session_release()). */
@@ -419,6 +436,9 @@ static inline int kvt__tcp_sends_inline(const tcp_frame_t *f)
 int kvt__tcp_notify_ready(tcp_session_t *s, const tcp_frame_t *f);
 void kvt__tcp_release_parked(tcp_session_t *s);
 tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter);
+tcp_conn_t *kvt__tcp_place(tcp_session_t *s, tcp_frame_t *f);
+void kvt__tcp_backlog_spread(tcp_session_t *s);
+void kvt__tcp_backlog_fail(tcp_session_t *s, kvt_status_t why);
 
 /* tcp_target.c */
 void kvt__tcp_resp_revalidate(kvt__tcp_t *tcp, tcp_resp_t *r);

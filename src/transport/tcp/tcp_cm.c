@@ -269,6 +269,7 @@ void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why)
         kvt__tcp_frame_put(parked); /* never queued for sending */
         parked = n;
     }
+    kvt__tcp_backlog_fail(s, why);
 }
 
 /*
@@ -281,6 +282,8 @@ void kvt__tcp_session_destroy(kvt__session_t *base)
     tcp_session_t *s = (tcp_session_t *)base;
 
     kvt__tcp_live_del(s);
+    /* Empty unless the session never died (killing it fails the backlog). */
+    kvt__tcp_backlog_fail(s, KVT_ERR_CANCELED);
     for (unsigned i = 0; i < s->nconns; i++) {
         if (s->conns[i] == NULL)
             continue;
@@ -292,6 +295,7 @@ void kvt__tcp_session_destroy(kvt__session_t *base)
         }
         conn_free(s->conns[i]);
     }
+    pthread_mutex_destroy(&s->bl_lock);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -314,6 +318,7 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     if (s == NULL)
         return KVT_ERR_NO_MEMORY;
     pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->bl_lock, NULL);
     s->tcp = tcp;
     s->nconns = tcp->cfg->conns_per_peer;
     fence = kvt__tcp_live_add(tcp, s, name);
@@ -385,6 +390,7 @@ err_close:
         conn_free(s->conns[j]);
     }
     kvt__tcp_live_del(s);
+    pthread_mutex_destroy(&s->bl_lock);
     pthread_mutex_destroy(&s->lock);
     free(s);
     return st;

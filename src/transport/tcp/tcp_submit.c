@@ -259,8 +259,13 @@ static void submit_op(tcp_session_t *s, uint8_t type,
          * waiting for a reader that holds the connection now. */
         int attach = single && hint->will_wait && hint->attached == NULL &&
                      !hint->plugged && kvt__tcp_sends_inline(f);
-        tcp_conn_t *c = kvt__tcp_pick_conn(s, attach);
-        kvt__sub_note(hint, c);
+        tcp_conn_t *c =
+            attach ? kvt__tcp_pick_conn(s, 1) : kvt__tcp_place(s, f);
+        kvt__sub_note(hint, c); /* NULL: in the backlog, any connection's */
+        if (c == NULL) {
+            frames = next;
+            continue;
+        }
         if (attach && kvt__tcp_waiter_attach(c, 1) == 0)
             hint->attached = c;
         kvt__tcp_conn_enqueue(c, f);
@@ -309,7 +314,8 @@ static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
     f->tx.cnt = len ? 2 : 1;
 
     /* Ordering: wait for every frame enqueued so far on every connection
-     * of this session to be answered. */
+     * of this session to be answered, the backlog's put on them first. */
+    kvt__tcp_backlog_spread(s);
     pthread_mutex_lock(&s->lock);
     for (unsigned i = 0; i < s->nconns; i++)
         f->snap[i] = atomic_load(&s->conns[i]->enq_seq);

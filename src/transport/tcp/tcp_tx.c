@@ -24,6 +24,8 @@
 #include "util/sock.h"
 #include "util/time.h"
 
+static void backlog_take_locked(tcp_conn_t *c);
+
 void kvt__tcp_frame_put(tcp_frame_t *f)
 {
     if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1) {
@@ -104,6 +106,8 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only)
                 atomic_fetch_sub_explicit(&c->out_bytes,
                                           ((tcp_resp_t *)t)->cost,
                                           memory_order_relaxed);
+            else
+                backlog_take_locked(c); /* a request frame: room for one */
             kvt__tcp_tx_free(t);
             if (head_only)
                 break;
@@ -248,6 +252,23 @@ void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
     kvt__tcp_send_resp(c, r);
 }
 
+/* Put @f on live connection @c (tx_lock held, its bytes counted in
+ * c->inflight): the outstanding FIFO and the send queue in one step. */
+static void conn_append_locked(tcp_conn_t *c, tcp_frame_t *f)
+{
+    pthread_mutex_lock(&c->out_lock);
+    f->next_out = NULL;
+    if (c->out_tail)
+        c->out_tail->next_out = f;
+    else
+        c->out_head = f;
+    c->out_tail = f;
+    pthread_mutex_unlock(&c->out_lock);
+    atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->txq_frames, 1, memory_order_relaxed);
+    txq_append_locked(c, &f->tx);
+}
+
 /* Put @f on connection @c: FIFO and send queue in one step, then send what
  * the socket takes from this thread. */
 void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
@@ -258,16 +279,7 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
     pthread_mutex_lock(&c->tx_lock);
     dead = c->dead;
     if (!dead) {
-        pthread_mutex_lock(&c->out_lock);
-        f->next_out = NULL;
-        if (c->out_tail)
-            c->out_tail->next_out = f;
-        else
-            c->out_head = f;
-        c->out_tail = f;
-        pthread_mutex_unlock(&c->out_lock);
-        atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
-        txq_append_locked(c, &f->tx);
+        conn_append_locked(c, f);
         /* An idle connection sends a request from the calling thread,
          * which saves a wake-up, unless it is a WRITE with more than
          * INLINE_MAX bytes of payload. That one is the worker's, as
@@ -294,6 +306,129 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
         int32_t why = atomic_load(&c->sess->base.dead);
         kvt__tcp_frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
         kvt__tcp_frame_put(f); /* the send queue's reference, never taken up */
+    }
+}
+
+/*
+ * The backlog. Frames of a submission are put on connections while their
+ * send queues hold fewer than TXQ_FRAMES request frames, and wait in the
+ * session's backlog beyond that; a connection that has written a request
+ * frame takes the next one (backlog_take_locked()). Placed all at once
+ * (as they were), a batch's frames were split between the connections
+ * when it was submitted, and a connection that got through its share
+ * first idled until the batch was complete and the next one submitted:
+ * with 1 MiB writes over two connections, a batch of 32 in flight behind
+ * another, one of the two CPUs idled for up to 3 ms at a time while the
+ * other connection finished its share (perf sched, docs/benchmarks.md).
+ *
+ * No frame is lost in the backlog: frames go there only while every
+ * connection holds TXQ_FRAMES of them, each of which takes a frame from
+ * there when written (lowering its count and looking at the backlog under
+ * bl_lock, as the choice here is made, so that neither misses the other);
+ * a failed connection kills the session, which fails the backlog
+ * (kvt__tcp_backlog_fail()) after marking the session dead, and no frame
+ * goes to the backlog of a dead session.
+ */
+
+/* Returns the connection for @f, or NULL when @f went to the backlog. */
+tcp_conn_t *kvt__tcp_place(tcp_session_t *s, tcp_frame_t *f)
+{
+    tcp_conn_t *best = NULL;
+    uint64_t best_load = UINT64_MAX;
+    unsigned start;
+
+    if (s->nconns < 2)
+        return s->conns[0];
+    start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
+    pthread_mutex_lock(&s->bl_lock);
+    if (atomic_load_explicit(&s->base.dead, memory_order_acquire)) {
+        pthread_mutex_unlock(&s->bl_lock);
+        return kvt__tcp_pick_conn(s, 0);
+    }
+    for (unsigned k = 0; s->bl_head == NULL && k < s->nconns; k++) {
+        tcp_conn_t *c = s->conns[(start + k) % s->nconns];
+        uint64_t load;
+        if (atomic_load_explicit(&c->txq_frames, memory_order_relaxed) >=
+            TXQ_FRAMES)
+            continue;
+        load = atomic_load_explicit(&c->inflight, memory_order_relaxed);
+        if (load < best_load) {
+            best = c;
+            best_load = load;
+        }
+    }
+    if (best == NULL) {
+        f->tx.next = NULL;
+        if (s->bl_tail)
+            s->bl_tail->next = &f->tx;
+        else
+            s->bl_head = &f->tx;
+        s->bl_tail = &f->tx;
+    }
+    pthread_mutex_unlock(&s->bl_lock);
+    return best;
+}
+
+/* @c wrote a request frame (tx_lock held, @c live): one fewer in its send
+ * queue, and the next frames of the backlog while there is room. */
+static void backlog_take_locked(tcp_conn_t *c)
+{
+    tcp_session_t *s = c->sess;
+
+    pthread_mutex_lock(&s->bl_lock);
+    atomic_fetch_sub_explicit(&c->txq_frames, 1, memory_order_relaxed);
+    while (s->bl_head != NULL &&
+           atomic_load_explicit(&c->txq_frames, memory_order_relaxed) <
+               TXQ_FRAMES) {
+        tcp_frame_t *f = (tcp_frame_t *)s->bl_head;
+        s->bl_head = f->tx.next;
+        if (s->bl_head == NULL)
+            s->bl_tail = NULL;
+        /* Under bl_lock, so that a NOTIFY that found the backlog empty
+         * counts this frame in enq_seq (kvt__tcp_backlog_spread()). */
+        atomic_fetch_add_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+        conn_append_locked(c, f);
+    }
+    pthread_mutex_unlock(&s->bl_lock);
+}
+
+static tcp_tx_t *backlog_detach(tcp_session_t *s)
+{
+    tcp_tx_t *t;
+
+    pthread_mutex_lock(&s->bl_lock);
+    t = s->bl_head;
+    s->bl_head = s->bl_tail = NULL;
+    pthread_mutex_unlock(&s->bl_lock);
+    return t;
+}
+
+/* Before a NOTIFY takes its snapshot of enq_seq: every frame of the
+ * backlog on a connection, so that the NOTIFY waits for them too. */
+void kvt__tcp_backlog_spread(tcp_session_t *s)
+{
+    tcp_tx_t *t = backlog_detach(s);
+
+    while (t != NULL) {
+        tcp_tx_t *n = t->next;
+        kvt__tcp_conn_enqueue(kvt__tcp_pick_conn(s, 0), (tcp_frame_t *)t);
+        t = n;
+    }
+}
+
+/* The session died (base.dead set): the backlog fails with @why. */
+void kvt__tcp_backlog_fail(tcp_session_t *s, kvt_status_t why)
+{
+    tcp_tx_t *t = backlog_detach(s);
+
+    while (t != NULL) {
+        tcp_frame_t *f = (tcp_frame_t *)t;
+        t = t->next;
+        /* Completing takes its bytes off a connection's load. */
+        atomic_fetch_add_explicit(&s->conns[0]->inflight, f->bytes,
+                                  memory_order_relaxed);
+        kvt__tcp_frame_complete(s->conns[0], f, why, NULL);
+        kvt__tcp_frame_put(f); /* never queued for sending */
     }
 }
 
