@@ -259,8 +259,14 @@ static void submit_op(tcp_session_t *s, uint8_t type,
          * waiting for a reader that holds the connection now. */
         int attach = single && hint->will_wait && hint->attached == NULL &&
                      !hint->plugged && kvt__tcp_sends_inline(f);
-        tcp_conn_t *c =
-            attach ? kvt__tcp_pick_conn(s, 1) : kvt__tcp_place(s, f);
+        /* A READ request is written at once whatever its payload, so
+         * room in a send queue says nothing of the connection's load:
+         * READs are bound when submitted, to the least loaded
+         * connection (one that took READs from a backlog would take them
+         * all, and carry every response). */
+        tcp_conn_t *c = attach || type != KVT_WIRE_WRITE
+                            ? kvt__tcp_pick_conn(s, attach)
+                            : kvt__tcp_place(s, f);
         kvt__sub_note(hint, c); /* NULL: in the backlog, any connection's */
         if (c == NULL) {
             frames = next;
