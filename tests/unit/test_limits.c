@@ -753,6 +753,130 @@ KVT_TEST(frames_split_anywhere)
     kvt_engine_destroy(e);
 }
 
+/* ---- A stalled connection ------------------------------------------------
+ */
+
+static kvt_engine_h mk_tcp2(void)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h e = NULL;
+    p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS |
+                   KVT_ENGINE_PARAM_CONNS_PER_PEER |
+                   KVT_ENGINE_PARAM_NUM_WORKERS;
+    p.transports = KVT_TRANSPORT_TCP;
+    p.conns_per_peer = 2;
+    p.num_workers = 2;
+    CHECK_OK(kvt_engine_create(&p, &e));
+    return e;
+}
+
+static kvt__tcp_t *tcp_of(kvt_engine_h e)
+{
+    for (unsigned i = 0; i < e->ntl; i++)
+        if (e->tl[i]->ops->id == KVT_TRANSPORT_TCP)
+            return (kvt__tcp_t *)e->tl[i];
+    CHECK(0);
+    return NULL;
+}
+
+/* Whether @c answered every frame put on it, and the backlog is empty. */
+static int caught_up(tcp_session_t *s, tcp_conn_t *c)
+{
+    int empty;
+    pthread_mutex_lock(&s->bl_lock);
+    empty = s->bl_head == NULL;
+    pthread_mutex_unlock(&s->bl_lock);
+    return empty && atomic_load(&c->done_seq) == atomic_load(&c->enq_seq);
+}
+
+/*
+ * One of a session's two connections stops moving (its target worker
+ * waits to send an acknowledgement): the frames of a large batch go over
+ * the other, except the few the stalled one took before its socket
+ * filled. Placed when submitted, half of them waited behind the stall.
+ * Once it moves again, the batch completes and every byte landed.
+ */
+KVT_TEST(stalled_connection_holds_few_frames)
+{
+    enum { FRAMES = 64 };
+    size_t len = (size_t)FRAMES * (2u << 20), nin = 0;
+    kvt_engine_h t = mk_tcp2(), e = mk_tcp2();
+    uint8_t *dst = malloc(len), *src = malloc(len);
+    kvt__tcp_t *ttcp = tcp_of(t), *itcp = tcp_of(e);
+    tcp_conn_t *in[2] = {NULL, NULL}, *stalled, *other;
+    tcp_session_t *s;
+    kvt_segment_t seg;
+    kvt_xfer_desc_t d;
+    kvt_batch_h b;
+    double t0;
+
+    CHECK(dst != NULL && src != NULL);
+    memset(dst, 0, len);
+    for (size_t i = 0; i < len; i++)
+        src[i] = (uint8_t)(i * 7 + (i >> 20));
+    CHECK_OK(kvt_mem_register(t, dst, len, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(e, src, len, 0));
+    CHECK_OK(kvt_segment_open(e, kvt_engine_segment_name(t), &seg));
+    pthread_mutex_lock(&itcp->in_lock);
+    s = itcp->live;
+    CHECK(s != NULL && s->lnext == NULL && s->nconns == 2);
+    pthread_mutex_unlock(&itcp->in_lock);
+    pthread_mutex_lock(&ttcp->in_lock);
+    for (tcp_conn_t *c = ttcp->inbound; c != NULL; c = c->inext)
+        if (nin < 2)
+            in[nin++] = c;
+    pthread_mutex_unlock(&ttcp->in_lock);
+    CHECK(nin == 2 && in[0]->w != in[1]->w);
+
+    /* Its worker blocks on the first acknowledgement it sends. */
+    pthread_mutex_lock(&in[1]->tx_lock);
+    d = (kvt_xfer_desc_t){.opcode = KVT_OP_WRITE,
+                          .segment = seg,
+                          .local_addr = src,
+                          .remote_addr = (uint64_t)(uintptr_t)dst,
+                          .length = len};
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    /* The initiator's end of the stalled connection: the one that does
+     * not catch up. */
+    t0 = kvt_test_now();
+    stalled = other = NULL;
+    while (kvt_test_now() - t0 < 20 * kvt_test_slowdown()) {
+        if (caught_up(s, s->conns[0]) && !caught_up(s, s->conns[1])) {
+            other = s->conns[0];
+            stalled = s->conns[1];
+            break;
+        }
+        if (caught_up(s, s->conns[1]) && !caught_up(s, s->conns[0])) {
+            other = s->conns[1];
+            stalled = s->conns[0];
+            break;
+        }
+        usleep(10000);
+    }
+    CHECK(stalled != NULL);
+    fprintf(stderr,
+            "frames: %llu on the stalled connection, %llu on the "
+            "other\n",
+            (unsigned long long)atomic_load(&stalled->enq_seq),
+            (unsigned long long)atomic_load(&other->enq_seq));
+    /* What its socket took (the sending and receiving buffers, a few MiB
+     * on loopback) and TXQ_FRAMES more, far from half of 64. */
+    CHECK(atomic_load(&stalled->enq_seq) <= FRAMES / 4);
+    CHECK(atomic_load(&stalled->enq_seq) + atomic_load(&other->enq_seq) ==
+          FRAMES);
+    CHECK(kvt_batch_wait(b, 0) == KVT_INPROGRESS);
+
+    pthread_mutex_unlock(&in[1]->tx_lock);
+    CHECK_OK(kvt_batch_wait(b, 20000));
+    CHECK(memcmp(dst, src, len) == 0);
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    kvt_engine_destroy(t);
+    free(src);
+    free(dst);
+}
+
 KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(ping_flood_bounded, 60),
               KVT_CASE(unread_responses_freed, 60),
@@ -761,4 +885,5 @@ KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(notify_quota_per_peer, 60),
               KVT_CASE(log_lines_limited_and_escaped, 60),
               KVT_CASE(protocol_refusals, 30),
-              KVT_CASE(frames_split_anywhere, 30))
+              KVT_CASE(frames_split_anywhere, 30),
+              KVT_CASE(stalled_connection_holds_few_frames, 60))
