@@ -86,13 +86,12 @@
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */
 #define OUT_HOLD (8u * 1024u * 1024u)
-/* Outbound: request frames a connection's send queue holds at most (the
- * one being written included) while its session has a backlog; the rest
- * of a submission waits in the backlog (tcp_session_t.bl_head), and each
- * connection takes the next frame from there once it has written one
- * (kvt__tcp_place()). */
-#define TXQ_FRAMES 2u
 #define OUT_RESUME (4u * 1024u * 1024u)
+/* Outbound: request frames a connection's send queue holds at most, the
+ * one being written included (WRITEs, kvt__tcp_place()); the rest of a
+ * submission waits in the backlog (tcp_session_t.bl_head), and each
+ * connection takes the next frame from there once it has written one. */
+#define TXQ_FRAMES 2u
 
 typedef struct kvt__tcp kvt__tcp_t;
 typedef struct tcp_conn tcp_conn_t;
