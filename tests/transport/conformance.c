@@ -1280,9 +1280,15 @@ static void *kill_later(void *arg)
  * waits in the call. (The transfer timeout ending such a call:
  * test_api.)
  */
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 KVT_TEST(submit_wait)
 {
-    enum { BLK = 1 << 20, N = 8, SMALL = 4096 };
+    enum { BLK = 1 << 20, N = 8, SMALL = 4096, ROUNDS = 200 };
     fixture_t f;
     kvt_xfer_desc_t d[N];
     kvt_batch_h b;
@@ -1310,10 +1316,15 @@ KVT_TEST(submit_wait)
      * land as soon as their responses come (tcp: two requests in flight
      * take both connections, one of them left unwatched by the
      * synchronous call; the next request on it watches it again, so its
-     * response is not left for the worker's next tick, 50 ms later). */
+     * response is not left for the worker's next tick, 50 ms later).
+     * Judged by the median round: a response left for the tick waits 0 to
+     * 50 ms, 25 on average, where a round takes about 0.15 ms in host
+     * memory and 1.1 ms staged through the device double's 100 us
+     * copies; the sum of the rounds, once the bound, also counted the
+     * host's pauses (staged: 0.2 to 1.2 s in runs of the same build). */
     {
-        double polled = 0;
-        for (int r = 0; r < 200; r++) {
+        double ms[ROUNDS];
+        for (int r = 0; r < ROUNDS; r++) {
             const struct timespec nap = {0, 20000};
             uint64_t seed = 300 + (uint64_t)r;
             pattern_fill(small, SMALL, seed, 0);
@@ -1331,12 +1342,15 @@ KVT_TEST(submit_wait)
             CHECK_OK(kvt_batch_submit(b, &d[1], 1));
             while (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
                 nanosleep(&nap, NULL);
-            polled += (kvt_test_now() - t0) * 1000;
+            ms[r] = (kvt_test_now() - t0) * 1000;
             CHECK_OK(kvt_batch_query(b, NULL));
             CHECK(peer_check(&f, f.peer.main_addr, 3 * SMALL, seed) == 0);
             CHECK_OK(kvt_batch_reset(b));
         }
-        CHECK(polled < 1000 * kvt_test_slowdown());
+        qsort(ms, ROUNDS, sizeof(ms[0]), cmp_ms);
+        fprintf(stderr, "polled rounds: median %.2f ms, 90th %.2f, most %.2f\n",
+                ms[ROUNDS / 2], ms[ROUNDS * 9 / 10], ms[ROUNDS - 1]);
+        CHECK(ms[ROUNDS / 2] < 10 * kvt_test_slowdown());
     }
 
     pattern_fill(f.local, N * BLK, 92, 0);
