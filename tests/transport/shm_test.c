@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
+#include "engine_test.h"
 #include "kvt_test.h"
 #include "transport/shm/shm.h"
 #include "peer.h"
@@ -33,11 +34,9 @@ static void *map(size_t len)
 /* The engine's shm transport (white box: its pairing counter). */
 static kvt__shm_t *shm_of(kvt_engine_h e)
 {
-    for (unsigned i = 0; i < e->ntl; i++)
-        if (e->tl[i]->ops->id == KVT_TRANSPORT_SHM)
-            return (kvt__shm_t *)e->tl[i];
-    CHECK(0);
-    return NULL;
+    kvt__tl_t *tl = kvt_test_tl(e, KVT_TRANSPORT_SHM);
+    CHECK(tl != NULL);
+    return (kvt__shm_t *)tl;
 }
 
 static int offers_shm(kvt_engine_h e, kvt_segment_t seg)

@@ -20,6 +20,7 @@
 
 #include "core/engine_int.h"
 #include "core/wire.h"
+#include "engine_test.h"
 #include "kvt_test.h"
 #include "wire_test.h"
 #include "transport/tcp/tcp.h"
@@ -155,20 +156,23 @@ static void still_serves(kvt_engine_h target)
 
 /* The most memory the queued responses of one inbound tcp connection
  * hold now (the target's own counter). */
+static kvt__tcp_t *tcp_of(kvt_engine_h e)
+{
+    kvt__tl_t *tl = kvt_test_tl(e, KVT_TRANSPORT_TCP);
+    CHECK(tl != NULL);
+    return (kvt__tcp_t *)tl;
+}
+
 static uint64_t max_out_bytes(kvt_engine_h e)
 {
+    kvt__tcp_t *tcp = tcp_of(e);
     uint64_t most = 0;
-    for (unsigned i = 0; i < e->ntl; i++) {
-        kvt__tcp_t *tcp = (kvt__tcp_t *)e->tl[i];
-        if (e->tl[i]->ops->id != KVT_TRANSPORT_TCP)
-            continue;
-        pthread_mutex_lock(&tcp->in_lock);
-        for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext) {
-            uint64_t q = atomic_load(&c->out_bytes);
-            most = q > most ? q : most;
-        }
-        pthread_mutex_unlock(&tcp->in_lock);
+    pthread_mutex_lock(&tcp->in_lock);
+    for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext) {
+        uint64_t q = atomic_load(&c->out_bytes);
+        most = q > most ? q : most;
     }
+    pthread_mutex_unlock(&tcp->in_lock);
     return most;
 }
 
@@ -768,15 +772,6 @@ static kvt_engine_h mk_tcp2(void)
     p.num_workers = 2;
     CHECK_OK(kvt_engine_create(&p, &e));
     return e;
-}
-
-static kvt__tcp_t *tcp_of(kvt_engine_h e)
-{
-    for (unsigned i = 0; i < e->ntl; i++)
-        if (e->tl[i]->ops->id == KVT_TRANSPORT_TCP)
-            return (kvt__tcp_t *)e->tl[i];
-    CHECK(0);
-    return NULL;
 }
 
 /* Whether @c answered every frame put on it, and the backlog is empty. */
