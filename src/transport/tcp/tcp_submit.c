@@ -259,11 +259,10 @@ static void submit_op(tcp_session_t *s, uint8_t type,
          * waiting for a reader that holds the connection now. */
         int attach = single && hint->will_wait && hint->attached == NULL &&
                      !hint->plugged && kvt__tcp_sends_inline(f);
-        /* A READ request is written at once whatever its payload, so
-         * room in a send queue says nothing of the connection's load:
-         * READs are bound when submitted, to the least loaded
-         * connection (one that took READs from a backlog would take them
-         * all, and carry every response). */
+        /* A READ request carries no payload, so room in a send queue
+         * says nothing of the load it brings (its response): READs are
+         * bound when submitted, to the connection with the fewest bytes
+         * outstanding, responses counted. */
         tcp_conn_t *c = attach || type != KVT_WIRE_WRITE
                             ? kvt__tcp_pick_conn(s, attach)
                             : kvt__tcp_place(s, f);
