@@ -872,6 +872,78 @@ KVT_TEST(stalled_connection_holds_few_frames)
     free(dst);
 }
 
+/*
+ * A submitting thread finds a connection dead before its worker has
+ * killed the session (the worker marks the connection dead first, then
+ * kills): the frame fails, and the session is dead by the time it does,
+ * so that the segment opened again dials the peer rather than returning
+ * this session. (A caller told of the loss opened the same segment and
+ * submitted to it successfully: test_failures.py test_killed_peer, once.)
+ */
+KVT_TEST(lost_connection_kills_session_first)
+{
+    static uint8_t dst[8192], src[8192];
+    kvt_engine_h t = mk_tcp2(), e = mk_tcp2();
+    kvt__tcp_t *itcp = tcp_of(e);
+    kvt_xfer_desc_t d;
+    kvt_batch_h b[2];
+    kvt_segment_t seg;
+    tcp_session_t *s;
+    tcp_conn_t *c;
+    int dead = 0, failed = 0;
+    double t0;
+
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(e, src, sizeof(src), 0));
+    CHECK_OK(kvt_segment_open(e, kvt_engine_segment_name(t), &seg));
+    pthread_mutex_lock(&itcp->in_lock);
+    s = itcp->live;
+    CHECK(s != NULL && s->nconns == 2);
+    pthread_mutex_unlock(&itcp->in_lock);
+    c = s->conns[0];
+
+    /* Its worker fails it, then waits for out_lock, before the kill. */
+    pthread_mutex_lock(&c->out_lock);
+    shutdown(c->fd, SHUT_RDWR);
+    t0 = kvt_test_now();
+    while (!dead && kvt_test_now() - t0 < 10 * kvt_test_slowdown()) {
+        usleep(1000);
+        pthread_mutex_lock(&c->tx_lock);
+        dead = c->dead;
+        pthread_mutex_unlock(&c->tx_lock);
+    }
+    CHECK(dead);
+    CHECK(atomic_load(&s->base.dead) == 0);
+
+    /* Two writes, one frame each: one on each connection. */
+    d = (kvt_xfer_desc_t){.opcode = KVT_OP_WRITE,
+                          .segment = seg,
+                          .local_addr = src,
+                          .remote_addr = (uint64_t)(uintptr_t)dst,
+                          .length = 4096};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(kvt_batch_create(e, 1, &b[i]));
+        CHECK_OK(kvt_batch_submit(b[i], &d, 1));
+    }
+    for (int i = 0; i < 2; i++) {
+        kvt_status_t st = kvt_batch_query(b[i], NULL);
+        if (st != KVT_INPROGRESS && st != KVT_OK) {
+            CHECK(st == KVT_ERR_CONN_LOST);
+            failed++;
+        }
+    }
+    CHECK(failed >= 1);
+    CHECK(atomic_load(&s->base.dead) != 0);
+    pthread_mutex_unlock(&c->out_lock);
+
+    for (int i = 0; i < 2; i++) {
+        CHECK(kvt_batch_wait(b[i], 10000) != KVT_INPROGRESS);
+        CHECK_OK(kvt_batch_free(b[i]));
+    }
+    kvt_engine_destroy(e);
+    kvt_engine_destroy(t);
+}
+
 KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(ping_flood_bounded, 60),
               KVT_CASE(unread_responses_freed, 60),
@@ -881,4 +953,5 @@ KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(log_lines_limited_and_escaped, 60),
               KVT_CASE(protocol_refusals, 30),
               KVT_CASE(frames_split_anywhere, 30),
-              KVT_CASE(stalled_connection_holds_few_frames, 60))
+              KVT_CASE(stalled_connection_holds_few_frames, 60),
+              KVT_CASE(lost_connection_kills_session_first, 30))

@@ -149,6 +149,12 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
         pthread_mutex_unlock(&c->tx_lock);
         return;
     }
+    {
+        /* The reason, for a submitting thread that finds the connection
+         * dead before the session is killed (kvt__tcp_conn_enqueue()). */
+        int32_t z = 0;
+        atomic_compare_exchange_strong(&c->fail_status, &z, st);
+    }
     c->dead = 1;
     t = c->txq_head;
     c->txq_head = c->txq_tail = NULL;

@@ -303,7 +303,13 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
     if (changed)
         kvt__tcp_conn_events(c);
     if (dead) {
-        int32_t why = atomic_load(&c->sess->base.dead);
+        /* Its worker may not have killed the session yet (it marks the
+         * connection dead first): killed here, so that a caller told of
+         * the loss finds the session gone, and a segment opened again
+         * dials the peer anew instead of finding this one still live. */
+        int32_t why = atomic_load(&c->fail_status);
+        kvt__tcp_session_kill(&c->sess->base, why ? why : KVT_ERR_CONN_LOST);
+        why = atomic_load(&c->sess->base.dead);
         kvt__tcp_frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
         kvt__tcp_frame_put(f); /* the send queue's reference, never taken up */
     }
