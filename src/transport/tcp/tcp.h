@@ -247,8 +247,9 @@ struct tcp_conn {
 
     _Atomic uint64_t enq_seq;
     _Atomic uint64_t done_seq;
-    /* Outbound: request frames in the send queue; raised under tx_lock,
-     * lowered under tx_lock and the session's bl_lock. */
+    /* Outbound, in a session of two or more connections: request frames
+     * in the send queue; raised under tx_lock, lowered under tx_lock and
+     * the session's bl_lock. */
     _Atomic uint32_t txq_frames;
     _Atomic uint64_t inflight;
     _Atomic int32_t fail_status;

@@ -271,7 +271,7 @@ void kvt__tcp_session_kill(kvt__session_t *base, kvt_status_t why)
     pthread_mutex_unlock(&s->lock);
     while (parked != NULL) {
         tcp_frame_t *n = parked->next_out;
-        kvt__tcp_frame_complete(s->conns[0], parked, why, NULL);
+        kvt__tcp_frame_complete(NULL, parked, why, NULL);
         kvt__tcp_frame_put(parked); /* never queued for sending */
         parked = n;
     }

@@ -24,11 +24,14 @@
 #include "util/time.h"
 #include "util/tsan.h"
 
-/* Complete every piece of @f: @pst[i] when given, else @st. */
+/* Complete every piece of @f: @pst[i] when given, else @st. @c: the
+ * connection it was put on (its bytes leave c->inflight), NULL for a
+ * frame put on none (parked, or in the backlog). */
 void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                              const int32_t *pst)
 {
-    atomic_fetch_sub_explicit(&c->inflight, f->bytes, memory_order_relaxed);
+    if (c != NULL)
+        atomic_fetch_sub_explicit(&c->inflight, f->bytes, memory_order_relaxed);
     /* A copy out of device memory failed: zeros were sent for it. */
     if (atomic_load(&f->dev_failed) && st == KVT_OK) {
         st = KVT_ERR_IO;

@@ -25,6 +25,8 @@
 #include "util/time.h"
 
 static void backlog_take_locked(tcp_conn_t *c);
+static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter,
+                                int with_room);
 
 void kvt__tcp_frame_put(tcp_frame_t *f)
 {
@@ -265,7 +267,8 @@ static void conn_append_locked(tcp_conn_t *c, tcp_frame_t *f)
     c->out_tail = f;
     pthread_mutex_unlock(&c->out_lock);
     atomic_fetch_add_explicit(&c->enq_seq, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->txq_frames, 1, memory_order_relaxed);
+    if (c->sess->nconns > 1) /* only read where there can be a backlog */
+        atomic_fetch_add_explicit(&c->txq_frames, 1, memory_order_relaxed);
     txq_append_locked(c, &f->tx);
 }
 
@@ -309,8 +312,7 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
          * dials the peer anew instead of finding this one still live. */
         int32_t why = atomic_load(&c->fail_status);
         kvt__tcp_session_kill(&c->sess->base, why ? why : KVT_ERR_CONN_LOST);
-        why = atomic_load(&c->sess->base.dead);
-        kvt__tcp_frame_complete(c, f, why ? why : KVT_ERR_CONN_LOST, NULL);
+        kvt__tcp_frame_complete(c, f, atomic_load(&c->sess->base.dead), NULL);
         kvt__tcp_frame_put(f); /* the send queue's reference, never taken up */
     }
 }
@@ -339,31 +341,18 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
 /* Returns the connection for @f, or NULL when @f went to the backlog. */
 tcp_conn_t *kvt__tcp_place(tcp_session_t *s, tcp_frame_t *f)
 {
-    tcp_conn_t *best = NULL;
-    uint64_t best_load = UINT64_MAX;
-    unsigned start;
+    tcp_conn_t *c = NULL;
 
     if (s->nconns < 2)
         return s->conns[0];
-    start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
     pthread_mutex_lock(&s->bl_lock);
     if (atomic_load_explicit(&s->base.dead, memory_order_acquire)) {
         pthread_mutex_unlock(&s->bl_lock);
         return kvt__tcp_pick_conn(s, 0);
     }
-    for (unsigned k = 0; s->bl_head == NULL && k < s->nconns; k++) {
-        tcp_conn_t *c = s->conns[(start + k) % s->nconns];
-        uint64_t load;
-        if (atomic_load_explicit(&c->txq_frames, memory_order_relaxed) >=
-            TXQ_FRAMES)
-            continue;
-        load = atomic_load_explicit(&c->inflight, memory_order_relaxed);
-        if (load < best_load) {
-            best = c;
-            best_load = load;
-        }
-    }
-    if (best == NULL) {
+    if (s->bl_head == NULL)
+        c = least_loaded(s, 0, 1);
+    if (c == NULL) {
         f->tx.next = NULL;
         if (s->bl_tail)
             s->bl_tail->next = &f->tx;
@@ -372,7 +361,7 @@ tcp_conn_t *kvt__tcp_place(tcp_session_t *s, tcp_frame_t *f)
         s->bl_tail = &f->tx;
     }
     pthread_mutex_unlock(&s->bl_lock);
-    return best;
+    return c;
 }
 
 /* @c wrote a request frame (tx_lock held, @c live): one fewer in its send
@@ -381,6 +370,8 @@ static void backlog_take_locked(tcp_conn_t *c)
 {
     tcp_session_t *s = c->sess;
 
+    if (s->nconns < 2) /* no backlog, no count (conn_append_locked()) */
+        return;
     pthread_mutex_lock(&s->bl_lock);
     atomic_fetch_sub_explicit(&c->txq_frames, 1, memory_order_relaxed);
     while (s->bl_head != NULL &&
@@ -430,10 +421,7 @@ void kvt__tcp_backlog_fail(tcp_session_t *s, kvt_status_t why)
     while (t != NULL) {
         tcp_frame_t *f = (tcp_frame_t *)t;
         t = t->next;
-        /* Completing takes its bytes off a connection's load. */
-        atomic_fetch_add_explicit(&s->conns[0]->inflight, f->bytes,
-                                  memory_order_relaxed);
-        kvt__tcp_frame_complete(s->conns[0], f, why, NULL);
+        kvt__tcp_frame_complete(NULL, f, why, NULL); /* on no connection */
         kvt__tcp_frame_put(f); /* never queued for sending */
     }
 }
@@ -474,8 +462,10 @@ void kvt__tcp_release_parked(tcp_session_t *s)
 /* The least loaded connection of @s, the first of a round-robin walk
  * among equals; @for_waiter (the submitting thread will attach itself as
  * the reader): among equals, one whose input is left unwatched, which
- * spares the two epoll_ctl() calls of moving the attachment. */
-tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter)
+ * spares the two epoll_ctl() calls of moving the attachment; @with_room:
+ * only among those whose send queue holds fewer than TXQ_FRAMES request
+ * frames (NULL when none does). */
+static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter, int with_room)
 {
     tcp_conn_t *best = NULL;
     uint64_t best_load = UINT64_MAX;
@@ -489,6 +479,10 @@ tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter)
         int unwatched =
             for_waiter &&
             atomic_load_explicit(&c->idle_unwatched, memory_order_relaxed);
+        if (with_room &&
+            atomic_load_explicit(&c->txq_frames, memory_order_relaxed) >=
+                TXQ_FRAMES)
+            continue;
         if (load < best_load ||
             (load == best_load && unwatched && !best_unwatched)) {
             best = c;
@@ -497,4 +491,9 @@ tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter)
         }
     }
     return best;
+}
+
+tcp_conn_t *kvt__tcp_pick_conn(tcp_session_t *s, int for_waiter)
+{
+    return least_loaded(s, for_waiter, 0);
 }
