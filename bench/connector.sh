@@ -43,7 +43,8 @@ TMP=$(mktemp -d)
 trap 'j=$(jobs -p); [ -z "$j" ] || kill $j 2>/dev/null || true; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
 field() { tr ' ' '\n' | sed -n "s/^$1=//p"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 # A/B, or n/a when either figure is missing (its runs failed).
 ratio() {
     python3 -c "import sys; a, b = (float(x or 0) for x in sys.argv[1:3]); print(f'{a / b:.2f}' if a > 0 and b > 0 else 'n/a')" "$1" "$2"

@@ -57,12 +57,8 @@ start_target managed --buffer=managed; MANAGED=$SEG
 start_target malloc --buffer=malloc; MALLOC=$SEG
 NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-# bracketed KVT CEIL: the median of each kvt run over the mean of the
-# ceiling runs before and after it (CEIL has one line more than KVT).
-bracketed() {
-    paste "$1" <(head -n -1 "$2") <(tail -n +2 "$2") | awk '{print $1 / (($2 + $3) / 2)}' | median
-}
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # base: one run of the ceiling for the current spec, appended to $TMP/s.
 # shellcheck disable=SC2086

@@ -45,12 +45,8 @@ target() {
     [ -s "$TMP/seg.$name" ] || { echo "target did not start"; cat "$TMP/target.$name"; exit 1; }
 }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().splitlines()[-1])['$1'])"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-# bracketed KVT CEIL: the median of each kvt run over the mean of the
-# ceiling runs before and after it (CEIL has one line more than KVT).
-bracketed() {
-    paste "$1" <(head -n -1 "$2") <(tail -n +2 "$2") | awk '{print $1 / (($2 + $3) / 2)}' | median
-}
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 size() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1"; }
 
 target bw

@@ -28,7 +28,8 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev
 export UCX_NET_DEVICES=lo UCX_POSIX_ERROR_HANDLING=y UCX_SYSV_ERROR_HANDLING=y
 PORT=$((20000 + RANDOM % 20000))
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # perftest BLOCK ITERS: one ucx_perftest put_bw run; prints MiB/s.
 perftest() {
