@@ -816,11 +816,19 @@ KVT_TEST(stalled_connection_holds_few_frames)
     s = itcp->live;
     CHECK(s != NULL && s->lnext == NULL && s->nconns == 2);
     pthread_mutex_unlock(&itcp->in_lock);
-    pthread_mutex_lock(&ttcp->in_lock);
-    for (tcp_conn_t *c = ttcp->inbound; c != NULL; c = c->inext)
+    /* The target's control plane answers a HELLO before its transport
+     * takes the connection: the second may not be listed yet. */
+    t0 = kvt_test_now();
+    while (nin < 2 && kvt_test_now() - t0 < 5 * kvt_test_slowdown()) {
+        nin = 0;
+        pthread_mutex_lock(&ttcp->in_lock);
+        for (tcp_conn_t *c = ttcp->inbound; c != NULL; c = c->inext)
+            if (nin < 2)
+                in[nin++] = c;
+        pthread_mutex_unlock(&ttcp->in_lock);
         if (nin < 2)
-            in[nin++] = c;
-    pthread_mutex_unlock(&ttcp->in_lock);
+            usleep(1000);
+    }
     CHECK(nin == 2 && in[0]->w != in[1]->w);
 
     /* Its worker blocks on the first acknowledgement it sends. */
