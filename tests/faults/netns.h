@@ -67,26 +67,28 @@ static inline double netns_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Run a shell command line, output discarded unless KVT_FAULTS_VERBOSE is
- * set; killed after 20 s. Returns its exit status, or -1. */
-static inline int netns_sh(const char *fmt, ...)
+/* Run a shell command line, its output to stderr when @show or
+ * KVT_FAULTS_VERBOSE is set, else discarded; killed after 20 s. Returns
+ * its exit status, or -1. */
+static inline int netns_vsh(int show, const char *fmt, va_list ap)
 {
     char cmd[1024];
-    va_list ap;
     int status = 0, verbose = getenv("KVT_FAULTS_VERBOSE") != NULL;
     double t0 = netns_now();
     pid_t pid;
 
-    va_start(ap, fmt);
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
     if (verbose)
         fprintf(stderr, "+ %s\n", cmd);
+    fflush(stdout);
+    fflush(stderr);
     pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        if (!verbose) {
+        if (show)
+            dup2(2, 1);
+        else if (!verbose) {
             int fd = open("/dev/null", O_RDWR);
             if (fd >= 0) {
                 dup2(fd, 1);
@@ -110,6 +112,28 @@ static inline int netns_sh(const char *fmt, ...)
         usleep(1000);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static inline int netns_sh(const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = netns_vsh(0, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static inline int netns_sh_shown(const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = netns_vsh(1, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* Remove every namespace named "kvtf<pid>-..." (@pid > 0: that pid's
@@ -412,6 +436,19 @@ static inline int netns_repair(const netns_world_t *w, int k)
     rc |= netns_segments(w, k, 0);
     rc |= netns_link(w, k, 1);
     return rc;
+}
+
+/* The TCP state (ss -tinm) of the connections between the initiator and
+ * peer k, both ends, on stderr: what a transfer that takes long waits
+ * for (retransmission backoff shows as "backoff:N" beside a full send
+ * queue; a send queue that stays empty while a transfer waits is the
+ * engine's). */
+static inline void netns_show_tcp(const netns_world_t *w, int k)
+{
+    fprintf(stderr, "TCP state, initiator to peer %d, then peer %d:\n", k, k);
+    netns_sh_shown("ip netns exec %s ss -tinm dst 10.77.%d.2; "
+                   "ip netns exec %s ss -tinm src 10.77.%d.2",
+                   w->ns[0], k, w->ns[k], k);
 }
 
 /* ---- Peers ----------------------------------------------------------- */

@@ -382,11 +382,52 @@ KVT_TEST(link_down)
     rig_stop(&r);
 }
 
+/* While a transfer under a fault runs: peer k's TCP state on stderr
+ * after 5 s and again after 12 s (netns_show_tcp()), so that a run that
+ * misses its bound shows what it waited for. */
+typedef struct {
+    pthread_t th;
+    atomic_int done;
+    double t0;
+    int k;
+} watch_t;
+
+static void *watch_main(void *arg)
+{
+    static const double at[] = {5, 12};
+    watch_t *w = arg;
+
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        while (!atomic_load(&w->done) && netns_now() < w->t0 + at[i])
+            usleep(10000);
+        if (atomic_load(&w->done))
+            break;
+        fprintf(stderr, "still running after %.0f s\n", at[i]);
+        netns_show_tcp(&g_world, w->k);
+    }
+    return NULL;
+}
+
+static void watch_start(watch_t *w, int k)
+{
+    memset(w, 0, sizeof(*w));
+    w->t0 = netns_now();
+    w->k = k;
+    CHECK(pthread_create(&w->th, NULL, watch_main, w) == 0);
+}
+
+static void watch_stop(watch_t *w)
+{
+    atomic_store(&w->done, 1);
+    pthread_join(w->th, NULL);
+}
+
 KVT_TEST(loss)
 {
     const double p = 0.10;
     rig_t r;
     loader_t lb;
+    watch_t watch;
     kvt_status_t st;
     double before, during, t0, t1, t_rec;
     uint64_t bad;
@@ -411,10 +452,12 @@ KVT_TEST(loss)
     CHECK(netns_loss(&g_world, A, p) == 0);
     t0 = netns_now();
     m0 = mark(&lb);
+    watch_start(&watch, A);
     st = xfer(&r, A, KVT_OP_WRITE, r.out, PEER_BUF);
     if (st == KVT_OK)
         st = xfer(&r, A, KVT_OP_READ, r.in, PEER_BUF);
     t1 = netns_now();
+    watch_stop(&watch);
     m1 = mark(&lb);
     bad = st == KVT_OK ? netns_check(r.in, PEER_BUF, 2, 0) : 0;
     printf("loss: %.0f%% each way, 64 MiB written and read back: %s, %llu "
