@@ -70,14 +70,17 @@ static inline double netns_now(void)
 /* Run a shell command line, its output to stderr when @show or
  * KVT_FAULTS_VERBOSE is set, else discarded; killed after 20 s. Returns
  * its exit status, or -1. */
-static inline int netns_vsh(int show, const char *fmt, va_list ap)
+static inline int netns_run(int show, const char *fmt, ...)
 {
     char cmd[1024];
+    va_list ap;
     int status = 0, verbose = getenv("KVT_FAULTS_VERBOSE") != NULL;
     double t0 = netns_now();
     pid_t pid;
 
+    va_start(ap, fmt);
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
     if (verbose)
         fprintf(stderr, "+ %s\n", cmd);
     fflush(stdout);
@@ -114,27 +117,8 @@ static inline int netns_vsh(int show, const char *fmt, va_list ap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static inline int netns_sh(const char *fmt, ...)
-{
-    va_list ap;
-    int rc;
-
-    va_start(ap, fmt);
-    rc = netns_vsh(0, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-static inline int netns_sh_shown(const char *fmt, ...)
-{
-    va_list ap;
-    int rc;
-
-    va_start(ap, fmt);
-    rc = netns_vsh(1, fmt, ap);
-    va_end(ap);
-    return rc;
-}
+/* netns_run() with the output discarded (unless KVT_FAULTS_VERBOSE). */
+#define netns_sh(...) netns_run(0, __VA_ARGS__)
 
 /* Remove every namespace named "kvtf<pid>-..." (@pid > 0: that pid's
  * only; 0: those whose creator is no longer alive). */
@@ -446,9 +430,10 @@ static inline int netns_repair(const netns_world_t *w, int k)
 static inline void netns_show_tcp(const netns_world_t *w, int k)
 {
     fprintf(stderr, "TCP state, initiator to peer %d, then peer %d:\n", k, k);
-    netns_sh_shown("ip netns exec %s ss -tinm dst 10.77.%d.2; "
-                   "ip netns exec %s ss -tinm src 10.77.%d.2",
-                   w->ns[0], k, w->ns[k], k);
+    netns_run(1,
+              "ip netns exec %s ss -tinm dst 10.77.%d.2; "
+              "ip netns exec %s ss -tinm src 10.77.%d.2",
+              w->ns[0], k, w->ns[k], k);
 }
 
 /* ---- Peers ----------------------------------------------------------- */
