@@ -349,9 +349,9 @@ static inline int netns_segments(const netns_world_t *w, int k, int one)
  * veth hands a sender's aggregate of up to 64 KiB across whole, and a
  * filter that drops one drops its 45 segments at once. Such bursts, at
  * 10% of the aggregates, put TCP into retransmission backoff for seconds
- * (64 MiB batches under 10% loss with two busy loops on the two CPUs:
- * 40 runs of 0.2 to 39 s dropped as aggregates, 0.2 to 2 s dropped one
- * segment at a time).
+ * (40 batches of 64 MiB under 10% loss, two busy loops on the two
+ * CPUs: 0.2 to 39 s dropped as aggregates, 0.2 to 2 s dropped one
+ * segment at a time; docs/faults.md).
  */
 static inline int netns_loss(const netns_world_t *w, int k, double p)
 {

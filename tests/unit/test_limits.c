@@ -889,8 +889,9 @@ KVT_TEST(stalled_connection_holds_few_frames)
  * killed the session (the worker marks the connection dead first, then
  * kills): the frame fails, and the session is dead by the time it does,
  * so that the segment opened again dials the peer rather than returning
- * this session. (A caller told of the loss opened the same segment and
- * submitted to it successfully: test_failures.py test_killed_peer, once.)
+ * this session. (The likely cause of one CI failure of test_failures.py
+ * test_killed_peer, where a caller told of the loss opened the same
+ * segment again and submitted to it successfully.)
  */
 KVT_TEST(lost_connection_kills_session_first)
 {
