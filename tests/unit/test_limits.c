@@ -184,46 +184,55 @@ static int rss_meaningful(void)
     return kvt_test_slowdown() == 1.0;
 }
 
-/* Send @frame (of @len bytes) again and again without reading, for up to
- * @secs or @max_bytes frames; returns how many whole frames went. */
+/*
+ * Send @frame (of @len bytes) again and again without reading, for up to
+ * @secs or @max_frames frames; returns how many whole frames went.
+ *
+ * The frames go in runs of 64 KiB a send(), as a real peer's do. One small
+ * frame a send() makes one small skb a frame at the target, whose receive
+ * memory (the kernel counts an skb's whole size, not its bytes) overruns
+ * long before the window closes: the kernel drops what arrives, and the
+ * sender's retransmissions back off (seen with nstat: PruneCalled,
+ * TCPRcvQDrop, TCPTimeouts; with `ss -tmi`: retransmissions at 0.4, 0.9,
+ * 1.7 and 3.5 s), so that once the target reads again a response could
+ * wait tens of seconds for a retransmission, whatever the target does.
+ */
 static size_t flood(int fd, const uint8_t *frame, size_t len, double secs,
-                    size_t max_bytes)
+                    size_t max_frames)
 {
+    static uint8_t run[64 * 1024];
+    size_t runlen = sizeof(run) / len * len;
+    uint64_t bytes = 0, max = (uint64_t)max_frames * len;
     double t0 = kvt_test_now();
-    size_t sent = 0, off = 0;
+
+    for (size_t off = 0; off < runlen; off += len)
+        memcpy(run + off, frame, len);
     CHECK_OK(kvt__sock_set_nonblock(fd, 1));
-    while (sent < max_bytes && kvt_test_now() - t0 < secs) {
-        ssize_t n = send(fd, frame + off, len - off, MSG_NOSIGNAL);
+    while (bytes < max && kvt_test_now() - t0 < secs) {
+        size_t pos = (size_t)(bytes % runlen);
+        size_t want = runlen - pos;
+        ssize_t n;
+        if (want > max - bytes)
+            want = (size_t)(max - bytes);
+        n = send(fd, run + pos, want, MSG_NOSIGNAL);
         if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
-            return sent; /* the target closed it */
+            break; /* the target closed it */
         if (n < 0) {
             CHECK(errno == EAGAIN || errno == EINTR);
             struct pollfd p = {fd, POLLOUT, 0};
             poll(&p, 1, 20);
             continue;
         }
-        off += (size_t)n;
-        if (off == len) {
-            off = 0;
-            sent++;
-        }
+        bytes += (uint64_t)n;
     }
     /* A frame cut short stays so: the responses to the whole ones are
      * what the caller reads. */
     CHECK_OK(kvt__sock_set_nonblock(fd, 0));
-    return sent;
+    return (size_t)(bytes / len);
 }
 
-/*
- * Read @count responses of @type, each with @payload bytes of payload and
- * (READ_RESP) the trailer. Each may take a while: a flood of small frames
- * into a socket that is not read overruns its memory (the kernel accounts
- * an skb's whole size, not its bytes), the kernel drops what arrives, and
- * the sender retransmits with its timeout doubled each time (seen with
- * `ss -tmi`: drops at the target, retransmissions at 0.4, 0.9, 1.7 and
- * 3.5 s); once the target reads again, the next retransmission can be
- * several seconds away.
- */
+/* Read @count responses of @type, each with @payload bytes of payload and
+ * (READ_RESP) the trailer, each within 30 s. */
 static void drain(int fd, size_t count, uint8_t type, uint64_t payload)
 {
     static uint8_t sink[1 << 16];
