@@ -7,6 +7,7 @@
  * need shm skip when the target engine does not offer it.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -708,6 +709,73 @@ KVT_TEST(stopped_target_holds_session)
 }
 
 /*
+ * A thread waiting on its batch runs its jobs unless a pool worker runs
+ * a job on every CPU; a worker waiting for a stopped target does not
+ * count. One CPU (this process's affinity, set before the engine), one
+ * pool worker: it takes a staged write to stopped A and waits for A to
+ * empty its slot; a synchronous 1 MiB write to B is then run by its
+ * waiting thread and lands at once (every byte checked). Fails when the
+ * waiting worker counts as running: B's write then waits for the worker,
+ * which waits for A (30 s, the transfer timeout).
+ */
+KVT_TEST(waiter_runs_beside_worker_waiting_for_target)
+{
+    enum { PIECES = 1024 }; /* 512 KiB of 512-byte pieces: one job */
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t sa, sb;
+    cpu_set_t all, one;
+    kvt_batch_h a;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    double t0;
+    int cpu = 0;
+
+    CHECK(sched_getaffinity(0, sizeof(all), &all) == 0);
+    while (!CPU_ISSET(cpu, &all))
+        cpu++;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 1);
+    buf = map(2 * PIECES * 512);
+    pattern_fill(buf, 2ull * PIECES * 512, 43, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 2 * PIECES * 512, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
+    peer_kill(&pa, SIGSTOP);
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sa;
+    d.local_addr = buf;
+    d.remote_addr = pa.main_addr;
+    d.length = 512;
+    d.count = PIECES;
+    d.remote_stride = 1024;
+    CHECK_OK(kvt_batch_create(e, 1, &a));
+    CHECK_OK(kvt_batch_submit(a, &d, 1));
+    usleep(300 * 1000); /* its worker has waited past a slice */
+    t0 = kvt_test_now();
+    CHECK_OK(write1(e, sb, buf, pb.main_addr, 1 << 20));
+    fprintf(stderr, "B's write beside the waiting worker: %.3f s\n",
+            kvt_test_now() - t0);
+    CHECK(kvt_test_now() - t0 < 5.0);
+    CHECK(strcmp(peer_cmd(&pb, "check %llu %llu 43",
+                          (unsigned long long)pb.main_addr,
+                          (unsigned long long)(1 << 20)),
+                 "0") == 0);
+    CHECK(kvt_batch_query(a, NULL) == KVT_INPROGRESS);
+    peer_kill(&pa, SIGCONT);
+    CHECK_OK(rows_poll(a, 30));
+    CHECK_OK(kvt_batch_free(a));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * PIECES * 512);
+    peer_stop(&pa);
+    peer_stop(&pb);
+    CHECK(sched_setaffinity(0, sizeof(all), &all) == 0);
+}
+
+/*
  * A target whose first thread exits (pthread_exit(): the leader is a
  * zombie) lives on in its other threads. Its memory is mapped
  * (kvt_mem_alloc), since cross-memory attach needs the leader's address
@@ -1216,6 +1284,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(thread_state_from_stat, 30),
     KVT_CASE(zombie_leader_target, 60),
     KVT_CASE(stopped_target_holds_session, 60),
+    KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
     KVT_CASE(staged_write_timed_out_never_lands, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
