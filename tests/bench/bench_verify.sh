@@ -45,22 +45,28 @@ for proto in tcp shm; do
     done
 done
 
-# A writer without --verify scribbles over the same blocks (thread 0's
-# part, the same 1 MiB working set) while and after a verified run: the
-# target must find blocks that differ, and the run must fail.
+# A writer without --verify scribbles over blocks of a verified run while
+# and after it: the target must find blocks that differ, and the run must
+# fail. The scribbler cycles through the first 1 MiB of thread 0's part;
+# the verified run through the first 32 MiB, which holds it, so a block
+# the verified run wrote early in its last pass stays open to the
+# scribbler for the rest of that pass (tens of ms) and the check. With
+# both in the same 1 MiB, a pass took about a millisecond, and a
+# scribbler off the CPU for that long (a loaded machine) wrote nothing
+# in it: the run passed.
 SEG=$(sed -n 's/^segment: *//p' "$TMP/target.tcp")
 "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
-    --block-size=4K --batch-size=16 --working-set=1M --duration=4 \
-    >/dev/null 2>&1 &
+    --block-size=4K --batch-size=16 --depth=2 --working-set=1M --duration=4 \
+    >"$TMP/scribbler" 2>&1 &
 PIDS="$PIDS $!"
 sleep 0.5
 if "$KVT" bench --mode=initiator --segment="$SEG" --protocol=tcp --op=write \
-    --block-size=4K --batch-size=16 --working-set=1M --duration=1 --verify \
+    --block-size=4K --batch-size=16 --working-set=32M --duration=1 --verify \
     --json >"$TMP/out" 2>"$TMP/err"; then
-    cat "$TMP/out"; echo "a scribbled run passed --verify"; exit 1
+    cat "$TMP/out" "$TMP/scribbler"; echo "a scribbled run passed --verify"; exit 1
 fi
 bad=$(field "$TMP/out" mismatches)
-[ "$bad" -gt 0 ] || { cat "$TMP/out"; exit 1; }
+[ "$bad" -gt 0 ] || { cat "$TMP/out" "$TMP/scribbler"; exit 1; }
 echo "scribbled: $bad of $(field "$TMP/out" verified_blocks) blocks differ, as they should"
 
 # A target that is not kvt bench (an engine of the Python binding) does
