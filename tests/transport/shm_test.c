@@ -639,6 +639,36 @@ KVT_TEST(staged_write_timed_out_never_lands)
 }
 
 /*
+ * Both sessions up (a write each), then A stopped and a staged write
+ * submitted to it: @pieces pieces of 512 bytes from @buf, 1 KiB apart
+ * there (@d, for the caller to reuse). Returns its batch once the worker
+ * that took it has waited past a slice for A to empty its slot.
+ */
+static kvt_batch_h staged_to_stopped(kvt_engine_h e, peer_t *pa, peer_t *pb,
+                                     kvt_segment_t sa, kvt_segment_t sb,
+                                     uint8_t *buf, uint32_t pieces,
+                                     kvt_xfer_desc_t *d)
+{
+    kvt_batch_h b;
+
+    CHECK_OK(write1(e, sa, buf, pa->main_addr, 4096));
+    CHECK_OK(write1(e, sb, buf, pb->main_addr, 4096));
+    peer_kill(pa, SIGSTOP);
+    memset(d, 0, sizeof(*d));
+    d->opcode = KVT_OP_WRITE;
+    d->segment = sa;
+    d->local_addr = buf;
+    d->remote_addr = pa->main_addr;
+    d->length = 512;
+    d->count = pieces;
+    d->remote_stride = 1024;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, d, 1));
+    usleep(300 * 1000);
+    return b;
+}
+
+/*
  * A staged write waiting for a stopped target holds its session: the
  * other executors take no more of its jobs (each would only wait as well,
  * holding its thread). Two pool workers, plain memory (staged): a job
@@ -663,19 +693,7 @@ KVT_TEST(stopped_target_holds_session)
     buf = map(4 * PIECES * 512);
     pattern_fill(buf, 4ull * PIECES * 512, 41, 0);
     CHECK_OK(kvt_mem_register(e, buf, 4 * PIECES * 512, KVT_ACCESS_REMOTE_RW));
-    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
-    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
-    peer_kill(&pa, SIGSTOP);
-    d.opcode = KVT_OP_WRITE;
-    d.segment = sa;
-    d.local_addr = buf;
-    d.remote_addr = pa.main_addr;
-    d.length = 512;
-    d.count = PIECES;
-    d.remote_stride = 1024;
-    CHECK_OK(kvt_batch_create(e, 1, &a1));
-    CHECK_OK(kvt_batch_submit(a1, &d, 1));
-    usleep(300 * 1000); /* its worker has waited past a slice */
+    a1 = staged_to_stopped(e, &pa, &pb, sa, sb, buf, PIECES, &d);
     d.local_addr = buf + PIECES * 512;
     d.remote_addr = pa.main_addr + 2ull * PIECES * 512;
     CHECK_OK(kvt_batch_create(e, 1, &a2));
@@ -742,19 +760,7 @@ KVT_TEST(waiter_runs_beside_worker_waiting_for_target)
     buf = map(2 * PIECES * 512);
     pattern_fill(buf, 2ull * PIECES * 512, 43, 0);
     CHECK_OK(kvt_mem_register(e, buf, 2 * PIECES * 512, KVT_ACCESS_REMOTE_RW));
-    CHECK_OK(write1(e, sa, buf, pa.main_addr, 4096));
-    CHECK_OK(write1(e, sb, buf, pb.main_addr, 4096));
-    peer_kill(&pa, SIGSTOP);
-    d.opcode = KVT_OP_WRITE;
-    d.segment = sa;
-    d.local_addr = buf;
-    d.remote_addr = pa.main_addr;
-    d.length = 512;
-    d.count = PIECES;
-    d.remote_stride = 1024;
-    CHECK_OK(kvt_batch_create(e, 1, &a));
-    CHECK_OK(kvt_batch_submit(a, &d, 1));
-    usleep(300 * 1000); /* its worker has waited past a slice */
+    a = staged_to_stopped(e, &pa, &pb, sa, sb, buf, PIECES, &d);
     t0 = kvt_test_now();
     CHECK_OK(write1(e, sb, buf, pb.main_addr, 1 << 20));
     fprintf(stderr, "B's write beside the waiting worker: %.3f s\n",
