@@ -295,7 +295,6 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
                                  uint64_t deadline_ns, int attached)
 {
     shm_session_t *s = where;
-    int full = 0;
 
     (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
@@ -306,9 +305,8 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
          * turns with them, each then preempted in the middle of its
          * pinned pages (docs/benchmarks.md); the workers, which take the
          * next job as they end one, finish the batch. */
-        full = atomic_load_explicit(&s->shm->busy, memory_order_relaxed) >=
-               s->shm->ncpu;
-        if (full)
+        if (atomic_load_explicit(&s->shm->busy, memory_order_relaxed) >=
+            s->shm->ncpu)
             break;
         pthread_mutex_lock(&s->lock);
         /* A job may wait for its target up to its own deadline (staged
@@ -324,9 +322,8 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
     }
     /* What is left is running on a worker (which may have taken the job
      * before this thread came) and usually ends within microseconds:
-     * poll for it rather than sleep and be woken, unless the workers
-     * hold every CPU. */
-    if (!full) {
+     * poll for it rather than sleep and be woken. */
+    {
         uint64_t end = kvt__now_ns() + WAIT_SPIN_NS;
         if (deadline_ns != 0 && deadline_ns < end)
             end = deadline_ns;
