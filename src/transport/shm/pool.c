@@ -26,31 +26,6 @@
 #include "util/thread.h"
 #include "util/time.h"
 
-/* On a pool worker: inside a job (1), and how deep in waits for a target
- * (kvt__shm_worker_waits()). */
-static _Thread_local int in_job;
-static _Thread_local unsigned waits;
-
-void kvt__shm_worker_waits(kvt__shm_t *shm, int on)
-{
-    if (!in_job)
-        return;
-    if (on && waits++ == 0)
-        atomic_fetch_sub_explicit(&shm->busy, 1, memory_order_relaxed);
-    else if (!on && --waits == 0)
-        atomic_fetch_add_explicit(&shm->busy, 1, memory_order_relaxed);
-}
-
-/* A pool worker starts (1) or ends (0) a job. */
-static void worker_job(kvt__shm_t *shm, int on)
-{
-    in_job = on;
-    if (on)
-        atomic_fetch_add_explicit(&shm->busy, 1, memory_order_relaxed);
-    else
-        atomic_fetch_sub_explicit(&shm->busy, 1, memory_order_relaxed);
-}
-
 /* The next job an executor may take, with the session lock held. */
 job_t *kvt__shm_take_locked(shm_session_t *s)
 {
@@ -346,12 +321,10 @@ static void *worker_main(void *arg)
             job_t *j2 = NULL;
             shm_session_t *s2 = kvt__shm_take_pair(shm, s, j, &j2);
             pthread_mutex_unlock(&shm->pool_lock);
-            worker_job(shm, 1);
             if (j2 != NULL)
                 kvt__shm_job_run_pair(s, j, s2, j2);
             else
                 kvt__shm_job_run(s, j);
-            worker_job(shm, 0);
             pthread_mutex_lock(&shm->pool_lock);
             continue;
         }

@@ -301,13 +301,6 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
         job_t *j = NULL;
         if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
             break;
-        /* A worker on every CPU already: this thread would only take
-         * turns with them, each then preempted in the middle of its
-         * pinned pages (docs/benchmarks.md); the workers, which take the
-         * next job as they end one, finish the batch. */
-        if (atomic_load_explicit(&s->shm->busy, memory_order_relaxed) >=
-            s->shm->ncpu)
-            break;
         pthread_mutex_lock(&s->lock);
         /* A job may wait for its target up to its own deadline (staged
          * pieces, a stopped target): this thread runs it only when that

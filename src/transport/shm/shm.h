@@ -221,12 +221,6 @@ struct kvt__shm {
     pthread_t *workers;
     unsigned nworkers;
     unsigned idle;
-    /* CPUs this process may run on (at creation), and workers running a
-     * job now, those waiting for a target not counted: a waiting thread
-     * takes a job only while fewer than @ncpu workers run one
-     * (shm_progress()). */
-    unsigned ncpu;
-    _Atomic unsigned busy;
     int stopping;
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;

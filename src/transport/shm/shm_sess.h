@@ -310,11 +310,6 @@ void kvt__shm_job_run(shm_session_t *s, job_t *j);
 /* pool.c */
 job_t *kvt__shm_take_locked(shm_session_t *s);
 void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
-/* On a pool worker running a job: it waits for its target from now
- * (@on 1) or no longer (0), in pairs, which may nest. Such a worker does
- * not keep a waiting thread from running jobs (shm_progress()). Does
- * nothing on any other thread. */
-void kvt__shm_worker_waits(kvt__shm_t *shm, int on);
 void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged);
 void kvt__shm_flush(kvt__tl_t *tl);
 void kvt__shm_stopped_poll(kvt__shm_t *shm);
