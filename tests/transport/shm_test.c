@@ -20,6 +20,7 @@
 #include "engine_test.h"
 #include "kvt_test.h"
 #include "transport/shm/shm.h"
+#include "transport/shm/shm_sess.h"
 #include "peer.h"
 
 #define BLK (1u << 20)
@@ -782,6 +783,179 @@ KVT_TEST(waiter_runs_beside_worker_waiting_for_target)
     peer_stop(&pb);
 }
 
+/* How many workers may take a job (kvt__shm_room()). */
+KVT_TEST(admission_room)
+{
+    const uint64_t never = UINT64_MAX, recent = DRIVE_GRACE_NS / 2;
+
+    /* No thread waiting on a batch: a worker per CPU. */
+    CHECK(kvt__shm_room(0, 0, never, 2) == 2);
+    CHECK(kvt__shm_room(1, 0, never, 2) == 1);
+    CHECK(kvt__shm_room(2, 0, never, 2) == 0);
+    CHECK(kvt__shm_room(3, 1, 0, 8) == 4);
+    /* One running its jobs keeps a CPU, and for a moment after it left. */
+    CHECK(kvt__shm_room(0, 1, 0, 2) == 1);
+    CHECK(kvt__shm_room(1, 1, 0, 2) == 0);
+    CHECK(kvt__shm_room(1, 0, recent, 2) == 0);
+    CHECK(kvt__shm_room(1, 0, DRIVE_GRACE_NS, 2) == 1);
+    /* Always one worker, for the jobs no waiting thread runs. */
+    CHECK(kvt__shm_room(0, 1, 0, 1) == 1);
+    CHECK(kvt__shm_room(0, 4, 0, 2) == 1);
+    CHECK(kvt__shm_room(1, 4, 0, 2) == 0);
+    CHECK(kvt__shm_room(0, 0, never, 1) == 1);
+}
+
+/* Pin this case's process (each case runs in one of its own) to the first
+ * two CPUs it may use, before the engine counts them; 0 when it may use
+ * fewer. */
+static int two_cpus(void)
+{
+    cpu_set_t all, two;
+    int n = 0;
+
+    CHECK(sched_getaffinity(0, sizeof(all), &all) == 0);
+    CPU_ZERO(&two);
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++) {
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &two);
+            n++;
+        }
+    }
+    if (n < 2)
+        return 0;
+    CHECK(sched_setaffinity(0, sizeof(two), &two) == 0);
+    return 1;
+}
+
+/* @n batches of one 16 MiB write each from @buf to @addr in @seg, the k-th
+ * at offset k * 16 MiB on both sides, submitted. */
+#define DEEP_LEN (16u << 20)
+static void deep_submit(kvt_engine_h e, kvt_segment_t seg, uint8_t *buf,
+                        uint64_t addr, kvt_batch_h *b, int n)
+{
+    for (int k = 0; k < n; k++) {
+        kvt_xfer_desc_t d = {0};
+        d.opcode = KVT_OP_WRITE;
+        d.segment = seg;
+        d.local_addr = buf + (size_t)k * DEEP_LEN;
+        d.remote_addr = addr + (uint64_t)k * DEEP_LEN;
+        d.length = DEEP_LEN;
+        if (b[k] == NULL)
+            CHECK_OK(kvt_batch_create(e, 1, &b[k]));
+        else
+            CHECK_OK(kvt_batch_reset(b[k]));
+        CHECK_OK(kvt_batch_submit(b[k], &d, 1));
+    }
+}
+
+/*
+ * Copiers beyond the CPUs take turns rather than copy faster
+ * (docs/benchmarks.md, "Copiers on every CPU"): the workers leave a CPU to
+ * a thread running its own batch's jobs. Two CPUs, two workers, plain
+ * memory (cross-memory attach); one thread keeps two batches of 16 MiB in
+ * flight (three jobs each) and waits on the older, running jobs as it
+ * waits. The workers take jobs (the waiting thread does not run them all),
+ * but hardly one while the waiting thread and the other worker run
+ * theirs; every byte lands. Fails when workers take jobs whatever the
+ * waiting thread does: nearly half of theirs then start beside two
+ * other copiers.
+ */
+KVT_TEST(workers_leave_the_waiter_a_cpu)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt_segment_t sa, sb;
+    uint64_t jobs, over;
+    kvt__shm_t *shm;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    double t0;
+    int rounds = 0;
+
+    if (!two_cpus())
+        SKIP("fewer than two CPUs");
+    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    shm = shm_of(e);
+    CHECK(shm->ncpu == 2);
+    buf = map(2 * DEEP_LEN);
+    pattern_fill(buf, 2ull * DEEP_LEN, 62, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 2 * DEEP_LEN, KVT_ACCESS_REMOTE_RW));
+    deep_submit(e, sa, buf, pa.main_addr, b, 2);
+    t0 = kvt_test_now();
+    for (int i = 0; kvt_test_now() - t0 < 1.5 || rounds < 64; i ^= 1) {
+        CHECK_OK(kvt_batch_wait(b[i], 30000));
+        if (rounds++ == 4) { /* the first submission woke both workers */
+            atomic_store(&shm->worker_jobs, 0);
+            atomic_store(&shm->over_jobs, 0);
+        }
+        deep_submit(e, sa, buf + (size_t)i * DEEP_LEN,
+                    pa.main_addr + (uint64_t)i * DEEP_LEN, &b[i], 1);
+    }
+    CHECK_OK(kvt_batch_wait(b[0], 30000));
+    CHECK_OK(kvt_batch_wait(b[1], 30000));
+    jobs = atomic_load(&shm->worker_jobs);
+    over = atomic_load(&shm->over_jobs);
+    fprintf(stderr,
+            "%d rounds: workers took %llu jobs, %llu beside two "
+            "copiers\n",
+            rounds, (unsigned long long)jobs, (unsigned long long)over);
+    CHECK(jobs >= 16);
+    CHECK(over * 10 <= jobs);
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 62",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)(2 * DEEP_LEN)),
+                 "0") == 0);
+    CHECK_OK(kvt_batch_free(b[0]));
+    CHECK_OK(kvt_batch_free(b[1]));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * DEEP_LEN);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
+/*
+ * With no thread waiting on its batch, the workers take jobs on every
+ * CPU. Two CPUs, two workers; batches of 16 MiB submitted and polled
+ * (kvt_batch_query(), which runs no job): two workers copy at once.
+ * Fails when admission keeps a CPU for a waiting thread that is not
+ * there.
+ */
+KVT_TEST(async_batches_use_every_worker)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt_segment_t sa, sb;
+    kvt__shm_t *shm;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+
+    if (!two_cpus())
+        SKIP("fewer than two CPUs");
+    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    shm = shm_of(e);
+    buf = map(2 * DEEP_LEN);
+    pattern_fill(buf, 2ull * DEEP_LEN, 63, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 2 * DEEP_LEN, KVT_ACCESS_REMOTE_RW));
+    for (int r = 0; r < 10 && atomic_load(&shm->busy_peak) < 2; r++) {
+        deep_submit(e, sa, buf, pa.main_addr, b, 2);
+        CHECK_OK(rows_poll(b[0], 30));
+        CHECK_OK(rows_poll(b[1], 30));
+    }
+    CHECK(atomic_load(&shm->busy_peak) == 2);
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 63",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)(2 * DEEP_LEN)),
+                 "0") == 0);
+    CHECK_OK(kvt_batch_free(b[0]));
+    CHECK_OK(kvt_batch_free(b[1]));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * DEEP_LEN);
+    peer_stop(&pa);
+    peer_stop(&pb);
+}
+
 /*
  * A target whose first thread exits (pthread_exit(): the leader is a
  * zombie) lives on in its other threads. Its memory is mapped
@@ -1292,6 +1466,9 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(zombie_leader_target, 60),
     KVT_CASE(stopped_target_holds_session, 60),
     KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
+    KVT_CASE(admission_room, 30),
+    KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
+    KVT_CASE(async_batches_use_every_worker, 60),
     KVT_CASE(staged_write_timed_out_never_lands, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),

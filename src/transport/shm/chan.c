@@ -75,9 +75,11 @@ kvt_status_t kvt__shm_lease_acquire(shm_session_t *s, uint64_t deadline)
         if (now >= deadline)
             return KVT_ERR_TIMEDOUT;
         atomic_fetch_add(&ch->lease_waiters, 1);
+        kvt__shm_copier_waits(1);
         kvt__shm_futex_wait(
             &ch->lease, l,
             deadline - now < SLICE_NS ? (int64_t)(deadline - now) : SLICE_NS);
+        kvt__shm_copier_waits(0);
         atomic_fetch_sub(&ch->lease_waiters, 1);
     }
 }
@@ -145,9 +147,11 @@ kvt_status_t kvt__shm_ring_wait(shm_session_t *s, _Atomic uint32_t *word,
     if (now >= deadline)
         return KVT_ERR_TIMEDOUT;
     atomic_fetch_add(&s->ch->waiters, 1);
+    kvt__shm_copier_waits(1);
     kvt__shm_futex_wait(word, v,
                         deadline - now < SLICE_NS ? (int64_t)(deadline - now)
                                                   : SLICE_NS);
+    kvt__shm_copier_waits(0);
     atomic_fetch_sub(&s->ch->waiters, 1);
     /* Nothing moved: the target may be stopped. */
     if (atomic_load(word) == v && kvt__shm_target_state(s) == 1)

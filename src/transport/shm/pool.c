@@ -26,6 +26,140 @@
 #include "util/thread.h"
 #include "util/time.h"
 
+/*
+ * Admission. Every thread that copies a job takes a CPU; with more of
+ * them than the process may use, they take turns, each preempted in the
+ * middle of its pages, and the copy costs more per byte than it would on
+ * fewer threads (docs/benchmarks.md, "Copiers on every CPU"). A thread
+ * waiting on its batch runs that batch's jobs itself (it would otherwise
+ * sleep while they run), so the workers leave it a CPU: a worker takes a
+ * job only while the workers in a job and the waiting threads running
+ * jobs leave one free, and always when no other worker runs one, so that
+ * jobs no waiting thread runs (another session's, an asynchronous
+ * caller's) never wait for one. A thread waiting for its target holds
+ * no CPU and is not counted.
+ */
+static _Thread_local kvt__shm_t *copier_shm;
+static _Thread_local _Atomic unsigned *copier_count; /* busy or drivers */
+static _Thread_local unsigned copier_waits;
+
+/* Since when no waiting thread has run jobs (0: one runs them now). */
+static uint64_t pool_since(kvt__shm_t *shm, uint64_t now)
+{
+    uint64_t left = atomic_load(&shm->drove_ns);
+
+    if (atomic_load(&shm->drivers) > 0 || now <= left)
+        return 0;
+    return now - left;
+}
+
+/* How many more workers may take a job now (kvt__shm_room()). */
+static unsigned pool_room(kvt__shm_t *shm, uint64_t now)
+{
+    return kvt__shm_room(atomic_load(&shm->busy), atomic_load(&shm->drivers),
+                         pool_since(shm, now), shm->ncpu);
+}
+
+unsigned kvt__shm_room(unsigned busy, unsigned drivers, uint64_t idle_ns,
+                       unsigned ncpu)
+{
+    if (drivers == 0 && idle_ns < DRIVE_GRACE_NS)
+        drivers = 1;
+    if (busy + drivers < ncpu)
+        return ncpu - busy - drivers;
+    return busy == 0;
+}
+
+void kvt__shm_copier_enter(kvt__shm_t *shm, int driver)
+{
+    unsigned b, peak;
+
+    copier_waits = 0;
+    copier_shm = shm;
+    if (driver) {
+        copier_count = &shm->drivers;
+        atomic_fetch_add_explicit(&shm->drivers, 1, memory_order_relaxed);
+        return;
+    }
+    copier_count = &shm->busy;
+    b = atomic_fetch_add_explicit(&shm->busy, 1, memory_order_relaxed) + 1;
+    atomic_fetch_add_explicit(&shm->worker_jobs, 1, memory_order_relaxed);
+    if (b + atomic_load_explicit(&shm->drivers, memory_order_relaxed) >
+        shm->ncpu)
+        atomic_fetch_add_explicit(&shm->over_jobs, 1, memory_order_relaxed);
+    peak = atomic_load_explicit(&shm->busy_peak, memory_order_relaxed);
+    while (b > peak && !atomic_compare_exchange_weak_explicit(
+                           &shm->busy_peak, &peak, b, memory_order_relaxed,
+                           memory_order_relaxed))
+        ;
+}
+
+void kvt__shm_copier_leave(kvt__shm_t *shm)
+{
+    _Atomic unsigned *c = copier_count;
+
+    copier_count = NULL;
+    copier_shm = NULL;
+    if (c == NULL)
+        return;
+    /* A waiting thread is counted on for DRIVE_GRACE_NS from now: the
+     * time is set before the count drops. */
+    if (c == &shm->drivers)
+        atomic_store(&shm->drove_ns, kvt__now_ns());
+    if (copier_waits == 0)
+        atomic_fetch_sub(c, 1);
+    copier_waits = 0;
+    /* A worker that found no room while this thread ran jobs, with no
+     * other worker in a job now to take the next one, looks again: this
+     * thread may not come back. */
+    if (c == &shm->drivers && atomic_load(&shm->declined) > 0 &&
+        atomic_load(&shm->busy) == 0)
+        kvt__shm_pool_wake(shm, 1);
+}
+
+void kvt__shm_copier_waits(int on)
+{
+    if (copier_count == NULL)
+        return;
+    if (on && copier_waits++ == 0) {
+        atomic_fetch_sub(copier_count, 1);
+        /* Its CPU is free while it waits: a worker that found no room
+         * takes the next job. */
+        if (atomic_load(&copier_shm->declined) > 0)
+            kvt__shm_pool_wake(copier_shm, 1);
+    } else if (!on && --copier_waits == 0)
+        atomic_fetch_add_explicit(copier_count, 1, memory_order_relaxed);
+}
+
+/* Whether a worker may take a job now (kvt__shm_room()); if not, *@retry_ns:
+ * when to look again unless woken. */
+static int pool_admit(kvt__shm_t *shm, uint64_t now, uint64_t *retry_ns)
+{
+    uint64_t since = pool_since(shm, now);
+
+    if (pool_room(shm, now) > 0)
+        return 1;
+    /* Until the grace ends; while a thread runs jobs, until a copier
+     * makes room (kvt__shm_copier_leave(), kvt__shm_copier_waits(), a
+     * worker ending a job) or the tick. */
+    *retry_ns =
+        since > 0 && since < DRIVE_GRACE_NS ? DRIVE_GRACE_NS - since : TICK_NS;
+    return 0;
+}
+
+/* Whether any session has a job queued. Called with pool_lock held. */
+static int pool_queued(kvt__shm_t *shm)
+{
+    int any = 0;
+
+    for (shm_session_t *s = shm->sessions; s != NULL && !any; s = s->next_all) {
+        pthread_mutex_lock(&s->lock);
+        any = s->head != NULL;
+        pthread_mutex_unlock(&s->lock);
+    }
+    return any;
+}
+
 /* The next job an executor may take, with the session lock held. */
 job_t *kvt__shm_take_locked(shm_session_t *s)
 {
@@ -57,10 +191,17 @@ void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n)
  */
 void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged)
 {
-    if (plugged)
+    unsigned room;
+
+    if (plugged) {
         atomic_fetch_add(&shm->deferred, n);
-    else
-        kvt__shm_pool_wake(shm, n);
+        return;
+    }
+    /* No more than may take a job (kvt__shm_room()): a worker woken
+     * without room would only go back to sleep. Those busy take the jobs
+     * as they end theirs, and a waiting thread runs its own. */
+    room = pool_room(shm, kvt__now_ns());
+    kvt__shm_pool_wake(shm, n < room ? n : room);
 }
 
 void kvt__shm_flush(kvt__tl_t *tl)
@@ -69,7 +210,7 @@ void kvt__shm_flush(kvt__tl_t *tl)
     unsigned n = atomic_exchange(&shm->deferred, 0);
 
     if (n > 0)
-        kvt__shm_pool_wake(shm, n);
+        kvt__shm_submit_wake(shm, n, 0);
 }
 
 /*
@@ -303,7 +444,8 @@ static void *worker_main(void *arg)
     while (!shm->stopping) {
         shm_session_t *s;
         job_t *j = NULL;
-        uint64_t now;
+        uint64_t now, retry;
+        int room, declined;
 
         /* Parked jobs and held sessions are looked at between jobs too,
          * so that a busy pool does not leave them waiting. */
@@ -316,21 +458,40 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&shm->pool_lock);
             shm->park_polling = 0;
         }
-        s = take_next(shm, &j);
+        /* Counted among those that found no room before looking, so that
+         * a copier making room after the look sees it and wakes it
+         * (kvt__shm_copier_waits(), kvt__shm_copier_leave(): each changes
+         * its count, then reads this one; both sequentially consistent). */
+        atomic_fetch_add(&shm->declined, 1);
+        retry = 0;
+        room = pool_admit(shm, kvt__now_ns(), &retry);
+        s = room ? take_next(shm, &j) : NULL;
+        declined = !room && j == NULL && pool_queued(shm);
+        if (!declined)
+            atomic_fetch_sub(&shm->declined, 1);
         if (j != NULL) {
             job_t *j2 = NULL;
             shm_session_t *s2 = kvt__shm_take_pair(shm, s, j, &j2);
             pthread_mutex_unlock(&shm->pool_lock);
+            kvt__shm_copier_enter(shm, 0);
             if (j2 != NULL)
                 kvt__shm_job_run_pair(s, j, s2, j2);
             else
                 kvt__shm_job_run(s, j);
+            kvt__shm_copier_leave(shm);
             pthread_mutex_lock(&shm->pool_lock);
+            /* Room for this worker and one that found none (the waiting
+             * thread left and did not come back): wake it. */
+            if (atomic_load(&shm->declined) > 0 &&
+                pool_room(shm, kvt__now_ns()) >= 2)
+                pthread_cond_signal(&shm->pool_cond);
             continue;
         }
         now = kvt__now_ns();
         if (now - last_tick >= TICK_NS) {
             last_tick = now;
+            if (declined)
+                atomic_fetch_sub(&shm->declined, 1);
             pthread_mutex_unlock(&shm->pool_lock);
             pool_tick(shm);
             pthread_mutex_lock(&shm->pool_lock);
@@ -338,14 +499,17 @@ static void *worker_main(void *arg)
         }
         {
             struct timespec ts;
-            uint64_t ns;
+            uint64_t ns, wait = stopped_any(shm) ? STOPPED_POLL_NS : TICK_NS;
+            if (declined && retry < wait)
+                wait = retry;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ns = (uint64_t)ts.tv_nsec +
-                 (stopped_any(shm) ? STOPPED_POLL_NS : TICK_NS);
+            ns = (uint64_t)ts.tv_nsec + wait;
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
             shm->idle++;
             pthread_cond_timedwait(&shm->pool_cond, &shm->pool_lock, &ts);
+            if (declined)
+                atomic_fetch_sub(&shm->declined, 1);
             shm->idle--;
         }
     }

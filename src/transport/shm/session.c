@@ -297,6 +297,7 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
     shm_session_t *s = where;
 
     (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
+    kvt__shm_copier_enter(s->shm, 1);
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         job_t *j = NULL;
         if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
@@ -324,6 +325,7 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
                kvt__now_ns() < end)
             cpu_relax();
     }
+    kvt__shm_copier_leave(s->shm);
     return KVT_OK;
 }
 

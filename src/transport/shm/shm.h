@@ -222,6 +222,18 @@ struct kvt__shm {
     unsigned nworkers;
     unsigned idle;
     int stopping;
+    /* Admission (pool.c, kvt__shm_room()): copiers beyond the CPUs this
+     * process may use take turns rather than copy faster. @ncpu: those
+     * CPUs, at creation; @busy: workers in a job; @drivers: waiting
+     * threads running jobs (shm_progress()); neither counts a thread
+     * while it waits for a target. @drove_ns: when a waiting thread last
+     * left shm_progress(); @declined: workers asleep that found no room
+     * for a queued job. Seen by tests: @busy_peak, the most workers in a
+     * job at once; @worker_jobs, the jobs workers took, @over_jobs of
+     * them while as many copiers as CPUs or more ran already. */
+    unsigned ncpu;
+    _Atomic unsigned busy, drivers, busy_peak, declined;
+    _Atomic uint64_t drove_ns, worker_jobs, over_jobs;
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
     /* Device copies (dev.c): idle streams and pinned bounce buffers, kept

@@ -310,6 +310,29 @@ void kvt__shm_job_run(shm_session_t *s, job_t *j);
 /* pool.c */
 job_t *kvt__shm_take_locked(shm_session_t *s);
 void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
+/*
+ * Admission of copiers. A pool worker runs a job between
+ * kvt__shm_copier_enter(shm, 0) and kvt__shm_copier_leave(); a waiting
+ * thread runs jobs of its batch (shm_progress()) between
+ * kvt__shm_copier_enter(shm, 1) and kvt__shm_copier_leave(). Either
+ * brackets every wait for a target inside with kvt__shm_copier_waits(1)
+ * and (0), in pairs, which may nest (on any other thread they do
+ * nothing): a thread that waits does not hold a CPU. A worker takes a
+ * job only when kvt__shm_room() leaves it room.
+ */
+void kvt__shm_copier_enter(kvt__shm_t *shm, int driver);
+void kvt__shm_copier_leave(kvt__shm_t *shm);
+void kvt__shm_copier_waits(int on);
+/* How many more workers may take a job while @busy workers run one and
+ * @drivers waiting threads run jobs (none for @idle_ns: 0 when some do),
+ * in a process that may use @ncpu CPUs: the CPUs they leave free, a
+ * waiting thread counted for DRIVE_GRACE_NS after it left, and one when
+ * no worker runs a job. */
+unsigned kvt__shm_room(unsigned busy, unsigned drivers, uint64_t idle_ns,
+                       unsigned ncpu);
+/* How long a waiting thread that left shm_progress() is counted as still
+ * running jobs: between two batches it comes back within microseconds. */
+#define DRIVE_GRACE_NS (200u * 1000u)
 void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged);
 void kvt__shm_flush(kvt__tl_t *tl);
 void kvt__shm_stopped_poll(kvt__shm_t *shm);

@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,6 +424,17 @@ static void *service_main(void *arg)
     }
 }
 
+/* The CPUs this process may run on; 1 when that cannot be told. */
+static unsigned cpus_usable(void)
+{
+    cpu_set_t set;
+
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) < 1)
+        return 1;
+    return (unsigned)CPU_COUNT(&set);
+}
+
 kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -439,6 +451,7 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
     shm->reg = kvt__engine_reg(e);
     shm->evfd = -1;
     shm->epfd = -1;
+    shm->ncpu = cpus_usable();
     pthread_mutex_init(&shm->chan_lock, NULL);
     pthread_mutex_init(&shm->pool_lock, NULL);
     pthread_mutex_init(&shm->dev_lock, NULL);
