@@ -16,17 +16,27 @@
  *       message straight into the destination walk with readv(). GB/s of
  *       blocks, timed until the receiver has every byte.
  *   copy-matched SECONDS THREADS BLOCK WSET contig|scatter nt|plain
- *                memcpy|cma BATCH
+ *                memcpy|cma BATCH [PID ADDR]
  *       THREADS threads each copying its share, BATCH blocks at a time:
  *       memcpy into memory of this process (a mapping kvt writes into
  *       directly costs the same), with streaming stores (nt: pieces of
  *       256 bytes and more, as kvt's shm copies) or plain ones; or
  *       process_vm_writev() into another process, one call per BATCH
- *       blocks (at most 1024 iovecs). GB/s.
+ *       blocks (at most 1024 iovecs). GB/s. With PID ADDR, the WSET
+ *       bytes written are those at ADDR in process PID (a kvt bench
+ *       target's buffer), the very pages kvt writes into: cma writes
+ *       there; memcpy maps the shared memory object that backs them (a
+ *       kvt_mem_alloc() allocation, opened through /proc/PID/fd). Which
+ *       pages a process got moves the figure by up to a sixth here, the
+ *       same way every time for the same process (docs/benchmarks.md,
+ *       "One target for both"), so the ceiling writes where kvt does.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,6 +45,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -232,6 +243,7 @@ typedef struct {
     int scatter, nt, cma;
     pid_t pid;
     char *remote; /* cma: this thread's area in the other process */
+    char *dst;    /* memcpy into another's memory: this thread's area */
     double t_done;
     uint64_t bytes;
 } copier_t;
@@ -266,8 +278,10 @@ static void copy_nt(char *d, const char *s, size_t n)
 static void *copier_run(void *arg)
 {
     copier_t *c = arg;
-    char *src = matched_touched(c->wset),
-         *dst = c->cma ? NULL : matched_touched(c->wset);
+    char *src = matched_touched(c->wset), *dst = c->cma ? NULL
+                                                 : c->dst
+                                                     ? c->dst
+                                                     : matched_touched(c->wset);
     struct iovec *l = calloc(c->batch, sizeof(*l));
     struct iovec *r = calloc(c->batch, sizeof(*r));
     bench_walk_t ws, wd;
@@ -318,6 +332,78 @@ static void *copier_run(void *arg)
     return NULL;
 }
 
+/*
+ * The shared memory object that backs @len bytes at @addr in process
+ * @pid, mapped here: NULL (said why) unless one mapping there holds them
+ * and one of its descriptors is that object.
+ */
+static char *other_shared(pid_t pid, uint64_t addr, size_t len)
+{
+    char path[64], line[512];
+    uint64_t lo = 0, hi = 0, off = 0, ino = 0;
+    int found = 0, fd = -1;
+    FILE *f;
+    DIR *d;
+    struct dirent *de;
+    char *p;
+
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    f = fopen(path, "r");
+    if (f == NULL) {
+        perror(path);
+        return NULL;
+    }
+    while (!found && fgets(line, sizeof(line), f) != NULL) {
+        char perm[8];
+        unsigned dmaj, dmin;
+        if (sscanf(line,
+                   "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64,
+                   &lo, &hi, perm, &off, &dmaj, &dmin, &ino) == 7 &&
+            lo <= addr && addr + len <= hi && ino != 0 && perm[3] == 's')
+            found = 1;
+    }
+    fclose(f);
+    if (!found) {
+        fprintf(stderr,
+                "matched: no shared mapping holds %zu bytes at 0x%" PRIx64
+                " in process %d\n",
+                len, addr, (int)pid);
+        return NULL;
+    }
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    d = opendir(path);
+    while (d != NULL && fd < 0 && (de = readdir(d)) != NULL) {
+        char fp[300];
+        struct stat st;
+        snprintf(fp, sizeof(fp), "%s/%s", path, de->d_name);
+        if (de->d_name[0] != '.' && stat(fp, &st) == 0 && st.st_ino == ino &&
+            S_ISREG(st.st_mode))
+            fd = open(fp, O_RDWR);
+    }
+    if (d != NULL)
+        closedir(d);
+    if (fd < 0) {
+        fprintf(stderr,
+                "matched: process %d holds no descriptor of the "
+                "object behind 0x%" PRIx64 "\n",
+                (int)pid, addr);
+        return NULL;
+    }
+    p = mmap(NULL, len + (addr - lo), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+             (off_t)off);
+    close(fd);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        return NULL;
+    }
+    /* Page tables filled before the clock starts, as kvt's mapping is
+     * (MADV_POPULATE_WRITE, Linux 5.14; else touched). */
+    if (madvise(p, len + (addr - lo), MADV_POPULATE_WRITE) != 0)
+        for (size_t i = 0; i < len + (addr - lo); i += 4096)
+            ((volatile char *)p)[i] = ((volatile char *)p)[i];
+    return p + (addr - lo);
+}
+
 int matched_copy(int argc, char **argv)
 {
     double secs, t0, t1 = 0;
@@ -328,10 +414,18 @@ int matched_copy(int argc, char **argv)
     uint64_t bytes = 0;
     int pipefd[2];
     pid_t pid = 0;
-    char *remote = NULL;
+    char *remote = NULL, *shared = NULL;
+    pid_t other = 0;
+    uint64_t at = 0;
 
-    if (argc != 10)
+    if (argc != 10 && argc != 12)
         return -1;
+    if (argc == 12) {
+        other = (pid_t)atoi(argv[10]);
+        at = strtoull(argv[11], NULL, 0);
+        if (other <= 0 || at == 0)
+            return -1;
+    }
     secs = atof(argv[2]);
     n = atoi(argv[3]);
     block = matched_size(argv[4]);
@@ -341,7 +435,14 @@ int matched_copy(int argc, char **argv)
     per = wset / (size_t)n / block * block;
     c = calloc((size_t)n, sizeof(*c));
     th = calloc((size_t)n, sizeof(*th));
-    if (strcmp(argv[8], "cma") == 0) {
+    if (other != 0 && strcmp(argv[8], "cma") == 0) {
+        pid = other;
+        remote = (char *)(uintptr_t)at;
+    } else if (other != 0) {
+        shared = other_shared(other, at, per * (size_t)n);
+        if (shared == NULL)
+            return 2;
+    } else if (strcmp(argv[8], "cma") == 0) {
         /* The other process: one area for every thread, kept until
          * killed. */
         if (pipe(pipefd))
@@ -367,7 +468,8 @@ int matched_copy(int argc, char **argv)
                           .nt = strcmp(argv[7], "nt") == 0,
                           .cma = pid != 0,
                           .pid = pid,
-                          .remote = remote ? remote + (size_t)i * per : NULL};
+                          .remote = remote ? remote + (size_t)i * per : NULL,
+                          .dst = shared ? shared + (size_t)i * per : NULL};
         if (c[i].batch == 0)
             return -1;
         pthread_create(&th[i], NULL, copier_run, &c[i]);
@@ -382,7 +484,7 @@ int matched_copy(int argc, char **argv)
         if (c[i].t_done > t1)
             t1 = c[i].t_done;
     }
-    if (pid != 0) {
+    if (pid != 0 && other == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
     }

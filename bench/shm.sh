@@ -4,11 +4,15 @@
 # measured in alternating rounds of the same run, medians and ratios.
 # Each ceiling (`kvt_baseline copy-matched`) moves the same blocks along
 # the same walk through the same cold working set with as many threads as
-# kvt copies with and the same store kind:
+# kvt copies with and the same store kind, into the very pages kvt writes
+# into (the target's buffer: which pages a process got moves the figure by
+# up to a sixth on this VM, the same way for every run into it;
+# docs/benchmarks.md, "One target for both"):
 #   - into kvt_mem_alloc() memory, which kvt maps and copies into with
-#     streaming stores: memcpy with streaming stores;
+#     streaming stores: memcpy with streaming stores, through a mapping of
+#     the same memory object;
 #   - into plain registered memory, which kvt reaches by cross-memory
-#     attach: process_vm_writev() into another process, a call per batch.
+#     attach: process_vm_writev() into the target, a call per batch.
 # 1 MiB blocks (batch 32: a 32 MiB submission, cut into jobs copied by the
 # submitting thread and the engine's 2 workers, so as many threads as the
 # machine has CPUs, at most 3), 64 KiB (batch 32: one job, one thread) and
@@ -40,7 +44,8 @@ TMP=$(mktemp -d)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 
-# start_target NAME ARGS...: a kvt bench target; sets SEG to its segment.
+# start_target NAME ARGS...: a kvt bench target; sets SEG to its segment
+# and AT to its process and buffer address.
 start_target() {
     local log="$TMP/target-$1"; shift
     "$KVT" bench --mode=target --local=127.0.0.1 --protocol=shm --buffer-size=1G "$@" >"$log" 2>&1 &
@@ -48,13 +53,14 @@ start_target() {
     SEG=
     for _ in $(seq 300); do
         SEG=$(sed -n 's/^segment: *//p' "$log")
-        [ -n "$SEG" ] && return 0
+        AT="$! $(sed -n 's/^buffer: *\(0x[0-9a-f]*\) .*/\1/p' "$log")"
+        [ -n "$SEG" ] && [ "${AT#* }" != "" ] && return 0
         sleep 0.1
     done
     echo "target did not start"; cat "$log"; exit 1
 }
-start_target managed --buffer=managed; MANAGED=$SEG
-start_target malloc --buffer=malloc; MALLOC=$SEG
+start_target managed --buffer=managed; MANAGED=$SEG; MANAGED_AT=$AT
+start_target malloc --buffer=malloc; MALLOC=$SEG; MALLOC_AT=$AT
 NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
 # shellcheck source=bench/lib.sh
@@ -62,14 +68,14 @@ NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 
 # base: one run of the ceiling for the current spec, appended to $TMP/s.
 # shellcheck disable=SC2086
-base() { "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" >>"$TMP/s"; }
+base() { "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" $at >>"$TMP/s"; }
 
 printf '%-40s %8s %-30s %8s %6s\n' "kvt (carried by), batches in flight" "GB/s" "matched ceiling" "GB/s" ratio
 for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
     malloc:64K:32:contig managed:4K:128:scatter malloc:4K:128:scatter; do
     IFS=: read -r buf blk batch pat <<<"$spec"
-    seg=$MANAGED; kind="memcpy nt"; how="nt memcpy"
-    [ "$buf" = malloc ] && { seg=$MALLOC; kind="process_vm_writev"; how="plain cma"; }
+    seg=$MANAGED; at=$MANAGED_AT; kind="memcpy nt"; how="nt memcpy"
+    [ "$buf" = malloc ] && { seg=$MALLOC; at=$MALLOC_AT; kind="process_vm_writev"; how="plain cma"; }
     threads=1; depth=1; [ "$blk" = 1M ] && { threads=$BIG_THREADS; depth=2; }
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
     base
