@@ -848,6 +848,37 @@ static void deep_submit(kvt_engine_h e, kvt_segment_t seg, uint8_t *buf,
     }
 }
 
+/* Two peers and an engine with two pool workers, for the deep_submit()
+ * cases: 2 * DEEP_LEN bytes of pattern @seed at *@buf_p, registered. */
+static kvt_engine_h deep_setup(peer_t *pa, peer_t *pb, kvt_segment_t *sa,
+                               int seed, uint8_t **buf_p)
+{
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_segment_t sb;
+    kvt_engine_h e = two_peers_n(pa, pb, &o, sa, &sb, 2);
+
+    *buf_p = map(2 * DEEP_LEN);
+    pattern_fill(*buf_p, 2ull * DEEP_LEN, (uint64_t)seed, 0);
+    CHECK_OK(kvt_mem_register(e, *buf_p, 2 * DEEP_LEN, KVT_ACCESS_REMOTE_RW));
+    return e;
+}
+
+/* Every byte of deep_setup()'s @seed landed at A; then all torn down. */
+static void deep_end(kvt_engine_h e, peer_t *pa, peer_t *pb, kvt_batch_h *b,
+                     uint8_t *buf, int seed)
+{
+    CHECK(strcmp(peer_cmd(pa, "check %llu %llu %d",
+                          (unsigned long long)pa->main_addr,
+                          (unsigned long long)(2 * DEEP_LEN), seed),
+                 "0") == 0);
+    CHECK_OK(kvt_batch_free(b[0]));
+    CHECK_OK(kvt_batch_free(b[1]));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * DEEP_LEN);
+    peer_stop(pa);
+    peer_stop(pb);
+}
+
 /*
  * Copiers beyond the CPUs take turns rather than copy faster
  * (docs/benchmarks.md, "Copiers on every CPU"): the workers leave a CPU to
@@ -862,9 +893,8 @@ static void deep_submit(kvt_engine_h e, kvt_segment_t seg, uint8_t *buf,
  */
 KVT_TEST(workers_leave_the_waiter_a_cpu)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_batch_h b[2] = {NULL, NULL};
-    kvt_segment_t sa, sb;
+    kvt_segment_t sa;
     uint64_t jobs, over;
     kvt__shm_t *shm;
     kvt_engine_h e;
@@ -875,12 +905,9 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
 
     if (!two_cpus())
         SKIP("fewer than two CPUs");
-    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    e = deep_setup(&pa, &pb, &sa, 62, &buf);
     shm = shm_of(e);
     CHECK(shm->ncpu == 2);
-    buf = map(2 * DEEP_LEN);
-    pattern_fill(buf, 2ull * DEEP_LEN, 62, 0);
-    CHECK_OK(kvt_mem_register(e, buf, 2 * DEEP_LEN, KVT_ACCESS_REMOTE_RW));
     deep_submit(e, sa, buf, pa.main_addr, b, 2);
     t0 = kvt_test_now();
     for (int i = 0; kvt_test_now() - t0 < 1.5 || rounds < 64; i ^= 1) {
@@ -902,16 +929,7 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
             rounds, (unsigned long long)jobs, (unsigned long long)over);
     CHECK(jobs >= 16);
     CHECK(over * 10 <= jobs);
-    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 62",
-                          (unsigned long long)pa.main_addr,
-                          (unsigned long long)(2 * DEEP_LEN)),
-                 "0") == 0);
-    CHECK_OK(kvt_batch_free(b[0]));
-    CHECK_OK(kvt_batch_free(b[1]));
-    kvt_engine_destroy(e);
-    munmap(buf, 2 * DEEP_LEN);
-    peer_stop(&pa);
-    peer_stop(&pb);
+    deep_end(e, &pa, &pb, b, buf, 62);
 }
 
 /*
@@ -923,9 +941,8 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
  */
 KVT_TEST(async_batches_use_every_worker)
 {
-    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
     kvt_batch_h b[2] = {NULL, NULL};
-    kvt_segment_t sa, sb;
+    kvt_segment_t sa;
     kvt__shm_t *shm;
     kvt_engine_h e;
     peer_t pa, pb;
@@ -933,27 +950,15 @@ KVT_TEST(async_batches_use_every_worker)
 
     if (!two_cpus())
         SKIP("fewer than two CPUs");
-    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    e = deep_setup(&pa, &pb, &sa, 63, &buf);
     shm = shm_of(e);
-    buf = map(2 * DEEP_LEN);
-    pattern_fill(buf, 2ull * DEEP_LEN, 63, 0);
-    CHECK_OK(kvt_mem_register(e, buf, 2 * DEEP_LEN, KVT_ACCESS_REMOTE_RW));
     for (int r = 0; r < 10 && atomic_load(&shm->busy_peak) < 2; r++) {
         deep_submit(e, sa, buf, pa.main_addr, b, 2);
         CHECK_OK(rows_poll(b[0], 30));
         CHECK_OK(rows_poll(b[1], 30));
     }
     CHECK(atomic_load(&shm->busy_peak) == 2);
-    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 63",
-                          (unsigned long long)pa.main_addr,
-                          (unsigned long long)(2 * DEEP_LEN)),
-                 "0") == 0);
-    CHECK_OK(kvt_batch_free(b[0]));
-    CHECK_OK(kvt_batch_free(b[1]));
-    kvt_engine_destroy(e);
-    munmap(buf, 2 * DEEP_LEN);
-    peer_stop(&pa);
-    peer_stop(&pb);
+    deep_end(e, &pa, &pb, b, buf, 63);
 }
 
 /*
