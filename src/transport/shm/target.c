@@ -424,15 +424,20 @@ static void *service_main(void *arg)
     }
 }
 
-/* The CPUs this process may run on; 1 when that cannot be told. */
+/* The CPUs this thread may run on (its affinity when the engine is
+ * created); the CPUs online when that cannot be told (a set larger than
+ * cpu_set_t), so that admission (pool.c) never holds back a worker for
+ * lack of a count. */
 static unsigned cpus_usable(void)
 {
     cpu_set_t set;
+    long n;
 
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) < 1)
-        return 1;
-    return (unsigned)CPU_COUNT(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) >= 1)
+        return (unsigned)CPU_COUNT(&set);
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (unsigned)n : 64;
 }
 
 kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
