@@ -137,7 +137,8 @@ static int pool_admit(kvt__shm_t *shm, uint64_t now, uint64_t *retry_ns)
 {
     uint64_t since = pool_since(shm, now);
 
-    if (pool_room(shm, now) > 0)
+    if (kvt__shm_room(atomic_load(&shm->busy), atomic_load(&shm->drivers),
+                      since, shm->ncpu) > 0)
         return 1;
     /* Until the grace ends; while a thread runs jobs, until a copier
      * makes room (kvt__shm_copier_leave(), kvt__shm_copier_waits(), a
