@@ -932,6 +932,102 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
     deep_end(e, &pa, &pb, b, buf, 62);
 }
 
+/* Synchronous 1 MiB writes from @buf to @addr in @seg until *@stop. */
+typedef struct {
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    uint8_t *buf;
+    uint64_t addr;
+    _Atomic int stop, writes;
+} driver_t;
+
+static void *driver_main(void *arg)
+{
+    driver_t *d = arg;
+
+    while (!atomic_load(&d->stop)) {
+        CHECK_OK(write1(d->e, d->seg, d->buf, d->addr, 1 << 20));
+        atomic_fetch_add(&d->writes, 1);
+    }
+    return NULL;
+}
+
+/*
+ * A worker waiting for its target holds no CPU. Two CPUs, two workers:
+ * one waits for stopped A to empty its staging slot; a thread keeps
+ * writing to C synchronously, running its own jobs (one CPU kept for it);
+ * an asynchronous write to B then lands within 5 s, taken by the other
+ * worker (every byte checked). Fails when a worker waiting for its target
+ * still counts as copying: the other worker finds no room and B's write
+ * waits until the writes to C stop (15 s).
+ */
+KVT_TEST(worker_waiting_for_target_frees_its_cpu)
+{
+    enum { PIECES = 1024 }; /* 512 KiB of 512-byte pieces: one job */
+    peer_opts_t o = {KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, 0, 0, 0, 0};
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t sa, sb, sc;
+    driver_t drv;
+    kvt_batch_h a, b;
+    pthread_t th;
+    kvt_engine_h e;
+    peer_t pa, pb, pc;
+    uint8_t *buf;
+    double t0;
+
+    if (!two_cpus())
+        SKIP("fewer than two CPUs");
+    CHECK(peer_start(&pc, &o) == 0); /* forked before any thread */
+    e = two_peers_n(&pa, &pb, &o, &sa, &sb, 2);
+    CHECK_OK(kvt_segment_open(e, pc.segment, &sc));
+    buf = map(2u << 20);
+    pattern_fill(buf, 2u << 20, 44, 0);
+    CHECK_OK(kvt_mem_register(e, buf, 2u << 20, KVT_ACCESS_REMOTE_RW));
+    a = staged_to_stopped(e, &pa, &pb, sa, sb, buf, PIECES, &d);
+    drv.e = e;
+    drv.seg = sc;
+    drv.buf = buf;
+    drv.addr = pc.main_addr;
+    atomic_init(&drv.stop, 0);
+    atomic_init(&drv.writes, 0);
+    CHECK(pthread_create(&th, NULL, driver_main, &drv) == 0);
+    usleep(200 * 1000);
+    t0 = kvt_test_now();
+    memset(&d, 0, sizeof(d));
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sb;
+    d.local_addr = buf;
+    d.remote_addr = pb.main_addr;
+    d.length = 1u << 20;
+    CHECK_OK(kvt_batch_create(e, 1, &b));
+    CHECK_OK(kvt_batch_submit(b, &d, 1));
+    while (kvt_batch_query(b, NULL) == KVT_INPROGRESS &&
+           kvt_test_now() - t0 < 15.0)
+        usleep(1000);
+    fprintf(stderr,
+            "B's write beside a waiting worker and a driving "
+            "thread: %.3f s (%d writes to C)\n",
+            kvt_test_now() - t0, atomic_load(&drv.writes));
+    CHECK(kvt_test_now() - t0 < 5.0);
+    atomic_store(&drv.stop, 1);
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK_OK(kvt_batch_query(b, NULL));
+    CHECK(strcmp(peer_cmd(&pb, "check %llu %llu 44",
+                          (unsigned long long)pb.main_addr,
+                          (unsigned long long)(1u << 20)),
+                 "0") == 0);
+    CHECK(kvt_batch_query(a, NULL) == KVT_INPROGRESS);
+    peer_kill(&pa, SIGCONT);
+    CHECK_OK(rows_poll(a, 30));
+    CHECK_OK(kvt_batch_free(a));
+    CHECK_OK(kvt_batch_free(b));
+    kvt_engine_destroy(e);
+    munmap(buf, 2u << 20);
+    peer_stop(&pa);
+    peer_stop(&pb);
+    peer_stop(&pc);
+}
+
 /*
  * With no thread waiting on its batch, the workers take jobs on every
  * CPU. Two CPUs, two workers; batches of 16 MiB submitted and polled
@@ -1474,6 +1570,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(admission_room, 30),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),
+    KVT_CASE(worker_waiting_for_target_frees_its_cpu, 60),
     KVT_CASE(staged_write_timed_out_never_lands, 60),
     KVT_CASE(initiator_killed_while_staging, 60),
     KVT_CASE(unregister_while_mapped, 60),
