@@ -805,6 +805,37 @@ KVT_TEST(admission_room)
     CHECK(kvt__shm_room(0, 0, never, 1) == 1);
 }
 
+/* The sizes a submission is cut into (kvt__shm_job_size()): a share of
+ * what is left, so that the jobs shrink from JOB_MAX to JOB_MIN. */
+KVT_TEST(job_sizes_shrink)
+{
+    uint64_t left = 32ull << 20, prev = JOB_MAX;
+    unsigned n = 0, small = 0;
+
+    CHECK(kvt__shm_job_size(32ull << 20, 0) == JOB_MAX);
+    CHECK(kvt__shm_job_size(64ull << 20, 4) == JOB_MAX);
+    CHECK(kvt__shm_job_size(2ull << 20, 4) == 512u << 10);
+    CHECK(kvt__shm_job_size(1ull << 20, 4) == JOB_MIN);
+    CHECK(kvt__shm_job_size(0, 4) == JOB_MIN);
+    /* 32 MiB for two executors (a share of 1/4): 8 MiB first, then
+     * smaller ones, the last four JOB_MIN each (the last one less). */
+    while (left > 0) {
+        uint64_t t = kvt__shm_job_size(left, 4);
+        CHECK(t <= prev && t >= JOB_MIN);
+        if (n == 0)
+            CHECK(t == JOB_MAX);
+        if (t > left)
+            t = left;
+        small += t <= JOB_MIN;
+        prev = t;
+        left -= t;
+        n++;
+    }
+    fprintf(stderr, "32 MiB: %u jobs, %u of JOB_MIN or less\n", n, small);
+    CHECK(n <= 20);
+    CHECK(small >= 4);
+}
+
 /* Pin this case's process (each case runs in one of its own) to the first
  * two CPUs it may use, before the engine counts them; 0 when it may use
  * fewer. */
@@ -1568,6 +1599,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(stopped_target_holds_session, 60),
     KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
     KVT_CASE(admission_room, 30),
+    KVT_CASE(job_sizes_shrink, 30),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),
     KVT_CASE(worker_waiting_for_target_frees_its_cpu, 60),

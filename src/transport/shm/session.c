@@ -86,7 +86,18 @@ typedef struct {
     kvt__comp_t *cur_comp; /* of its last segment */
     uint64_t cur_bytes;
     uint32_t *pieces; /* per descriptor of the submission */
+    /* The bytes not yet planned and the open job's size
+     * (kvt__shm_job_size()). */
+    uint64_t left, target;
+    unsigned share;
 } plan_t;
+
+uint64_t kvt__shm_job_size(uint64_t left, unsigned share)
+{
+    uint64_t t = share ? left / share : JOB_MAX;
+
+    return t < JOB_MIN ? JOB_MIN : t > JOB_MAX ? JOB_MAX : t;
+}
 
 static void plan_open(plan_t *p, uint32_t op, uint64_t dl)
 {
@@ -103,6 +114,7 @@ static void plan_open(plan_t *p, uint32_t op, uint64_t dl)
     p->cur_op = op;
     p->cur_nsegs = 0;
     p->cur_bytes = 0;
+    p->target = kvt__shm_job_size(p->left, p->share);
 }
 
 /* Append a segment to the open job; a descriptor's pieces are the jobs
@@ -118,6 +130,7 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
     p->cur_comp = g->comp;
     p->cur_nsegs++;
     p->cur_bytes += g->len * g->count;
+    p->left -= p->left < g->len * g->count ? p->left : g->len * g->count;
     p->ns++;
 }
 
@@ -128,9 +141,10 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
  * region (each piece's, for the strided form), so that one crossing a
  * region's end is refused whole even when it is cut across jobs.
  */
-static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
+static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t total,
                      uint64_t dl)
 {
+    p->left = total;
     for (size_t i = 0; i < n; i++) {
         const kvt__xfer_t *d = &x[i];
         kvt__comp_t *comp = d->comp;
@@ -155,10 +169,10 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
         for (uint32_t k = 0; c > 1 && L <= PACK_MAX && k < c;) {
             uint64_t room, cnt;
             seg_t g;
-            if (!p->open || p->cur_op != d->op || p->cur_bytes >= target ||
+            if (!p->open || p->cur_op != d->op || p->cur_bytes >= p->target ||
                 p->cur_nsegs >= JOB_SEGS)
                 plan_open(p, d->op, dl);
-            room = target - p->cur_bytes;
+            room = p->target - p->cur_bytes;
             cnt = room / L ? room / L : 1;
             if (cnt > c - k)
                 cnt = c - k;
@@ -181,8 +195,8 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
             uint64_t vlo = c == 1 ? d->raddr : ra;
             while (off < L) {
                 seg_t g;
-                if (!p->open || p->cur_op != d->op || p->cur_bytes >= target ||
-                    p->cur_nsegs >= JOB_SEGS)
+                if (!p->open || p->cur_op != d->op ||
+                    p->cur_bytes >= p->target || p->cur_nsegs >= JOB_SEGS)
                     plan_open(p, d->op, dl);
                 g = (seg_t){.laddr = la + k * ls + off,
                             .raddr = ra + off,
@@ -193,8 +207,8 @@ static void plan_run(plan_t *p, const kvt__xfer_t *x, size_t n, uint64_t target,
                             .st = KVT_OK,
                             .ldev = ldev,
                             .comp = comp};
-                if (g.len > target - p->cur_bytes)
-                    g.len = target - p->cur_bytes;
+                if (g.len > p->target - p->cur_bytes)
+                    g.len = p->target - p->cur_bytes;
                 g.lstride = g.rstride = g.len;
                 plan_add(p, i, &g);
                 off += g.len;
@@ -208,7 +222,8 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
 {
     shm_session_t *s = (shm_session_t *)base;
     kvt__shm_t *shm = s->shm;
-    uint64_t total = 0, target, dl;
+    uint64_t total = 0, dl;
+    unsigned copiers;
     plan_t p = {0};
     job_block_t *blk;
     size_t msgs = 0, nj, ns;
@@ -225,14 +240,14 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
         else
             total += kvt__xfer_bytes(&x[i]);
     }
-    /* Spread a large submission over every executor; keep a small one in
-     * one job, whose hand-off would cost more than the copy it shares. */
-    target = total / (1 + shm->nworkers);
-    if (total < SPLIT_MIN)
-        target = JOB_MAX;
-    target = target < JOB_MIN ? JOB_MIN : target > JOB_MAX ? JOB_MAX : target;
+    /* Spread a large submission over every executor that may copy at
+     * once (kvt__shm_room()), in jobs that shrink towards its end
+     * (kvt__shm_job_size()); keep a small one in one job, whose hand-off
+     * would cost more than the copy it shares. */
+    copiers = 1 + shm->nworkers < shm->ncpu ? 1 + shm->nworkers : shm->ncpu;
+    p.share = total < SPLIT_MIN || copiers < 2 ? 0 : 2 * copiers;
     dl = kvt__now_ns() + shm->cfg->timeout_ns;
-    plan_run(&p, x, n, target, dl);
+    plan_run(&p, x, n, total, dl);
     nj = p.nj;
     ns = p.ns;
     blk = malloc(sizeof(*blk) + nj * sizeof(job_t) + ns * sizeof(seg_t) + msgs);
@@ -246,7 +261,7 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
     mp = (uint8_t *)(p.segs + ns);
     p.nj = p.ns = 0;
     p.open = 0;
-    plan_run(&p, x, n, target, dl);
+    plan_run(&p, x, n, total, dl);
     for (size_t i = 0; i < nj; i++) {
         job_t *j = &p.jobs[i];
         j->blk = blk;

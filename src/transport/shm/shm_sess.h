@@ -10,7 +10,8 @@
  *
  * Jobs. A submission is cut into jobs, runs of segments of one opcode of
  * at most JOB_MAX bytes and JOB_SEGS segments, sized so that a large
- * submission spreads over every executor; a NOTIFY is a job of its own.
+ * submission spreads over every executor and its last jobs are small
+ * (kvt__shm_job_size()); a NOTIFY is a job of its own.
  * Jobs queue on their session in submission order.
  *
  * Executors. Whoever takes a job runs it: a pool worker, or the thread
@@ -62,7 +63,9 @@
 
 #include "transport/shm/shm.h"
 
-#define JOB_MIN (1024u * 1024u)
+/* Jobs of a submission of SPLIT_MIN bytes or more are cut to sizes
+ * between JOB_MIN and JOB_MAX (kvt__shm_job_size()). */
+#define JOB_MIN (256u * 1024u)
 #define SPLIT_MIN (2u * 1024u * 1024u)
 #define JOB_MAX (8u * 1024u * 1024u)
 #define JOB_SEGS 1024u
@@ -341,6 +344,15 @@ shm_session_t *kvt__shm_take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
 kvt_status_t kvt__shm_pool_start_locked(kvt__shm_t *shm);
 
 /* session.c */
+/*
+ * The size of the next job of a submission whose jobs take 1/@share each
+ * of the @left bytes not yet cut (guided scheduling), within [JOB_MIN,
+ * JOB_MAX]; @share 0: JOB_MAX (a submission below SPLIT_MIN, or one
+ * executor). The executors take the large jobs first and the small last
+ * ones even out when they finish, so that at the end of a batch no
+ * executor copies alone while the others wait for the next one.
+ */
+uint64_t kvt__shm_job_size(uint64_t left, unsigned share);
 void kvt__shm_release(shm_session_t *s);
 void kvt__shm_session_kill(kvt__session_t *base, kvt_status_t why);
 
