@@ -963,6 +963,64 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
     deep_end(e, &pa, &pb, b, buf, 62);
 }
 
+/*
+ * A thread that submits one batch at a time and waits for it, as a
+ * synchronous transfer does: a worker that ended a job of one batch takes
+ * a job of the next without being woken (pool.c, pool_spin()), so that
+ * the next batch has two copiers from its start and its submission costs
+ * no system call. Two CPUs, two workers, 32 MiB batches into plain
+ * memory; every byte lands. Fails when a worker sleeps as soon as it
+ * finds the queues empty: every submission then signals one.
+ */
+KVT_TEST(worker_polls_for_the_next_batch)
+{
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt_segment_t sa;
+    uint64_t jobs, wakes;
+    kvt__shm_t *shm;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    double t0;
+    int rounds = 0, warm = 4;
+
+    if (!two_cpus())
+        SKIP("fewer than two CPUs");
+    e = deep_setup(&pa, &pb, &sa, 64, &buf);
+    shm = shm_of(e);
+    CHECK_OK(kvt_batch_create(e, 1, &b[0]));
+    CHECK_OK(kvt_batch_create(e, 1, &b[1]));
+    t0 = kvt_test_now();
+    while (kvt_test_now() - t0 < 1.0 || rounds < 64) {
+        kvt_xfer_desc_t d = {0};
+        d.opcode = KVT_OP_WRITE;
+        d.segment = sa;
+        d.local_addr = buf;
+        d.remote_addr = pa.main_addr;
+        d.length = 2 * DEEP_LEN;
+        CHECK_OK(kvt_batch_reset(b[0]));
+        CHECK_OK(kvt_batch_submit_wait(b[0], &d, 1, 30000));
+        if (warm > 0 && --warm == 0) { /* the workers have started */
+            atomic_store(&shm->worker_jobs, 0);
+            atomic_store(&shm->submit_wakes, 0);
+            t0 = kvt_test_now();
+        } else if (warm == 0) {
+            rounds++;
+        }
+    }
+    jobs = atomic_load(&shm->worker_jobs);
+    wakes = atomic_load(&shm->submit_wakes);
+    fprintf(stderr,
+            "%d batches: workers took %llu jobs, %llu of them woke one\n",
+            rounds, (unsigned long long)jobs, (unsigned long long)wakes);
+    CHECK(jobs >= (uint64_t)rounds);
+    /* Instrumented code takes longer between two batches than a worker
+     * polls. */
+    if (kvt_test_slowdown() == 1.0)
+        CHECK(wakes * 4 <= (uint64_t)rounds);
+    deep_end(e, &pa, &pb, b, buf, 64);
+}
+
 /* Synchronous 1 MiB writes from @buf to @addr in @seg until *@stop. */
 typedef struct {
     kvt_engine_h e;
@@ -1600,6 +1658,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
     KVT_CASE(admission_room, 30),
     KVT_CASE(job_sizes_shrink, 30),
+    KVT_CASE(worker_polls_for_the_next_batch, 120),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),
     KVT_CASE(worker_waiting_for_target_frees_its_cpu, 60),

@@ -176,12 +176,15 @@ job_t *kvt__shm_take_locked(shm_session_t *s)
     return j;
 }
 
-void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n)
+unsigned kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n)
 {
+    unsigned i;
+
     pthread_mutex_lock(&shm->pool_lock);
-    for (unsigned i = 0; i < n && i < shm->idle; i++)
+    for (i = 0; i < n && i < shm->idle; i++)
         pthread_cond_signal(&shm->pool_cond);
     pthread_mutex_unlock(&shm->pool_lock);
+    return i;
 }
 
 /*
@@ -198,11 +201,20 @@ void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged)
         atomic_fetch_add(&shm->deferred, n);
         return;
     }
+    /* Counted before the polling worker is looked for: a worker that
+     * stops polling looks at the queues again (pool_spin()). */
+    atomic_fetch_add(&shm->submits, 1);
     /* No more than may take a job (kvt__shm_room()): a worker woken
      * without room would only go back to sleep. Those busy take the jobs
      * as they end theirs, and a waiting thread runs its own. */
     room = pool_room(shm, kvt__now_ns());
-    kvt__shm_pool_wake(shm, n < room ? n : room);
+    if (n > room)
+        n = room;
+    /* A worker polling for this submission takes a job without a wake. */
+    if (n > 0 && atomic_load(&shm->spinning) > 0)
+        n--;
+    if (n > 0 && kvt__shm_pool_wake(shm, n) > 0)
+        atomic_fetch_add_explicit(&shm->submit_wakes, 1, memory_order_relaxed);
 }
 
 void kvt__shm_flush(kvt__tl_t *tl)
@@ -435,17 +447,49 @@ static int stopped_any(kvt__shm_t *shm)
     return atomic_load(&shm->nparked) > 0 || atomic_load(&shm->nheld) > 0;
 }
 
+/*
+ * Poll for a submission after @seen (shm->submits) until @until, with
+ * pool_lock dropped, rather than sleep: a worker that just ended a job
+ * is likely to be given the next one within microseconds (the next batch
+ * of a thread that submits one at a time), and a sleeping worker takes
+ * tens of microseconds to be woken and costs its waker a system call.
+ * One worker polls at a time; none while there is no job for it (a
+ * copier has no more use of a CPU then) and never longer than
+ * IDLE_SPIN_NS after a job, so that an idle pool sleeps. Returns 0 when
+ * another worker polls (the caller sleeps), 1 after polling, with
+ * pool_lock held again: the caller looks at the queues again, so that a
+ * submission that counted on this worker (kvt__shm_submit_wake()) is not
+ * left unseen when it stopped polling just after.
+ */
+static int pool_spin(kvt__shm_t *shm, uint64_t seen, uint64_t until)
+{
+    unsigned zero = 0;
+
+    if (!atomic_compare_exchange_strong(&shm->spinning, &zero, 1))
+        return 0;
+    pthread_mutex_unlock(&shm->pool_lock);
+    while (atomic_load(&shm->submits) == seen && kvt__now_ns() < until) {
+        for (int k = 0; k < 32; k++)
+            cpu_relax();
+    }
+    atomic_store(&shm->spinning, 0);
+    pthread_mutex_lock(&shm->pool_lock);
+    return 1;
+}
+
 static void *worker_main(void *arg)
 {
     kvt__shm_t *shm = arg;
     uint64_t last_tick = kvt__now_ns();
+
+    uint64_t ended = 0; /* when this worker last ended a job */
 
     kvt__thread_name("kvt-shm-w");
     pthread_mutex_lock(&shm->pool_lock);
     while (!shm->stopping) {
         shm_session_t *s;
         job_t *j = NULL;
-        uint64_t now, retry;
+        uint64_t now, retry, seen;
         int room, declined;
 
         /* Parked jobs and held sessions are looked at between jobs too,
@@ -464,6 +508,9 @@ static void *worker_main(void *arg)
          * (kvt__shm_copier_waits(), kvt__shm_copier_leave(): each changes
          * its count, then reads this one; both sequentially consistent). */
         atomic_fetch_add(&shm->declined, 1);
+        /* Read before the queues are: a submission after it is seen by
+         * pool_spin(). */
+        seen = atomic_load(&shm->submits);
         retry = 0;
         room = pool_admit(shm, kvt__now_ns(), &retry);
         s = room ? take_next(shm, &j) : NULL;
@@ -480,6 +527,7 @@ static void *worker_main(void *arg)
             else
                 kvt__shm_job_run(s, j);
             kvt__shm_copier_leave(shm);
+            ended = kvt__now_ns();
             pthread_mutex_lock(&shm->pool_lock);
             /* Room for this worker and one that found none (the waiting
              * thread left and did not come back): wake it. */
@@ -498,6 +546,9 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&shm->pool_lock);
             continue;
         }
+        if (!declined && ended != 0 && now - ended < IDLE_SPIN_NS &&
+            pool_spin(shm, seen, ended + IDLE_SPIN_NS))
+            continue;
         {
             struct timespec ts;
             uint64_t ns, wait = stopped_any(shm) ? STOPPED_POLL_NS : TICK_NS;

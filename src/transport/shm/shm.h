@@ -236,6 +236,13 @@ struct kvt__shm {
     _Atomic uint64_t drove_ns, worker_jobs, over_jobs;
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
+    /* A worker that ended a job polls for the next submission for a
+     * while before it sleeps (pool.c, worker_main()): @submits counts the
+     * submissions, @spinning the workers polling (at most one). Seen
+     * by tests: @submit_wakes, the submissions that signalled a sleeping
+     * worker. */
+    _Atomic uint64_t submits, submit_wakes;
+    _Atomic unsigned spinning;
     /* Device copies (dev.c): idle streams and pinned bounce buffers, kept
      * for the executors; under dev_lock. */
     pthread_mutex_t dev_lock;

@@ -74,6 +74,9 @@
 #define SLICE_NS (10 * 1000000)
 #define STOPPED_POLL_NS (1000u * 1000u)
 #define WAIT_SPIN_NS (50u * 1000u)
+/* How long a pool worker that ended a job polls for the next submission
+ * before it sleeps (pool.c, pool_spin()). */
+#define IDLE_SPIN_NS (100u * 1000u)
 #define NOMAP_MAX 16
 /* Strided pieces up to this size stay whole, grouped in one segment. */
 #define PACK_MAX (64u * 1024u)
@@ -312,7 +315,8 @@ void kvt__shm_job_run(shm_session_t *s, job_t *j);
 
 /* pool.c */
 job_t *kvt__shm_take_locked(shm_session_t *s);
-void kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
+/* Signal up to @n sleeping workers; returns how many were asleep. */
+unsigned kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
 /*
  * Admission of copiers. A pool worker runs a job between
  * kvt__shm_copier_enter(shm, 0) and kvt__shm_copier_leave(); a waiting
