@@ -13,16 +13,15 @@
 #     the same memory object;
 #   - into plain registered memory, which kvt reaches by cross-memory
 #     attach: process_vm_writev() into the target, a call per batch.
-# 1 MiB blocks (batch 32: a 32 MiB submission, cut into jobs copied by the
-# submitting thread and the engine's 2 workers, so as many threads as the
-# machine has CPUs, at most 3), 64 KiB (batch 32: one job, one thread) and
-# scattered 4 KiB (batch 128: one job, one thread). For 1 MiB kvt keeps 2
-# batches in flight, as bench/tcp.sh does: the ceiling's threads copy
-# without a pause, where with one batch at a time kvt's copiers would wait
-# at the end of each batch for the next one, and every CPU copies either
-# way. The smaller blocks keep one batch in flight: with two, a worker
-# would copy one batch while the submitting thread copies the other, two
-# threads against the ceiling's one.
+# 1 MiB blocks (batch 32: a 32 MiB submission) and 64 KiB (batch 32: 2 MiB)
+# are cut into jobs (2 MiB and more are) copied by the submitting thread
+# and the engine's 2 workers, as many at once as the machine has CPUs, at
+# most 3: the ceiling copies with as many threads. Scattered 4 KiB (batch
+# 128: 512 KiB) is one job, one thread. For 1 MiB kvt keeps 2 batches in
+# flight, as bench/tcp.sh does: the ceiling's threads copy without a
+# pause, where with one batch at a time kvt's copiers would wait at the
+# end of each batch for the next one, and every CPU copies either way.
+# The smaller blocks keep one batch in flight (a synchronous transfer).
 #
 # Runs are bracketed: ceiling, kvt, ceiling, kvt, ..., ceiling (ROUNDS kvt
 # runs, ROUNDS+1 ceiling runs). Each kvt run is divided by the mean of the
@@ -76,7 +75,9 @@ for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
     IFS=: read -r buf blk batch pat <<<"$spec"
     seg=$MANAGED; at=$MANAGED_AT; kind="memcpy nt"; how="nt memcpy"
     [ "$buf" = malloc ] && { seg=$MALLOC; at=$MALLOC_AT; kind="process_vm_writev"; how="plain cma"; }
-    threads=1; depth=1; [ "$blk" = 1M ] && { threads=$BIG_THREADS; depth=2; }
+    threads=1; depth=1
+    [ "$blk" = 4K ] || threads=$BIG_THREADS
+    [ "$blk" = 1M ] && depth=2
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
     base
     for _ in $(seq "$ROUNDS"); do
