@@ -963,6 +963,50 @@ KVT_TEST(workers_leave_the_waiter_a_cpu)
     deep_end(e, &pa, &pb, b, buf, 62);
 }
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Synchronous batches of 2 * DEEP_LEN from @buf to @addr in @seg, for
+ * about a second (at least 64): how many, and in *@jobs_p and *@wakes_p
+ * the jobs the workers took and the submissions that woke one, in
+ * *@cpus_p the CPUs this process had on average. */
+static int polled_batches(kvt_engine_h e, kvt_segment_t seg, uint8_t *buf,
+                          uint64_t addr, kvt_batch_h b, uint64_t *jobs_p,
+                          uint64_t *wakes_p, double *cpus_p)
+{
+    kvt__shm_t *shm = shm_of(e);
+    double t0 = 0, c0 = 0;
+    int rounds = 0;
+
+    for (int warm = 4; warm > 0 || kvt_test_now() - t0 < 1.0 || rounds < 64;) {
+        kvt_xfer_desc_t d = {0};
+        d.opcode = KVT_OP_WRITE;
+        d.segment = seg;
+        d.local_addr = buf;
+        d.remote_addr = addr;
+        d.length = 2 * DEEP_LEN;
+        CHECK_OK(kvt_batch_reset(b));
+        CHECK_OK(kvt_batch_submit_wait(b, &d, 1, 30000));
+        if (warm > 0 && --warm == 0) { /* the workers have started */
+            atomic_store(&shm->worker_jobs, 0);
+            atomic_store(&shm->submit_wakes, 0);
+            t0 = kvt_test_now();
+            c0 = cpu_seconds();
+        } else if (warm == 0) {
+            rounds++;
+        }
+    }
+    *jobs_p = atomic_load(&shm->worker_jobs);
+    *wakes_p = atomic_load(&shm->submit_wakes);
+    *cpus_p = (cpu_seconds() - c0) / (kvt_test_now() - t0);
+    return rounds;
+}
+
 /*
  * A thread that submits one batch at a time and waits for it, as a
  * synchronous transfer does: a worker that ended a job of one batch takes
@@ -976,48 +1020,41 @@ KVT_TEST(worker_polls_for_the_next_batch)
 {
     kvt_batch_h b[2] = {NULL, NULL};
     kvt_segment_t sa;
-    uint64_t jobs, wakes;
-    kvt__shm_t *shm;
     kvt_engine_h e;
     peer_t pa, pb;
     uint8_t *buf;
-    double t0;
-    int rounds = 0, warm = 4;
+    int held = 0;
 
     if (!two_cpus())
         SKIP("fewer than two CPUs");
     e = deep_setup(&pa, &pb, &sa, 64, &buf);
-    shm = shm_of(e);
     CHECK_OK(kvt_batch_create(e, 1, &b[0]));
     CHECK_OK(kvt_batch_create(e, 1, &b[1]));
-    t0 = kvt_test_now();
-    while (kvt_test_now() - t0 < 1.0 || rounds < 64) {
-        kvt_xfer_desc_t d = {0};
-        d.opcode = KVT_OP_WRITE;
-        d.segment = sa;
-        d.local_addr = buf;
-        d.remote_addr = pa.main_addr;
-        d.length = 2 * DEEP_LEN;
-        CHECK_OK(kvt_batch_reset(b[0]));
-        CHECK_OK(kvt_batch_submit_wait(b[0], &d, 1, 30000));
-        if (warm > 0 && --warm == 0) { /* the workers have started */
-            atomic_store(&shm->worker_jobs, 0);
-            atomic_store(&shm->submit_wakes, 0);
-            t0 = kvt_test_now();
-        } else if (warm == 0) {
-            rounds++;
-        }
+    /* Up to five tries: what runs beside this case on the same CPUs (the
+     * other tests) keeps the submitting thread from its next batch for
+     * longer than a worker polls; a try in which this process had less
+     * than 1.8 of its two CPUs does not count. Without polling every
+     * submission wakes a worker. */
+    for (int t = 0; t < 5 && held == 0; t++) {
+        uint64_t jobs, wakes;
+        double cpus;
+        int rounds = polled_batches(e, sa, buf, pa.main_addr, b[0], &jobs,
+                                    &wakes, &cpus);
+        fprintf(stderr,
+                "%d batches on %.2f CPUs: workers took %llu jobs, %llu of "
+                "them woke one\n",
+                rounds, cpus, (unsigned long long)jobs,
+                (unsigned long long)wakes);
+        CHECK(jobs >= (uint64_t)rounds);
+        if (cpus >= 1.8)
+            held = wakes * 4 <= (uint64_t)rounds ? 1 : -1;
     }
-    jobs = atomic_load(&shm->worker_jobs);
-    wakes = atomic_load(&shm->submit_wakes);
-    fprintf(stderr,
-            "%d batches: workers took %llu jobs, %llu of them woke one\n",
-            rounds, (unsigned long long)jobs, (unsigned long long)wakes);
-    CHECK(jobs >= (uint64_t)rounds);
+    if (held == 0)
+        fprintf(stderr, "never had two CPUs: not checked\n");
     /* Instrumented code takes longer between two batches than a worker
      * polls. */
     if (kvt_test_slowdown() == 1.0)
-        CHECK(wakes * 4 <= (uint64_t)rounds);
+        CHECK(held >= 0);
     deep_end(e, &pa, &pb, b, buf, 64);
 }
 
