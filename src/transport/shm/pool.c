@@ -320,8 +320,21 @@ void kvt__shm_stopped_poll(kvt__shm_t *shm)
         pthread_mutex_lock(&s->lock);
         any = s->parked != NULL;
         pthread_mutex_unlock(&s->lock);
-        if (any || atomic_load(&s->held))
+        if (any || atomic_load(&s->held)) {
             stopped = kvt__shm_target_check(s, &st);
+            /* A stopped target that is killed reads as running for a
+             * moment: each thread takes SIGKILL off its pending signals
+             * before it marks itself exiting (PF_EXITING). A target runs
+             * again only when two polls, STOPPED_POLL_NS apart, read it
+             * running; by the second a killed one reads as dying, or its
+             * pidfd as gone. */
+            if (!stopped && st == KVT_OK && !s->ran) {
+                s->ran = 1;
+                stopped = 1;
+            } else {
+                s->ran = 0;
+            }
+        }
         if (!stopped && st == KVT_OK && kvt__shm_session_unhold(s))
             kvt__shm_pool_wake(shm, ~0u); /* every idle worker */
         pthread_mutex_lock(&s->lock);

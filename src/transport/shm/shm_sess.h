@@ -160,6 +160,9 @@ struct shm_session {
     unsigned inflight;
     int released;
     _Atomic int held; /* the target is stopped: no job is taken */
+    /* kvt__shm_stopped_poll() only: the target read as running at the
+     * last poll, after it had read as stopped or with jobs parked. */
+    int ran;
 
     pthread_rwlock_t map_lock;
     map_t *maps;
