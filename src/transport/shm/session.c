@@ -121,6 +121,8 @@ static void plan_open(plan_t *p, uint32_t op, uint64_t dl)
  * its segments fall in. */
 static void plan_add(plan_t *p, size_t i, const seg_t *g)
 {
+    uint64_t bytes = g->len * g->count;
+
     if (p->cur_nsegs == 0 || p->cur_comp != g->comp)
         p->pieces[i]++;
     if (p->jobs != NULL) {
@@ -129,8 +131,8 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
     }
     p->cur_comp = g->comp;
     p->cur_nsegs++;
-    p->cur_bytes += g->len * g->count;
-    p->left -= p->left < g->len * g->count ? p->left : g->len * g->count;
+    p->cur_bytes += bytes;
+    p->left -= p->left < bytes ? p->left : bytes;
     p->ns++;
 }
 
