@@ -805,6 +805,28 @@ KVT_TEST(admission_room)
     CHECK(kvt__shm_room(0, 0, never, 1) == 1);
 }
 
+/* A stopped target runs again for kvt__shm_stopped_poll() only when two
+ * polls in a row read it running (kvt__shm_still_stopped()): a killed one
+ * reads as running for a moment. */
+KVT_TEST(stopped_target_runs_after_two_polls)
+{
+    int ran = 0;
+
+    CHECK(kvt__shm_still_stopped(&ran, 1, KVT_OK) == 1);
+    /* Read running once: still stopped; twice: runs. */
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 1);
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 0);
+    /* The next stop starts over. */
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 1);
+    CHECK(kvt__shm_still_stopped(&ran, 1, KVT_OK) == 1);
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 1);
+    /* Gone after one running read: not held back (the caller fails its
+     * jobs on @st), and the note is cleared. */
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_ERR_CONN_LOST) == 0);
+    CHECK(ran == 0);
+    CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 1);
+}
+
 /* The sizes a submission is cut into (kvt__shm_job_size()): a share of
  * what is left, so that the jobs shrink from JOB_MAX to JOB_MIN. */
 KVT_TEST(job_sizes_shrink)
@@ -1695,6 +1717,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
     KVT_CASE(admission_room, 30),
     KVT_CASE(job_sizes_shrink, 30),
+    KVT_CASE(stopped_target_runs_after_two_polls, 30),
     KVT_CASE(worker_polls_for_the_next_batch, 120),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),

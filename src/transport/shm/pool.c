@@ -294,6 +294,16 @@ static void sessions_put(shm_session_t **v, size_t n)
     free(v);
 }
 
+int kvt__shm_still_stopped(int *ran, int stopped, kvt_status_t st)
+{
+    if (!stopped && st == KVT_OK && !*ran) {
+        *ran = 1;
+        return 1;
+    }
+    *ran = 0;
+    return stopped;
+}
+
 /*
  * End the parked jobs (kvt__shm_job_park()) whose target runs again (delivered)
  * or is gone (failed with the session), and those past their deadline
@@ -322,18 +332,7 @@ void kvt__shm_stopped_poll(kvt__shm_t *shm)
         pthread_mutex_unlock(&s->lock);
         if (any || atomic_load(&s->held)) {
             stopped = kvt__shm_target_check(s, &st);
-            /* A stopped target that is killed reads as running for a
-             * moment: each thread takes SIGKILL off its pending signals
-             * before it marks itself exiting (PF_EXITING). A target runs
-             * again only when two polls, STOPPED_POLL_NS apart, read it
-             * running; by the second a killed one reads as dying, or its
-             * pidfd as gone. */
-            if (!stopped && st == KVT_OK && !s->ran) {
-                s->ran = 1;
-                stopped = 1;
-            } else {
-                s->ran = 0;
-            }
+            stopped = kvt__shm_still_stopped(&s->ran, stopped, st);
         }
         if (!stopped && st == KVT_OK && kvt__shm_session_unhold(s))
             kvt__shm_pool_wake(shm, ~0u); /* every idle worker */
@@ -494,7 +493,6 @@ static void *worker_main(void *arg)
 {
     kvt__shm_t *shm = arg;
     uint64_t last_tick = kvt__now_ns();
-
     uint64_t ended = 0; /* when this worker last ended a job */
 
     kvt__thread_name("kvt-shm-w");

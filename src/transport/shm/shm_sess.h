@@ -346,6 +346,16 @@ unsigned kvt__shm_room(unsigned busy, unsigned drivers, uint64_t idle_ns,
 void kvt__shm_submit_wake(kvt__shm_t *shm, unsigned n, int plugged);
 void kvt__shm_flush(kvt__tl_t *tl);
 void kvt__shm_stopped_poll(kvt__shm_t *shm);
+/*
+ * Whether kvt__shm_stopped_poll() takes a target as still stopped, given
+ * what kvt__shm_target_check() said (@stopped, @st): a stopped target that
+ * is killed reads as running for a moment (each thread takes SIGKILL off
+ * its pending signals before it marks itself exiting), so it runs again
+ * only when two polls in a row, STOPPED_POLL_NS apart, read it running;
+ * by the second a killed one reads as dying or its pidfd as gone. @ran:
+ * the session's note of the last poll.
+ */
+int kvt__shm_still_stopped(int *ran, int stopped, kvt_status_t st);
 shm_session_t *kvt__shm_take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
                                   job_t **j2_p);
 kvt_status_t kvt__shm_pool_start_locked(kvt__shm_t *shm);
