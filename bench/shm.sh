@@ -13,15 +13,16 @@
 #     the same memory object;
 #   - into plain registered memory, which kvt reaches by cross-memory
 #     attach: process_vm_writev() into the target, a call per batch.
-# 1 MiB blocks (batch 32: a 32 MiB submission) and 64 KiB (batch 32: 2 MiB)
-# are cut into jobs (2 MiB and more are) copied by the submitting thread
-# and the engine's 2 workers, as many at once as the machine has CPUs, at
-# most 3: the ceiling copies with as many threads. Scattered 4 KiB (batch
-# 128: 512 KiB) is one job, one thread. For 1 MiB kvt keeps 2 batches in
-# flight, as bench/tcp.sh does: the ceiling's threads copy without a
-# pause, where with one batch at a time kvt's copiers would wait at the
-# end of each batch for the next one, and every CPU copies either way.
-# The smaller blocks keep one batch in flight (a synchronous transfer).
+# 16 MiB blocks (batch 4: a 64 MiB submission), 1 MiB (batch 32: 32 MiB)
+# and 64 KiB (batch 32: 2 MiB) are cut into jobs (2 MiB and more are)
+# copied by the submitting thread and the engine's 2 workers, as many at
+# once as the machine has CPUs, at most 3: the ceiling copies with as many
+# threads. Scattered 4 KiB (batch 128: 512 KiB) is one job, one thread.
+# For 1 MiB and 16 MiB kvt keeps 2 batches in flight, as bench/tcp.sh
+# does: the ceiling's threads copy without a pause, where with one batch
+# at a time kvt's copiers would wait at the end of each batch for the next
+# one, and every CPU copies either way. The smaller blocks keep one batch
+# in flight (a synchronous transfer).
 #
 # Runs are bracketed: ceiling, kvt, ceiling, kvt, ..., ceiling (ROUNDS kvt
 # runs, ROUNDS+1 ceiling runs). Each kvt run is divided by the mean of the
@@ -70,14 +71,15 @@ NCPU=$(nproc); BIG_THREADS=$(( NCPU < 3 ? NCPU : 3 ))
 base() { "$BASE" copy-matched "$SECS" "$threads" "$blk" "$WSET" "$pat" $how "$batch" $at >>"$TMP/s"; }
 
 printf '%-40s %8s %-30s %8s %6s\n' "kvt (carried by), batches in flight" "GB/s" "matched ceiling" "GB/s" ratio
-for spec in managed:1M:32:contig malloc:1M:32:contig managed:64K:32:contig \
-    malloc:64K:32:contig managed:4K:128:scatter malloc:4K:128:scatter; do
+for spec in managed:16M:4:contig malloc:16M:4:contig managed:1M:32:contig \
+    malloc:1M:32:contig managed:64K:32:contig malloc:64K:32:contig \
+    managed:4K:128:scatter malloc:4K:128:scatter; do
     IFS=: read -r buf blk batch pat <<<"$spec"
     seg=$MANAGED; at=$MANAGED_AT; kind="memcpy nt"; how="nt memcpy"
     [ "$buf" = malloc ] && { seg=$MALLOC; at=$MALLOC_AT; kind="process_vm_writev"; how="plain cma"; }
     threads=1; depth=1
     [ "$blk" = 4K ] || threads=$BIG_THREADS
-    [ "$blk" = 1M ] && depth=2
+    case $blk in 1M | 16M) depth=2 ;; esac
     : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/p"
     base
     for _ in $(seq "$ROUNDS"); do
