@@ -827,6 +827,31 @@ KVT_TEST(stopped_target_runs_after_two_polls)
     CHECK(kvt__shm_still_stopped(&ran, 0, KVT_OK) == 1);
 }
 
+/* A piece written into a peer (kvt__shm_copy_piece()): every byte at any
+ * alignment, streamed from 4 KiB up (reported, so the writer fences). */
+KVT_TEST(copy_piece_streams_from_4k)
+{
+    static const size_t lens[] = {1, 255, 256, 4095, 4096, 4097, 65539};
+    uint8_t *src = map(1u << 20), *dst = map(1u << 20);
+
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        for (size_t off = 0; off < 64; off += 13) {
+            size_t n = lens[i];
+            int streamed;
+            for (size_t k = 0; k < n + 2; k++)
+                src[off + k] = (uint8_t)(k * 7 + i + off);
+            memset(dst, 0xAB, n + 200);
+            streamed = kvt__shm_copy_piece(dst + 100 + off, src + off, n);
+            kvt__shm_copy_fence();
+            CHECK(streamed == (n >= 4096));
+            CHECK(memcmp(dst + 100 + off, src + off, n) == 0);
+            CHECK(dst[99 + off] == 0xAB && dst[100 + off + n] == 0xAB);
+        }
+    }
+    munmap(src, 1u << 20);
+    munmap(dst, 1u << 20);
+}
+
 /* The sizes a submission is cut into (kvt__shm_job_size()): a share of
  * what is left, so that the jobs shrink from JOB_MAX to JOB_MIN. */
 KVT_TEST(job_sizes_shrink)
@@ -1716,6 +1741,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(stopped_target_holds_session, 60),
     KVT_CASE(waiter_runs_beside_worker_waiting_for_target, 60),
     KVT_CASE(admission_room, 30),
+    KVT_CASE(copy_piece_streams_from_4k, 30),
     KVT_CASE(job_sizes_shrink, 30),
     KVT_CASE(stopped_target_runs_after_two_polls, 30),
     KVT_CASE(worker_polls_for_the_next_batch, 120),

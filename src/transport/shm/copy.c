@@ -116,6 +116,22 @@ void kvt__shm_copy(void *dst, const void *src, size_t len, int nt)
     memcpy(dst, src, len);
 }
 
+int kvt__shm_copy_piece(void *dst, const void *src, size_t len)
+{
+    /* As a contiguous destination run in kvt__shm_copy_strided(). */
+    if (len >= NT_RUN_MIN) {
+        copy_nt(dst, len, src, len, len, 1);
+        return 1;
+    }
+    memcpy(dst, src, len);
+    return 0;
+}
+
+void kvt__shm_copy_fence(void)
+{
+    nt_fence();
+}
+
 void kvt__shm_copy_strided(void *dst, size_t dstride, const void *src,
                            size_t sstride, size_t len, size_t count, int nt)
 {

@@ -172,9 +172,13 @@ out:
 }
 
 /* The mapped segments of @j not yet copied (loc set), merged while
- * contiguous on both sides; strided ones as one strided copy each. */
+ * contiguous on both sides; strided ones as one strided copy each. A
+ * write streams each run from 4 KiB up (kvt__shm_copy_piece()) and
+ * fences once after the last. */
 void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p)
 {
+    int fence = 0;
+
     for (uint32_t i = 0; i < j->nsegs && p->nmap > 0;) {
         const seg_t *g = &j->segs[i];
         uint8_t **loc = p->loc;
@@ -202,11 +206,14 @@ void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p)
              k++)
             len += j->segs[k].len;
         if (j->op == KVT_OP_WRITE)
-            kvt__shm_copy(loc[i], (const void *)(uintptr_t)g->laddr, len, 1);
+            fence |= kvt__shm_copy_piece(
+                loc[i], (const void *)(uintptr_t)g->laddr, len);
         else
             kvt__shm_copy((void *)(uintptr_t)g->laddr, loc[i], len, 0);
         i = k;
     }
+    if (fence)
+        kvt__shm_copy_fence();
 }
 
 /*

@@ -341,6 +341,14 @@ void kvt__shm_sessions_stop(kvt__shm_t *shm);
  * store fence, so the bytes are visible before any later store. */
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);
 
+/* One of several pieces written into a peer's memory: streamed from
+ * 4 KiB up (the destination is not read here, and a streamed line is
+ * not read for ownership first), without the fence: 1 when streamed,
+ * and then the writer calls kvt__shm_copy_fence() after its last piece,
+ * before anything reports the copy done. */
+int kvt__shm_copy_piece(void *dst, const void *src, size_t len);
+void kvt__shm_copy_fence(void);
+
 /* @count pieces of @len bytes, the k-th from src + k * sstride to
  * dst + k * dstride (one copy when both are contiguous). @nt: as for
  * kvt__shm_copy(); pieces scattered in the destination are then streamed
