@@ -263,13 +263,13 @@ typedef struct {
 static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
                      size_t n, attach_t *att)
 {
-    /* Attached only where the wait can take it over: the batch's work
-     * all in this session (see kvt_batch_wait()). */
+    /* The wait drives this session itself (kvt_batch_wait()) when the
+     * batch's work is all in it; only then may the transport attach. */
     kvt__sub_t h = {.plugged = plugged(b->engine),
-                    .will_wait =
-                        att != NULL && att->sess == NULL && !b->hint_multi &&
-                        (b->hint_sess == NULL || b->hint_sess == s) &&
-                        s->ops->progress != NULL && s->ops->detach != NULL};
+                    .will_wait = att != NULL && att->sess == NULL &&
+                                 !b->hint_multi &&
+                                 (b->hint_sess == NULL || b->hint_sess == s) &&
+                                 s->ops->progress != NULL};
 
     if (s->ops->submit(s, x, n, &h) != KVT_OK) {
         for (size_t j = 0; j < n; j++)

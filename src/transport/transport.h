@@ -168,12 +168,15 @@ static inline int kvt__xfer_rpacked(const kvt__xfer_t *x)
  * different places, mean it cannot.
  *
  * @will_wait: the submitting thread waits for this submission as soon as
- * submit() returns (kvt_batch_submit_wait()). A transport whose progress()
- * reads responses may then attach the thread as the reader of the place
- * it sends to before it sends, so that a response that comes before the
- * thread waits wakes no worker; it reports that place in @attached
- * (NULL: nothing attached). The core then calls progress() for it with
- * @attached set, or detach(), exactly once, before the wait returns.
+ * submit() returns (kvt_batch_submit_wait()) and runs progress() on the
+ * place noted: a transport need not wake a worker for work that thread
+ * will do, as long as progress() hands on what it leaves undone. A
+ * transport whose progress() reads responses, and that has detach(), may
+ * also attach the thread as the reader of the place it sends to before
+ * it sends, so that a response that comes before the thread waits wakes
+ * no worker; it reports that place in @attached (NULL: nothing
+ * attached). The core then calls progress() for it with @attached set,
+ * or detach(), exactly once, before the wait returns.
  */
 typedef struct {
     int plugged;

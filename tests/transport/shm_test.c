@@ -1105,6 +1105,102 @@ KVT_TEST(worker_polls_for_the_next_batch)
     deep_end(e, &pa, &pb, b, buf, 64);
 }
 
+/* One 64 KiB write (a job of its own) of @buf's @k-th piece to the same
+ * place at @addr, submitted on @b (reset first). */
+static kvt_xfer_desc_t piece_desc(kvt_segment_t seg, uint8_t *buf,
+                                  uint64_t addr, int k)
+{
+    kvt_xfer_desc_t d = {0};
+
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = buf + (size_t)k * (64u << 10);
+    d.remote_addr = addr + (uint64_t)k * (64u << 10);
+    d.length = 64u << 10;
+    return d;
+}
+
+/*
+ * A thread that submits one job and waits for it at once runs it itself
+ * (kvt__sub_t.will_wait): no worker is signalled for it. 512 synchronous
+ * 64 KiB writes, every byte checked. Fails when each submission signals a
+ * sleeping worker, which then finds the job taken.
+ */
+KVT_TEST(waiting_submitter_wakes_no_worker)
+{
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt__shm_t *shm;
+    kvt_segment_t sa;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    int n = (int)(2 * DEEP_LEN / (64u << 10));
+
+    e = deep_setup(&pa, &pb, &sa, 65, &buf);
+    shm = shm_of(e);
+    CHECK_OK(kvt_batch_create(e, 1, &b[0]));
+    CHECK_OK(kvt_batch_create(e, 1, &b[1]));
+    for (int k = 0; k < n; k++) {
+        kvt_xfer_desc_t d = piece_desc(sa, buf, pa.main_addr, k);
+        CHECK_OK(kvt_batch_reset(b[0]));
+        CHECK_OK(kvt_batch_submit_wait(b[0], &d, 1, -1));
+        if (k == 3) { /* the workers have started */
+            atomic_store(&shm->submit_wakes, 0);
+            atomic_store(&shm->worker_jobs, 0);
+        }
+    }
+    fprintf(stderr, "%d writes: %llu woke a worker, workers took %llu\n", n - 4,
+            (unsigned long long)atomic_load(&shm->submit_wakes),
+            (unsigned long long)atomic_load(&shm->worker_jobs));
+    CHECK(atomic_load(&shm->submit_wakes) == 0);
+    deep_end(e, &pa, &pb, b, buf, 65);
+}
+
+/*
+ * A wait shorter than the transfer timeout leaves its job to a worker
+ * (the job may wait for its target past the wait's end), and wakes one as
+ * it leaves: the submission woke none (kvt__sub_t.will_wait). 40
+ * synchronous 64 KiB writes with 1 ms waits, each then polled for without
+ * driving it, 2 ms apart so that no worker still polls for the next one;
+ * every byte checked. Fails when the job is found only by a worker's
+ * periodic look (TICK_NS, 50 ms): about 2 s in all.
+ */
+KVT_TEST(short_wait_hands_its_job_to_a_worker)
+{
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt_segment_t sa;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    double waited = 0;
+    int n = (int)(2 * DEEP_LEN / (64u << 10));
+
+    e = deep_setup(&pa, &pb, &sa, 66, &buf);
+    CHECK_OK(kvt_batch_create(e, 1, &b[0]));
+    CHECK_OK(kvt_batch_create(e, 1, &b[1]));
+    for (int k = 0; k < n; k++) {
+        kvt_xfer_desc_t d = piece_desc(sa, buf, pa.main_addr, k);
+        kvt_status_t st;
+        double t0;
+        CHECK_OK(kvt_batch_reset(b[0]));
+        if (k >= 40) { /* the rest as the check needs them */
+            CHECK_OK(kvt_batch_submit_wait(b[0], &d, 1, -1));
+            continue;
+        }
+        usleep(2000);
+        t0 = kvt_test_now();
+        st = kvt_batch_submit_wait(b[0], &d, 1, 1);
+        CHECK(st == KVT_OK || st == KVT_INPROGRESS);
+        while ((st = kvt_batch_query(b[0], NULL)) == KVT_INPROGRESS)
+            usleep(100);
+        CHECK_OK(st);
+        waited += kvt_test_now() - t0;
+    }
+    fprintf(stderr, "40 writes with 1 ms waits: %.3f s in all\n", waited);
+    CHECK(waited < 0.4 * kvt_test_slowdown());
+    deep_end(e, &pa, &pb, b, buf, 66);
+}
+
 /* Synchronous 1 MiB writes from @buf to @addr in @seg until *@stop. */
 typedef struct {
     kvt_engine_h e;
@@ -1745,6 +1841,8 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(job_sizes_shrink, 30),
     KVT_CASE(stopped_target_runs_after_two_polls, 30),
     KVT_CASE(worker_polls_for_the_next_batch, 120),
+    KVT_CASE(waiting_submitter_wakes_no_worker, 60),
+    KVT_CASE(short_wait_hands_its_job_to_a_worker, 60),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),
     KVT_CASE(worker_waiting_for_target_frees_its_cpu, 60),

@@ -296,7 +296,10 @@ static kvt_status_t shm_submit(kvt__session_t *base, const kvt__xfer_t *x,
         kvt__shm_fail_list(list, dead);
         return KVT_OK;
     }
-    kvt__shm_submit_wake(shm, (unsigned)nj, hint->plugged);
+    /* A thread that waits at once runs a job itself (shm_progress()):
+     * no worker is woken for that one. */
+    kvt__shm_submit_wake(shm, (unsigned)nj - (hint->will_wait && nj > 0),
+                         hint->plugged);
     return KVT_OK;
 }
 
@@ -312,25 +315,32 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
                                  uint64_t deadline_ns, int attached)
 {
     shm_session_t *s = where;
+    int left = 0;
 
     (void)attached; /* shm attaches nothing (kvt__sub_t.attached) */
     kvt__shm_copier_enter(s->shm, 1);
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         job_t *j = NULL;
-        if (deadline_ns != 0 && kvt__now_ns() >= deadline_ns)
-            break;
+        int late = deadline_ns != 0 && kvt__now_ns() >= deadline_ns;
         pthread_mutex_lock(&s->lock);
         /* A job may wait for its target up to its own deadline (staged
          * pieces, a stopped target): this thread runs it only when that
          * cannot outlast the wait's. */
-        if (deadline_ns == 0 ||
-            (s->head != NULL && s->head->deadline <= deadline_ns))
+        if (!late && (deadline_ns == 0 ||
+                      (s->head != NULL && s->head->deadline <= deadline_ns)))
             j = kvt__shm_take_locked(s);
+        left = j == NULL && s->head != NULL;
         pthread_mutex_unlock(&s->lock);
         if (j == NULL)
             break;
         kvt__shm_job_run(s, j);
     }
+    /* Jobs this thread leaves queued while its batch is pending (their
+     * deadline outlasts the wait's, or the wait's passed) go to a worker:
+     * their submitter may have woken none, counting on this thread
+     * (kvt__sub_t.will_wait). */
+    if (left)
+        kvt__shm_pool_wake(s->shm, 1);
     /* What is left is running on a worker (which may have taken the job
      * before this thread came) and usually ends within microseconds:
      * poll for it rather than sleep and be woken. */
