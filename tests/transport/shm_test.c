@@ -1105,6 +1105,13 @@ KVT_TEST(worker_polls_for_the_next_batch)
     deep_end(e, &pa, &pb, b, buf, 64);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
 /* One 64 KiB write (a job of its own) of @buf's @k-th piece to the same
  * place at @addr, submitted on @b (reset first). */
 static kvt_xfer_desc_t piece_desc(kvt_segment_t seg, uint8_t *buf,
@@ -1163,7 +1170,8 @@ KVT_TEST(waiting_submitter_wakes_no_worker)
  * synchronous 64 KiB writes with 1 ms waits, each then polled for without
  * driving it, 2 ms apart so that no worker still polls for the next one;
  * every byte checked. Fails when the job is found only by a worker's
- * periodic look (TICK_NS, 50 ms): about 2 s in all.
+ * periodic look (TICK_NS, 50 ms): a median of 48 ms a write in one run,
+ * where the hand-over took 0.19 ms.
  */
 KVT_TEST(short_wait_hands_its_job_to_a_worker)
 {
@@ -1172,7 +1180,7 @@ KVT_TEST(short_wait_hands_its_job_to_a_worker)
     kvt_engine_h e;
     peer_t pa, pb;
     uint8_t *buf;
-    double waited = 0;
+    double took[40];
     int n = (int)(2 * DEEP_LEN / (64u << 10));
 
     e = deep_setup(&pa, &pb, &sa, 66, &buf);
@@ -1194,10 +1202,14 @@ KVT_TEST(short_wait_hands_its_job_to_a_worker)
         while ((st = kvt_batch_query(b[0], NULL)) == KVT_INPROGRESS)
             usleep(100);
         CHECK_OK(st);
-        waited += kvt_test_now() - t0;
+        took[k] = kvt_test_now() - t0;
     }
-    fprintf(stderr, "40 writes with 1 ms waits: %.3f s in all\n", waited);
-    CHECK(waited < 0.4 * kvt_test_slowdown());
+    qsort(took, 40, sizeof(took[0]), cmp_double);
+    fprintf(stderr, "40 writes with 1 ms waits: median %.2f ms, most %.2f\n",
+            took[20] * 1e3, took[39] * 1e3);
+    /* Not scaled for instrumented builds: a hand-over is a wake-up and a
+     * 64 KiB copy, far below the ticks the check tells it from. */
+    CHECK(took[20] < 0.010);
     deep_end(e, &pa, &pb, b, buf, 66);
 }
 
