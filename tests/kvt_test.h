@@ -69,6 +69,18 @@ static inline double kvt_test_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The median of @n timings (sorted in place). */
+static inline int kvt_test_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static inline double kvt_test_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(v[0]), kvt_test_cmp_double);
+    return v[n / 2];
+}
+
 /* Scale time limits under sanitizers, which run several times slower. */
 static inline double kvt_test_slowdown(void)
 {

@@ -1280,12 +1280,6 @@ static void *kill_later(void *arg)
  * waits in the call. (The transfer timeout ending such a call:
  * test_api.)
  */
-static int cmp_ms(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 KVT_TEST(submit_wait)
 {
     enum { BLK = 1 << 20, N = 8, SMALL = 4096, ROUNDS = 200 };
@@ -1347,7 +1341,7 @@ KVT_TEST(submit_wait)
             CHECK(peer_check(&f, f.peer.main_addr, 3 * SMALL, seed) == 0);
             CHECK_OK(kvt_batch_reset(b));
         }
-        qsort(ms, ROUNDS, sizeof(ms[0]), cmp_ms);
+        qsort(ms, ROUNDS, sizeof(ms[0]), kvt_test_cmp_double);
         fprintf(stderr, "polled rounds: median %.2f ms, 90th %.2f, most %.2f\n",
                 ms[ROUNDS / 2], ms[ROUNDS * 9 / 10], ms[ROUNDS - 1]);
         CHECK(ms[ROUNDS / 2] < 10 * kvt_test_slowdown());
