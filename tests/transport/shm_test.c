@@ -1153,6 +1153,71 @@ KVT_TEST(waiting_submitter_wakes_no_worker)
 }
 
 /*
+ * The target's /proc state is read once for a run of small jobs of one
+ * submission that an executor copies in a row (job.c, RUN_BYTES), not
+ * once a job: 64 synchronous 2 MiB writes into plain memory (cross-memory
+ * attach), cut into seven jobs each for two copiers, with two workers.
+ * Then the same write to a stopped target is parked, completes nothing
+ * until the target runs again, and lands whole. Fails when every job
+ * reads the state: seven reads a write.
+ */
+KVT_TEST(one_state_read_per_run_of_jobs)
+{
+    enum { N = 64, LEN = 2 << 20 };
+    kvt_batch_h b[2] = {NULL, NULL};
+    kvt_batch_state_t bs;
+    kvt__shm_t *shm;
+    kvt_segment_t sa;
+    kvt_engine_h e;
+    peer_t pa, pb;
+    uint8_t *buf;
+    uint64_t reads, left = LEN, jobs = 0;
+    kvt_xfer_desc_t d = {0};
+
+    if (!two_cpus())
+        SKIP("fewer than two CPUs");
+    e = deep_setup(&pa, &pb, &sa, 66, &buf);
+    shm = shm_of(e);
+    CHECK(shm->ncpu == 2);
+    CHECK_OK(kvt_batch_create(e, 1, &b[0]));
+    CHECK_OK(kvt_batch_create(e, 1, &b[1]));
+    while (left > 0) { /* the jobs of one write (kvt__shm_job_size()) */
+        uint64_t t = kvt__shm_job_size(left, 4);
+        left -= t < left ? t : left;
+        jobs++;
+    }
+    d.opcode = KVT_OP_WRITE;
+    d.segment = sa;
+    d.local_addr = buf;
+    d.length = LEN;
+    atomic_store(&shm->state_reads, 0);
+    for (int k = 0; k < N; k++) { /* all of the buffer, in turn */
+        size_t off = (size_t)(k % (2 * DEEP_LEN / LEN)) * LEN;
+        d.local_addr = buf + off;
+        d.remote_addr = pa.main_addr + off;
+        CHECK_OK(kvt_batch_reset(b[0]));
+        CHECK_OK(kvt_batch_submit_wait(b[0], &d, 1, 30000));
+    }
+    reads = atomic_load(&shm->state_reads);
+    fprintf(stderr, "%d writes of %llu jobs: %llu state reads\n", N,
+            (unsigned long long)jobs, (unsigned long long)reads);
+    CHECK(jobs == 7);
+    CHECK(reads >= N && reads * 2 <= N * jobs);
+
+    peer_kill(&pa, SIGSTOP);
+    CHECK_OK(kvt_batch_submit(b[1], &d, 1));
+    for (int k = 0; k < 500 && atomic_load(&shm->nparked) == 0; k++)
+        usleep(10 * 1000); /* copied, then parked */
+    CHECK(atomic_load(&shm->nparked) > 0);
+    usleep(50 * 1000);
+    CHECK_ST(kvt_batch_query(b[1], &bs), KVT_INPROGRESS);
+    CHECK(bs.completed == 0);
+    peer_kill(&pa, SIGCONT);
+    CHECK_OK(rows_poll(b[1], 30));
+    deep_end(e, &pa, &pb, b, buf, 66);
+}
+
+/*
  * A wait shorter than the transfer timeout leaves its job to a worker
  * (the job may wait for its target past the wait's end), and wakes one as
  * it leaves: the submission woke none (kvt__sub_t.will_wait). 40
@@ -1843,6 +1908,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(stopped_target_runs_after_two_polls, 30),
     KVT_CASE(worker_polls_for_the_next_batch, 120),
     KVT_CASE(waiting_submitter_wakes_no_worker, 60),
+    KVT_CASE(one_state_read_per_run_of_jobs, 60),
     KVT_CASE(short_wait_hands_its_job_to_a_worker, 60),
     KVT_CASE(workers_leave_the_waiter_a_cpu, 120),
     KVT_CASE(async_batches_use_every_worker, 60),

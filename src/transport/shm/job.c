@@ -301,46 +301,82 @@ static void rw_abort(shm_session_t *s)
     kvt__shm_lease_release(s);
 }
 
+/* rw_finish() and the rest: the job is accounted for (job_end()) with
+ * RW_DONE or RW_PARK; RW_UNCHECKED, its copies done, waits for a look at
+ * the target's state that follows them (run_end()). */
+enum { RW_DONE, RW_PARK, RW_UNCHECKED };
+
+/*
+ * After the copies of a job (@stopped: kvt__shm_target_check() said the
+ * target is stopped or dying, with *@st_p the session's state): fail it
+ * when the target is gone, or it is stopped past the job's deadline
+ * (*@st_p then KVT_ERR_TIMEDOUT); RW_PARK when it is stopped before the
+ * deadline.
+ */
+static int rw_checked(shm_session_t *s, job_t *j, int stopped,
+                      kvt_status_t *st_p)
+{
+    if (*st_p == KVT_OK && stopped) {
+        if (kvt__now_ns() < j->deadline)
+            return RW_PARK;
+        *st_p = KVT_ERR_TIMEDOUT;
+    }
+    if (*st_p != KVT_OK) {
+        kvt__shm_segs_fail(j, 0, j->nsegs, *st_p);
+        kvt__shm_session_kill(&s->base, *st_p);
+    }
+    return RW_DONE;
+}
+
+/* A job begun with rw_begin() that copies host memory, mapped or
+ * attached, and needs nothing more: nothing of it waits for the target. */
+static int rw_plain(const rw_plan_t *p)
+{
+    return p->need == 0 && p->nstage == 0 && p->ndev == 0 && p->nbounce == 0 &&
+           p->want_map == 0 && p->ncma + p->nmap > 0;
+}
+
 /*
  * The end of a job after rw_release(): the staged segments are written
  * and success is checked: it needs the target alive and running
  * (kvt__shm_target_check()). No target thread takes part in a mapped or
- * attached copy: it costs the target no wake-up. Returns 1 when the target is
- * stopped and the job's deadline has not passed: the job is to be parked
- * (job_end()) rather than holding its executor until the target runs.
+ * attached copy: it costs the target no wake-up. Returns RW_PARK when the
+ * target is stopped and the job's deadline has not passed: the job is to
+ * be parked (job_end()) rather than holding its executor until the target
+ * runs. With @defer, a job of host memory only, mapped or attached, that
+ * needs nothing more returns RW_UNCHECKED before the check: one check
+ * after the copies of a run of such jobs vouches for them all
+ * (kvt__shm_job_run()).
  */
-static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p)
+static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p, int defer)
 {
     kvt_status_t st = p->st;
+    int stopped = 0;
 
+    if (defer && st == KVT_OK && rw_plain(p))
+        return RW_UNCHECKED;
     if (st == KVT_OK && p->nstage > 0)
         st = kvt__shm_stage_run(s, j, p->how);
-    if (st == KVT_OK && p->ncma + p->nmap + p->ndev + p->nbounce > 0 &&
-        kvt__shm_target_check(s, &st)) {
-        if (kvt__now_ns() < j->deadline)
-            return 1;
-        st = KVT_ERR_TIMEDOUT;
-    }
-    if (st != KVT_OK) {
-        kvt__shm_segs_fail(j, 0, j->nsegs, st);
-        kvt__shm_session_kill(&s->base, st);
-    }
+    if (st == KVT_OK && p->ncma + p->nmap + p->ndev + p->nbounce > 0)
+        stopped = kvt__shm_target_check(s, &st);
+    if (rw_checked(s, j, stopped, &st) == RW_PARK)
+        return RW_PARK;
     if (p->want_map != 0 && st == KVT_OK) {
         kvt__shm_copier_waits(1); /* the target answers */
         kvt__shm_map_request(s, p->want_map, 0);
         kvt__shm_copier_waits(0);
     }
-    return 0;
+    return RW_DONE;
 }
 
 /* Everything of a job begun with rw_begin() that is its own; as
  * rw_finish(). */
-static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p)
+static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p, int defer)
 {
     kvt__shm_dev_issue(s, j, p); /* the device's copies overlap the rest */
     kvt__shm_rw_copy_maps(j, p);
     rw_release(s, j, p);
-    return rw_finish(s, j, p);
+    return rw_finish(s, j, p, defer);
 }
 
 /* Ask for what a job begun with rw_begin() needs (p->need). Fails the
@@ -365,23 +401,31 @@ static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
     return 0;
 }
 
+/* Jobs an executor copies in a row before one look at the target's state
+ * vouches for them all (kvt__shm_job_run()): at most RUN_MAX, of
+ * RUN_BYTES in all. The look costs as much as copying 16 KiB: beside a
+ * run of 4 MiB it is nothing, and a completion waits for at most that
+ * much copying more (about a millisecond). */
+#define RUN_MAX 8
+#define RUN_BYTES (4u * 1024u * 1024u)
+
 /* Tries of a job that needs openings or mappings (each try gets one of
  * each, or their refusal) before the rest fails or is bounced. */
 #define NEED_TRIES 8
 
 /* Run a READ or WRITE job alone; as rw_finish(). */
-static int rw_run(shm_session_t *s, job_t *j)
+static int rw_run(shm_session_t *s, job_t *j, int defer)
 {
     rw_plan_t p; /* 17 KiB */
 
     for (unsigned t = 0;; t++) {
         if (rw_begin(s, j, &p, 0, t + 1 >= NEED_TRIES) != 0)
-            return 0;
+            return RW_DONE;
         if (p.need == 0)
-            return rw_rest(s, j, &p);
+            return rw_rest(s, j, &p, defer);
         rw_abort(s);
         if (rw_fetch(s, j, &p) != 0)
-            return 0;
+            return RW_DONE;
     }
 }
 
@@ -423,7 +467,7 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
 
     if (rw_begin(s, j, &p[0], 0, 0) != 0) {
         job_done(s, j);
-        kvt__shm_job_run(s2, j2);
+        kvt__shm_job_run(s2, j2, 0);
         return;
     }
     if (p[0].need > 0) { /* each alone, once what it needs is at hand */
@@ -431,8 +475,8 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         if (rw_fetch(s, j, &p[0]) != 0)
             job_done(s, j);
         else
-            kvt__shm_job_run(s, j);
-        kvt__shm_job_run(s2, j2);
+            kvt__shm_job_run(s, j, 0);
+        kvt__shm_job_run(s2, j2, 0);
         return;
     }
     r2 = rw_begin(s2, j2, &p[1], 1, 0);
@@ -441,8 +485,8 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
         r2 = 1;
     }
     if (r2 != 0) {
-        job_end(s, j, rw_rest(s, j, &p[0]));
-        kvt__shm_job_run(s2, j2);
+        job_end(s, j, rw_rest(s, j, &p[0], 0));
+        kvt__shm_job_run(s2, j2, 0);
         return;
     }
     for (uint32_t i = 0; i < j->nsegs && i < j2->nsegs; i++) {
@@ -463,8 +507,8 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
     kvt__shm_rw_copy_maps(j, &p[0]);
     rw_release(s2, j2, &p[1]);
     rw_release(s, j, &p[0]);
-    job_end(s, j, rw_finish(s, j, &p[0]));
-    job_end(s2, j2, rw_finish(s2, j2, &p[1]));
+    job_end(s, j, rw_finish(s, j, &p[0], 0));
+    job_end(s2, j2, rw_finish(s2, j2, &p[1], 0));
 }
 
 static void job_unref(job_t *j)
@@ -548,10 +592,11 @@ void kvt__shm_job_park(shm_session_t *s, job_t *j)
     }
 }
 
-/* Account for a job that has run, or park it (@park: rw_finish()). */
+/* Account for a job that has run, or park it (@park: rw_finish()'s
+ * RW_DONE or RW_PARK). */
 static void job_end(shm_session_t *s, job_t *j, int park)
 {
-    if (park)
+    if (park == RW_PARK)
         kvt__shm_job_park(s, j);
     else
         job_done(s, j);
@@ -570,10 +615,89 @@ void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st)
     }
 }
 
-/* Run a job taken with kvt__shm_take_locked() and account for it. */
-void kvt__shm_job_run(shm_session_t *s, job_t *j)
+/* The bytes job @j moves. */
+static uint64_t job_bytes(const job_t *j)
 {
-    int park = 0;
+    uint64_t b = 0;
+
+    for (uint32_t i = 0; i < j->nsegs; i++)
+        b += j->segs[i].len * j->segs[i].count;
+    return b;
+}
+
+/*
+ * The next job of @s for the executor that ran @first and has not looked
+ * at the target since (kvt__shm_job_run()): one of the same submission
+ * or an earlier one (a deadline no later than @first's, so that a waiting
+ * thread, which took @first only when it could wait for it, can wait for
+ * this one too), READ or WRITE, of @room bytes at most; NULL when the
+ * queue holds none or @until_ns has passed.
+ */
+static job_t *run_next(shm_session_t *s, const job_t *first, uint64_t room,
+                       uint64_t until_ns)
+{
+    job_t *j = NULL;
+
+    if (until_ns != 0 && kvt__now_ns() >= until_ns)
+        return NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->head != NULL && s->head->op != KVT_OP_NOTIFY &&
+        s->head->deadline <= first->deadline && job_bytes(s->head) <= room)
+        j = kvt__shm_take_locked(s);
+    pthread_mutex_unlock(&s->lock);
+    return j;
+}
+
+/*
+ * Copy job @j of a run whose earlier jobs wait for their look at the
+ * target (kvt__shm_job_run()), only when it starts at once and waits for
+ * nothing: the lease and the mappings at hand (a try), host memory
+ * mapped or attached. RW_UNCHECKED after its copies; -1 when it was not
+ * begun (the run is then ended, and the job run alone); else as
+ * rw_finish(), a failed copy.
+ */
+static int run_more(shm_session_t *s, job_t *j)
+{
+    rw_plan_t p; /* 17 KiB */
+
+    if (rw_begin(s, j, &p, 1, 0) != 0)
+        return -1;
+    if (!rw_plain(&p)) {
+        rw_abort(s);
+        return -1;
+    }
+    return rw_rest(s, j, &p, 1);
+}
+
+/* Account for the @n jobs of @run, whose copies are done (RW_UNCHECKED),
+ * after one look at the target's state for all of them. */
+static void run_end(shm_session_t *s, job_t *const *run, unsigned n)
+{
+    kvt_status_t st;
+    int stopped = kvt__shm_target_check(s, &st);
+
+    for (unsigned i = 0; i < n; i++) {
+        kvt_status_t sti = st;
+        job_end(s, run[i], rw_checked(s, run[i], stopped, &sti));
+    }
+}
+
+/*
+ * A job mapped or attached into host memory is reported only once a look
+ * at the target's /proc state after its copies finds it running
+ * (rw_finish()); that read costs as much as copying 16 KiB, a tenth of a
+ * small job's time. So the executor goes on with the next queued job of
+ * the same submission (or an earlier one) while it starts at once and
+ * copies host memory only (run_more()), up to RUN_MAX jobs and RUN_BYTES
+ * in a row, and one look after the last copies vouches for all of them:
+ * a job's completion waits for at most RUN_BYTES of copies more. A job
+ * that would wait for anything ends the run first and runs alone.
+ */
+void kvt__shm_job_run(shm_session_t *s, job_t *j, uint64_t until_ns)
+{
+    job_t *run[RUN_MAX];
+    unsigned n = 0;
+    uint64_t bytes = 0;
 
     if (j->op == KVT_OP_NOTIFY) {
         kvt_status_t st = kvt__shm_notify_run(s, j);
@@ -581,8 +705,27 @@ void kvt__shm_job_run(shm_session_t *s, job_t *j)
             kvt__shm_segs_fail(j, 0, j->nsegs, st);
             kvt__shm_session_kill(&s->base, st);
         }
-    } else {
-        park = rw_run(s, j);
+        job_end(s, j, RW_DONE);
+        return;
     }
-    job_end(s, j, park);
+    while (j != NULL) {
+        int r = n > 0 ? run_more(s, j) : rw_run(s, j, 1);
+        if (r < 0) { /* not begun: alone, after the run */
+            run_end(s, run, n);
+            n = 0;
+            bytes = 0;
+            continue;
+        }
+        if (r != RW_UNCHECKED) {
+            job_end(s, j, r);
+            break;
+        }
+        run[n++] = j;
+        bytes += job_bytes(j);
+        j = n < RUN_MAX && bytes < RUN_BYTES
+                ? run_next(s, run[0], RUN_BYTES - bytes, until_ns)
+                : NULL;
+    }
+    if (n > 0)
+        run_end(s, run, n);
 }

@@ -182,6 +182,7 @@ int kvt__shm_target_state(shm_session_t *s)
 {
     char buf[1024];
 
+    atomic_fetch_add_explicit(&s->shm->state_reads, 1, memory_order_relaxed);
     if (stat_read(s->statfd, buf, sizeof(buf)) != 0)
         return -1;
     switch (kvt__shm_thread_state(buf)) {

@@ -536,7 +536,7 @@ static void *worker_main(void *arg)
             if (j2 != NULL)
                 kvt__shm_job_run_pair(s, j, s2, j2);
             else
-                kvt__shm_job_run(s, j);
+                kvt__shm_job_run(s, j, 0);
             kvt__shm_copier_leave(shm);
             ended = kvt__now_ns();
             pthread_mutex_lock(&shm->pool_lock);

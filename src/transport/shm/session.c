@@ -333,7 +333,7 @@ static kvt_status_t shm_progress(kvt__session_t *base, void *where,
         pthread_mutex_unlock(&s->lock);
         if (j == NULL)
             break;
-        kvt__shm_job_run(s, j);
+        kvt__shm_job_run(s, j, deadline_ns);
     }
     /* Jobs this thread leaves queued while its batch is pending (their
      * deadline outlasts the wait's, or the wait's passed) go to a worker:

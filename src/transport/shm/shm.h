@@ -229,11 +229,14 @@ struct kvt__shm {
      * while it waits for a target. @drove_ns: when a waiting thread last
      * left shm_progress(); @declined: workers asleep that found no room
      * for a queued job. Seen by tests: @busy_peak, the most workers in a
-     * job at once; @worker_jobs, the jobs workers took, @over_jobs of
-     * them while as many copiers as CPUs or more ran already. */
+     * job at once; @worker_jobs, the jobs workers took from the pool (a
+     * run of jobs of one submission counts once: job.c, RUN_MAX),
+     * @over_jobs of them while as many copiers as CPUs or more ran
+     * already; @state_reads, the reads of a target's /proc state
+     * (kvt__shm_target_state()). */
     unsigned ncpu;
     _Atomic unsigned busy, drivers, busy_peak, declined;
-    _Atomic uint64_t drove_ns, worker_jobs, over_jobs;
+    _Atomic uint64_t drove_ns, worker_jobs, over_jobs, state_reads;
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
     /* A worker that ended a job polls for the next submission for a

@@ -314,7 +314,13 @@ void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
 void kvt__shm_fail_list(job_t *list, kvt_status_t st);
 void kvt__shm_job_park(shm_session_t *s, job_t *j);
 void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st);
-void kvt__shm_job_run(shm_session_t *s, job_t *j);
+/*
+ * Run job @j of @s, taken with kvt__shm_take_locked(), and account for
+ * it; it may go on with more jobs of the same submission (job.c, RUN_MAX)
+ * until @until_ns (kvt__now_ns(); 0: no limit), a waiting thread's
+ * deadline.
+ */
+void kvt__shm_job_run(shm_session_t *s, job_t *j, uint64_t until_ns);
 
 /* pool.c */
 job_t *kvt__shm_take_locked(shm_session_t *s);
