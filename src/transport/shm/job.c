@@ -615,16 +615,6 @@ void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st)
     }
 }
 
-/* The bytes job @j moves. */
-static uint64_t job_bytes(const job_t *j)
-{
-    uint64_t b = 0;
-
-    for (uint32_t i = 0; i < j->nsegs; i++)
-        b += j->segs[i].len * j->segs[i].count;
-    return b;
-}
-
 /*
  * The next job of @s for the executor that ran @first and has not looked
  * at the target since (kvt__shm_job_run()): one of the same submission
@@ -642,7 +632,7 @@ static job_t *run_next(shm_session_t *s, const job_t *first, uint64_t room,
         return NULL;
     pthread_mutex_lock(&s->lock);
     if (s->head != NULL && s->head->op != KVT_OP_NOTIFY &&
-        s->head->deadline <= first->deadline && job_bytes(s->head) <= room)
+        s->head->deadline <= first->deadline && s->head->bytes <= room)
         j = kvt__shm_take_locked(s);
     pthread_mutex_unlock(&s->lock);
     return j;
@@ -721,7 +711,7 @@ void kvt__shm_job_run(shm_session_t *s, job_t *j, uint64_t until_ns)
             break;
         }
         run[n++] = j;
-        bytes += job_bytes(j);
+        bytes += j->bytes;
         j = n < RUN_MAX && bytes < RUN_BYTES
                 ? run_next(s, run[0], RUN_BYTES - bytes, until_ns)
                 : NULL;

@@ -128,6 +128,7 @@ static void plan_add(plan_t *p, size_t i, const seg_t *g)
     if (p->jobs != NULL) {
         p->cur->segs[p->cur_nsegs] = *g;
         p->cur->nsegs++;
+        p->cur->bytes += bytes;
     }
     p->cur_comp = g->comp;
     p->cur_nsegs++;

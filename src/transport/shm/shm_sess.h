@@ -121,6 +121,7 @@ typedef struct job {
     uint32_t op;
     uint32_t nsegs;
     uint64_t deadline;
+    uint64_t bytes; /* of its segments (planned) */
     seg_t *segs;
     uint32_t nlen; /* NOTIFY: the message */
     uint8_t *msg;
