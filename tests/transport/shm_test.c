@@ -1158,8 +1158,9 @@ KVT_TEST(waiting_submitter_wakes_no_worker)
  * once a job: 64 synchronous 2 MiB writes into plain memory (cross-memory
  * attach), cut into seven jobs each for two copiers, with two workers.
  * Then the same write to a stopped target is parked, completes nothing
- * until the target runs again, and lands whole. Fails when every job
- * reads the state: seven reads a write.
+ * until the target runs again, and lands whole; and, parked again, fails
+ * with the session when the target is killed. Fails when every job reads
+ * the state: seven reads a write.
  */
 KVT_TEST(one_state_read_per_run_of_jobs)
 {
@@ -1214,7 +1215,29 @@ KVT_TEST(one_state_read_per_run_of_jobs)
     CHECK(bs.completed == 0);
     peer_kill(&pa, SIGCONT);
     CHECK_OK(rows_poll(b[1], 30));
-    deep_end(e, &pa, &pb, b, buf, 66);
+    CHECK(strcmp(peer_cmd(&pa, "check %llu %llu 66",
+                          (unsigned long long)pa.main_addr,
+                          (unsigned long long)(2 * DEEP_LEN)),
+                 "0") == 0);
+
+    /* Parked again, then killed: the run's jobs fail with the session,
+     * none reported delivered. */
+    peer_kill(&pa, SIGSTOP);
+    CHECK_OK(kvt_batch_reset(b[1]));
+    CHECK_OK(kvt_batch_submit(b[1], &d, 1));
+    for (int k = 0; k < 500 && atomic_load(&shm->nparked) == 0; k++)
+        usleep(10 * 1000);
+    CHECK(atomic_load(&shm->nparked) > 0);
+    peer_kill(&pa, SIGKILL);
+    CHECK_ST(rows_poll(b[1], 5), KVT_ERR_CONN_LOST);
+    CHECK_ST(kvt_batch_query(b[1], &bs), KVT_ERR_CONN_LOST);
+    CHECK(bs.completed == 0);
+    CHECK_OK(kvt_batch_free(b[0]));
+    CHECK_OK(kvt_batch_free(b[1]));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * DEEP_LEN);
+    peer_stop(&pa);
+    peer_stop(&pb);
 }
 
 /*
