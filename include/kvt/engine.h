@@ -344,9 +344,13 @@ KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
  * kvt_mem_alloc() - allocate @length bytes of host memory through kvt and
  * register it with @access, in one step.
  *
- * The memory is backed by a memfd (huge pages when the system has them
- * free), page-aligned and zero-filled, so that same-host peers can map it
- * directly. *addr_p is set on success only. Free it with kvt_mem_free();
+ * The memory is backed by a memfd, page-aligned and zero-filled, so that
+ * same-host peers can map it directly. It is advised for transparent huge
+ * pages (MADV_HUGEPAGE), which the kernel grants shared memory only when
+ * /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise",
+ * "within_size" or "always" (Debian's default is "never"; scattered 4 KiB
+ * blocks moved 6 to 14% faster with huge pages at both ends,
+ * docs/benchmarks.md). *addr_p is set on success only. Free it with kvt_mem_free();
  * kvt_engine_destroy() frees what is left. Returns KVT_OK,
  * KVT_ERR_INVALID_PARAM (length 0, unknown access bits, NULL @addr_p),
  * KVT_ERR_NO_MEMORY, or what registering it returns (KVT_ERR_NO_SPACE,
