@@ -350,8 +350,8 @@ KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
  * /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise",
  * "within_size" or "always" (Debian's default is "never"; scattered 4 KiB
  * blocks moved 6 to 14% faster with huge pages at both ends,
- * docs/benchmarks.md). *addr_p is set on success only. Free it with kvt_mem_free();
- * kvt_engine_destroy() frees what is left. Returns KVT_OK,
+ * docs/benchmarks.md). *addr_p is set on success only. Free it with
+ * kvt_mem_free(); kvt_engine_destroy() frees what is left. Returns KVT_OK,
  * KVT_ERR_INVALID_PARAM (length 0, unknown access bits, NULL @addr_p),
  * KVT_ERR_NO_MEMORY, or what registering it returns (KVT_ERR_NO_SPACE,
  * KVT_ERR_IO; see kvt_mem_register()). Thread-safe.
