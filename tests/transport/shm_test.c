@@ -942,6 +942,19 @@ static kvt_engine_h deep_setup(peer_t *pa, peer_t *pb, kvt_segment_t *sa,
 }
 
 /* Every byte of deep_setup()'s @seed landed at A; then all torn down. */
+/* Free what the deep tests set up. */
+static void deep_free(kvt_engine_h e, peer_t *pa, peer_t *pb, kvt_batch_h *b,
+                      uint8_t *buf)
+{
+    CHECK_OK(kvt_batch_free(b[0]));
+    CHECK_OK(kvt_batch_free(b[1]));
+    kvt_engine_destroy(e);
+    munmap(buf, 2 * DEEP_LEN);
+    peer_stop(pa);
+    peer_stop(pb);
+}
+
+/* Check that @pa holds the pattern of @seed, then free. */
 static void deep_end(kvt_engine_h e, peer_t *pa, peer_t *pb, kvt_batch_h *b,
                      uint8_t *buf, int seed)
 {
@@ -949,12 +962,7 @@ static void deep_end(kvt_engine_h e, peer_t *pa, peer_t *pb, kvt_batch_h *b,
                           (unsigned long long)pa->main_addr,
                           (unsigned long long)(2 * DEEP_LEN), seed),
                  "0") == 0);
-    CHECK_OK(kvt_batch_free(b[0]));
-    CHECK_OK(kvt_batch_free(b[1]));
-    kvt_engine_destroy(e);
-    munmap(buf, 2 * DEEP_LEN);
-    peer_stop(pa);
-    peer_stop(pb);
+    deep_free(e, pa, pb, b, buf);
 }
 
 /*
@@ -1232,12 +1240,7 @@ KVT_TEST(one_state_read_per_run_of_jobs)
     CHECK_ST(rows_poll(b[1], 5), KVT_ERR_CONN_LOST);
     CHECK_ST(kvt_batch_query(b[1], &bs), KVT_ERR_CONN_LOST);
     CHECK(bs.completed == 0);
-    CHECK_OK(kvt_batch_free(b[0]));
-    CHECK_OK(kvt_batch_free(b[1]));
-    kvt_engine_destroy(e);
-    munmap(buf, 2 * DEEP_LEN);
-    peer_stop(&pa);
-    peer_stop(&pb);
+    deep_free(e, &pa, &pb, b, buf);
 }
 
 /*
