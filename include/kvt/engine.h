@@ -349,7 +349,7 @@ KVT_API kvt_status_t kvt_mem_unregister_batch(kvt_engine_h engine,
  * pages (MADV_HUGEPAGE), which the kernel grants shared memory only when
  * /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise",
  * "within_size" or "always" (Debian's default is "never"; scattered 4 KiB
- * blocks moved 6 to 14% faster with huge pages at both ends,
+ * blocks moved 13 to 14% faster with huge pages at both ends,
  * docs/benchmarks.md). *addr_p is set on success only. Free it with
  * kvt_mem_free(); kvt_engine_destroy() frees what is left. Returns KVT_OK,
  * KVT_ERR_INVALID_PARAM (length 0, unknown access bits, NULL @addr_p),
