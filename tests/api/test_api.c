@@ -36,17 +36,20 @@
         COVER(kvt_batch_query, status, kvt_batch_query(b, NULL));              \
         COVER(kvt_batch_entry, status, kvt_batch_entry(b, 0, NULL));           \
     } while (0)
-/* The same descriptor @d submitted alone and waited for in one call. */
-#define SYNC(e, d, status)                                                     \
+/* The same descriptor @d submitted alone and waited for in one call,
+ * with a timeout of @ms (-1: none; a tcp waiter then sleeps in its read,
+ * which only the connection's end wakes). */
+#define SYNC_MS(e, d, status, ms)                                              \
     do {                                                                       \
         kvt_batch_h sb_;                                                       \
         kvt_xfer_desc_t sd_ = (d);                                             \
         CHECK_OK(kvt_batch_create((e), 1, &sb_));                              \
         COVER(kvt_batch_submit_wait, status,                                   \
-              kvt_batch_submit_wait(sb_, &sd_, 1, 30000));                     \
+              kvt_batch_submit_wait(sb_, &sd_, 1, (ms)));                      \
         CHECK_ST(kvt_batch_entry(sb_, 0, NULL), (status));                     \
         CHECK_OK(kvt_batch_free(sb_));                                         \
     } while (0)
+#define SYNC(e, d, status) SYNC_MS(e, d, status, 30000)
 /* Not produced for any of the three, nor for kvt_batch_submit_wait(). */
 #define NOT_HERE(status, why)                                                  \
     UNCOVERED(kvt_batch_entry, status, why);                                   \
@@ -629,6 +632,15 @@ static void *close_main(void *arg)
     return NULL;
 }
 
+/* Kill @x's stopped peer after @ms milliseconds, from another thread. */
+static void *killer_main(void *arg)
+{
+    closer_t *c = arg;
+    usleep(c->ms * 1000u);
+    peer_kill(&c->x->p, SIGKILL);
+    return NULL;
+}
+
 /* A batch with @d submitted alone. */
 static kvt_batch_h one(kvt_engine_h e, kvt_xfer_desc_t d)
 {
@@ -762,6 +774,12 @@ KVT_TEST(batches_on_the_way)
     peer_kill(&x.p, SIGCONT);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
+    pair_up(&x, 300);
+    peer_kill(&x.p, SIGSTOP);
+    SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_TIMEDOUT, -1);
+    peer_kill(&x.p, SIGCONT);
+    kvt_engine_destroy(x.e);
+    peer_stop(&x.p);
     /* Closed with the transfer in flight. */
     pair_up(&x, 0);
     peer_kill(&x.p, SIGSTOP);
@@ -781,6 +799,16 @@ KVT_TEST(batches_on_the_way)
         pthread_join(th, NULL);
     }
     peer_kill(&x.p, SIGCONT);
+    CHECK_OK(kvt_segment_open(x.e, x.p.segment, &x.seg));
+    peer_kill(&x.p, SIGSTOP);
+    {
+        closer_t c = {&x, 300};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, close_main, &c) == 0);
+        SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CANCELED, -1);
+        pthread_join(th, NULL);
+    }
+    peer_kill(&x.p, SIGCONT);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
     /* The target dies. */
@@ -794,6 +822,24 @@ KVT_TEST(batches_on_the_way)
     pair_up(&x, 0);
     peer_kill(&x.p, SIGKILL);
     SYNC(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CONN_LOST);
+    kvt_engine_destroy(x.e);
+    peer_stop(&x.p);
+    pair_up(&x, 0);
+    peer_kill(&x.p, SIGKILL);
+    SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CONN_LOST, -1);
+    kvt_engine_destroy(x.e);
+    peer_stop(&x.p);
+    /* ... while a thread waits with no timeout: the request unread, the
+     * end comes as a reset, to the read the thread sleeps in. */
+    pair_up(&x, 0);
+    peer_kill(&x.p, SIGSTOP);
+    {
+        closer_t c = {&x, 300};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, killer_main, &c) == 0);
+        SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CONN_LOST, -1);
+        pthread_join(th, NULL);
+    }
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
 

@@ -68,7 +68,7 @@
 
 #define TICK_NS (50ull * 1000000ull)
 #define MAX_CONNS 16
-#define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one readv */
+#define RX_IOV ((int)KVT_WIRE_MAX_SEGS) /* a whole frame in one read */
 #define SCRATCH_LEN (256u * 1024u)
 /* Read-ahead per connection (tcp_conn_t.rx_pre): a read for a header asks
  * for RX_PRE bytes, so that a small frame (header, piece table, a 4 KiB
@@ -254,7 +254,9 @@ struct tcp_conn {
     _Atomic uint64_t inflight;
     _Atomic int32_t fail_status;
 
-    /* Receive state: touched by the owning worker only. */
+    /* Receive state: touched by the connection's reader, under rx_lock:
+     * its worker, or the one waiter attached to it, which also reads
+     * into rx_pre without the lock (kvt__tcp_progress()). */
     int rx_state;
     size_t rx_have;
     /* The last read was shorter than asked: the socket had nothing more
@@ -390,13 +392,16 @@ extern const kvt__tl_ops_t kvt__tl_tcp;
  * for unsynchronised accesses; every other access stays checked.
  */
 #include <sys/syscall.h>
-#define payload_readv(fd, iov, n)                                              \
-    syscall(SYS_readv, (long)(fd), (iov), (unsigned long)(n))
+#define payload_recvmsg(fd, mh, fl)                                            \
+    syscall(SYS_recvmsg, (long)(fd), (mh), (unsigned long)(fl))
 #define payload_sendmsg(fd, mh, fl)                                            \
     syscall(SYS_sendmsg, (long)(fd), (mh), (unsigned long)(fl))
+#define payload_send(fd, buf, len, fl)                                         \
+    syscall(SYS_sendto, (long)(fd), (buf), (len), (unsigned long)(fl), NULL, 0)
 #else
-#define payload_readv(fd, iov, n) readv((fd), (iov), (n))
+#define payload_recvmsg(fd, mh, fl) recvmsg((fd), (mh), (fl))
 #define payload_sendmsg(fd, mh, fl) sendmsg((fd), (mh), (fl))
+#define payload_send(fd, buf, len, fl) send((fd), (buf), (len), (fl))
 #endif
 
 #define CONN_EVENTS (EPOLLIN | EPOLLET | EPOLLRDHUP)

@@ -365,7 +365,8 @@ kvt_status_t kvt__tcp_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         for (i = 0; i < s->nconns; i++) {
             tcp_conn_t *c = s->conns[i];
             c->w = &tcp->workers[(base + i) % tcp->nworkers];
-            kvt__sock_set_nonblock(c->fd, 1);
+            /* Left blocking: every call but a waiter's read passes
+             * MSG_DONTWAIT (kvt__tcp_progress()). */
         }
         for (i = 0; i < s->nconns; i++) {
             if (kvt__tcp_worker_attach(s->conns[i]->w, s->conns[i]) != 0)

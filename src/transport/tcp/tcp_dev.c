@@ -296,7 +296,7 @@ int kvt__tcp_rx_dev(tcp_conn_t *c)
             want = left;
         got = (ssize_t)kvt__tcp_pre_take(c, chunk + m->fill, want);
         if (got == 0)
-            got = recv(c->fd, chunk + m->fill, want, 0);
+            got = recv(c->fd, chunk + m->fill, want, MSG_DONTWAIT);
         if (got == 0)
             return -1;
         if (got < 0 && errno == EINTR)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The receive path: one state machine per connection (header, body,
- * payload read with readv straight into its destination, trailer), and on
+ * payload read straight into its destination, trailer), and on
  * the initiator side the matching of responses to requests.
  */
 #include <errno.h>
@@ -230,7 +230,7 @@ static int rx_fill(tcp_conn_t *c, uint8_t *buf, size_t want)
             to = c->rx_pre;
             ask = RX_PRE;
         }
-        n = recv(c->fd, to, ask, 0);
+        n = recv(c->fd, to, ask, MSG_DONTWAIT);
         if (n == 0)
             return -1;
         if (n < 0 && errno == EINTR)
@@ -279,9 +279,10 @@ static void rx_payload_pre(tcp_conn_t *c)
 /*
  * Read payload bytes for the current segments: first what was read ahead
  * (rx_payload_pre()), then valid runs straight into their destination with
- * readv (neighbouring segments merged into one vector), refused ones into
- * scratch. (Reading runs of small pieces into scratch and copying them out
- * was measured slower than readv with a vector per 512-byte piece.) The
+ * one vectored read (neighbouring segments merged into one vector), refused
+ * ones into scratch. (Reading runs of small pieces into scratch and copying
+ * them out was measured slower than a vectored read with a vector per 512-byte
+ * piece.) The
  * read that ends the payload also asks for RX_PRE_TAIL bytes of what
  * follows (a trailer, the next frame). A read shorter than asked leaves the
  * socket drained (c->rx_drained), so no read is made only to be told EAGAIN.
@@ -356,7 +357,10 @@ static int rx_payload(tcp_conn_t *c)
             iov[n++] = (struct iovec){c->rx_pre, RX_PRE_TAIL};
             asked += RX_PRE_TAIL;
         }
-        got = payload_readv(c->fd, iov, n);
+        {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+            got = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
+        }
         if (check)
             kvt__memreg_unlock(reg);
         if (got == 0)

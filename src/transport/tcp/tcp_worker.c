@@ -239,35 +239,81 @@ void kvt__tcp_detach(kvt__session_t *base, void *where)
  * thread attached itself when it submitted (kvt__tcp_waiter_attach()).
  * KVT_ERR_AGAIN when the connection is dead or read by another waiter:
  * the caller sleeps on the batch instead.
+ *
+ * Without a deadline the thread sleeps in the read itself, into the
+ * read-ahead buffer, which no other thread touches while it is attached:
+ * one system call per response instead of a poll() and a read. The
+ * connection is blocking for this read alone (every other call passes
+ * MSG_DONTWAIT). A failure of the connection, the transfer timeout's
+ * included, shuts the socket down, which ends the read. With a deadline,
+ * or with bytes still read ahead, it polls instead (a receive timeout on
+ * the socket would cost every sleep a timer: 0.25 us of a 14 us
+ * round trip, measured).
  */
 kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                const _Atomic uint32_t *until,
                                uint64_t deadline_ns, int attached)
 {
     tcp_conn_t *c = where;
-    int fd;
+    int fd, empty;
 
     (void)base;
     if (!attached && kvt__tcp_waiter_attach(c, 0) != 0)
         return KVT_ERR_AGAIN;
     pthread_mutex_lock(&c->rx_lock);
     fd = c->fd; /* open, and left as it is, while a waiter is attached */
+    empty = c->rx_pre_off == c->rx_pre_len;
     pthread_mutex_unlock(&c->rx_lock);
 
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int ms = -1;
+        uint64_t left = UINT64_MAX;
+        ssize_t n = -1;
+        int err = 0;
+
         if (deadline_ns != 0) {
             uint64_t now = kvt__now_ns();
             if (now >= deadline_ns)
                 break;
-            ms = (int)((deadline_ns - now + 999999) / 1000000);
+            left = deadline_ns - now;
         }
-        if (poll(&p, 1, ms) < 0 && errno != EINTR)
-            break;
+        if (empty && deadline_ns == 0) {
+            n = recv(fd, c->rx_pre, RX_PRE, 0);
+            if (n < 0) {
+                err = errno;
+                if (err == EINTR)
+                    continue;
+                if (err == EAGAIN || err == EWOULDBLOCK) {
+                    empty = 0; /* not blocking after all: poll */
+                    continue;
+                }
+            }
+        } else {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            int ms = left == UINT64_MAX ? -1 : (int)((left + 999999) / 1000000);
+            if (poll(&p, 1, ms) < 0 && errno != EINTR)
+                break;
+        }
         pthread_mutex_lock(&c->rx_lock);
-        if (!c->rx_dead)
-            kvt__tcp_conn_rx(c, until, 0);
+        if (c->rx_dead) {
+            /* Its frames are completed; the caller sleeps on the rest. */
+            pthread_mutex_unlock(&c->rx_lock);
+            break;
+        }
+        if (n > 0) {
+            c->rx_pre_off = 0;
+            c->rx_pre_len = (uint32_t)n;
+        }
+        if (err != 0) {
+            /* The read took the socket's error: say so here, no later
+             * read would. */
+            int32_t why = atomic_load(&c->fail_status);
+            kvt__tcp_conn_fail(c, why != 0 ? why : KVT_ERR_CONN_LOST);
+        } else {
+            /* A short read drained the socket: the next turn sleeps in
+             * the read rather than ask again (EPOLLIN says so). */
+            kvt__tcp_conn_rx(c, until, EPOLLIN);
+        }
+        empty = c->rx_pre_off == c->rx_pre_len;
         pthread_mutex_unlock(&c->rx_lock);
     }
     waiter_detach(c);
