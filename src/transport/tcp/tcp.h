@@ -240,8 +240,7 @@ struct tcp_conn {
      * input watched again, by the next frame enqueued on the connection
      * (kvt__tcp_conn_enqueue()) or at the worker's next tick, whichever
      * comes first: a peer that closes an idle connection is noticed
-     * within 2 * TICK_NS (the tick runs when the worker wakes at least
-     * TICK_NS after the last one, and epoll_wait() waits up to TICK_NS);
+     * within TICK_NS (the worker's timer, tcp_worker_t.tfd);
      * an error or a reset is reported at once. */
     _Atomic int idle_unwatched;
 
@@ -317,12 +316,12 @@ struct tcp_worker {
     pthread_t thread;
     int epfd;
     int evfd;
+    int tfd;              /* timerfd: the tick, every TICK_NS */
     pthread_mutex_t lock; /* guards the conn list and the reap list */
     tcp_conn_t *conns;
     tcp_conn_t *reap; /* failed outbound connections (kvt__tcp_worker_reap()) */
     _Atomic unsigned nfenced; /* inbound connections to close (fences) */
     uint8_t *scratch;
-    uint64_t last_tick;
 };
 
 struct tcp_session {

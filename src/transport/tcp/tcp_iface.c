@@ -13,6 +13,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -25,6 +26,11 @@
 static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
     struct epoll_event ev;
+    /* The worker's tick (transfer timeouts, idle connections): a timer of
+     * its own, so that epoll_wait() sleeps without one. */
+    const struct itimerspec tick = {
+        {(time_t)(TICK_NS / 1000000000ull), (long)(TICK_NS % 1000000000ull)},
+        {(time_t)(TICK_NS / 1000000000ull), (long)(TICK_NS % 1000000000ull)}};
     kvt__tcp_t *tcp;
     kvt_status_t st;
     unsigned i;
@@ -60,13 +66,17 @@ static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
         pthread_mutex_init(&w->lock, NULL);
         w->epfd = epoll_create1(EPOLL_CLOEXEC);
         w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        w->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
         w->scratch = malloc(SCRATCH_LEN);
-        if (w->epfd < 0 || w->evfd < 0 || w->scratch == NULL) {
+        if (w->epfd < 0 || w->evfd < 0 || w->tfd < 0 || w->scratch == NULL ||
+            timerfd_settime(w->tfd, 0, &tick, NULL) != 0) {
             st = KVT_ERR_IO;
             goto err_workers;
         }
         ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = w};
         epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev);
+        ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &w->tfd};
+        epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->tfd, &ev);
     }
     *tl_p = &tcp->base;
     return KVT_OK;
@@ -80,6 +90,8 @@ err_workers:
             close(w->epfd);
         if (w->evfd >= 0)
             close(w->evfd);
+        if (w->tfd >= 0)
+            close(w->tfd);
         free(w->scratch);
         pthread_mutex_destroy(&w->lock);
     }
@@ -138,6 +150,7 @@ static void tcp_destroy(kvt__tl_t *tl)
         tcp_worker_t *w = &tcp->workers[i];
         close(w->epfd);
         close(w->evfd);
+        close(w->tfd);
         free(w->scratch);
         pthread_mutex_destroy(&w->lock);
     }

