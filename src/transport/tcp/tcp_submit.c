@@ -102,7 +102,7 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     f->bytes = payload;
     f->req_id =
         atomic_fetch_add_explicit(&tcp->next_req, 1, memory_order_relaxed);
-    f->deadline = kvt__now_ns() + tcp->cfg->timeout_ns;
+    f->deadline = kvt__now_coarse_ns() + tcp->cfg->timeout_ns;
     p = (uint8_t *)(f->iov + niov);
     f->comps = (kvt__comp_t **)p;
     f->piece_seg = (uint32_t *)(f->comps + np);
@@ -309,7 +309,7 @@ static void submit_notify(tcp_session_t *s, const kvt__xfer_t *d,
     if (len > 0)
         memcpy(f->body, (const void *)(uintptr_t)d->laddr, len);
     f->req_id = atomic_fetch_add(&s->tcp->next_req, 1);
-    f->deadline = kvt__now_ns() + s->tcp->cfg->timeout_ns;
+    f->deadline = kvt__now_coarse_ns() + s->tcp->cfg->timeout_ns;
     kvt__tcp_hdr_init(&h, KVT_WIRE_NOTIFY, f->req_id);
     h.body_len = (uint32_t)len;
     kvt__wire_hdr_encode(&h, f->hdr);
