@@ -82,6 +82,11 @@
  * idle connection (kvt__tcp_conn_enqueue()); larger ones are the
  * worker's. */
 #define INLINE_MAX (64u * 1024u)
+/* A WRITE frame up to this size (header, piece table, payload) is sent
+ * from one contiguous copy: a synchronous 4 KiB write then took 0.1 us
+ * less of a 16 us round trip than sent from three vectors (median of ten
+ * alternating rounds, both ends on one CPU). */
+#define FLAT_MAX (8u * 1024u)
 /* Inbound: stop reading a connection's requests while its queued
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */

@@ -81,6 +81,7 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     tcp_frame_t *f;
     uint8_t *p;
     uint32_t k = 0;
+    int flat;
 
     *st_p = KVT_ERR_NO_MEMORY;
     for (size_t i = 0; i < np; i++) {
@@ -89,8 +90,11 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
         has_dev |= ps[i].ldev1 != 0;
     }
     niov = 2 + nlsegs;
+    flat = type == KVT_WIRE_WRITE && !has_dev &&
+           KVT_WIRE_HDR_LEN + table + payload <= FLAT_MAX;
     sz = sizeof(*f) + niov * sizeof(struct iovec) + np * sizeof(kvt__comp_t *) +
-         (np + 1) * 4 + table;
+         (np + 1) * 4 + table +
+         (flat ? KVT_WIRE_HDR_LEN + table + (size_t)payload : 0);
     f = malloc(sz);
     if (f == NULL)
         return NULL;
@@ -133,6 +137,23 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     f->iov[1] = (struct iovec){f->body, table};
     f->tx.cur = f->iov;
     f->tx.cnt = type == KVT_WIRE_WRITE ? (int)niov : 2;
+    if (flat) {
+        /* One contiguous copy, sent with send() (kvt__tcp_flush_locked()):
+         * cheaper for the kernel than a message of several vectors, by
+         * more than the copy costs (FLAT_MAX). The source is read now,
+         * before the call returns, which its contract allows. */
+        uint8_t *q = f->body + table, *q0 = q;
+        memcpy(q, f->hdr, KVT_WIRE_HDR_LEN);
+        q += KVT_WIRE_HDR_LEN;
+        memcpy(q, f->body, table);
+        q += table;
+        for (uint32_t i = 0; i < nlsegs; i++) {
+            memcpy(q, f->lsegs[i].iov_base, f->lsegs[i].iov_len);
+            q += f->lsegs[i].iov_len;
+        }
+        f->iov[0] = (struct iovec){q0, (size_t)(q - q0)};
+        f->tx.cnt = 1;
+    }
     if (type == KVT_WIRE_READ) {
         /* The send vector must not alias the receive segments, which the
          * sender's cursor would trim. */
