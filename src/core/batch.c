@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -284,9 +285,16 @@ static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
     batch_hint(b, s, &h);
 }
 
+/* Scratch per descriptor in batch_submit(): two kvt__xfer_t, a session
+ * and a segment pointer. */
+#define SUBMIT_PER_DESC                                                        \
+    (2 * sizeof(kvt__xfer_t) + sizeof(kvt__session_t *) + sizeof(kvt__seg_t *))
+#define SUBMIT_STACK 4
+
 static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
                                  size_t count, attach_t *att)
 {
+    _Alignas(max_align_t) unsigned char small[SUBMIT_STACK * SUBMIT_PER_DESC];
     kvt_engine_h e;
     size_t base, nvalid = 0;
     kvt__xfer_t *xf, *grp;
@@ -305,7 +313,11 @@ static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     if (count > b->capacity - b->used)
         return KVT_ERR_NO_SPACE;
     e = b->engine;
-    xf = malloc(count * (2 * sizeof(*xf) + sizeof(*sess) + sizeof(*held)));
+    /* A few descriptors (a synchronous transfer): on the stack. */
+    if (count <= SUBMIT_STACK)
+        xf = (kvt__xfer_t *)small;
+    else
+        xf = malloc(count * SUBMIT_PER_DESC);
     if (xf == NULL)
         return KVT_ERR_NO_MEMORY;
     grp = xf + count;
@@ -401,7 +413,8 @@ static kvt_status_t batch_submit(kvt_batch_h b, const kvt_xfer_desc_t *descs,
     }
     for (size_t i = 0; i < nheld; i++)
         kvt__seg_unref(held[i]);
-    free(xf);
+    if (xf != (kvt__xfer_t *)small)
+        free(xf);
     return KVT_OK;
 }
 

@@ -32,6 +32,10 @@ typedef struct {
     uint32_t ldev1; /* local device memory of device ldev1 - 1; 0: host */
 } pspec_t;
 
+/* Descriptors, and wire pieces, that a submission keeps on the stack
+ * (a synchronous transfer's); more are allocated. */
+#define SPEC_STACK 8
+
 /* Pieces of a strided descriptor that one wire piece carries. */
 static inline uint64_t strided_k(uint64_t len, uint64_t slice)
 {
@@ -178,7 +182,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
 {
     uint64_t slice = s->tcp->cfg->slice_size, total = 0, target;
     size_t cap = 0, np = 0, start;
-    pspec_t *ps = NULL;
+    pspec_t small[SPEC_STACK], *ps = NULL;
     tcp_frame_t *frames = NULL, **ftail = &frames;
     int single; /* the submission went as one frame */
 
@@ -193,7 +197,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
             cap += (d->count + strided_k(d->len, slice) - 1) /
                    strided_k(d->len, slice);
     }
-    ps = malloc(cap * sizeof(*ps));
+    ps = cap <= SPEC_STACK ? small : malloc(cap * sizeof(*ps));
     if (ps == NULL)
         goto err_fail_all;
     for (size_t i = 0; i < n; i++) {
@@ -269,7 +273,8 @@ static void submit_op(tcp_session_t *s, uint8_t type,
         ftail = (tcp_frame_t **)&f->tx.next;
         start = end;
     }
-    free(ps);
+    if (ps != small)
+        free(ps);
     single = frames != NULL && frames->tx.next == NULL;
     while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
@@ -370,9 +375,10 @@ kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
                              size_t n, kvt__sub_t *hint)
 {
     tcp_session_t *s = (tcp_session_t *)base;
-    const kvt__xfer_t **w = malloc(2 * n * sizeof(*w)), **r;
+    const kvt__xfer_t *small[2 * SPEC_STACK], **w, **r;
     size_t i = 0;
 
+    w = n <= SPEC_STACK ? small : malloc(2 * n * sizeof(*w));
     if (w == NULL)
         return KVT_ERR_NO_MEMORY;
     r = w + n;
@@ -393,6 +399,7 @@ kvt_status_t kvt__tcp_submit(kvt__session_t *base, const kvt__xfer_t *x,
             i++;
         }
     }
-    free(w);
+    if (w != small)
+        free(w);
     return KVT_OK;
 }
