@@ -23,7 +23,8 @@
  * send queue, socket writes and the dead flag; out_lock guards the
  * outstanding FIFO. ev_lock (the epoll registration) is a leaf: it may
  * be taken under rx_lock or the worker's lock, and holds no other. None is
- * held across a wait: sockets are non-blocking.
+ * held across a wait: every socket call is non-blocking but an attached
+ * waiter's read (kvt__tcp_progress()), made with no lock held.
  *
  * Waiter progress. A thread in kvt_batch_wait() whose frames all went to
  * one connection reads that connection itself (it "attaches" as the
