@@ -641,6 +641,18 @@ static void *killer_main(void *arg)
     return NULL;
 }
 
+/* A synchronous 4 KiB write to @x's peer with no timeout, ending with
+ * @want, while another thread runs @act 300 ms in. */
+static void sync_meanwhile(pair_t *x, void *(*act)(void *), kvt_status_t want)
+{
+    closer_t c = {x, 300};
+    pthread_t th;
+
+    CHECK(pthread_create(&th, NULL, act, &c) == 0);
+    SYNC_MS(x->e, wr(x, x->p.main_addr, 4096), want, -1);
+    pthread_join(th, NULL);
+}
+
 /* A batch with @d submitted alone. */
 static kvt_batch_h one(kvt_engine_h e, kvt_xfer_desc_t d)
 {
@@ -801,13 +813,7 @@ KVT_TEST(batches_on_the_way)
     peer_kill(&x.p, SIGCONT);
     CHECK_OK(kvt_segment_open(x.e, x.p.segment, &x.seg));
     peer_kill(&x.p, SIGSTOP);
-    {
-        closer_t c = {&x, 300};
-        pthread_t th;
-        CHECK(pthread_create(&th, NULL, close_main, &c) == 0);
-        SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CANCELED, -1);
-        pthread_join(th, NULL);
-    }
+    sync_meanwhile(&x, close_main, KVT_ERR_CANCELED);
     peer_kill(&x.p, SIGCONT);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
@@ -833,13 +839,7 @@ KVT_TEST(batches_on_the_way)
      * end comes as a reset, to the read the thread sleeps in. */
     pair_up(&x, 0);
     peer_kill(&x.p, SIGSTOP);
-    {
-        closer_t c = {&x, 300};
-        pthread_t th;
-        CHECK(pthread_create(&th, NULL, killer_main, &c) == 0);
-        SYNC_MS(x.e, wr(&x, x.p.main_addr, 4096), KVT_ERR_CONN_LOST, -1);
-        pthread_join(th, NULL);
-    }
+    sync_meanwhile(&x, killer_main, KVT_ERR_CONN_LOST);
     kvt_engine_destroy(x.e);
     peer_stop(&x.p);
 
