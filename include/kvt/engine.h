@@ -142,7 +142,7 @@ typedef struct {
     uint64_t transfer_timeout_ms;
     /* Largest piece one descriptor is cut into before being striped over
      * the peer's connections, and the most payload of one tcp frame (each
-     * is acknowledged on its own). Default 2 MiB. */
+     * is acknowledged on its own). Default 4 MiB. */
     size_t slice_size;
     /* Bound on connecting and handshaking with a peer, in milliseconds.
      * Default 5000 (or the transfer timeout, if shorter). */

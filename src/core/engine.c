@@ -77,7 +77,7 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
     e->cfg.num_workers = 2;
     e->cfg.conns_per_peer = 2;
     e->transports = KVT_TRANSPORT_ALL;
-    e->cfg.slice_size = 2u << 20;
+    e->cfg.slice_size = 4u << 20;
     e->cfg.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
 
     if ((m & KVT_ENGINE_PARAM_LOCAL_HOST) && p->local_host && *p->local_host)
