@@ -769,16 +769,21 @@ KVT_TEST(frames_split_anywhere)
 /* ---- A stalled connection ------------------------------------------------
  */
 
+/* The slice, and so the frame, of mk_tcp2()'s engines: set, so that the
+ * test below counts frames whatever the default. */
+#define TCP2_SLICE (2u << 20)
+
 static kvt_engine_h mk_tcp2(void)
 {
     kvt_engine_params_t p = {0};
     kvt_engine_h e = NULL;
     p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS |
                    KVT_ENGINE_PARAM_CONNS_PER_PEER |
-                   KVT_ENGINE_PARAM_NUM_WORKERS;
+                   KVT_ENGINE_PARAM_NUM_WORKERS | KVT_ENGINE_PARAM_SLICE_SIZE;
     p.transports = KVT_TRANSPORT_TCP;
     p.conns_per_peer = 2;
     p.num_workers = 2;
+    p.slice_size = TCP2_SLICE;
     CHECK_OK(kvt_engine_create(&p, &e));
     return e;
 }
@@ -803,7 +808,7 @@ static int caught_up(tcp_session_t *s, tcp_conn_t *c)
 KVT_TEST(stalled_connection_holds_few_frames)
 {
     enum { FRAMES = 64 };
-    size_t len = (size_t)FRAMES * (2u << 20), nin = 0;
+    size_t len = (size_t)FRAMES * TCP2_SLICE, nin = 0;
     int two_workers = 0;
     kvt_engine_h t = mk_tcp2(), e = mk_tcp2();
     uint8_t *dst = malloc(len), *src = malloc(len);
