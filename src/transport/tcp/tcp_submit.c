@@ -97,8 +97,7 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     flat = type == KVT_WIRE_WRITE && !has_dev &&
            KVT_WIRE_HDR_LEN + table + payload <= FLAT_MAX;
     sz = sizeof(*f) + niov * sizeof(struct iovec) + np * sizeof(kvt__comp_t *) +
-         (np + 1) * 4 + table +
-         (flat ? KVT_WIRE_HDR_LEN + table + (size_t)payload : 0);
+         (np + 1) * 4 + table + (flat ? KVT_WIRE_HDR_LEN + (size_t)payload : 0);
     f = malloc(sz);
     if (f == NULL)
         return NULL;
@@ -114,7 +113,10 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
     p = (uint8_t *)(f->iov + niov);
     f->comps = (kvt__comp_t **)p;
     f->piece_seg = (uint32_t *)(f->comps + np);
-    f->body = (uint8_t *)(f->piece_seg + np + 1);
+    /* Flat: room for the header before the piece table, the payload
+     * after it, so that the three are one run. */
+    f->body =
+        (uint8_t *)(f->piece_seg + np + 1) + (flat ? KVT_WIRE_HDR_LEN : 0);
     f->lsegs = f->iov + 2;
     for (size_t i = 0; i < np; i++) {
         const pspec_t *q = &ps[i];
@@ -146,11 +148,8 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
          * cheaper for the kernel than a message of several vectors, by
          * more than the copy costs (FLAT_MAX). The source is read now,
          * before the call returns, which its contract allows. */
-        uint8_t *q = f->body + table, *q0 = q;
-        memcpy(q, f->hdr, KVT_WIRE_HDR_LEN);
-        q += KVT_WIRE_HDR_LEN;
-        memcpy(q, f->body, table);
-        q += table;
+        uint8_t *q0 = f->body - KVT_WIRE_HDR_LEN, *q = f->body + table;
+        memcpy(q0, f->hdr, KVT_WIRE_HDR_LEN);
         for (uint32_t i = 0; i < nlsegs; i++) {
             memcpy(q, f->lsegs[i].iov_base, f->lsegs[i].iov_len);
             q += f->lsegs[i].iov_len;
