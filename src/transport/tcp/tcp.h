@@ -325,7 +325,9 @@ struct tcp_worker {
     int tfd;              /* timerfd: the tick, every TICK_NS */
     pthread_mutex_t lock; /* guards the conn list and the reap list */
     tcp_conn_t *conns;
-    tcp_conn_t *reap; /* failed outbound connections (kvt__tcp_worker_reap()) */
+    /* Failed outbound connections (kvt__tcp_worker_reap()): changed under
+     * lock; read without it to skip the lock when empty. */
+    tcp_conn_t *_Atomic reap;
     _Atomic unsigned nfenced; /* inbound connections to close (fences) */
     uint8_t *scratch;
 };

@@ -104,8 +104,8 @@ static void worker_reap_later(tcp_worker_t *w, tcp_conn_t *c)
     int other = !pthread_equal(pthread_self(), w->thread);
 
     pthread_mutex_lock(&w->lock);
-    c->dnext = w->reap;
-    w->reap = c;
+    c->dnext = atomic_load_explicit(&w->reap, memory_order_relaxed);
+    atomic_store_explicit(&w->reap, c, memory_order_relaxed);
     pthread_mutex_unlock(&w->lock);
     if (other) {
         uint64_t one = 1;
@@ -118,9 +118,14 @@ void kvt__tcp_worker_reap(tcp_worker_t *w)
 {
     tcp_conn_t *c, *next;
 
+    /* Nothing to reap, the common case: no lock. A connection put on the
+     * list as this reads it is reaped on the next turn (another thread
+     * wakes the worker after putting it there). */
+    if (atomic_load_explicit(&w->reap, memory_order_relaxed) == NULL)
+        return;
     pthread_mutex_lock(&w->lock);
-    c = w->reap;
-    w->reap = NULL;
+    c = atomic_load_explicit(&w->reap, memory_order_relaxed);
+    atomic_store_explicit(&w->reap, NULL, memory_order_relaxed);
     pthread_mutex_unlock(&w->lock);
     for (; c != NULL; c = next) {
         tcp_session_t *s = c->sess;

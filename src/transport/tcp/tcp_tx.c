@@ -303,10 +303,15 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
             kvt__tcp_flush_locked(c, 1);
         changed = kvt__tcp_want_out_update(c);
         /* Its response is read by an attached waiter or the worker: input
-         * left unwatched while idle is watched again (the mask then says
-         * which). After the frame is on out_head: see waiter_detach(). */
+         * left unwatched while idle is watched again, unless a waiter is
+         * attached (no_input), which reads it and leaves input unwatched
+         * either way. After the frame is on out_head: see waiter_detach(),
+         * which watches input again itself when it finds the flag down
+         * after raising no_input's (one of the two sees the other's
+         * write). */
         if (atomic_load_explicit(&c->idle_unwatched, memory_order_seq_cst) &&
-            atomic_exchange(&c->idle_unwatched, 0))
+            atomic_exchange(&c->idle_unwatched, 0) &&
+            !atomic_load_explicit(&c->no_input, memory_order_seq_cst))
             changed = 1;
     }
     pthread_mutex_unlock(&c->tx_lock);

@@ -89,13 +89,17 @@ void *kvt__tcp_worker_main(void *arg)
          * the tick comes from tfd. */
         n = epoll_wait(w->epfd, evs, 64, -1);
 
+#ifdef KVT_TSAN
         if (n > 0) {
-            /* Pairs with the unlock in kvt__tcp_worker_attach(): whatever the
-             * attaching thread wrote to a connection is visible here (and
-             * to ThreadSanitizer, which does not model epoll). */
+            /* Pairs with the unlock in kvt__tcp_worker_attach(), for
+             * ThreadSanitizer, which does not model epoll: whatever the
+             * attaching thread wrote to a connection before adding it to
+             * the epoll set is ordered before the events that name it (the
+             * kernel's own lock on the set orders them in every build). */
             pthread_mutex_lock(&w->lock);
             pthread_mutex_unlock(&w->lock);
         }
+#endif
 
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
@@ -181,10 +185,13 @@ int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only)
     }
     if (c->waiters++ == 0) {
         /* Spare the worker a wake-up; input that came before this is
-         * still readable, and the waiter's poll() sees it. (No system
-         * call when input was left unwatched: the mask stays as it is.) */
+         * still readable, and the waiter's poll() sees it. Input left
+         * unwatched while idle is unwatched already: the mask stays as it
+         * is, and whoever watches it again finds no_input up
+         * (kvt__tcp_conn_enqueue(), check_timeouts()). */
         atomic_store(&c->no_input, 1);
-        kvt__tcp_conn_events(c);
+        if (!atomic_load(&c->idle_unwatched))
+            kvt__tcp_conn_events(c);
     }
     pthread_mutex_unlock(&c->rx_lock);
     return 0;
@@ -219,9 +226,14 @@ static void waiter_detach(tcp_conn_t *c)
             if (busy)
                 atomic_store(&c->idle_unwatched, 0);
             /* Watching input again reports to the worker whatever is
-             * left unread (EPOLL_CTL_MOD polls the socket). */
+             * left unread (EPOLL_CTL_MOD polls the socket). While input
+             * stays unwatched (idle) the mask is as it is: a frame
+             * enqueued from now on clears the flag and, finding no_input
+             * down, watches input itself (kvt__tcp_conn_enqueue(); one of
+             * the two sees the other's write). */
             atomic_store(&c->no_input, 0);
-            kvt__tcp_conn_events(c);
+            if (!atomic_load(&c->idle_unwatched))
+                kvt__tcp_conn_events(c);
         }
     }
     pthread_mutex_unlock(&c->rx_lock);
@@ -262,10 +274,11 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
     (void)base;
     if (!attached && kvt__tcp_waiter_attach(c, 0) != 0)
         return KVT_ERR_AGAIN;
-    pthread_mutex_lock(&c->rx_lock);
-    fd = c->fd; /* open, and left as it is, while a waiter is attached */
+    /* Attached (under rx_lock, which ordered these after their last
+     * writes): the descriptor stays open and as it is, and only this
+     * thread reads or moves the read-ahead buffer, until it detaches. */
+    fd = c->fd;
     empty = c->rx_pre_off == c->rx_pre_len;
-    pthread_mutex_unlock(&c->rx_lock);
 
     while (atomic_load_explicit(until, memory_order_acquire) != 0) {
         uint64_t left = UINT64_MAX;
