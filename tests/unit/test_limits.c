@@ -766,6 +766,72 @@ KVT_TEST(frames_split_anywhere)
     kvt_engine_destroy(e);
 }
 
+/*
+ * While a large WRITE's payload is read, the target's worker is woken only
+ * once RX_LOWAT bytes of it are in (SO_RCVLOWAT). A payload that comes in
+ * pieces of every size around that mark, with pauses between them, still
+ * lands and is answered; so is one whose last bytes, fewer than the mark,
+ * come alone after a pause; and a peer that ends the stream in the middle
+ * of a large payload is noticed (the connection closed) with no byte more.
+ */
+KVT_TEST(large_payload_wakes)
+{
+    static const size_t cuts[] = {100 * 1024, RX_LOWAT - 1, 3, RX_LOWAT + 4096,
+                                  600 * 1024};
+    enum { LEN = 3u << 20 };
+    uint8_t *region = malloc(LEN), *stream = malloc(LEN + 256);
+    kvt_engine_h e = mk();
+    kvt__wire_piece_t p;
+    kvt__wire_hdr_t h;
+    size_t n, sent;
+    int fd;
+
+    CHECK(region != NULL && stream != NULL);
+    CHECK_OK(kvt_mem_register(e, region, LEN, KVT_ACCESS_REMOTE_RW));
+    for (int round = 0; round < 2; round++) {
+        memset(region, 0, LEN);
+        p = (kvt__wire_piece_t){(uint64_t)(uintptr_t)region, LEN, 1, LEN};
+        n = kvt_test_hdr(stream, KVT_WIRE_WRITE, KVT_WIRE_PIECE_LEN, LEN,
+                         40 + (uint64_t)round);
+        kvt__wire_piece_encode(&p, stream + n);
+        n += KVT_WIRE_PIECE_LEN;
+        for (size_t k = 0; k < LEN; k++)
+            stream[n + k] = (uint8_t)(k * 7 + (size_t)round);
+        n += LEN;
+        fd = data_conn(e, "lowat:1");
+        sent = 0;
+        for (size_t c = 0; sent < n; c++) {
+            /* Round 1: all but the last 10 bytes at once, then those. */
+            size_t k =
+                round ? n - 10 : cuts[c % (sizeof(cuts) / sizeof(cuts[0]))];
+            if (k > n - sent)
+                k = n - sent;
+            send_all(fd, stream + sent, k);
+            sent += k;
+            usleep(20000);
+        }
+        CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
+        CHECK(h.req_id == 40 + (uint64_t)round && h.status == KVT_OK);
+        for (size_t k = 0; k < LEN; k++)
+            CHECK(region[k] == (uint8_t)(k * 7 + (size_t)round));
+        close(fd);
+    }
+    /* Half a large payload, then the end of the stream. */
+    fd = data_conn(e, "lowat:2");
+    n = kvt_test_hdr(stream, KVT_WIRE_WRITE, KVT_WIRE_PIECE_LEN, LEN, 50);
+    kvt__wire_piece_encode(&p, stream + n);
+    n += KVT_WIRE_PIECE_LEN;
+    send_all(fd, stream, n + LEN / 2);
+    usleep(20000);
+    shutdown(fd, SHUT_WR);
+    CHECK(closed_within(fd, 3.0));
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+    free(region);
+    free(stream);
+}
+
 /* ---- A stalled connection ------------------------------------------------
  */
 
@@ -980,5 +1046,6 @@ KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
               KVT_CASE(log_lines_limited_and_escaped, 60),
               KVT_CASE(protocol_refusals, 30),
               KVT_CASE(frames_split_anywhere, 30),
+              KVT_CASE(large_payload_wakes, 30),
               KVT_CASE(stalled_connection_holds_few_frames, 60),
               KVT_CASE(lost_connection_kills_session_first, 30))

@@ -88,6 +88,12 @@
  * less of a 16 us round trip than sent from three vectors (median of ten
  * alternating rounds, both ends on one CPU). */
 #define FLAT_MAX (8u * 1024u)
+/* Inbound, while a WRITE's payload has at least RX_LOWAT bytes to come:
+ * the worker is woken for its socket only once that many are there
+ * (SO_RCVLOWAT), not for each segment that lands. */
+#ifndef RX_LOWAT
+#define RX_LOWAT (1024u * 1024u)
+#endif
 /* Inbound: stop reading a connection's requests while its queued
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */
@@ -289,6 +295,11 @@ struct tcp_conn {
     kvt__wire_piece_t *rx_pieces;
     int32_t *rx_pstatus;
     uint32_t rx_npieces;
+    /* Inbound: payload bytes of the WRITE being read still to come (every
+     * read into its segments lowers it: rx_advance(), kvt__tcp_rx_dev()),
+     * and the socket's SO_RCVLOWAT now (0: never set, the default of 1). */
+    uint64_t rx_left;
+    int rx_lowat;
     tcp_frame_t *rx_frame;
     /* Device memory staging: used by the owning worker; its stream is
      * also waited for by kvt__tcp_mem_changed() (any thread). */

@@ -189,6 +189,7 @@ static void rx_revalidate(tcp_conn_t *c, kvt__memreg_t *reg)
 /* Advance the segment cursor by @got bytes. */
 static void rx_advance(tcp_conn_t *c, uint64_t got)
 {
+    c->rx_left -= got < c->rx_left ? got : c->rx_left;
     while (got > 0) {
         uint64_t left = c->rx_segs[c->rx_seg].len - c->rx_seg_off;
         if (got < left) {
@@ -384,6 +385,20 @@ static int rx_payload(tcp_conn_t *c)
     return 1;
 }
 
+/* An inbound connection drained, its worker about to sleep: wake it
+ * again when RX_LOWAT bytes are in, while the payload being read has as
+ * many to come; for anything else, as soon as a byte is. */
+static void rx_lowat(tcp_conn_t *c)
+{
+    int want =
+        c->rx_state == RX_PAYLOAD && c->rx_left >= RX_LOWAT ? (int)RX_LOWAT : 1;
+
+    if (want == (c->rx_lowat ? c->rx_lowat : 1))
+        return;
+    if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
+        c->rx_lowat = want;
+}
+
 /*
  * Read and handle what @c has, until the socket is drained (the worker,
  * edge-triggered) or, when @stop is given, as soon as *@stop reads 0
@@ -415,6 +430,7 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev)
                 atomic_load_explicit(&c->out_bytes, memory_order_relaxed);
             if (q > (c->rx_held ? OUT_RESUME : OUT_HOLD)) {
                 c->rx_held = 1;
+                rx_lowat(c);
                 return;
             }
             c->rx_held = 0;
@@ -522,8 +538,11 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev)
         }
     }
 out:
-    if (r == 0)
+    if (r == 0) {
+        if (!c->outbound)
+            rx_lowat(c);
         return;
+    }
 fail : {
     int32_t why = atomic_load(&c->fail_status);
     kvt__tcp_conn_fail(c, why != 0 ? why : fail);

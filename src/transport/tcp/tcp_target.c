@@ -319,6 +319,7 @@ int kvt__tcp_inbound_dispatch(tcp_conn_t *c)
             return 0;
         }
         layout_pieces(c, KVT_ACCESS_REMOTE_WRITE);
+        c->rx_left = h->payload_len;
         c->rx_state = RX_PAYLOAD;
         return 0;
     case KVT_WIRE_NOTIFY:
