@@ -152,8 +152,11 @@ void kvt__tcp_conn_events(tcp_conn_t *c)
     int kick;
 
     pthread_mutex_lock(&c->ev_lock);
-    if (!atomic_load_explicit(&c->no_input, memory_order_acquire) &&
-        !atomic_load_explicit(&c->idle_unwatched, memory_order_acquire))
+    /* Sequentially consistent: the callers that clear one of these flags
+     * and then read the other without calling here (waiter attach and
+     * detach, kvt__tcp_conn_enqueue()) rely on one of the two sides
+     * seeing the other's write, this read included (check_timeouts()). */
+    if (!atomic_load(&c->no_input) && !atomic_load(&c->idle_unwatched))
         mask |= EPOLLIN | EPOLLRDHUP;
     if (atomic_load_explicit(&c->want_out, memory_order_acquire))
         mask |= EPOLLOUT;
@@ -216,9 +219,9 @@ tcp_resp_t *kvt__tcp_resp_alloc(size_t niov, size_t body_len, size_t nsegs)
 {
     size_t sz = sizeof(tcp_resp_t) + niov * sizeof(struct iovec) + body_len +
                 nsegs * sizeof(uint64_t);
-    /* malloc() and memset(), not calloc(): glibc's calloc() bypasses the
-     * per-thread cache. The empty asm keeps the compiler from merging the
-     * two into a calloc() call. */
+    /* malloc() and memset(), not calloc(): glibc's calloc() (2.36, Debian
+     * 12) bypasses the per-thread cache. The empty asm keeps the compiler
+     * from merging the two into a calloc() call. */
     tcp_resp_t *r = malloc(sz);
     if (r == NULL)
         return NULL;
