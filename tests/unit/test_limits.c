@@ -766,13 +766,48 @@ KVT_TEST(frames_split_anywhere)
     kvt_engine_destroy(e);
 }
 
+/* SO_RCVLOWAT of the target's inbound connection from peer @name, or -1
+ * when there is none. */
+static int inbound_lowat(kvt_engine_h e, const char *name)
+{
+    kvt__tcp_t *tcp = tcp_of(e);
+    int v = -1;
+    socklen_t len = sizeof(v);
+
+    pthread_mutex_lock(&tcp->in_lock);
+    for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext)
+        if (strcmp(c->peer, name) == 0 &&
+            getsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, &len) != 0)
+            v = -1;
+    pthread_mutex_unlock(&tcp->in_lock);
+    return v;
+}
+
+/* What the kernel makes of a mark of RX_LOWAT on the inbound connection
+ * from @name: at most half its receive buffer. */
+static int lowat_expected(kvt_engine_h e, const char *name)
+{
+    kvt__tcp_t *tcp = tcp_of(e);
+    int buf = 0;
+    socklen_t len = sizeof(buf);
+
+    pthread_mutex_lock(&tcp->in_lock);
+    for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext)
+        if (strcmp(c->peer, name) == 0)
+            getsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &buf, &len);
+    pthread_mutex_unlock(&tcp->in_lock);
+    return (int)RX_LOWAT < buf / 2 ? (int)RX_LOWAT : buf / 2;
+}
+
 /*
  * While a large WRITE's payload is read, the target's worker is woken only
- * once RX_LOWAT bytes of it are in (SO_RCVLOWAT). A payload that comes in
- * pieces of every size around that mark, with pauses between them, still
- * lands and is answered; so is one whose last bytes, fewer than the mark,
- * come alone after a pause; and a peer that ends the stream in the middle
- * of a large payload is noticed (the connection closed) with no byte more.
+ * once RX_LOWAT bytes of it are in (SO_RCVLOWAT): the mark is up while
+ * that much is still to come, and back to 1 once the frame is answered. A
+ * payload that comes in pieces of every size around that mark, with
+ * pauses between them, still lands and is answered; so is one whose last
+ * bytes, fewer than the mark, come alone after a pause; and a peer that
+ * ends the stream in the middle of a large payload is noticed (the
+ * connection closed) with no byte more.
  */
 KVT_TEST(large_payload_wakes)
 {
@@ -798,7 +833,8 @@ KVT_TEST(large_payload_wakes)
         for (size_t k = 0; k < LEN; k++)
             stream[n + k] = (uint8_t)(k * 7 + (size_t)round);
         n += LEN;
-        fd = data_conn(e, "lowat:1");
+        const char *name = round ? "lowat:3" : "lowat:1";
+        fd = data_conn(e, name);
         sent = 0;
         for (size_t c = 0; sent < n; c++) {
             /* Round 1: all but the last 10 bytes at once, then those. */
@@ -809,9 +845,19 @@ KVT_TEST(large_payload_wakes)
             send_all(fd, stream + sent, k);
             sent += k;
             usleep(20000);
+            /* Round 0: once the first 100 KiB are read, the mark is up. */
+            if (round == 0 && c == 0) {
+                int want = lowat_expected(e, name);
+                for (int t = 0; t < 100 && inbound_lowat(e, name) != want; t++)
+                    usleep(10000);
+                CHECK(want > 1 && inbound_lowat(e, name) == want);
+            }
         }
         CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_WRITE_ACK);
         CHECK(h.req_id == 40 + (uint64_t)round && h.status == KVT_OK);
+        for (int t = 0; t < 100 && inbound_lowat(e, name) != 1; t++)
+            usleep(10000);
+        CHECK(inbound_lowat(e, name) == 1);
         for (size_t k = 0; k < LEN; k++)
             CHECK(region[k] == (uint8_t)(k * 7 + (size_t)round));
         close(fd);

@@ -387,7 +387,12 @@ static int rx_payload(tcp_conn_t *c)
 
 /* An inbound connection drained, its worker about to sleep: wake it
  * again when RX_LOWAT bytes are in, while the payload being read has as
- * many to come; for anything else, as soon as a byte is. */
+ * many to come; for anything else, as soon as a byte is. The kernel caps
+ * the mark at half the socket's receive buffer (which then still holds
+ * it), and wakes the reader whatever the mark on an end of stream, an
+ * error, or memory pressure. Outbound connections never get a mark: a
+ * waiter's blocking read would wait for it. A refusal leaves the mark as
+ * it was, and is asked again at the next drain. */
 static void rx_lowat(tcp_conn_t *c)
 {
     int want =
