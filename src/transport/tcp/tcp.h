@@ -91,9 +91,7 @@
 /* Inbound, while a WRITE's payload has at least RX_LOWAT bytes to come:
  * the worker is woken for its socket only once that many are there
  * (SO_RCVLOWAT), not for each segment that lands. */
-#ifndef RX_LOWAT
 #define RX_LOWAT (1024u * 1024u)
-#endif
 /* Inbound: stop reading a connection's requests while its queued
  * responses hold more than OUT_HOLD bytes of memory, read again once they
  * hold at most OUT_RESUME (kvt__tcp_conn_rx()). */
@@ -296,8 +294,8 @@ struct tcp_conn {
     int32_t *rx_pstatus;
     uint32_t rx_npieces;
     /* Inbound: payload bytes of the WRITE being read still to come (every
-     * read into its segments lowers it: rx_advance(), kvt__tcp_rx_dev()),
-     * and the socket's SO_RCVLOWAT now (0: never set, the default of 1). */
+     * read into its segments lowers it: kvt__tcp_rx_took()), and the
+     * socket's SO_RCVLOWAT now (1, the kernel's default, from the start). */
     uint64_t rx_left;
     int rx_lowat;
     tcp_frame_t *rx_frame;
@@ -473,6 +471,12 @@ int kvt__tcp_inbound_dispatch(tcp_conn_t *c);
 void kvt__tcp_frame_complete(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                              const int32_t *pst);
 void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev);
+
+/* @n payload bytes were read into the current segments. */
+static inline void kvt__tcp_rx_took(tcp_conn_t *c, uint64_t n)
+{
+    c->rx_left = n < c->rx_left ? c->rx_left - n : 0;
+}
 
 /* tcp_cm.c */
 int kvt__tcp_worker_attach(tcp_worker_t *w, tcp_conn_t *c);

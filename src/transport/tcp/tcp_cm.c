@@ -31,6 +31,7 @@ static tcp_conn_t *conn_new(tcp_worker_t *w, int fd, int outbound)
     c->fd = fd;
     c->outbound = (uint8_t)outbound;
     c->w = w;
+    c->rx_lowat = 1;
     pthread_mutex_init(&c->tx_lock, NULL);
     pthread_mutex_init(&c->out_lock, NULL);
     pthread_mutex_init(&c->rx_lock, NULL);

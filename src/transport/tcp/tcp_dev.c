@@ -305,7 +305,7 @@ int kvt__tcp_rx_dev(tcp_conn_t *c)
             return errno == EAGAIN ? 0 : -1;
         m->fill += (uint64_t)got;
         c->rx_seg_off += (uint64_t)got;
-        c->rx_left -= (uint64_t)got < c->rx_left ? (uint64_t)got : c->rx_left;
+        kvt__tcp_rx_took(c, (uint64_t)got);
         if (c->rx_seg_off == g->len) {
             c->rx_seg++;
             c->rx_seg_off = 0;

@@ -189,7 +189,7 @@ static void rx_revalidate(tcp_conn_t *c, kvt__memreg_t *reg)
 /* Advance the segment cursor by @got bytes. */
 static void rx_advance(tcp_conn_t *c, uint64_t got)
 {
-    c->rx_left -= got < c->rx_left ? got : c->rx_left;
+    kvt__tcp_rx_took(c, got);
     while (got > 0) {
         uint64_t left = c->rx_segs[c->rx_seg].len - c->rx_seg_off;
         if (got < left) {
@@ -398,7 +398,7 @@ static void rx_lowat(tcp_conn_t *c)
     int want =
         c->rx_state == RX_PAYLOAD && c->rx_left >= RX_LOWAT ? (int)RX_LOWAT : 1;
 
-    if (want == (c->rx_lowat ? c->rx_lowat : 1))
+    if (want == c->rx_lowat)
         return;
     if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
         c->rx_lowat = want;
@@ -435,8 +435,8 @@ void kvt__tcp_conn_rx(tcp_conn_t *c, const _Atomic uint32_t *stop, uint32_t ev)
                 atomic_load_explicit(&c->out_bytes, memory_order_relaxed);
             if (q > (c->rx_held ? OUT_RESUME : OUT_HOLD)) {
                 c->rx_held = 1;
-                rx_lowat(c);
-                return;
+                r = 0;
+                goto out;
             }
             c->rx_held = 0;
         }
