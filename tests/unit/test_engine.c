@@ -514,6 +514,108 @@ KVT_TEST(tcp_waiter_leaves_busy_connection)
     kvt_engine_destroy(t);
 }
 
+typedef struct {
+    kvt_engine_h e;
+    kvt_segment_t seg;
+    char *src, *dst;
+    size_t len;
+    int rounds;   /* polled: rounds after the synchronous thread is done */
+    double worst; /* the longest wait, seconds */
+    _Atomic int *done;
+} mixed_t;
+
+/* Synchronous writes, one after another: the thread attaches to the
+ * connection as its reader and detaches after each. */
+static void *mixed_sync(void *arg)
+{
+    mixed_t *m = arg;
+    kvt_batch_h b;
+    kvt_xfer_desc_t d = {.opcode = KVT_OP_WRITE,
+                         .segment = m->seg,
+                         .local_addr = m->src,
+                         .remote_addr = (uint64_t)(uintptr_t)m->dst,
+                         .length = m->len};
+
+    CHECK_OK(kvt_batch_create(m->e, 1, &b));
+    for (int r = 0; r < m->rounds; r++) {
+        double t0 = kvt_test_now(), t;
+        CHECK_OK(kvt_batch_submit_wait(b, &d, 1, 5000));
+        t = kvt_test_now() - t0;
+        m->worst = t > m->worst ? t : m->worst;
+        CHECK_OK(kvt_batch_reset(b));
+    }
+    atomic_store(m->done, 1);
+    CHECK_OK(kvt_batch_free(b));
+    return NULL;
+}
+
+/* Writes submitted and then polled, never waited for: only the worker
+ * reads their responses, so input must be watched whenever one is due. */
+static void *mixed_polled(void *arg)
+{
+    mixed_t *m = arg;
+    const struct timespec nap = {0, 20000};
+    kvt_batch_h b;
+    kvt_xfer_desc_t d = {.opcode = KVT_OP_WRITE,
+                         .segment = m->seg,
+                         .local_addr = m->src,
+                         .remote_addr = (uint64_t)(uintptr_t)m->dst,
+                         .length = m->len};
+
+    CHECK_OK(kvt_batch_create(m->e, 1, &b));
+    for (int after = 0; after < m->rounds;) {
+        double t0 = kvt_test_now(), t;
+        after += atomic_load(m->done);
+        CHECK_OK(kvt_batch_submit(b, &d, 1));
+        while (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
+            nanosleep(&nap, NULL);
+        t = kvt_test_now() - t0;
+        m->worst = t > m->worst ? t : m->worst;
+        CHECK_OK(kvt_batch_query(b, NULL));
+        CHECK_OK(kvt_batch_reset(b));
+    }
+    CHECK_OK(kvt_batch_free(b));
+    return NULL;
+}
+
+/*
+ * Two threads on one connection: one makes synchronous writes (attaching
+ * and detaching as the reader, leaving input unwatched while the
+ * connection idles), the other submits writes and polls them, so that
+ * its frames are enqueued while the first thread attaches, reads or
+ * detaches, and goes on for a few writes once the first is done (when no
+ * thread attaches any more to read what the worker should). Whichever order the
+ * two take, the polled writes' responses are read by the worker: none waits for
+ * the transfer timeout (5 s), as one would if input stayed unwatched with
+ * nobody attached.
+ */
+KVT_TEST(tcp_sync_and_polled_on_one_connection)
+{
+    enum { LEN = 4096 };
+    kvt_engine_h a = mk_tcp(1), t = mk_tcp(1);
+    static char src[2 * LEN], dst[2 * LEN];
+    kvt_segment_t seg;
+    mixed_t ms, mp;
+    pthread_t ts, tp;
+    _Atomic int done = 0;
+
+    CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
+    ms = (mixed_t){a, seg, src, dst, LEN, 3000, 0, &done};
+    mp = (mixed_t){a, seg, src + LEN, dst + LEN, LEN, 20, 0, &done};
+    CHECK(pthread_create(&ts, NULL, mixed_sync, &ms) == 0);
+    CHECK(pthread_create(&tp, NULL, mixed_polled, &mp) == 0);
+    pthread_join(ts, NULL);
+    pthread_join(tp, NULL);
+    fprintf(stderr, "longest wait: synchronous %.1f ms, polled %.1f ms\n",
+            ms.worst * 1000, mp.worst * 1000);
+    CHECK(mp.worst < 1.0 * kvt_test_slowdown());
+    CHECK(ms.worst < 1.0 * kvt_test_slowdown());
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(t);
+}
+
 /*
  * A peer that closes a connection left unwatched after a synchronous
  * transfer (nothing in flight, no traffic after) is noticed by the
@@ -1032,6 +1134,7 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(transport_keys, 20),
               KVT_CASE(tcp_send_queue_never_stalls, 60),
               KVT_CASE(tcp_waiter_leaves_busy_connection, 60),
+              KVT_CASE(tcp_sync_and_polled_on_one_connection, 60),
               KVT_CASE(tcp_idle_unwatched_peer_close, 30),
               KVT_CASE(strided_across_regions, 20),
               KVT_CASE(version_refused_by_target, 20),
