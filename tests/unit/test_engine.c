@@ -519,39 +519,18 @@ typedef struct {
     kvt_segment_t seg;
     char *src, *dst;
     size_t len;
+    int polled;
     int rounds;   /* polled: rounds after the synchronous thread is done */
     double worst; /* the longest wait, seconds */
     _Atomic int *done;
 } mixed_t;
 
-/* Synchronous writes, one after another: the thread attaches to the
- * connection as its reader and detaches after each. */
-static void *mixed_sync(void *arg)
-{
-    mixed_t *m = arg;
-    kvt_batch_h b;
-    kvt_xfer_desc_t d = {.opcode = KVT_OP_WRITE,
-                         .segment = m->seg,
-                         .local_addr = m->src,
-                         .remote_addr = (uint64_t)(uintptr_t)m->dst,
-                         .length = m->len};
-
-    CHECK_OK(kvt_batch_create(m->e, 1, &b));
-    for (int r = 0; r < m->rounds; r++) {
-        double t0 = kvt_test_now(), t;
-        CHECK_OK(kvt_batch_submit_wait(b, &d, 1, 5000));
-        t = kvt_test_now() - t0;
-        m->worst = t > m->worst ? t : m->worst;
-        CHECK_OK(kvt_batch_reset(b));
-    }
-    atomic_store(m->done, 1);
-    CHECK_OK(kvt_batch_free(b));
-    return NULL;
-}
-
-/* Writes submitted and then polled, never waited for: only the worker
- * reads their responses, so input must be watched whenever one is due. */
-static void *mixed_polled(void *arg)
+/* Writes to @m's peer, one after another, each timed: synchronous (the
+ * thread attaches to the connection as its reader and detaches after
+ * each), or with @m->polled submitted and then polled, never waited for
+ * (only the worker reads their responses, so input must be watched
+ * whenever one is due). */
+static void *mixed_main(void *arg)
 {
     mixed_t *m = arg;
     const struct timespec nap = {0, 20000};
@@ -563,17 +542,24 @@ static void *mixed_polled(void *arg)
                          .length = m->len};
 
     CHECK_OK(kvt_batch_create(m->e, 1, &b));
-    for (int after = 0; after < m->rounds;) {
+    for (int r = 0, after = 0; m->polled ? after < m->rounds : r < m->rounds;
+         r++) {
         double t0 = kvt_test_now(), t;
         after += atomic_load(m->done);
-        CHECK_OK(kvt_batch_submit(b, &d, 1));
-        while (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
-            nanosleep(&nap, NULL);
+        if (m->polled) {
+            CHECK_OK(kvt_batch_submit(b, &d, 1));
+            while (kvt_batch_query(b, NULL) == KVT_INPROGRESS)
+                nanosleep(&nap, NULL);
+            CHECK_OK(kvt_batch_query(b, NULL));
+        } else {
+            CHECK_OK(kvt_batch_submit_wait(b, &d, 1, 5000));
+        }
         t = kvt_test_now() - t0;
         m->worst = t > m->worst ? t : m->worst;
-        CHECK_OK(kvt_batch_query(b, NULL));
         CHECK_OK(kvt_batch_reset(b));
     }
+    if (!m->polled)
+        atomic_store(m->done, 1);
     CHECK_OK(kvt_batch_free(b));
     return NULL;
 }
@@ -602,10 +588,10 @@ KVT_TEST(tcp_sync_and_polled_on_one_connection)
     CHECK_OK(kvt_mem_register(a, src, sizeof(src), KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_mem_register(t, dst, sizeof(dst), KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(t), &seg));
-    ms = (mixed_t){a, seg, src, dst, LEN, 3000, 0, &done};
-    mp = (mixed_t){a, seg, src + LEN, dst + LEN, LEN, 20, 0, &done};
-    CHECK(pthread_create(&ts, NULL, mixed_sync, &ms) == 0);
-    CHECK(pthread_create(&tp, NULL, mixed_polled, &mp) == 0);
+    ms = (mixed_t){a, seg, src, dst, LEN, 0, 3000, 0, &done};
+    mp = (mixed_t){a, seg, src + LEN, dst + LEN, LEN, 1, 20, 0, &done};
+    CHECK(pthread_create(&ts, NULL, mixed_main, &ms) == 0);
+    CHECK(pthread_create(&tp, NULL, mixed_main, &mp) == 0);
     pthread_join(ts, NULL);
     pthread_join(tp, NULL);
     fprintf(stderr, "longest wait: synchronous %.1f ms, polled %.1f ms\n",
