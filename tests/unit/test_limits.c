@@ -289,6 +289,50 @@ KVT_TEST(read_responses_bounded)
     kvt_engine_destroy(e);
 }
 
+/*
+ * A response that is a header alone goes straight from the worker only
+ * while nothing waits in the connection's send queue
+ * (kvt__tcp_send_hdr()); otherwise it goes after what waits. Here a
+ * response is put in the queue of the target's inbound connection and
+ * left unsent, and a PING then comes in: its PONG must come after it.
+ */
+KVT_TEST(header_response_after_queued_ones)
+{
+    kvt_engine_h e = mk();
+    kvt__tcp_t *tcp = tcp_of(e);
+    uint8_t frame[KVT_WIRE_HDR_LEN];
+    tcp_conn_t *in = NULL;
+    tcp_resp_t *r;
+    kvt__wire_hdr_t h;
+    int fd = data_conn(e, "queued:1");
+
+    /* The handshake is answered: the queue is empty now. */
+    pthread_mutex_lock(&tcp->in_lock);
+    for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext)
+        if (strcmp(c->peer, "queued:1") == 0)
+            in = c;
+    pthread_mutex_unlock(&tcp->in_lock);
+    CHECK(in != NULL);
+    r = kvt__tcp_resp_alloc(1, 0, 0);
+    CHECK(r != NULL);
+    kvt_test_hdr(r->hdr, KVT_WIRE_PONG, 0, 0, 41);
+    r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
+    pthread_mutex_lock(&in->tx_lock);
+    CHECK(in->txq_head == NULL && !in->dead);
+    atomic_fetch_add(&in->out_bytes, r->cost);
+    r->tx.next = NULL;
+    in->txq_head = in->txq_tail = &r->tx;
+    pthread_mutex_unlock(&in->tx_lock);
+
+    kvt_test_hdr(frame, KVT_WIRE_PING, 0, 0, 42);
+    send_all(fd, frame, sizeof(frame));
+    CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_PONG && h.req_id == 41);
+    CHECK(recv_frame(fd, &h, 5) == KVT_WIRE_PONG && h.req_id == 42);
+    close(fd);
+    still_serves(e);
+    kvt_engine_destroy(e);
+}
+
 /* A PING flood whose PONGs are never read: bounded the same way. */
 KVT_TEST(ping_flood_bounded)
 {
@@ -1084,6 +1128,7 @@ KVT_TEST(lost_connection_kills_session_first)
 }
 
 KVT_TEST_MAIN(KVT_CASE(read_responses_bounded, 60),
+              KVT_CASE(header_response_after_queued_ones, 30),
               KVT_CASE(ping_flood_bounded, 60),
               KVT_CASE(unread_responses_freed, 60),
               KVT_CASE(handshake_timeout, 30), KVT_CASE(handshake_cap, 30),

@@ -444,6 +444,7 @@ kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only);
 void kvt__tcp_conn_events(tcp_conn_t *c);
 int kvt__tcp_want_out_update(tcp_conn_t *c);
 void kvt__tcp_send_resp(tcp_conn_t *c, tcp_resp_t *r);
+void kvt__tcp_send_hdr(tcp_conn_t *c, const uint8_t *hdr);
 tcp_resp_t *kvt__tcp_resp_alloc(size_t niov, size_t body_len, size_t nsegs);
 void kvt__tcp_hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id);
 void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,

@@ -143,9 +143,18 @@ void kvt__tcp_send_write_ack(tcp_conn_t *c)
 {
     size_t nf = count_fails(c);
     kvt__wire_hdr_t h;
-    tcp_resp_t *r = kvt__tcp_resp_alloc(2, nf * KVT_WIRE_FAIL_LEN, 0);
+    tcp_resp_t *r;
     int32_t first;
 
+    if (nf == 0) {
+        /* Every piece landed: the header alone. */
+        uint8_t hdr[KVT_WIRE_HDR_LEN];
+        kvt__tcp_hdr_init(&h, KVT_WIRE_WRITE_ACK, c->rx_hdr.req_id);
+        kvt__wire_hdr_encode(&h, hdr);
+        kvt__tcp_send_hdr(c, hdr);
+        return;
+    }
+    r = kvt__tcp_resp_alloc(2, nf * KVT_WIRE_FAIL_LEN, 0);
     if (r == NULL) {
         shutdown(c->fd, SHUT_RDWR);
         return;

@@ -246,13 +246,71 @@ void kvt__tcp_hdr_init(kvt__wire_hdr_t *h, uint8_t type, uint64_t req_id)
     h->req_id = req_id;
 }
 
+/*
+ * Target side: a response that is a header alone (@hdr, encoded), sent
+ * from the caller's buffer while nothing waits in the send queue, which
+ * spares it the allocation and the queue (a 4 KiB synchronous write:
+ * docs/benchmarks.md); what the socket does not take now is queued as any
+ * response is. Only the connection's worker sends its responses, so
+ * nothing is queued between the attempt and the fallback.
+ */
+void kvt__tcp_send_hdr(tcp_conn_t *c, const uint8_t *hdr)
+{
+    ssize_t n = 0;
+    tcp_resp_t *r;
+
+    pthread_mutex_lock(&c->tx_lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->tx_lock);
+        return;
+    }
+    if (c->txq_head == NULL) {
+        do {
+            n = payload_send(c->fd, hdr, KVT_WIRE_HDR_LEN,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0 && errno != EAGAIN) {
+            /* As kvt__tcp_flush_locked() does: the worker sees the
+             * shutdown and fails the connection. */
+            KVT_LOG_D("send to %s: %s", c->who, strerror(errno));
+            shutdown(c->fd, SHUT_RDWR);
+            n = KVT_WIRE_HDR_LEN;
+        }
+        if (n == KVT_WIRE_HDR_LEN) {
+            pthread_mutex_unlock(&c->tx_lock);
+            return;
+        }
+        if (n < 0)
+            n = 0;
+    }
+    pthread_mutex_unlock(&c->tx_lock);
+    r = kvt__tcp_resp_alloc(1, 0, 0);
+    if (r == NULL) {
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
+    memcpy(r->hdr, hdr, KVT_WIRE_HDR_LEN);
+    r->iov[0] =
+        (struct iovec){r->hdr + n, KVT_WIRE_HDR_LEN - (size_t)n}; /* the rest */
+    kvt__tcp_send_resp(c, r);
+}
+
 /* A response with a body only (acks, descriptors, errors). */
 void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
                           kvt_status_t status, const void *body, size_t len)
 {
     kvt__wire_hdr_t h;
-    tcp_resp_t *r = kvt__tcp_resp_alloc(2, len, 0);
+    tcp_resp_t *r;
 
+    if (len == 0) {
+        uint8_t hdr[KVT_WIRE_HDR_LEN];
+        kvt__tcp_hdr_init(&h, type, req_id);
+        h.status = status;
+        kvt__wire_hdr_encode(&h, hdr);
+        kvt__tcp_send_hdr(c, hdr);
+        return;
+    }
+    r = kvt__tcp_resp_alloc(2, len, 0);
     if (r == NULL) {
         shutdown(c->fd, SHUT_RDWR);
         return;
