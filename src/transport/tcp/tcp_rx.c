@@ -49,25 +49,38 @@ static void pstatus_fail_cb(void *arg, uint32_t index, kvt_status_t status)
     ((int32_t *)arg)[index] = status;
 }
 
-static tcp_frame_t *out_pop(tcp_conn_t *c)
+/* Whether response header @h answers frame @f, the head of the
+ * outstanding FIFO (NULL: none). */
+static int answers(const kvt__wire_hdr_t *h, const tcp_frame_t *f)
 {
-    tcp_frame_t *f;
-    pthread_mutex_lock(&c->out_lock);
-    f = c->out_head;
-    if (f) {
-        c->out_head = f->next_out;
-        if (c->out_head == NULL)
-            c->out_tail = NULL;
+    if (f == NULL || f->req_id != h->req_id)
+        return 0;
+    switch (h->type) {
+    case KVT_WIRE_WRITE_ACK:
+        return f->type == KVT_WIRE_WRITE;
+    case KVT_WIRE_READ_RESP:
+        return f->type == KVT_WIRE_READ;
+    case KVT_WIRE_NOTIFY_ACK:
+        return f->type == KVT_WIRE_NOTIFY;
+    default:
+        return 0;
     }
-    pthread_mutex_unlock(&c->out_lock);
-    return f;
 }
 
+/* Take @f, the head, off the outstanding FIFO. */
+static void out_pop_head(tcp_conn_t *c, const tcp_frame_t *f)
+{
+    pthread_mutex_lock(&c->out_lock);
+    c->out_head = f->next_out;
+    if (c->out_head == NULL)
+        c->out_tail = NULL;
+    pthread_mutex_unlock(&c->out_lock);
+}
+
+/* @f, taken off the outstanding FIFO, is answered. */
 static void response_done(tcp_conn_t *c, tcp_frame_t *f, kvt_status_t st,
                           const int32_t *pst)
 {
-    /* The head is @f: outbound_dispatch() checked it on the header. */
-    out_pop(c);
     kvt__tcp_frame_complete(c, f, st, pst);
     atomic_fetch_add_explicit(&c->done_seq, 1, memory_order_release);
     if (atomic_load_explicit(&c->sess->nparked, memory_order_acquire))
@@ -79,10 +92,7 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
 {
     const kvt__wire_hdr_t *h = &c->rx_hdr;
     tcp_frame_t *f;
-
-    pthread_mutex_lock(&c->out_lock);
-    f = c->out_head;
-    pthread_mutex_unlock(&c->out_lock);
+    int ok, taken;
 
     if (h->type == KVT_WIRE_ERROR) {
         KVT_LOG_E("peer %s refused us: %s (%.*s)", c->sess->base.name,
@@ -90,12 +100,22 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
                   (const char *)c->rx_body);
         return h->status < 0 ? h->status : KVT_ERR_PROTOCOL;
     }
-    if (f == NULL || f->req_id != h->req_id ||
-        (h->type == KVT_WIRE_WRITE_ACK && f->type != KVT_WIRE_WRITE) ||
-        (h->type == KVT_WIRE_READ_RESP && f->type != KVT_WIRE_READ) ||
-        (h->type == KVT_WIRE_NOTIFY_ACK && f->type != KVT_WIRE_NOTIFY) ||
-        (h->type != KVT_WIRE_WRITE_ACK && h->type != KVT_WIRE_READ_RESP &&
-         h->type != KVT_WIRE_NOTIFY_ACK)) {
+    /* A frame stays at the head, where the timeout and a failure of the
+     * connection find it, until nothing can fail before it completes: an
+     * acknowledgement without a body takes it off at once, in the same
+     * hold of out_lock as the look at it. */
+    pthread_mutex_lock(&c->out_lock);
+    f = c->out_head;
+    ok = answers(h, f);
+    taken = ok && (h->type == KVT_WIRE_NOTIFY_ACK ||
+                   (h->type == KVT_WIRE_WRITE_ACK && h->body_len == 0));
+    if (taken) {
+        c->out_head = f->next_out;
+        if (c->out_head == NULL)
+            c->out_tail = NULL;
+    }
+    pthread_mutex_unlock(&c->out_lock);
+    if (!ok) {
         KVT_LOG_E("unexpected %s (request %llu) from %s",
                   kvt__wire_type_name(h->type), (unsigned long long)h->req_id,
                   c->sess->base.name);
@@ -103,6 +123,11 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
     }
     if (h->type == KVT_WIRE_NOTIFY_ACK) {
         response_done(c, f, h->status > 0 ? KVT_ERR_PROTOCOL : h->status, NULL);
+        return KVT_OK;
+    }
+    if (taken) {
+        /* A WRITE_ACK with no piece refused. */
+        response_done(c, f, KVT_OK, NULL);
         return KVT_OK;
     }
     if (kvt__tcp_ensure_rx_arrays(c) != 0)
@@ -113,6 +138,7 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
                                pstatus_fail_cb, c->rx_pstatus) != KVT_OK)
         return KVT_ERR_PROTOCOL;
     if (h->type == KVT_WIRE_WRITE_ACK) {
+        out_pop_head(c, f);
         response_done(c, f, KVT_OK, c->rx_pstatus);
         return KVT_OK;
     }
@@ -163,6 +189,7 @@ static void read_resp_finish(tcp_conn_t *c)
                 c->rx_pstatus[i] = lst;
     }
     c->rx_frame = NULL;
+    out_pop_head(c, f); /* the head (outbound_dispatch()) */
     response_done(c, f, KVT_OK, c->rx_pstatus);
 }
 
