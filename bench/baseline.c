@@ -9,6 +9,16 @@
  *                                      round trips of SIZE bytes (64),
  *                                      both ends pinned to one CPU or to
  *                                      two (unpinned without): median us
+ *   baseline tcp-floor COUNT SIZE same|split
+ *                                      the same round trips as kvt's
+ *                                      synchronous write makes them:
+ *                                      SIZE bytes answered with 32, the
+ *                                      responder waiting in epoll_wait()
+ *                                      and reading with a non-blocking
+ *                                      recv(), each process with a
+ *                                      second (idle) thread: median us,
+ *                                      the system calls' floor under
+ *                                      kvt's own code
  *   baseline tcp-matched ..., copy-matched ...
  *                                      matched ceilings (bench/matched.c)
  *   baseline memcpy MIB BLOCK          single-thread memcpy between two
@@ -53,8 +63,10 @@
 #define _GNU_SOURCE
 #endif
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -62,6 +74,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -75,6 +88,17 @@
 #include "matched.h"
 
 #define AREA (256ul << 20)
+
+/* A second thread that does nothing: a process with more than one thread
+ * pays for a reference to the file in each system call on a socket,
+ * which kvt's processes do. */
+static void *idle_thread(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
 
 static double now(void)
 {
@@ -339,9 +363,11 @@ int main(int argc, char **argv)
         printf("%.3f\n", (double)sent / (t - t0) / 1e9);
         return 0;
     }
-    if (argc >= 3 && argc <= 5 && strcmp(argv[1], "tcp-pingpong") == 0) {
+    if ((argc >= 3 && argc <= 5 && strcmp(argv[1], "tcp-pingpong") == 0) ||
+        (argc == 5 && strcmp(argv[1], "tcp-floor") == 0)) {
         int n = atoi(argv[2]), a, b, cpu[2] = {-1, -1};
-        size_t sz = argc > 3 ? size_arg(argv[3]) : 64;
+        int floor = argv[1][4] == 'f';
+        size_t sz = argc > 3 ? size_arg(argv[3]) : 64, ack = floor ? 32 : sz;
         const char *pin = argc > 4 ? argv[4] : "none";
         double *lat = malloc((size_t)n * sizeof(double));
         char *m = calloc(1, sz ? sz : 1);
@@ -362,6 +388,36 @@ int main(int argc, char **argv)
             close(a);
             if (cpu[1] >= 0)
                 pin_to(cpu[1]);
+            if (floor) {
+                pthread_t t;
+                int ep = epoll_create1(0);
+                struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+                if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, b, &ev) != 0 ||
+                    pthread_create(&t, NULL, idle_thread, NULL) != 0)
+                    _exit(2);
+                for (;;) {
+                    size_t got = 0;
+                    if (epoll_wait(ep, &ev, 1, -1) != 1)
+                        _exit(2);
+                    while (got < sz) {
+                        ssize_t k = recv(b, m + got, sz - got, MSG_DONTWAIT);
+                        if (k == 0)
+                            _exit(0);
+                        if (k < 0 && errno == EAGAIN && got == 0)
+                            break; /* nothing yet: wait again */
+                        if (k < 0 && errno == EAGAIN) {
+                            struct pollfd p = {b, POLLIN, 0};
+                            poll(&p, 1, -1); /* the rest of a message */
+                            continue;
+                        }
+                        if (k < 0)
+                            _exit(2);
+                        got += (size_t)k;
+                    }
+                    if (got == sz)
+                        send(b, m, ack, 0);
+                }
+            }
             while (recv(b, m, sz, MSG_WAITALL) == (ssize_t)sz)
                 send(b, m, sz, 0);
             _exit(0);
@@ -369,10 +425,15 @@ int main(int argc, char **argv)
         close(b);
         if (cpu[0] >= 0)
             pin_to(cpu[0]);
+        if (floor) {
+            pthread_t t;
+            if (pthread_create(&t, NULL, idle_thread, NULL) != 0)
+                return 2;
+        }
         for (int i = 0; i < n; i++) {
             double t = now();
             send(a, m, sz, 0);
-            recv(a, m, sz, MSG_WAITALL);
+            recv(a, m, ack, MSG_WAITALL);
             lat[i] = (now() - t) * 1e6;
         }
         close(a);

@@ -15,7 +15,11 @@
 #     the cache in part), kvt and the ceiling cycling the same sets;
 #   - a synchronous 4 KiB write (batch of one) against a 4 KiB TCP
 #     ping-pong, with both processes pinned to one CPU and to two
-#     (placement changes a loopback round trip several-fold).
+#     (placement changes a loopback round trip several-fold); beside it,
+#     for reference, the floor of kvt's own system calls: the same round
+#     trip with a 32-byte answer from a responder that waits in
+#     epoll_wait(), both processes multi-threaded (kvt_baseline
+#     tcp-floor), which no code of kvt's own is in.
 # Both kvt engines are limited to tcp (on one host they would pick shm).
 # Bandwidth runs are bracketed: ceiling, kvt, ceiling, ..., ceiling; each
 # kvt run is divided by the mean of the ceiling runs either side of it,
@@ -81,16 +85,17 @@ done
 read -r C0 C1 < <(python3 -c "import os; c=sorted(os.sched_getaffinity(0)); print(c[0], c[1] if len(c) > 1 else c[0])")
 target same taskset -c "$C0"
 target split taskset -c "$C1"
-printf '\n%-28s %10s %14s %7s\n' "sync 4 KiB write, p50" "kvt us" "ping-pong us" ratio
+printf '\n%-28s %10s %14s %7s %10s\n' "sync 4 KiB write, p50" "kvt us" "ping-pong us" ratio "floor us"
 for place in same split; do
-    : >"$TMP/k"; : >"$TMP/s"
+    : >"$TMP/k"; : >"$TMP/s"; : >"$TMP/f"
     for _ in $(seq "$ROUNDS"); do
         taskset -c "$C0" "$KVT" bench --mode=initiator --segment="$(cat "$TMP/seg.$place")" \
             --protocol=tcp --op=write --block-size=4K --batch-size=1 --pattern=contig \
             --working-set=4K --conns="$CONNS" --threads=1 --duration=2 --json | field lat_p50_us >>"$TMP/k"
         "$BASE" tcp-pingpong 20000 4K "$place" >>"$TMP/s"
+        "$BASE" tcp-floor 20000 4K "$place" >>"$TMP/f"
     done
-    k=$(median <"$TMP/k"); s=$(median <"$TMP/s")
+    k=$(median <"$TMP/k"); s=$(median <"$TMP/s"); f=$(median <"$TMP/f")
     label="one CPU for both"; [ "$place" = split ] && label="a CPU each"
-    printf '%-28s %10s %14s %7.2f\n' "$label" "$k" "$s" "$(python3 -c "print($k/$s)")"
+    printf '%-28s %10s %14s %7.2f %10s\n' "$label" "$k" "$s" "$(python3 -c "print($k/$s)")" "$f"
 done
