@@ -165,7 +165,7 @@ void kvt__tcp_send_write_ack(tcp_conn_t *c)
     kvt__wire_hdr_encode(&h, r->hdr);
     r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
     r->iov[1] = (struct iovec){r->body, h.body_len};
-    r->tx.cnt = h.body_len ? 2 : 1;
+    r->tx.cnt = 2;
     kvt__tcp_send_resp(c, r);
 }
 
