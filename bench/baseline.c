@@ -9,7 +9,7 @@
  *                                      round trips of SIZE bytes (64),
  *                                      both ends pinned to one CPU or to
  *                                      two (unpinned without): median us
- *   baseline tcp-floor COUNT SIZE same|split
+ *   baseline tcp-floor COUNT SIZE same|split|none
  *                                      the same round trips as kvt's
  *                                      synchronous write makes them:
  *                                      SIZE bytes answered with 32, the
@@ -365,18 +365,19 @@ int main(int argc, char **argv)
     }
     if ((argc >= 3 && argc <= 5 && strcmp(argv[1], "tcp-pingpong") == 0) ||
         (argc == 5 && strcmp(argv[1], "tcp-floor") == 0)) {
-        int n = atoi(argv[2]), a, b, cpu[2] = {-1, -1};
-        int floor = argv[1][4] == 'f';
-        size_t sz = argc > 3 ? size_arg(argv[3]) : 64, ack = floor ? 32 : sz;
+        int n = atoi(argv[2]), a, b, cpu[2] = {-1, -1}, status = 0;
+        int acked = argv[1][4] == 'f'; /* tcp-floor */
+        size_t sz = argc > 3 ? size_arg(argv[3]) : 64, ack = acked ? 32 : sz;
         const char *pin = argc > 4 ? argv[4] : "none";
         double *lat = malloc((size_t)n * sizeof(double));
-        char *m = calloc(1, sz ? sz : 1);
+        char *m = calloc(1, sz > ack ? sz : ack);
+        pid_t child;
         if (n < 1 || sz == 0 || lat == NULL || m == NULL || pair(&a, &b, 0))
             return 2;
         /* Where the two ends run: one CPU for both, or one each. */
         if (strcmp(pin, "none") != 0) {
             if (two_cpus(cpu) != 0) {
-                fprintf(stderr, "tcp-pingpong: fewer than two CPUs\n");
+                fprintf(stderr, "%s: fewer than two CPUs\n", argv[1]);
                 return 2;
             }
             if (strcmp(pin, "same") == 0)
@@ -384,11 +385,16 @@ int main(int argc, char **argv)
             else if (strcmp(pin, "split") != 0)
                 return 2;
         }
-        if (fork() == 0) {
+        child = fork();
+        if (child < 0)
+            return 2;
+        if (child == 0) {
             close(a);
             if (cpu[1] >= 0)
                 pin_to(cpu[1]);
-            if (floor) {
+            if (acked) {
+                /* As kvt's target: woken by epoll_wait(), the message
+                 * read without blocking, a 32-byte answer. */
                 pthread_t t;
                 int ep = epoll_create1(0);
                 struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
@@ -397,25 +403,30 @@ int main(int argc, char **argv)
                     _exit(2);
                 for (;;) {
                     size_t got = 0;
-                    if (epoll_wait(ep, &ev, 1, -1) != 1)
+                    int k = epoll_wait(ep, &ev, 1, -1);
+                    if (k < 0 && errno == EINTR)
+                        continue;
+                    if (k != 1)
                         _exit(2);
                     while (got < sz) {
-                        ssize_t k = recv(b, m + got, sz - got, MSG_DONTWAIT);
-                        if (k == 0)
+                        ssize_t r = recv(b, m + got, sz - got, MSG_DONTWAIT);
+                        if (r == 0)
                             _exit(0);
-                        if (k < 0 && errno == EAGAIN && got == 0)
+                        if (r < 0 && errno == EINTR)
+                            continue;
+                        if (r < 0 && errno == EAGAIN && got == 0)
                             break; /* nothing yet: wait again */
-                        if (k < 0 && errno == EAGAIN) {
+                        if (r < 0 && errno == EAGAIN) {
                             struct pollfd p = {b, POLLIN, 0};
                             poll(&p, 1, -1); /* the rest of a message */
                             continue;
                         }
-                        if (k < 0)
+                        if (r < 0)
                             _exit(2);
-                        got += (size_t)k;
+                        got += (size_t)r;
                     }
-                    if (got == sz)
-                        send(b, m, ack, 0);
+                    if (got == sz && send(b, m, ack, 0) != (ssize_t)ack)
+                        _exit(2);
                 }
             }
             while (recv(b, m, sz, MSG_WAITALL) == (ssize_t)sz)
@@ -425,19 +436,26 @@ int main(int argc, char **argv)
         close(b);
         if (cpu[0] >= 0)
             pin_to(cpu[0]);
-        if (floor) {
+        if (acked) {
             pthread_t t;
             if (pthread_create(&t, NULL, idle_thread, NULL) != 0)
                 return 2;
         }
         for (int i = 0; i < n; i++) {
             double t = now();
-            send(a, m, sz, 0);
-            recv(a, m, ack, MSG_WAITALL);
+            if (send(a, m, sz, MSG_NOSIGNAL) != (ssize_t)sz ||
+                recv(a, m, ack, MSG_WAITALL) != (ssize_t)ack) {
+                fprintf(stderr, "%s: round trip %d failed\n", argv[1], i);
+                return 2;
+            }
             lat[i] = (now() - t) * 1e6;
         }
         close(a);
-        wait(NULL);
+        if (waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "%s: the responder failed\n", argv[1]);
+            return 2;
+        }
         qsort(lat, (size_t)n, sizeof(double), cmp);
         printf("%.2f\n", lat[n / 2]);
         return 0;
