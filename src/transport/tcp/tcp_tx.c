@@ -319,11 +319,10 @@ void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
     h.status = status;
     h.body_len = (uint32_t)len;
     kvt__wire_hdr_encode(&h, r->hdr);
-    if (len)
-        memcpy(r->body, body, len);
+    memcpy(r->body, body, len);
     r->iov[0] = (struct iovec){r->hdr, KVT_WIRE_HDR_LEN};
     r->iov[1] = (struct iovec){r->body, len};
-    r->tx.cnt = len ? 2 : 1;
+    r->tx.cnt = 2;
     kvt__tcp_send_resp(c, r);
 }
 
