@@ -152,6 +152,7 @@ typedef struct tcp_frame {
      * connection, complete once its marker is; NULL when not pending. */
     kvt__dstream_t *stage_ds;
     unsigned stage_mark;
+    uint32_t cap; /* bytes allocated (kvt__tcp_frame_alloc()); 0: not kept */
     uint8_t hdr[KVT_WIRE_HDR_LEN];
     uint8_t *body;
     struct iovec iov[]; /* send vector; for READ the local segments follow */
@@ -438,6 +439,9 @@ static inline size_t kvt__tcp_pre_take(tcp_conn_t *c, void *dst, size_t max)
 /* ---- Across the files of the transport --------------------------------- */
 
 /* tcp_tx.c */
+/* A request frame of @sz bytes, its header zeroed; NULL when out of
+ * memory. Freed by the last kvt__tcp_frame_put(). */
+tcp_frame_t *kvt__tcp_frame_alloc(size_t sz);
 void kvt__tcp_frame_put(tcp_frame_t *f);
 void kvt__tcp_tx_free(tcp_tx_t *t);
 kvt_status_t kvt__tcp_flush_locked(tcp_conn_t *c, int head_only);

@@ -98,10 +98,9 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
            KVT_WIRE_HDR_LEN + table + payload <= FLAT_MAX;
     sz = sizeof(*f) + niov * sizeof(struct iovec) + np * sizeof(kvt__comp_t *) +
          (np + 1) * 4 + table + (flat ? KVT_WIRE_HDR_LEN + (size_t)payload : 0);
-    f = malloc(sz);
+    f = kvt__tcp_frame_alloc(sz);
     if (f == NULL)
         return NULL;
-    memset(f, 0, sizeof(*f));
     atomic_init(&f->refs, 2);
     f->type = type;
     f->npieces = (uint32_t)np;
@@ -163,7 +162,8 @@ static tcp_frame_t *frame_build(tcp_session_t *s, uint8_t type,
         f->lsegs = f->iov + 2;
     }
     if (has_dev && (*st_p = frame_dev(f, ps, np)) != KVT_OK) {
-        free(f);
+        atomic_store(&f->refs, 1);
+        kvt__tcp_frame_put(f);
         return NULL;
     }
     *st_p = KVT_OK;

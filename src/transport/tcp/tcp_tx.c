@@ -28,12 +28,72 @@ static void backlog_take_locked(tcp_conn_t *c);
 static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter,
                                 int with_room);
 
+/*
+ * Request frames of up to SPARE_MAX bytes: the last one a thread let go
+ * is kept, as the thread's value of spare_key, for the next one it
+ * builds. A synchronous writer builds and completes its frames on its
+ * own thread, and the frame of a 4 KiB write is larger than glibc's
+ * per-thread cache takes: malloc() and free() ran some 300 instructions
+ * a write (callgrind; docs/benchmarks.md). The key's destructor frees a
+ * thread's spare when the thread ends.
+ */
+#define SPARE_MAX (16u * 1024u)
+
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static int spare_ok;
+
+static void spare_init(void)
+{
+    spare_ok = pthread_key_create(&spare_key, free) == 0;
+}
+
+/* Unloaded (dlclose()), the library leaves no destructor behind for
+ * threads that end later; their spares are lost. */
+__attribute__((destructor)) static void spare_fini(void)
+{
+    if (spare_ok)
+        pthread_key_delete(spare_key);
+}
+
+tcp_frame_t *kvt__tcp_frame_alloc(size_t sz)
+{
+    tcp_frame_t *f = NULL;
+
+    if (sz <= SPARE_MAX) {
+        pthread_once(&spare_once, spare_init);
+        if (spare_ok && (f = pthread_getspecific(spare_key)) != NULL) {
+            if (f->cap >= sz) {
+                pthread_setspecific(spare_key, NULL);
+            } else {
+                f = NULL; /* too small: kept for a smaller one */
+            }
+        }
+    }
+    if (f == NULL) {
+        f = malloc(sz);
+        if (f == NULL)
+            return NULL;
+        sz = sz <= SPARE_MAX ? sz : 0;
+    } else {
+        sz = f->cap;
+    }
+    memset(f, 0, sizeof(*f));
+    f->cap = (uint32_t)sz;
+    return f;
+}
+
 void kvt__tcp_frame_put(tcp_frame_t *f)
 {
     if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1) {
         if (f->stage != NULL)
             kvt__tcp_stage_put(f->stage_tcp, f->stage, f->stage_len);
         free(f->lseg_dev1);
+        /* Kept when the thread has none (spare_init() ran: the frame
+         * came from kvt__tcp_frame_alloc() with cap set). */
+        if (f->cap != 0 && spare_ok && pthread_getspecific(spare_key) == NULL &&
+            pthread_setspecific(spare_key, f) == 0)
+            return;
         free(f);
     }
 }
