@@ -187,6 +187,26 @@ static void submit_op(tcp_session_t *s, uint8_t type,
 
     if (n == 0)
         return;
+    if (n == 1 && x[0]->count == 1 && x[0]->len <= slice) {
+        /* One piece, as a synchronous transfer's often is: nothing to
+         * cut or to spread. */
+        const kvt__xfer_t *d = x[0];
+        kvt_status_t fst;
+        small[0] = (pspec_t){
+            .comp = d->comp,
+            .count = 1,
+            .len = d->len,
+            .raddr = d->raddr,
+            .laddr = d->laddr,
+            .ldev1 = d->lkind != KVT_MEM_HOST ? (uint32_t)d->ldev + 1 : 0};
+        kvt__comp_expect(d->comp, 1);
+        frames = frame_build(s, type, small, 1, &fst);
+        if (frames == NULL) {
+            kvt__comp_done(d->comp, fst);
+            return;
+        }
+        goto put;
+    }
     for (size_t i = 0; i < n; i++) {
         const kvt__xfer_t *d = x[i];
         total += kvt__xfer_bytes(d);
@@ -274,6 +294,7 @@ static void submit_op(tcp_session_t *s, uint8_t type,
     }
     if (ps != small)
         free(ps);
+put:
     single = frames != NULL && frames->tx.next == NULL;
     while (frames != NULL) {
         tcp_frame_t *f = frames, *next = (tcp_frame_t *)f->tx.next;
