@@ -236,9 +236,11 @@ void kvt__tcp_conn_events(tcp_conn_t *c)
 int kvt__tcp_want_out_update(tcp_conn_t *c)
 {
     int want = c->txq_head != NULL;
-    if (atomic_exchange_explicit(&c->want_out, want, memory_order_acq_rel) ==
-        want)
+    /* Written under tx_lock only, so read and written here without a
+     * locked exchange (which every request paid for). */
+    if (atomic_load_explicit(&c->want_out, memory_order_relaxed) == want)
         return 0;
+    atomic_store_explicit(&c->want_out, want, memory_order_release);
     if (want)
         atomic_store_explicit(&c->out_kick, 1, memory_order_release);
     return 1;
@@ -430,10 +432,10 @@ void kvt__tcp_conn_enqueue(tcp_conn_t *c, tcp_frame_t *f)
         /* Its response is read by an attached waiter or the worker: input
          * left unwatched while idle is watched again, unless a waiter is
          * attached (no_input), which reads it and leaves input unwatched
-         * either way. After the frame is on out_head: see waiter_detach(),
-         * which watches input again itself when it finds the flag down
-         * after raising no_input's (one of the two sees the other's
-         * write). */
+         * either way. After the frame is on out_head: see
+         * waiter_detach_locked(), which watches input again itself when
+         * it finds the flag down after raising no_input's (one of the two
+         * sees the other's write). */
         if (atomic_load_explicit(&c->idle_unwatched, memory_order_seq_cst) &&
             atomic_exchange(&c->idle_unwatched, 0) &&
             !atomic_load_explicit(&c->no_input, memory_order_seq_cst))
@@ -607,7 +609,12 @@ static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter, int with_room)
     tcp_conn_t *best = NULL;
     uint64_t best_load = UINT64_MAX;
     int best_unwatched = 0;
-    unsigned start = atomic_fetch_add_explicit(&s->rr, 1, memory_order_relaxed);
+    /* A hint, not a count: two threads that read the same value start
+     * their walks at the same connection, which costs evenness only; a
+     * locked increment cost every submission a read-modify-write. */
+    unsigned start = atomic_load_explicit(&s->rr, memory_order_relaxed);
+
+    atomic_store_explicit(&s->rr, start + 1, memory_order_relaxed);
 
     for (unsigned k = 0; k < s->nconns; k++) {
         tcp_conn_t *c = s->conns[(start + k) % s->nconns];
