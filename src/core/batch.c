@@ -252,8 +252,8 @@ static void batch_unhint(kvt_batch_h b)
 }
 
 /* For kvt_batch_submit_wait(): where a transport attached the submitting
- * thread (kvt__sub_t.attached), the session held until the wait takes the
- * attachment over or ends it. */
+ * thread (kvt__sub_t.attached), until the wait takes the attachment over
+ * or ends it; the batch holds the session meanwhile (dispatch()). */
 typedef struct {
     kvt__session_t *sess;
     void *where;
@@ -277,12 +277,14 @@ static void dispatch(kvt_batch_h b, kvt__session_t *s, const kvt__xfer_t *x,
             comp_fail(x[j].comp, KVT_ERR_NO_MEMORY);
         h.many = 1;
     }
+    batch_hint(b, s, &h);
     if (h.attached != NULL) {
-        kvt__session_hold(s);
+        /* The batch holds @s now (hint_sess), and keeps it until it is
+         * reset or freed, which the thread in kvt_batch_submit_wait()
+         * does not do before its wait ends (one thread at a time). */
         att->sess = s;
         att->where = h.attached;
     }
-    batch_hint(b, s, &h);
 }
 
 /* Scratch per descriptor in batch_submit(): two kvt__xfer_t, a session
@@ -489,7 +491,6 @@ static kvt_status_t batch_wait(kvt_batch_h b, int64_t timeout_ms, attach_t *att)
                              timeout_ms >= 0 ? deadline : 0, 1);
         else
             s->ops->detach(s, att->where);
-        kvt__session_release(s);
         att->sess = NULL;
     } else if (drive) {
         b->hint_sess->ops->progress(b->hint_sess, b->hint, &b->pending,
