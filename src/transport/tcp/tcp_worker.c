@@ -197,9 +197,9 @@ int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only)
     return 0;
 }
 
-static void waiter_detach(tcp_conn_t *c)
+/* The calling thread stops reading @c (rx_lock held). */
+static void waiter_detach_locked(tcp_conn_t *c)
 {
-    pthread_mutex_lock(&c->rx_lock);
     if (--c->waiters == 0) {
         if (c->rx_dead) {
             /* Failed while attached: kvt__tcp_conn_fail() left the
@@ -236,6 +236,12 @@ static void waiter_detach(tcp_conn_t *c)
                 kvt__tcp_conn_events(c);
         }
     }
+}
+
+static void waiter_detach(tcp_conn_t *c)
+{
+    pthread_mutex_lock(&c->rx_lock);
+    waiter_detach_locked(c);
     pthread_mutex_unlock(&c->rx_lock);
 }
 
@@ -329,6 +335,12 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
             kvt__tcp_conn_rx(c, until, EPOLLIN);
         }
         empty = c->rx_pre_off == c->rx_pre_len;
+        if (atomic_load_explicit(until, memory_order_acquire) == 0) {
+            /* Done: leave in the same hold of rx_lock. */
+            waiter_detach_locked(c);
+            pthread_mutex_unlock(&c->rx_lock);
+            return KVT_OK;
+        }
         pthread_mutex_unlock(&c->rx_lock);
     }
     waiter_detach(c);
