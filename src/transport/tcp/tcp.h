@@ -121,7 +121,8 @@ typedef struct tcp_tx {
  * queue until its last byte is written, and by the outstanding FIFO until
  * its response is handled. The response can be handled before the sender
  * has finished its bookkeeping on the frame, so whoever drops the last
- * reference frees it.
+ * reference frees it (or keeps it as its thread's spare:
+ * kvt__tcp_frame_alloc()).
  */
 typedef struct tcp_frame {
     tcp_tx_t tx;

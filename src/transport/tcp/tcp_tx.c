@@ -29,15 +29,26 @@ static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter,
                                 int with_room);
 
 /*
- * Request frames of up to SPARE_MAX bytes: the last one a thread let go
- * is kept, as the thread's value of spare_key, for the next one it
+ * Request frames of up to SPARE_MAX bytes: the largest one a thread let
+ * go is kept, as the thread's value of spare_key, for the next one it
  * builds. A synchronous writer builds and completes its frames on its
  * own thread, and the frame of a 4 KiB write is larger than glibc's
  * per-thread cache takes: malloc() and free() ran some 300 instructions
  * a write (callgrind; docs/benchmarks.md). The key's destructor frees a
- * thread's spare when the thread ends.
+ * thread's spare when the thread ends (the main thread's stays reachable
+ * until the process exits). Under a sanitizer every frame goes through
+ * malloc() and free(), so that a use after the last put is still caught.
  */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SPARE_MAX 0u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SPARE_MAX 0u
+#endif
+#endif
+#ifndef SPARE_MAX
 #define SPARE_MAX (16u * 1024u)
+#endif
 
 static pthread_key_t spare_key;
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
@@ -63,11 +74,10 @@ tcp_frame_t *kvt__tcp_frame_alloc(size_t sz)
     if (sz <= SPARE_MAX) {
         pthread_once(&spare_once, spare_init);
         if (spare_ok && (f = pthread_getspecific(spare_key)) != NULL) {
-            if (f->cap >= sz) {
+            if (f->cap >= sz)
                 pthread_setspecific(spare_key, NULL);
-            } else {
-                f = NULL; /* too small: kept for a smaller one */
-            }
+            else
+                f = NULL; /* too small: kept until a larger one goes */
         }
     }
     if (f == NULL) {
@@ -89,11 +99,17 @@ void kvt__tcp_frame_put(tcp_frame_t *f)
         if (f->stage != NULL)
             kvt__tcp_stage_put(f->stage_tcp, f->stage, f->stage_len);
         free(f->lseg_dev1);
-        /* Kept when the thread has none (spare_init() ran: the frame
-         * came from kvt__tcp_frame_alloc() with cap set). */
-        if (f->cap != 0 && spare_ok && pthread_getspecific(spare_key) == NULL &&
-            pthread_setspecific(spare_key, f) == 0)
-            return;
+        /* Kept when the thread's spare is smaller, or it has none (cap
+         * set: the frame came from kvt__tcp_frame_alloc(), after
+         * spare_init()). */
+        if (f->cap != 0 && spare_ok) {
+            tcp_frame_t *old = pthread_getspecific(spare_key);
+            if ((old == NULL || old->cap < f->cap) &&
+                pthread_setspecific(spare_key, f) == 0) {
+                free(old);
+                return;
+            }
+        }
         free(f);
     }
 }
