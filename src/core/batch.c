@@ -251,9 +251,10 @@ static void batch_unhint(kvt_batch_h b)
     b->hint_multi = 0;
 }
 
-/* For kvt_batch_submit_wait(): where a transport attached the submitting
- * thread (kvt__sub_t.attached), until the wait takes the attachment over
- * or ends it; the batch holds the session meanwhile (dispatch()). */
+/* For kvt_batch_submit_wait(): the session and the place where a
+ * transport attached the submitting thread (kvt__sub_t.attached), kept
+ * until the wait takes the attachment over or ends it. The batch holds
+ * the session meanwhile (dispatch()). */
 typedef struct {
     kvt__session_t *sess;
     void *where;
