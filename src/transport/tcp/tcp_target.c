@@ -148,10 +148,8 @@ void kvt__tcp_send_write_ack(tcp_conn_t *c)
 
     if (nf == 0) {
         /* Every piece landed: the header alone. */
-        uint8_t hdr[KVT_WIRE_HDR_LEN];
-        kvt__tcp_hdr_init(&h, KVT_WIRE_WRITE_ACK, c->rx_hdr.req_id);
-        kvt__wire_hdr_encode(&h, hdr);
-        kvt__tcp_send_hdr(c, hdr);
+        kvt__tcp_send_simple(c, KVT_WIRE_WRITE_ACK, c->rx_hdr.req_id, KVT_OK,
+                             NULL, 0);
         return;
     }
     r = kvt__tcp_resp_alloc(2, nf * KVT_WIRE_FAIL_LEN, 0);

@@ -373,7 +373,8 @@ void kvt__tcp_send_hdr(tcp_conn_t *c, const uint8_t *hdr)
     kvt__tcp_send_resp(c, r);
 }
 
-/* A response with a body only (acks, descriptors, errors). */
+/* A response with a body only (acks, descriptors, errors); with none,
+ * the header alone (kvt__tcp_send_hdr()). */
 void kvt__tcp_send_simple(tcp_conn_t *c, uint8_t type, uint64_t req_id,
                           kvt_status_t status, const void *body, size_t len)
 {
