@@ -67,13 +67,18 @@ static int answers(const kvt__wire_hdr_t *h, const tcp_frame_t *f)
     }
 }
 
-/* Take @f, the head, off the outstanding FIFO. */
-static void out_pop_head(tcp_conn_t *c, const tcp_frame_t *f)
+/* Take @f, the head, off the outstanding FIFO (out_lock held). */
+static void out_pop_head_locked(tcp_conn_t *c, const tcp_frame_t *f)
 {
-    pthread_mutex_lock(&c->out_lock);
     c->out_head = f->next_out;
     if (c->out_head == NULL)
         c->out_tail = NULL;
+}
+
+static void out_pop_head(tcp_conn_t *c, const tcp_frame_t *f)
+{
+    pthread_mutex_lock(&c->out_lock);
+    out_pop_head_locked(c, f);
     pthread_mutex_unlock(&c->out_lock);
 }
 
@@ -109,11 +114,8 @@ static kvt_status_t outbound_dispatch(tcp_conn_t *c)
     ok = answers(h, f);
     taken = ok && (h->type == KVT_WIRE_NOTIFY_ACK ||
                    (h->type == KVT_WIRE_WRITE_ACK && h->body_len == 0));
-    if (taken) {
-        c->out_head = f->next_out;
-        if (c->out_head == NULL)
-            c->out_tail = NULL;
-    }
+    if (taken)
+        out_pop_head_locked(c, f);
     pthread_mutex_unlock(&c->out_lock);
     if (!ok) {
         KVT_LOG_E("unexpected %s (request %llu) from %s",
