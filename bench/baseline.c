@@ -366,7 +366,7 @@ int main(int argc, char **argv)
     if ((argc >= 3 && argc <= 5 && strcmp(argv[1], "tcp-pingpong") == 0) ||
         (argc == 5 && strcmp(argv[1], "tcp-floor") == 0)) {
         int n = atoi(argv[2]), a, b, cpu[2] = {-1, -1}, status = 0;
-        int acked = argv[1][4] == 'f'; /* tcp-floor */
+        int acked = strcmp(argv[1], "tcp-floor") == 0;
         size_t sz = argc > 3 ? size_arg(argv[3]) : 64, ack = acked ? 32 : sz;
         const char *pin = argc > 4 ? argv[4] : "none";
         double *lat = malloc((size_t)n * sizeof(double));
