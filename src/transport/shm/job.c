@@ -363,7 +363,7 @@ static int rw_finish(shm_session_t *s, job_t *j, rw_plan_t *p, int defer)
         return RW_PARK;
     if (p->want_map != 0 && st == KVT_OK) {
         kvt__shm_copier_waits(1); /* the target answers */
-        kvt__shm_map_request(s, p->want_map, 0);
+        kvt__shm_map_request(s, p->want_map);
         kvt__shm_copier_waits(0);
     }
     return RW_DONE;
@@ -391,7 +391,7 @@ static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
         st =
             kvt__shm_ipc_request(s, p->want_ipc, p->want_ipc_addr, j->deadline);
     if (st == KVT_OK && p->want_map != 0)
-        kvt__shm_map_request(s, p->want_map, 0);
+        kvt__shm_map_request(s, p->want_map);
     kvt__shm_copier_waits(0);
     if (st != KVT_OK) {
         kvt__shm_segs_fail(j, 0, j->nsegs, st);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Mappings of the target's kvt_mem_alloc() memory: asked for over the
- * socket, warmed, reconciled with the registry snapshot, and the copies
+ * socket, mapped, reconciled with the registry snapshot, and the copies
  * through them.
  */
 #include <dirent.h>
@@ -77,34 +77,19 @@ void kvt__shm_maps_reconcile(shm_session_t *s)
 }
 
 /*
- * Fill the page tables of a fresh mapping, writable, and touch every page
- * once: under shadow paging (some hypervisors) the first access to each
- * page of a new mapping traps, at several microseconds a page, and that
- * belongs to setting the mapping up, not to the first transfers through
- * it. Elsewhere this costs about a millisecond per GiB. Stops touching at
- * @deadline (0: none); the mapping is correct either way.
- */
-static void map_warm(uint8_t *p, uint64_t len, uint64_t deadline)
-{
-    if (len > POPULATE_MAX)
-        return;
-    if (madvise(p, len, MADV_POPULATE_WRITE) != 0)
-        madvise(p, len, MADV_WILLNEED);
-    for (uint64_t off = 0; off < len; off += 4096) {
-        (void)*(volatile uint8_t *)(p + off);
-        if (deadline != 0 && (off & ((1u << 24) - 1)) == 0 &&
-            kvt__now_ns() >= deadline)
-            break;
-    }
-}
-
-/*
  * Ask the target for allocation @id's memfd and map it, outside the lease
  * (the target answers from its service thread). A refusal is remembered
- * until the snapshot changes. Bounded by the socket's receive timeout,
- * and the warming of the mapping by @deadline (0: none).
+ * until the snapshot changes. Bounded by the socket's receive timeout.
+ *
+ * The mapping is not populated nor touched here: the first copy through
+ * it faults in the pages it uses, and only those. A peer's KV memory is
+ * often far larger than what one transfer reaches, and where the first
+ * access to each page of a new mapping traps to the hypervisor (several
+ * microseconds a page on some virtual machines), warming all of it made
+ * every open cost tens of milliseconds per 64 MiB, paid again by every
+ * process that opens the segment.
  */
-void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
+void kvt__shm_map_request(shm_session_t *s, uint32_t id)
 {
     kvt__shm_msg_t m;
     int fd = -1, known;
@@ -140,8 +125,6 @@ void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline)
     if (m.status == KVT_OK && fd >= 0 && m.id == id && m.length > 0 &&
         m.addr <= UINT64_MAX - m.length && kvt__shm_memfd_sound(fd, m.length))
         p = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED)
-        map_warm(p, m.length, deadline);
     pthread_rwlock_wrlock(&s->map_lock);
     if (p != MAP_FAILED) {
         if (s->nmaps == s->mcap) {
@@ -241,5 +224,5 @@ void kvt__shm_maps_prefetch(shm_session_t *s, uint64_t deadline)
     }
     kvt__shm_lease_release(s);
     for (uint32_t i = 0; i < nids && kvt__now_ns() < deadline; i++)
-        kvt__shm_map_request(s, ids[i], deadline);
+        kvt__shm_map_request(s, ids[i]);
 }

@@ -86,8 +86,6 @@
  * strided there and takes a vector per piece when they are strided
  * here. */
 #define STAGE_PIECE_MAX 2048u
-/* Allocations up to this size are mapped with their page tables filled. */
-#define POPULATE_MAX (4ull << 30)
 
 /* @count pieces of @len bytes (1: a contiguous range), the k-th at
  * laddr + k * lstride here and raddr + k * rstride in the target. */
@@ -270,7 +268,7 @@ static inline uint8_t *kvt__shm_at(uint8_t *local, uint64_t base, uint64_t len,
 map_t *kvt__shm_map_find(shm_session_t *s, uint32_t id);
 int kvt__shm_map_refused(shm_session_t *s, uint32_t id);
 void kvt__shm_maps_reconcile(shm_session_t *s);
-void kvt__shm_map_request(shm_session_t *s, uint32_t id, uint64_t deadline);
+void kvt__shm_map_request(shm_session_t *s, uint32_t id);
 void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p);
 void kvt__shm_maps_prefetch(shm_session_t *s, uint64_t deadline);
 
