@@ -267,7 +267,10 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
         } else if (sscanf(line, "regmany %llu %llu", &a, &b) == 2) {
             /* a regions of b bytes each, back to back in one buffer
              * (kvt_mem_alloc() memory when managed): "status base". */
-            reply(out, "%d %llu", regmany(e, o->managed, a, b, &c), c);
+            /* Apart from the reply's arguments: their order of
+             * evaluation is unspecified (gcc reads c first). */
+            int rst = regmany(e, o->managed, a, b, &c);
+            reply(out, "%d %llu", rst, c);
         } else if (sscanf(line, "reg %llu %llu", &a, &b) == 2) {
             reply(out, "%d",
                   kvt_mem_register(e, (void *)(uintptr_t)a, b,
