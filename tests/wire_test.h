@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 
 /* A frame header of this build's version, no flags, into @out; returns
  * its length (KVT_WIRE_HDR_LEN). */

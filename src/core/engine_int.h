@@ -10,7 +10,7 @@
 
 #include "core/memreg.h"
 #include "core/stats.h"
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "transport/transport.h"
 
 typedef struct kvt__seg_slot kvt__seg_slot_t;

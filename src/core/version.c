@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <kvt/version.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x)

@@ -21,8 +21,8 @@
 
 #include <kvt/kvt.h>
 
-#include "core/segdesc.h"
-#include "core/wire.h"
+#include "proto/segdesc.h"
+#include "proto/wire.h"
 #include "transport/transport.h"
 
 typedef struct kvt__ctrl kvt__ctrl_t;

@@ -34,7 +34,7 @@
 
 #include <kvt/status.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "util/auth.h"
 
 /* Longest key, in bytes, not counting the terminating NUL. */

@@ -5,7 +5,7 @@
 /*
  * The interface between the core and its transports: what a transport
  * sees of the engine, and the table of operations it registers. A
- * transport includes this header (with util/, core/wire.h and its own
+ * transport includes this header (with util/, proto/wire.h and its own
  * headers) and nothing else of the core; the core names no transport.
  * docs/architecture.md walks through it with tcp as the example.
  *
@@ -30,8 +30,8 @@
 #include <kvt/kvt.h>
 
 #include "core/memreg.h"
-#include "core/segdesc.h"
-#include "core/wire.h"
+#include "proto/segdesc.h"
+#include "proto/wire.h"
 #include "util/auth.h"
 
 #define KVT__TL_MAX KVT_MEMREG_KEYS /* transports one engine runs */

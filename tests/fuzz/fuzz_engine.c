@@ -30,7 +30,7 @@
 
 #include <kvt/kvt.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "fuzz/fuzz_util.h"
 #include "util/sock.h"
 #include "util/time.h"

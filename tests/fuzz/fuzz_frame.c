@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 
 static void fail_cb(void *arg, uint32_t index, kvt_status_t status)
 {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/segdesc.h"
+#include "proto/segdesc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

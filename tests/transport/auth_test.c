@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "kvt_test.h"
 #include "peer.h"
 #include "transport/shm/shm.h"

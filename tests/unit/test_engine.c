@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "kvt_test.h"
 #include "util/sock.h"
 

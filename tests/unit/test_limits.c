@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "engine_test.h"
 #include "kvt_test.h"
 #include "wire_test.h"

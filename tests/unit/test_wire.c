@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "kvt_test.h"
 
 static void hdr(uint8_t *buf, uint8_t type, uint32_t body, uint64_t payload)

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The messages and names of the statuses (the X-macro table of
+ * <kvt/status.h>): in util, as every layer reports them, log.c too.
+ */
 #include <kvt/status.h>
 
 const char *kvt_status_str(kvt_status_t status)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "core/wire.h"
+#include "proto/wire.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -14,12 +14,12 @@
  *
  * A str is a u16 length and that many bytes, no NUL.
  */
-#include "core/segdesc.h"
+#include "proto/segdesc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/wire.h"
+#include "proto/wire.h"
 #include "util/le.h"
 
 #define SEC_HDR 8

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#ifndef KVT_CORE_WIRE_H
-#define KVT_CORE_WIRE_H
+#ifndef KVT_PROTO_WIRE_H
+#define KVT_PROTO_WIRE_H
 
 /*
  * The engine's wire protocol (docs/protocol.md is the spec). Every frame is
@@ -14,7 +14,7 @@
 #include <kvt/engine.h>
 #include <kvt/status.h>
 
-#include "core/segdesc.h"
+#include "proto/segdesc.h"
 
 #define KVT_WIRE_MAGIC 0x544b /* "KT" on the wire */
 #define KVT_WIRE_VERSION_MAJOR 2

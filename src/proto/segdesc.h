@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#ifndef KVT_CORE_SEGDESC_H
-#define KVT_CORE_SEGDESC_H
+#ifndef KVT_PROTO_SEGDESC_H
+#define KVT_PROTO_SEGDESC_H
 
 /*
  * The segment descriptor: what a peer needs to address an engine, as the
