@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/engine_int.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 #include "util/futex.h"
 #include "util/log.h"
 #include "util/time.h"

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
-#include "ctrl/ctrl.h"
-#include "transport/transport.h"
+#include "core/ctrl.h"
+#include "core/tl.h"
 #include "meta/meta.h"
 #include "util/log.h"
 #include "util/thread.h"

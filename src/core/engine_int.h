@@ -11,7 +11,7 @@
 #include "core/memreg.h"
 #include "core/stats.h"
 #include "proto/wire.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 
 typedef struct kvt__seg_slot kvt__seg_slot_t;
 
@@ -67,7 +67,7 @@ struct kvt__notify_peer {
 
 #define KVT__NOTIFY_BUCKETS 256
 
-typedef struct kvt__ctrl kvt__ctrl_t; /* src/ctrl/ctrl.h */
+typedef struct kvt__ctrl kvt__ctrl_t; /* src/core/ctrl.h */
 typedef struct kvt__meta kvt__meta_t; /* src/meta/meta.h */
 
 /* A kvt_mem_alloc() allocation. */
@@ -208,7 +208,7 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d);
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
                                  size_t *len_p);
 
-/* ---- Transport selection (src/transport/select.c) ----------------------- */
+/* ---- Transport selection (src/core/tl_select.c) ----------------------- */
 
 /*
  * Open the sessions of @seg (its descriptor fetched): for every pair of

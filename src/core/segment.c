@@ -22,9 +22,9 @@
 #include <string.h>
 
 #include "core/engine_int.h"
-#include "ctrl/ctrl.h"
+#include "core/ctrl.h"
 #include "meta/meta.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 #include "util/log.h"
 
 #define SLOTS_MAX (1u << 30)

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "mem/dev.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 
 #define KVT_SHM_VERSION 5
 #define KVT_SHM_MAGIC 0x5354564bu                /* "KVTS" */

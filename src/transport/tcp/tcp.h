@@ -63,7 +63,7 @@
 #include <sys/uio.h>
 
 #include "mem/dev.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 #include "util/log.h"
 #include "util/sock.h"
 

@@ -17,7 +17,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "ctrl/ctrl.h"
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
 #include "util/sock.h"

@@ -34,7 +34,7 @@
 
 #include <ucp/api/ucp.h>
 
-#include "transport/transport.h"
+#include "core/tl.h"
 
 extern const kvt__tl_ops_t kvt__tl_ucx;
 

@@ -12,7 +12,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "ctrl/ctrl.h"
 #include "transport/ucx/ucx.h"
 #include "transport/ucx/ucx_status.h"
 #include "util/auth.h"

@@ -14,7 +14,7 @@
  */
 #include <string.h>
 
-#include "ctrl/ctrl.h"
+#include "core/ctrl.h"
 #include "util/auth.h"
 
 #define TARGET_LABEL "kvt-auth-v1 target"

@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "transport/transport.h"
+#include "core/tl.h"
 #include "util/log.h"
 
 #define KVT__TL(n) extern const kvt__tl_ops_t kvt__tl_##n;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#ifndef KVT_CTRL_CTRL_H
-#define KVT_CTRL_CTRL_H
+#ifndef KVT_CORE_CTRL_H
+#define KVT_CORE_CTRL_H
 
 /*
  * The control plane: the engine's listener, the handshake, and segment
@@ -23,7 +23,7 @@
 
 #include "proto/segdesc.h"
 #include "proto/wire.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 
 typedef struct kvt__ctrl kvt__ctrl_t;
 
@@ -42,24 +42,8 @@ kvt_status_t kvt__ctrl_start(kvt__ctrl_t *ctrl);
 void kvt__ctrl_stop(kvt__ctrl_t *ctrl);
 void kvt__ctrl_destroy(kvt__ctrl_t *ctrl);
 
-/* ---- Client side --------------------------------------------------------- */
-
-/*
- * Connect to @addr ("host:port") and handshake with @hello (its name is
- * set to this engine's), until @deadline (kvt__now_ns() clock). On success
- * *fd_p is a blocking socket right after HELLO_ACK. @name is the peer's
- * segment name, for messages. KVT_ERR_INVALID_PARAM (not host:port),
- * KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_VERSION, KVT_ERR_PROTOCOL,
- * KVT_ERR_CONN_LOST, or the status of the peer's ERROR (logged).
- */
-kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
-                            kvt__wire_hello_t *hello, uint64_t deadline,
-                            int *fd_p);
-
-/* Fetch the peer's descriptor over a control connection of its own, bounded
- * by the connect timeout. On success @desc owns what it holds. */
-kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
-                             kvt__segdesc_t *desc);
+/* The client side (kvt__ctrl_dial(), kvt__ctrl_fetch()) is declared in
+ * core/tl.h, as the transports dial through it too. */
 
 /* ---- Authentication (auth.c) ------------------------------------------ */
 

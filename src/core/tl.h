@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#ifndef KVT_TRANSPORT_TRANSPORT_H
-#define KVT_TRANSPORT_TRANSPORT_H
+#ifndef KVT_CORE_TL_H
+#define KVT_CORE_TL_H
 
 /*
  * The interface between the core and its transports: what a transport
  * sees of the engine, and the table of operations it registers. A
- * transport includes this header (with util/, proto/wire.h and its own
- * headers) and nothing else of the core; the core names no transport.
+ * transport includes this header (with core/memreg.h, which it brings,
+ * and what it needs of proto/, mem/ and util/) and nothing else of the
+ * core; the core names no transport (the build lists them).
  * docs/architecture.md walks through it with tcp as the example.
  *
  * A transport is one static table (kvt__tl_ops_t) registered with
@@ -14,7 +15,7 @@
  * kvt_add_transport()). Each engine creates an instance of every
  * transport it may use (kvt__tl_t), asks each to describe itself in the
  * segment descriptor, tells each about memory registrations, and for each
- * peer picks the transport that serves it best (transport/select.c),
+ * peer picks the transport that serves it best (core/tl_select.c),
  * which opens a session (kvt__session_t) that transfers go to.
  *
  * Descriptors reach a transport validated and normalised (kvt__xfer_t):
@@ -94,6 +95,27 @@ kvt_status_t kvt__alloc_list(kvt_engine_h e, kvt__alloc_ref_t **refs_p,
  * otherwise. The caller closes *fd_p. */
 kvt_status_t kvt__alloc_export(kvt_engine_h e, uint32_t id, int *fd_p,
                                uint64_t *addr_p, uint64_t *length_p);
+
+/* ---- The control plane's client (core/ctrl_client.c) -------------------- */
+
+/*
+ * Connect to @addr ("host:port") and handshake with @hello (its name is
+ * set to this engine's), until @deadline (kvt__now_ns() clock): how a
+ * transport opens its data connections. On success *fd_p is a blocking
+ * socket right after HELLO_ACK. @name is the peer's segment name, for
+ * messages. KVT_ERR_INVALID_PARAM (not host:port), KVT_ERR_UNREACHABLE,
+ * KVT_ERR_TIMEDOUT, KVT_ERR_VERSION, KVT_ERR_PROTOCOL, KVT_ERR_CONN_LOST,
+ * or the status of the peer's ERROR (logged).
+ */
+kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
+                            kvt__wire_hello_t *hello, uint64_t deadline,
+                            int *fd_p);
+
+/* Fetch the peer's descriptor over a control connection of its own, bounded
+ * by the connect timeout: how the segment is opened, and how a transport
+ * refetches what it lost. On success @desc owns what it holds. */
+kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
+                             kvt__segdesc_t *desc);
 
 /* ---- Completion objects ------------------------------------------------- */
 
@@ -294,7 +316,7 @@ struct kvt__tl {
  * KVT__TL_ADMIT_NS, for what must happen first (tcp: the connections of
  * the sessions the HELLO's fence names are closed), in the control
  * plane's thread; a refusal (with *@why_p) is answered with ERROR and
- * that status. accept() then takes the connection (ctrl/ctrl.h), after
+ * that status. accept() then takes the connection (core/ctrl.h), after
  * HELLO_ACK; it owns the socket, and closes it on failure.
  *
  * Memory. mem_reg() is called for every region registered whose kind the
@@ -385,14 +407,14 @@ static inline void kvt__tl_init(kvt__tl_t *tl, const kvt__tl_ops_t *ops,
 /*
  * KVT_TRANSPORT_REGISTER(tcp, { .name = "tcp", ... }) defines the table
  * kvt__tl_tcp; the build lists it (kvt_add_transport() in
- * src/CMakeLists.txt) in the registry (transport/registry.c), so the core
+ * src/CMakeLists.txt) in the registry (core/tl_registry.c), so the core
  * finds it without naming it.
  */
 #define KVT_TRANSPORT_REGISTER(short_name, ...)                                \
     __attribute__((visibility("hidden")))                                      \
     const kvt__tl_ops_t kvt__tl_##short_name = __VA_ARGS__
 
-/* ---- The registry (registry.c) ---------------------------------------------
+/* ---- The registry (tl_registry.c) ---------------------------------------------
  */
 
 /* The transports built in, in build order; NULL past the last. */

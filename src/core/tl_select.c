@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "core/engine_int.h"
-#include "transport/transport.h"
+#include "core/tl.h"
 #include "util/log.h"
 
 unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,

@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "core/engine_int.h"
-#include "ctrl/ctrl.h"
+#include "core/ctrl.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/thread.h"
