@@ -4,17 +4,18 @@
 # each fuzz target N seconds (FUZZ_JOBS at once) in build/fuzz. Each sets
 # itself up first (installs Debian packages when run as root). `make soak`
 # runs the 10-minute soak under random network faults (KVT_SOAK_SECONDS=N
-# to change it), which `make test` leaves out.
+# to change it), which `make test` leaves out. `make gcc` builds and tests
+# with gcc in build/gcc.
 
 BUILD   ?= build
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
-CLANG   := $(shell command -v clang 2>/dev/null)
-CC_ARG  := $(if $(CLANG),-DCMAKE_C_COMPILER=$(CLANG),)
+CLANG    = $(shell command -v clang 2>/dev/null)
+CC_ARG   = $(if $(CLANG),-DCMAKE_C_COMPILER=$(CLANG),)
 ROOT    := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 SECONDS ?= 60
 FUZZ_JOBS ?= 1
 
-.PHONY: all deps build test demo asan tsan dev fuzz install clean format
+.PHONY: all deps build test demo asan tsan dev gcc fuzz install clean format
 
 all: build
 
@@ -45,6 +46,13 @@ dev asan tsan: deps
 	cmake --preset $@ $(CC_ARG) >/dev/null
 	cmake --build --preset $@ -j $(JOBS)
 	ctest --preset $@ -j $(JOBS)
+
+# The release build and every test with gcc (most users' cc), whichever
+# compiler `make` picks.
+gcc: deps
+	cmake --preset gcc >/dev/null
+	cmake --build --preset gcc -j $(JOBS)
+	ctest --preset gcc -j $(JOBS) --timeout 600
 
 fuzz: deps
 	scripts/fuzz --jobs $(FUZZ_JOBS) $(SECONDS)
