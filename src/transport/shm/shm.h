@@ -189,7 +189,7 @@ struct kvt__shm {
     const kvt__engine_cfg_t *cfg;
     kvt__memreg_t *reg;
 
-    /* Target role (target.c). */
+    /* Target role (shm_target.c). */
     int listen_fd;
     char sock_name[108]; /* the abstract socket's, with its leading NUL */
     size_t sock_len;
@@ -201,14 +201,15 @@ struct kvt__shm {
     pthread_mutex_t chan_lock; /* channel list, snapshots, leases */
     shm_tchan_t *chans;
     uint64_t snap_seq;
-    /* The stage helper (target.c), started by the service thread. */
+    /* The stage helper (shm_target.c), started by the service thread. */
     pthread_t helper;
     int helper_running, helper_failed;
     _Atomic uint32_t helper_seq; /* futex word: work for the helper */
     _Atomic int helper_stop;
     _Atomic int ipc_said; /* an export was refused: said once */
 
-    /* Initiator role (session.c). Lock order: pool_lock -> session lock. */
+    /* Initiator role (shm_session.c). Lock order: pool_lock -> session
+     * lock. */
     pthread_mutex_t pool_lock;
     pthread_cond_t pool_cond;
     shm_session_t *sessions;
@@ -222,7 +223,7 @@ struct kvt__shm {
     unsigned nworkers;
     unsigned idle;
     int stopping;
-    /* Admission (pool.c, kvt__shm_room()): copiers beyond the CPUs this
+    /* Admission (shm_pool.c, kvt__shm_room()): copiers beyond the CPUs this
      * process may use take turns rather than copy faster. @ncpu: those
      * CPUs, at creation; @busy: workers in a job; @drivers: waiting
      * threads running jobs (shm_progress()); neither counts a thread
@@ -230,7 +231,7 @@ struct kvt__shm {
      * left shm_progress(); @declined: workers asleep that found no room
      * for a queued job. Seen by tests: @busy_peak, the most workers in a
      * job at once; @worker_jobs, the jobs workers took from the pool (a
-     * run of jobs of one submission counts once: job.c, RUN_MAX),
+     * run of jobs of one submission counts once: shm_job.c, RUN_MAX),
      * @over_jobs of them while as many copiers as CPUs or more ran
      * already; @state_reads, the reads of a target's /proc state
      * (kvt__shm_target_state()). */
@@ -240,13 +241,13 @@ struct kvt__shm {
     /* Jobs queued by plugged submissions, for flush() to wake workers for. */
     _Atomic unsigned deferred;
     /* A worker that ended a job polls for the next submission for a
-     * while before it sleeps (pool.c, worker_main()): @submits counts the
+     * while before it sleeps (shm_pool.c, worker_main()): @submits counts the
      * submissions, @spinning the workers polling (at most one). Seen
      * by tests: @submit_wakes, the submissions that signalled a sleeping
      * worker. */
     _Atomic uint64_t submits, submit_wakes;
     _Atomic unsigned spinning;
-    /* Device copies (dev.c): idle streams and pinned bounce buffers, kept
+    /* Device copies (shm_dev.c): idle streams and pinned bounce buffers, kept
      * for the executors; under dev_lock. */
     pthread_mutex_t dev_lock;
     struct kvt__shm_dstream *dstreams;
@@ -260,13 +261,13 @@ struct shm_tchan {
     kvt__shm_chan_t *ch;
     size_t len;
     pid_t peer_pid;
-    int ptraced;   /* admitted under the ptracer grant (barrier.c) */
+    int ptraced;   /* admitted under the ptracer grant (shm_barrier.c) */
     uint32_t head; /* notifications consumed; the service thread's copy */
     int dead;      /* under chan_lock: no lease is granted any more */
     char peer[KVT_WIRE_NAME_MAX + 1];
 };
 
-/* barrier.c: the registry barrier and the ptracer grant (chan_lock held
+/* shm_barrier.c: the registry barrier and the ptracer grant (chan_lock held
  * for those that touch channels). */
 int kvt__shm_yama_scope(void);
 /* Tests: act as if Yama's scope were @scope (-2: read it again). */
@@ -283,14 +284,14 @@ void kvt__shm_publish(kvt__shm_t *shm, shm_tchan_t *c,
                       uint32_t trunc);
 void kvt__shm_sever(shm_tchan_t *c, kvt_status_t why);
 
-/* stage_out.c: copy out the slots of @c made full (@helper: called by
+/* shm_stage_out.c: copy out the slots of @c made full (@helper: called by
  * the helper thread, under chan_lock). */
 void kvt__shm_consume_stage(kvt__shm_t *shm, shm_tchan_t *c, int helper);
 
-/* chan.c: a message of @type, magic and version set. */
+/* shm_chan.c: a message of @type, magic and version set. */
 void kvt__shm_msg_init(kvt__shm_msg_t *m, uint16_t type);
 
-/* auth.c: the socket's proof of the shared secret, when either side holds
+/* shm_auth.c: the socket's proof of the shared secret, when either side holds
  * one. Target: after the HELLO's credentials are checked; 0 when the
  * peer proved the key, -1 to refuse with *ack (status and reason set,
  * logged), -2 to close. Initiator: mark @hello and add its nonce before
@@ -305,12 +306,12 @@ kvt_status_t kvt__shm_auth_initiator(const kvt__shm_t *shm, int sock,
                                      const char *name_t, uint32_t pid_t_,
                                      const kvt__shm_msg_t *chal,
                                      const char **why);
-/* target.c: deliver the notifications @c's initiator queued. */
+/* shm_target.c: deliver the notifications @c's initiator queued. */
 int kvt__shm_consume_notes(kvt__shm_t *shm, shm_tchan_t *c);
 
 extern const kvt__tl_ops_t kvt__tl_shm;
 
-/* target.c: the transport's life in an engine, and its target role. */
+/* shm_target.c: the transport's life in an engine, and its target role. */
 kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p);
 void kvt__shm_stop(kvt__tl_t *tl);
 void kvt__shm_destroy(kvt__tl_t *tl);
@@ -332,14 +333,14 @@ void kvt__shm_registry_changed(kvt__tl_t *tl);
 size_t kvt__shm_sock_name(char *out, uint64_t host_id, uint32_t pid,
                           uint16_t port);
 
-/* dev.c: free the device streams and bounce buffers kept for the
+/* shm_dev.c: free the device streams and bounce buffers kept for the
  * initiator's executors (the engine is being destroyed). */
 void kvt__shm_dev_fini(kvt__shm_t *shm);
 
-/* pool.c: stop the initiator workers and cancel every session. */
+/* shm_pool.c: stop the initiator workers and cancel every session. */
 void kvt__shm_sessions_stop(kvt__shm_t *shm);
 
-/* copy.c: copy @len bytes; @nt: with non-temporal stores where that
+/* shm_copy.c: copy @len bytes; @nt: with non-temporal stores where that
  * pays (the destination is not read again by this thread). Ends with a
  * store fence, so the bytes are visible before any later store. */
 void kvt__shm_copy(void *dst, const void *src, size_t len, int nt);

@@ -18,7 +18,7 @@
  * waiting on the batch (the ops' progress), so a synchronous transfer costs
  * no wake-up. Several threads run jobs of one session at once; that is
  * how a large submission is split across threads. Running a job: take the
- * channel's lease (target.c explains it), check every segment against the
+ * channel's lease (shm_target.c explains it), check every segment against the
  * target's snapshot, copy it with memcpy through a mapping of the
  * target's allocation when there is one, through the channel's staging
  * slots for small strided pieces written into memory that is not mapped
@@ -75,7 +75,7 @@
 #define STOPPED_POLL_NS (1000u * 1000u)
 #define WAIT_SPIN_NS (50u * 1000u)
 /* How long a pool worker that ended a job polls for the next submission
- * before it sleeps (pool.c, pool_spin()). */
+ * before it sleeps (shm_pool.c, pool_spin()). */
 #define IDLE_SPIN_NS (100u * 1000u)
 #define NOMAP_MAX 16
 /* Strided pieces up to this size stay whole, grouped in one segment. */
@@ -171,7 +171,7 @@ struct shm_session {
     _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
     uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
     unsigned nnomap;
-    /* The target's device regions opened here (dev.c), under map_lock as
+    /* The target's device regions opened here (shm_dev.c), under map_lock as
      * the mappings are, and the refused ones until the next snapshot. */
     ipc_t *ipcs;
     size_t nipcs, icap;
@@ -231,7 +231,7 @@ typedef struct {
 
 /* ---- Across the files of the initiator side -------------------------- */
 
-/* liveness.c */
+/* shm_liveness.c */
 void kvt__shm_session_hold(shm_session_t *s);
 int kvt__shm_session_unhold(shm_session_t *s);
 kvt_status_t kvt__shm_session_status(shm_session_t *s);
@@ -239,7 +239,7 @@ kvt_status_t kvt__shm_peer_status(shm_session_t *s);
 int kvt__shm_target_state(shm_session_t *s);
 int kvt__shm_target_check(shm_session_t *s, kvt_status_t *st_p);
 
-/* chan.c */
+/* shm_chan.c */
 void kvt__shm_lease_release(shm_session_t *s);
 int kvt__shm_lease_try(shm_session_t *s, uint32_t *seen_p);
 kvt_status_t kvt__shm_lease_acquire(shm_session_t *s, uint64_t deadline);
@@ -264,7 +264,7 @@ static inline uint8_t *kvt__shm_at(uint8_t *local, uint64_t base, uint64_t len,
     return lo >= base && hi <= base + len ? local + (lo - base) : NULL;
 }
 
-/* map.c */
+/* shm_map.c */
 map_t *kvt__shm_map_find(shm_session_t *s, uint32_t id);
 int kvt__shm_map_refused(shm_session_t *s, uint32_t id);
 void kvt__shm_maps_reconcile(shm_session_t *s);
@@ -272,7 +272,7 @@ void kvt__shm_map_request(shm_session_t *s, uint32_t id);
 void kvt__shm_rw_copy_maps(job_t *j, rw_plan_t *p);
 void kvt__shm_maps_prefetch(shm_session_t *s, uint64_t deadline);
 
-/* dev.c */
+/* shm_dev.c */
 struct kvt__shm_dstream {
     struct kvt__shm_dstream *next;
     kvt__dstream_t *s;
@@ -294,18 +294,18 @@ void kvt__shm_dev_refused(shm_session_t *s, const char *why);
 void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p);
 kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p);
 
-/* job.c: the snapshot region holding [lo, hi) with @access, or NULL. */
+/* shm_job.c: the snapshot region holding [lo, hi) with @access, or NULL. */
 const kvt__shm_region_t *kvt__shm_region_find(const kvt__shm_chan_t *ch,
                                               uint32_t n, uint64_t lo,
                                               uint64_t hi, uint32_t access);
 
-/* cma.c */
+/* shm_cma.c */
 kvt_status_t kvt__shm_cma_run(shm_session_t *s, job_t *j, const uint8_t *how);
 
-/* stage.c */
+/* shm_stage.c */
 kvt_status_t kvt__shm_stage_run(shm_session_t *s, job_t *j, const uint8_t *how);
 
-/* job.c */
+/* shm_job.c */
 void kvt__shm_segs_fail(job_t *j, uint32_t from, uint32_t to, kvt_status_t st);
 int kvt__shm_seg_siblings(const seg_t *a, const seg_t *b);
 void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
@@ -315,13 +315,13 @@ void kvt__shm_job_park(shm_session_t *s, job_t *j);
 void kvt__shm_parked_end(shm_session_t *s, job_t *list, kvt_status_t st);
 /*
  * Run job @j of @s, taken with kvt__shm_take_locked(), and account for
- * it; it may go on with more jobs of the same submission (job.c, RUN_MAX)
+ * it; it may go on with more jobs of the same submission (shm_job.c, RUN_MAX)
  * until @until_ns (kvt__now_ns(); 0: no limit), a waiting thread's
  * deadline.
  */
 void kvt__shm_job_run(shm_session_t *s, job_t *j, uint64_t until_ns);
 
-/* pool.c */
+/* shm_pool.c */
 job_t *kvt__shm_take_locked(shm_session_t *s);
 /* Signal up to @n sleeping workers; returns how many were asleep. */
 unsigned kvt__shm_pool_wake(kvt__shm_t *shm, unsigned n);
@@ -365,7 +365,7 @@ shm_session_t *kvt__shm_take_pair(kvt__shm_t *shm, shm_session_t *s, job_t *j,
                                   job_t **j2_p);
 kvt_status_t kvt__shm_pool_start_locked(kvt__shm_t *shm);
 
-/* session.c */
+/* shm_session.c */
 /*
  * The size of the next job of a submission whose jobs take 1/@share each
  * of the @left bytes not yet cut (guided scheduling), within [JOB_MIN,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The registry barrier (the bounds guarantee explained in target.c):
+ * The registry barrier (the bounds guarantee explained in shm_target.c):
  * snapshots of the registry in every channel, the lease closed, drained
  * and reopened around each change; and the Yama ptracer grant that lets
  * the same-host initiator this process serves attach to it.

@@ -511,7 +511,7 @@ static int shm_reachable(kvt__tl_t *tl, const kvt__segdesc_t *d,
     return 1;
 }
 
-/* Device memory through the driver's same-host sharing (dev.c), when a
+/* Device memory through the driver's same-host sharing (shm_dev.c), when a
  * device memory domain is built; an engine whose process finds no driver
  * leaves it out (kvt__shm_create()). */
 #ifdef KVT_HAVE_CUDA

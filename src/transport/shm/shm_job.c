@@ -106,7 +106,7 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
             p->nbounce++;
             return;
         }
-        /* Each piece reachable here (dev.c resolves them one by one):
+        /* Each piece reachable here (shm_dev.c resolves them one by one):
          * its device region opened, its host region mapped; else the
          * segment goes through the staging slots. */
         for (uint32_t q = 0; q < g->count && !stage; q++) {
@@ -279,7 +279,7 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try,
 }
 
 /* After the mapped copies of a job begun with rw_begin(): cross-memory
- * attach (under map_lock), the device copies waited for (dev.c), then
+ * attach (under map_lock), the device copies waited for (shm_dev.c), then
  * map_lock and the lease are released. */
 static void rw_release(shm_session_t *s, job_t *j, rw_plan_t *p)
 {

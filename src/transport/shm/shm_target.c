@@ -426,7 +426,7 @@ static void *service_main(void *arg)
 
 /* The CPUs this thread may run on (its affinity when the engine is
  * created); the CPUs online when that cannot be told (a set larger than
- * cpu_set_t), so that admission (pool.c) never holds back a worker for
+ * cpu_set_t), so that admission (shm_pool.c) never holds back a worker for
  * lack of a count. */
 static unsigned cpus_usable(void)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The initiator's side of a channel: connecting to the target's socket
- * and checking who answers, the lease (target.c explains it), messages on
+ * and checking who answers, the lease (shm_target.c explains it), messages on
  * the socket, and the notification ring.
  */
 #include <dirent.h>
