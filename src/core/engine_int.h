@@ -2,6 +2,12 @@
 #ifndef KVT_CORE_ENGINE_INT_H
 #define KVT_CORE_ENGINE_INT_H
 
+/*
+ * The engine as the core sees it: its settings, registry, control plane,
+ * transport instances, segment table, notification queue, batches and
+ * allocations, and the calls between the core's files.
+ */
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -200,6 +206,8 @@ void kvt__mem_release_all(kvt_engine_h e);
 
 /* Free every kvt_mem_alloc() allocation (engine teardown). */
 void kvt__alloc_free_all(kvt_engine_h e);
+/* notify.c: free what the notification queue still holds (destroy). */
+void kvt__notify_free_all(kvt_engine_h e);
 
 /* Fill @d with this engine's segment descriptor (it then owns a malloc'd
  * region array: kvt__segdesc_clear()). */

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The registry of local memory regions (memreg.h): a sorted array of
+ * disjoint regions, searched by binary search under a read lock.
+ */
 #include "core/memreg.h"
 
 #include <stdlib.h>

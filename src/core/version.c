@@ -1,4 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt_version(): the library's version and the wire protocol's.
+ */
 #include <kvt/version.h>
 
 #include "proto/wire.h"

@@ -1,4 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Base64 (RFC 4648, with padding), for descriptors in JSON metadata.
+ */
 #include "meta/base64.h"
 
 static const char alphabet[] =

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * An HTTP/1.1 request parser for kvt metad: request line, headers and
+ * body framing, without I/O, so that it can be fuzzed.
+ */
 #include "meta/http_parse.h"
 
 #include <string.h>

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The libcurl client the http and etcd metadata backends share: libcurl's
+ * global initialisation, once, and bounded requests.
+ */
 #include "meta/meta_curl.h"
 
 #include <pthread.h>

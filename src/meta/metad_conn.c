@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt metad's connections: the stage each is in, since when, and the
+ * limits that drop idle, slow and surplus ones.
+ */
 #include "meta/metad_conn.h"
 
 #include <pthread.h>

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvt metad's key-value store: sharded hash tables bounded in bytes, with
+ * expiring entries.
+ */
 #include "meta/metad_store.h"
 
 #include <malloc.h>
@@ -6,6 +10,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/hash.h"
 
 #define NSHARDS 64u
 #define MIN_BUCKETS 16u
@@ -42,12 +48,7 @@ struct kvt__kvstore {
 
 static uint64_t hash_key(const char *key, size_t klen)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < klen; i++) {
-        h ^= (unsigned char)key[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    return kvt__fnv1a(KVT_FNV1A_SEED, key, klen);
 }
 
 static inline shard_t *shard_of(kvt__kvstore_t *s, uint64_t h)

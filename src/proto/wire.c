@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The frame codec (wire.h, docs/protocol.md): encoders and parsers of the
+ * header and of each frame type's body, without I/O.
+ */
 #include "proto/wire.h"
 
 #include <stdlib.h>

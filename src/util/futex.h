@@ -2,6 +2,11 @@
 #ifndef KVT_UTIL_FUTEX_H
 #define KVT_UTIL_FUTEX_H
 
+/*
+ * Futex wait (with a timeout) and wake on a 32-bit word, private to the
+ * process.
+ */
+
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>

@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The log: levels from KVT_LOG, a handler the application may install,
+ * rate limits, and escaping of strings from the network.
+ */
 #include "util/log.h"
 
 #include <kvt/log.h>

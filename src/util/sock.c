@@ -1,4 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Sockets: host:port parsing, listen, connect with a deadline, tuning,
+ * and send and receive of whole buffers.
+ */
 #include "util/sock.h"
 
 #include <arpa/inet.h>

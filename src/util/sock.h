@@ -2,6 +2,11 @@
 #ifndef KVT_UTIL_SOCK_H
 #define KVT_UTIL_SOCK_H
 
+/*
+ * Sockets: host:port parsing, listen, connect with a deadline, tuning,
+ * and send and receive of whole buffers (sock.c).
+ */
+
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>

@@ -2,6 +2,10 @@
 #ifndef KVT_UTIL_TIME_H
 #define KVT_UTIL_TIME_H
 
+/*
+ * Clocks: the monotonic clock in nanoseconds, exact and coarse.
+ */
+
 #include <stdint.h>
 #include <time.h>
 
