@@ -2,13 +2,6 @@
 #ifndef KVT_CORE_MEMREG_H
 #define KVT_CORE_MEMREG_H
 
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#include <kvt/engine.h>
-
 /*
  * The registry of local memory: a sorted array of disjoint regions behind
  * a writer-preferring rwlock. Network paths hold the read lock only for
@@ -18,6 +11,14 @@
  * ranges under an older generation validates them again before touching
  * memory.
  */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvt/engine.h>
+
 /* Transports one engine runs, and so keys a region may have. */
 #define KVT_MEMREG_KEYS 8
 /* Regions one engine may register: as many as its descriptor can carry
