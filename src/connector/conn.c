@@ -28,20 +28,20 @@
 #define BUSY_POLL_NS 2000000ull
 #define IDLE_POLL_NS 10000000ull
 
-uint64_t kvt__conn_now_ns(void)
+uint64_t kvtc__conn_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t kvt__conn_now_ms(void)
+uint64_t kvtc__conn_now_ms(void)
 {
-    return kvt__conn_now_ns() / 1000000ull;
+    return kvtc__conn_now_ns() / 1000000ull;
 }
 
 /* xorshift64*, seeded at create; called under the lock. */
-uint64_t kvt__conn_random(kvt_conn_h c)
+uint64_t kvtc__conn_random(kvt_conn_h c)
 {
     uint64_t x = c->rng;
     x ^= x >> 12;
@@ -51,7 +51,7 @@ uint64_t kvt__conn_random(kvt_conn_h c)
     return x * 2685821657736338717ull;
 }
 
-void kvt__conn_wake(kvt_conn_h c)
+void kvtc__conn_wake(kvt_conn_h c)
 {
     c->work = 1;
     pthread_cond_signal(&c->wake);
@@ -73,24 +73,24 @@ static void batch_idle(kvt_batch_h batch, void *arg)
     (void)batch;
     atomic_fetch_add(&c->kicks, 1);
     if (pthread_mutex_trylock(&c->lock) == 0) {
-        kvt__conn_wake(c);
+        kvtc__conn_wake(c);
         pthread_mutex_unlock(&c->lock);
     } else {
         pthread_cond_signal(&c->wake);
     }
 }
 
-void kvt__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch)
+void kvtc__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch)
 {
     kvt_batch_set_idle_cb(batch, batch_idle, c);
 }
 
-void kvt__conn_batch_forget(kvt_batch_h batch)
+void kvtc__conn_batch_forget(kvt_batch_h batch)
 {
     kvt_batch_set_idle_cb(batch, NULL, NULL);
 }
 
-int kvt__conn_descs(kvt_conn_h c, size_t n)
+int kvtc__conn_descs(kvt_conn_h c, size_t n)
 {
     kvt_xfer_desc_t *d;
     size_t cap = c->cap_descs ? c->cap_descs : 256;
@@ -119,7 +119,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns)
 
 /* ---- Steps ------------------------------------------------------------- */
 
-static kvt__step_t *step_find(kvt_conn_h c, uint64_t id, size_t *idx_p)
+static kvtc__step_t *step_find(kvt_conn_h c, uint64_t id, size_t *idx_p)
 {
     for (size_t i = 0; i < c->nsteps; i++) {
         if (c->steps[i].id == id) {
@@ -131,9 +131,10 @@ static kvt__step_t *step_find(kvt_conn_h c, uint64_t id, size_t *idx_p)
     return NULL;
 }
 
-void kvt__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p, int *aux_p)
+void kvtc__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
+                      int *aux_p)
 {
-    kvt__step_t *s = step ? step_find(c, step, NULL) : NULL;
+    kvtc__step_t *s = step ? step_find(c, step, NULL) : NULL;
 
     *ready_p = s ? s->ready : c->lay.nlayers;
     *aux_p = s == NULL;
@@ -148,7 +149,7 @@ kvt_status_t kvt_conn_step_begin(kvt_conn_h c, uint64_t *step_p)
     pthread_mutex_lock(&c->lock);
     if (c->nsteps == c->cap_steps) {
         size_t cap = c->cap_steps ? 2 * c->cap_steps : 8;
-        kvt__step_t *s = realloc(c->steps, cap * sizeof(*s));
+        kvtc__step_t *s = realloc(c->steps, cap * sizeof(*s));
         if (s == NULL) {
             st = KVT_ERR_NO_MEMORY;
             goto out;
@@ -156,7 +157,7 @@ kvt_status_t kvt_conn_step_begin(kvt_conn_h c, uint64_t *step_p)
         c->steps = s;
         c->cap_steps = cap;
     }
-    c->steps[c->nsteps++] = (kvt__step_t){++c->next_step, 0};
+    c->steps[c->nsteps++] = (kvtc__step_t){++c->next_step, 0};
     *step_p = c->next_step;
     st = KVT_OK;
 out:
@@ -167,7 +168,7 @@ out:
 kvt_status_t kvt_conn_layer_ready(kvt_conn_h c, uint64_t step, uint32_t layer)
 {
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
-    kvt__step_t *s;
+    kvtc__step_t *s;
 
     if (c == NULL || c->role != KVT_ROLE_PREFILL || layer >= c->lay.nlayers)
         return st;
@@ -177,7 +178,7 @@ kvt_status_t kvt_conn_layer_ready(kvt_conn_h c, uint64_t step, uint32_t layer)
     s = step_find(c, step, NULL);
     if (s != NULL && s->ready < layer + 1) {
         s->ready = layer + 1;
-        kvt__conn_wake(c);
+        kvtc__conn_wake(c);
     }
     st = KVT_OK;
 out:
@@ -197,7 +198,7 @@ kvt_status_t kvt_conn_step_end(kvt_conn_h c, uint64_t step)
         goto out;
     if (step_find(c, step, &i) != NULL) {
         c->steps[i] = c->steps[--c->nsteps];
-        kvt__conn_wake(c);
+        kvtc__conn_wake(c);
     }
     st = KVT_OK;
 out:
@@ -207,9 +208,9 @@ out:
 
 /* ---- Topology cache (decode) ------------------------------------------- */
 
-kvt__topo_t *kvt__topo_get(kvt_conn_h c, const char *server)
+kvtc__topo_t *kvtc__topo_get(kvt_conn_h c, const char *server)
 {
-    kvt__topo_t *t;
+    kvtc__topo_t *t;
 
     for (t = c->topos; t != NULL; t = t->next)
         if (strcmp(t->server, server) == 0)
@@ -227,14 +228,14 @@ kvt__topo_t *kvt__topo_get(kvt_conn_h c, const char *server)
 
 /* A session to @name died: the next room looks the instance up again, in
  * case the prefill rank restarted elsewhere. */
-void kvt__topo_forget(kvt_conn_h c, const char *name)
+void kvtc__topo_forget(kvt_conn_h c, const char *name)
 {
-    for (kvt__topo_t *t = c->topos; t != NULL; t = t->next) {
-        if (t->state != KVT__TOPO_OK)
+    for (kvtc__topo_t *t = c->topos; t != NULL; t = t->next) {
+        if (t->state != KVTC__TOPO_OK)
             continue;
         for (uint32_t i = 0; i < t->tp_total; i++) {
             if (strcmp(t->names[i], name) == 0) {
-                t->state = KVT__TOPO_NONE;
+                t->state = KVTC__TOPO_NONE;
                 break;
             }
         }
@@ -244,7 +245,7 @@ void kvt__topo_forget(kvt_conn_h c, const char *name)
 static void topo_free_all(kvt_conn_h c)
 {
     while (c->topos != NULL) {
-        kvt__topo_t *t = c->topos;
+        kvtc__topo_t *t = c->topos;
         c->topos = t->next;
         free(t->names);
         free(t->need);
@@ -252,23 +253,23 @@ static void topo_free_all(kvt_conn_h c)
     }
 }
 
-static void topo_error(kvt__topo_t *t, kvt_status_t st, const char *why)
+static void topo_error(kvtc__topo_t *t, kvt_status_t st, const char *why)
 {
     t->err = st;
     snprintf(t->why, sizeof(t->why), "%s", why);
-    t->t_retry = kvt__conn_now_ms() + t->backoff_ms;
+    t->t_retry = kvtc__conn_now_ms() + t->backoff_ms;
     if (t->backoff_ms < 1000)
         t->backoff_ms *= 2;
 }
 
 /* Fetch the sizes (the lock released). */
-static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
+static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvtc__topo_t *t)
 {
-    char server[KVT__NAME_MAX], why[KVT__WHY_MAX] = "";
+    char server[KVTC__NAME_MAX], why[KVTC__WHY_MAX] = "";
     uint32_t tp = 0, dp = 0;
     kvt_status_t st = KVT_ERR_NOT_SUPPORTED;
 
-    t->state = KVT__TOPO_FETCHING;
+    t->state = KVTC__TOPO_FETCHING;
     snprintf(server, sizeof(server), "%s", t->server);
     pthread_mutex_unlock(&c->lock);
     if (bc != NULL)
@@ -280,7 +281,7 @@ static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
                  "libcurl and json-c");
     pthread_mutex_lock(&c->lock);
     if (st == KVT_OK) {
-        char(*names)[KVT__NAME_MAX] = calloc(tp, sizeof(*names));
+        char(*names)[KVTC__NAME_MAX] = calloc(tp, sizeof(*names));
         uint8_t *need = calloc(tp, 1);
         if (names == NULL || need == NULL) {
             free(names);
@@ -294,26 +295,26 @@ static void topo_fetch_sizes(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
             t->need = need;
             t->tp_total = tp;
             t->dp = dp;
-            t->state = KVT__TOPO_OK;
+            t->state = KVTC__TOPO_OK;
             t->backoff_ms = 50;
             t->t_retry = 0;
             t->why[0] = '\0';
             return;
         }
     }
-    t->state = KVT__TOPO_ERR;
+    t->state = KVTC__TOPO_ERR;
     topo_error(t, st, why);
 }
 
 /* Look up the ranks rooms need (the lock released during each). */
-static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
+static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvtc__topo_t *t)
 {
     uint32_t P = t->tp_total / t->dp;
 
     t->fetching = 1;
-    for (uint32_t i = 0; i < t->tp_total && t->state == KVT__TOPO_OK; i++) {
-        char server[KVT__NAME_MAX], name[KVT__NAME_MAX];
-        char why[KVT__WHY_MAX] = "";
+    for (uint32_t i = 0; i < t->tp_total && t->state == KVTC__TOPO_OK; i++) {
+        char server[KVTC__NAME_MAX], name[KVTC__NAME_MAX];
+        char why[KVTC__WHY_MAX] = "";
         kvt_status_t st;
         if (!t->need[i] || t->names[i][0] != '\0')
             continue;
@@ -322,7 +323,7 @@ static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
         st = kvt_bootc_route(bc, server, i % P, i / P, name, sizeof(name),
                              HTTP_TIMEOUT_MS, why, sizeof(why));
         pthread_mutex_lock(&c->lock);
-        if (t->state != KVT__TOPO_OK)
+        if (t->state != KVTC__TOPO_OK)
             break;
         if (st != KVT_OK) {
             topo_error(t, st, why);
@@ -336,9 +337,9 @@ static void topo_fetch_ranks(kvt_conn_h c, kvt_bootc_h bc, kvt__topo_t *t)
     t->fetching = 0;
 }
 
-static int topo_wants_ranks(const kvt__topo_t *t, uint64_t now)
+static int topo_wants_ranks(const kvtc__topo_t *t, uint64_t now)
 {
-    if (t->state != KVT__TOPO_OK || t->fetching || now < t->t_retry)
+    if (t->state != KVTC__TOPO_OK || t->fetching || now < t->t_retry)
         return 0;
     for (uint32_t i = 0; i < t->tp_total; i++)
         if (t->need[i] && t->names[i][0] == '\0')
@@ -371,69 +372,69 @@ static void *slow_main(void *arg)
 {
     kvt_conn_h c = arg;
     kvt_bootc_h bc = NULL;
-    char why[KVT__WHY_MAX];
+    char why[KVTC__WHY_MAX];
 
     pthread_setname_np(pthread_self(), "kvt-conn-slow");
     if (kvt_bootc_create(&bc) != KVT_OK)
         bc = NULL;
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        uint64_t now = kvt__conn_now_ms();
-        kvt__topo_t *t;
-        kvt__sess_t *s;
+        uint64_t now = kvtc__conn_now_ms();
+        kvtc__topo_t *t;
+        kvtc__sess_t *s;
 
         if (c->t_register != 0 && now >= c->t_register) {
             int ok;
             pthread_mutex_unlock(&c->lock);
             ok = slow_register(c, bc, why, sizeof(why)) == 0;
             if (!ok)
-                KVT_LOG_W("connector: refreshing the bootstrap "
-                          "registration: %s",
-                          why);
+                KVTC__LOG_W("connector: refreshing the bootstrap "
+                            "registration: %s",
+                            why);
             pthread_mutex_lock(&c->lock);
             c->t_register =
-                kvt__conn_now_ms() + (ok ? c->ttl_s * 1000ull / 3 : 1000ull);
+                kvtc__conn_now_ms() + (ok ? c->ttl_s * 1000ull / 3 : 1000ull);
             continue;
         }
         for (t = c->topos; t != NULL; t = t->next)
-            if (t->state == KVT__TOPO_NONE ||
-                (t->state == KVT__TOPO_ERR && now >= t->t_retry) ||
+            if (t->state == KVTC__TOPO_NONE ||
+                (t->state == KVTC__TOPO_ERR && now >= t->t_retry) ||
                 topo_wants_ranks(t, now))
                 break;
         if (t != NULL) {
-            if (t->state == KVT__TOPO_OK)
+            if (t->state == KVTC__TOPO_OK)
                 topo_fetch_ranks(c, bc, t);
             else
                 topo_fetch_sizes(c, bc, t);
-            kvt__conn_wake(c);
+            kvtc__conn_wake(c);
             continue;
         }
         for (s = c->sessions; s != NULL; s = s->next)
-            if (s->state == KVT__SESS_NEW)
+            if (s->state == KVTC__SESS_NEW)
                 break;
         if (s != NULL) {
-            char name[KVT__NAME_MAX];
+            char name[KVTC__NAME_MAX];
             kvt_segment_t seg = 0;
             kvt_status_t st;
 
-            s->state = KVT__SESS_OPENING;
-            kvt__sess_ref(s);
+            s->state = KVTC__SESS_OPENING;
+            kvtc__sess_ref(s);
             snprintf(name, sizeof(name), "%s", s->name);
             pthread_mutex_unlock(&c->lock);
             st = kvt_segment_open(c->engine, name, &seg);
             pthread_mutex_lock(&c->lock);
-            if (s->state == KVT__SESS_OPENING) {
+            if (s->state == KVTC__SESS_OPENING) {
                 if (st == KVT_OK) {
                     s->seg = seg;
-                    s->state = KVT__SESS_OPENED;
-                    s->t_state = kvt__conn_now_ms();
+                    s->state = KVTC__SESS_OPENED;
+                    s->t_state = kvtc__conn_now_ms();
                 } else {
-                    kvt__sess_kill(c, s, st, "cannot reach %s: %s", name,
-                                   kvt_status_str(st));
+                    kvtc__sess_kill(c, s, st, "cannot reach %s: %s", name,
+                                    kvt_status_str(st));
                 }
             }
-            kvt__sess_unref(s);
-            kvt__conn_wake(c);
+            kvtc__sess_unref(s);
+            kvtc__conn_wake(c);
             continue;
         }
         timed_wait(&c->slow_cv, &c->lock, 50000000ull);
@@ -459,7 +460,7 @@ static void *rx_main(void *arg)
 
     pthread_setname_np(pthread_self(), "kvt-conn-rx");
     if (buf == NULL) {
-        KVT_LOG_E("connector: no memory for the notification thread");
+        KVTC__LOG_E("connector: no memory for the notification thread");
         return NULL;
     }
     while (!stop) {
@@ -470,11 +471,11 @@ static void *rx_main(void *arg)
         pthread_mutex_lock(&c->lock);
         for (size_t i = 0; i < n; i++) {
             buf[i].from[sizeof(buf[i].from) - 1] = '\0';
-            kvt__rx_dispatch(c, buf[i].from, (const uint8_t *)buf[i].data,
-                             buf[i].length);
+            kvtc__rx_dispatch(c, buf[i].from, (const uint8_t *)buf[i].data,
+                              buf[i].length);
         }
         if (n > 0) {
-            kvt__conn_wake(c);
+            kvtc__conn_wake(c);
             pthread_cond_broadcast(&c->changed);
         }
         stop = c->stop;
@@ -488,35 +489,35 @@ static void *rx_main(void *arg)
 
 static void expire_misc(kvt_conn_h c, uint64_t now)
 {
-    for (kvt__orphan_t **pp = &c->orphans; *pp != NULL;) {
-        kvt__orphan_t *o = *pp;
-        if (kvt__since(now, o->t) > c->waiting_ms ||
-            o->sess->state == KVT__SESS_DEAD) {
-            if (o->sess->state != KVT__SESS_DEAD)
-                kvt__ctrl_status(c, o->sess, KVT__CM_NAK, o->room, 0, 0,
-                                 KVT_ERR_TIMEDOUT,
-                                 "no prefill request for this room "
-                                 "arrived in time");
+    for (kvtc__orphan_t **pp = &c->orphans; *pp != NULL;) {
+        kvtc__orphan_t *o = *pp;
+        if (kvtc__since(now, o->t) > c->waiting_ms ||
+            o->sess->state == KVTC__SESS_DEAD) {
+            if (o->sess->state != KVTC__SESS_DEAD)
+                kvtc__ctrl_status(c, o->sess, KVTC__CM_NAK, o->room, 0, 0,
+                                  KVT_ERR_TIMEDOUT,
+                                  "no prefill request for this room "
+                                  "arrived in time");
             *pp = o->next;
-            kvt__room_msg_clear(&o->req);
-            kvt__sess_unref(o->sess);
+            kvtc__room_msg_clear(&o->req);
+            kvtc__sess_unref(o->sess);
             free(o);
             continue;
         }
         pp = &o->next;
     }
-    for (kvt__tomb_t **pp = &c->tombs; *pp != NULL;) {
-        kvt__tomb_t *t = *pp;
-        if (kvt__since(now, t->t) > c->bootstrap_ms) {
+    for (kvtc__tomb_t **pp = &c->tombs; *pp != NULL;) {
+        kvtc__tomb_t *t = *pp;
+        if (kvtc__since(now, t->t) > c->bootstrap_ms) {
             *pp = t->next;
             free(t);
             continue;
         }
         pp = &t->next;
     }
-    for (kvt__reasm_t **pp = &c->reasm; *pp != NULL;) {
-        kvt__reasm_t *r = *pp;
-        if (kvt__since(now, r->t) > c->peer_ms) {
+    for (kvtc__reasm_t **pp = &c->reasm; *pp != NULL;) {
+        kvtc__reasm_t *r = *pp;
+        if (kvtc__since(now, r->t) > c->peer_ms) {
             *pp = r->next;
             c->reasm_bytes -= r->total;
             free(r->buf);
@@ -530,7 +531,7 @@ static void expire_misc(kvt_conn_h c, uint64_t now)
 /*
  * One round: control messages and sessions, then every room (submit,
  * poll, complete, fail), then timers. Rounds run back to back while
- * anything asks for one (kvt__conn_wake) or a batch completes
+ * anything asks for one (kvtc__conn_wake) or a batch completes
  * (batch_idle), and otherwise every BUSY_POLL_NS while batches are in
  * flight (timeouts) and every IDLE_POLL_NS when none is.
  */
@@ -541,25 +542,25 @@ static void *worker_main(void *arg)
     pthread_setname_np(pthread_self(), "kvt-conn-w");
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        uint64_t now = kvt__conn_now_ms();
+        uint64_t now = kvtc__conn_now_ms();
         uint32_t kicks = atomic_load(&c->kicks);
         int busy;
 
         c->work = 0;
-        busy = kvt__sess_tick(c, now);
+        busy = kvtc__sess_tick(c, now);
         /* Every room's submissions queued before the engine's workers
          * wake (kvt_submit_plug()). */
         kvt_submit_plug();
         for (struct kvt_room *r = c->rooms; r != NULL; r = r->next) {
             if (r->role == KVT_ROLE_PREFILL)
-                busy |= kvt__prefill_tick(c, r, now);
+                busy |= kvtc__prefill_tick(c, r, now);
             else
-                busy |= kvt__decode_tick(c, r, now);
+                busy |= kvtc__decode_tick(c, r, now);
         }
         kvt_submit_unplug();
-        kvt__rooms_tick(c, now);
+        kvtc__rooms_tick(c, now);
         expire_misc(c, now);
-        busy |= kvt__sess_tick(c, now);
+        busy |= kvtc__sess_tick(c, now);
         if (c->work || atomic_load(&c->kicks) != kicks)
             continue;
         timed_wait(&c->wake, &c->lock, busy ? BUSY_POLL_NS : IDLE_POLL_NS);
@@ -572,7 +573,7 @@ static void *worker_main(void *arg)
 
 static int range_cmp(const void *a, const void *b)
 {
-    const kvt__range_t *x = a, *y = b;
+    const kvtc__range_t *x = a, *y = b;
     return x->base < y->base ? -1 : x->base > y->base;
 }
 
@@ -584,18 +585,18 @@ static int range_cmp(const void *a, const void *b)
 static kvt_status_t register_memory(kvt_conn_h c)
 {
     size_t n = c->lay.ncaches + c->lay.naux, m = 0, done = 0;
-    kvt__range_t *r = malloc(n * sizeof(*r));
+    kvtc__range_t *r = malloc(n * sizeof(*r));
     uint32_t access = c->role == KVT_ROLE_DECODE ? KVT_ACCESS_REMOTE_WRITE : 0;
     kvt_status_t st = KVT_ERR_NO_MEMORY;
 
     if (r == NULL)
         goto err;
     for (uint32_t i = 0; i < c->lay.ncaches; i++)
-        r[i] = (kvt__range_t){c->lay.caches[i].base,
-                              c->lay.caches[i].block_bytes *
-                                  c->lay.caches[i].num_blocks};
+        r[i] = (kvtc__range_t){c->lay.caches[i].base,
+                               c->lay.caches[i].block_bytes *
+                                   c->lay.caches[i].num_blocks};
     for (uint32_t i = 0; i < c->lay.naux; i++)
-        r[c->lay.ncaches + i] = (kvt__range_t){
+        r[c->lay.ncaches + i] = (kvtc__range_t){
             c->lay.aux[i].base, c->lay.aux[i].item_bytes * c->lay.aux[i].count};
     qsort(r, n, sizeof(*r), range_cmp);
     for (size_t i = 0; i < n; i++) {
@@ -611,12 +612,12 @@ static kvt_status_t register_memory(kvt_conn_h c)
         st = kvt_mem_register(c->engine, (void *)(uintptr_t)r[done].base,
                               r[done].len, access);
         if (st != KVT_OK) {
-            KVT_LOG_E("connector: registering %#" PRIx64 "+%" PRIu64 ": %s%s",
-                      r[done].base, r[done].len, kvt_status_str(st),
-                      st == KVT_ERR_EXISTS
-                          ? " (the memory is registered already: pass "
-                            "KVT_CONN_NO_REGISTER)"
-                          : "");
+            KVTC__LOG_E("connector: registering %#" PRIx64 "+%" PRIu64 ": %s%s",
+                        r[done].base, r[done].len, kvt_status_str(st),
+                        st == KVT_ERR_EXISTS
+                            ? " (the memory is registered already: pass "
+                              "KVT_CONN_NO_REGISTER)"
+                            : "");
             goto err_unregister;
         }
     }
@@ -647,13 +648,13 @@ static void unregister_memory(kvt_conn_h c)
 
 static kvt_status_t bad(const char *what)
 {
-    KVT_LOG_E("connector: %s", what);
+    KVTC__LOG_E("connector: %s", what);
     return KVT_ERR_INVALID_PARAM;
 }
 
 static kvt_status_t apply_params(kvt_conn_h c, const kvt_conn_params_t *p)
 {
-    char why[KVT__WHY_MAX];
+    char why[KVTC__WHY_MAX];
     kvt_status_t st;
 
     if (p == NULL)
@@ -722,9 +723,9 @@ static kvt_status_t apply_params(kvt_conn_h c, const kvt_conn_params_t *p)
         return bad("a prefill connector needs bootstrap_addr");
     if (!P_HAS(p, KVT_CONN_PARAM_LAYOUT))
         return bad("a layout is required");
-    st = kvt__layout_from_public(&c->lay, p->layout, why, sizeof(why));
+    st = kvtc__layout_from_public(&c->lay, p->layout, why, sizeof(why));
     if (st != KVT_OK) {
-        KVT_LOG_E("connector: invalid layout: %s", why);
+        KVTC__LOG_E("connector: invalid layout: %s", why);
         return st;
     }
     return KVT_OK;
@@ -759,7 +760,7 @@ static kvt_status_t own_address(kvt_conn_h c)
 
 static void conn_free(kvt_conn_h c)
 {
-    kvt__layout_clear(&c->lay);
+    kvtc__layout_clear(&c->lay);
     free(c->steps);
     free(c->descs);
     pthread_mutex_destroy(&c->lock);
@@ -774,7 +775,7 @@ static kvt_status_t start_thread(kvt_conn_h c, pthread_t *tid,
 {
     int rc = pthread_create(tid, NULL, fn, c);
     if (rc != 0) {
-        KVT_LOG_E("connector: pthread_create: %s", strerror(rc));
+        KVTC__LOG_E("connector: pthread_create: %s", strerror(rc));
         return KVT_ERR_NO_MEMORY;
     }
     c->threads++;
@@ -821,7 +822,7 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
     c->rng |= 1;
     /* Message ids start at random, so that fragments of a peer's earlier
      * incarnation cannot be mistaken for this one's. */
-    c->next_msg_id = kvt__conn_random(c);
+    c->next_msg_id = kvtc__conn_random(c);
     st = apply_params(c, params);
     if (st != KVT_OK)
         goto err_free;
@@ -835,7 +836,7 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
     }
     if (c->role == KVT_ROLE_PREFILL) {
         kvt_bootc_h bc = NULL;
-        char why[KVT__WHY_MAX] = "";
+        char why[KVTC__WHY_MAX] = "";
         st = kvt_bootc_create(&bc);
         if (st == KVT_OK)
             st = kvt_bootc_register(
@@ -844,24 +845,24 @@ kvt_status_t kvt_conn_create(const kvt_conn_params_t *params,
                 REGISTER_TIMEOUT_MS, why, sizeof(why));
         kvt_bootc_destroy(bc);
         if (st != KVT_OK) {
-            KVT_LOG_E("connector: prefill rank %u could not register: %s",
-                      c->tp_rank,
-                      why[0] ? why : "built without libcurl and json-c");
+            KVTC__LOG_E("connector: prefill rank %u could not register: %s",
+                        c->tp_rank,
+                        why[0] ? why : "built without libcurl and json-c");
             goto err_unregister;
         }
         if (c->ttl_s > 0)
-            c->t_register = kvt__conn_now_ms() + c->ttl_s * 1000ull / 3;
+            c->t_register = kvtc__conn_now_ms() + c->ttl_s * 1000ull / 3;
     }
     if ((st = start_thread(c, &c->rx_tid, rx_main)) != KVT_OK ||
         (st = start_thread(c, &c->worker_tid, worker_main)) != KVT_OK ||
         (st = start_thread(c, &c->slow_tid, slow_main)) != KVT_OK)
         goto err_threads;
-    KVT_LOG_I("connector: %s rank %u/%u (dp %u/%u) on %s, %u layers",
-              kvt__role_str(c->role), c->tp_rank, c->tp_size, c->dp_rank,
-              c->dp_size, c->seg_name, c->lay.nlayers);
+    KVTC__LOG_I("connector: %s rank %u/%u (dp %u/%u) on %s, %u layers",
+                kvtc__role_str(c->role), c->tp_rank, c->tp_size, c->dp_rank,
+                c->dp_size, c->seg_name, c->lay.nlayers);
     /* Served by the process's /metrics listener, if one runs (a failure
      * only leaves the connector out of it). */
-    kvt_metrics_source_add(c, kvt__conn_metrics_text);
+    kvt_metrics_source_add(c, kvtc__conn_metrics_text);
     *conn_p = c;
     return KVT_OK;
 
@@ -884,7 +885,7 @@ err_free:
 static int all_final(kvt_conn_h c)
 {
     for (struct kvt_room *r = c->rooms; r != NULL; r = r->next)
-        if (!kvt__room_is_final(r))
+        if (!kvtc__room_is_final(r))
             return 0;
     return 1;
 }
@@ -913,14 +914,14 @@ void kvt_conn_destroy(kvt_conn_h c)
     pthread_mutex_lock(&c->lock);
     c->t_register = 0;
     for (struct kvt_room *r = c->rooms; r != NULL; r = r->next)
-        if (!kvt__room_is_final(r))
-            kvt__room_fail(r, KVT_ERR_CANCELED,
-                           "the %s connector was "
-                           "destroyed",
-                           kvt__role_str(c->role));
-    kvt__conn_wake(c);
-    deadline = kvt__conn_now_ms() + 2 * c->peer_ms + 1000;
-    while (!all_final(c) && kvt__conn_now_ms() < deadline)
+        if (!kvtc__room_is_final(r))
+            kvtc__room_fail(r, KVT_ERR_CANCELED,
+                            "the %s connector was "
+                            "destroyed",
+                            kvtc__role_str(c->role));
+    kvtc__conn_wake(c);
+    deadline = kvtc__conn_now_ms() + 2 * c->peer_ms + 1000;
+    while (!all_final(c) && kvtc__conn_now_ms() < deadline)
         timed_wait(&c->changed, &c->lock, 20000000ull);
     pthread_mutex_unlock(&c->lock);
     stop_threads(c);
@@ -928,42 +929,42 @@ void kvt_conn_destroy(kvt_conn_h c)
     while (c->rooms != NULL) {
         struct kvt_room *r = c->rooms;
         c->rooms = r->next;
-        kvt__room_free(c, r);
+        kvtc__room_free(c, r);
     }
     while (c->ctrls != NULL) {
-        kvt__ctrl_t *m = c->ctrls;
+        kvtc__ctrl_t *m = c->ctrls;
         c->ctrls = m->next;
-        kvt__conn_batch_forget(m->batch);
+        kvtc__conn_batch_forget(m->batch);
         if (kvt_batch_wait(m->batch, 0) != KVT_INPROGRESS)
             kvt_batch_free(m->batch);
-        kvt__sess_unref(m->sess);
+        kvtc__sess_unref(m->sess);
         free(m);
     }
     while (c->orphans != NULL) {
-        kvt__orphan_t *o = c->orphans;
+        kvtc__orphan_t *o = c->orphans;
         c->orphans = o->next;
-        kvt__room_msg_clear(&o->req);
-        kvt__sess_unref(o->sess);
+        kvtc__room_msg_clear(&o->req);
+        kvtc__sess_unref(o->sess);
         free(o);
     }
     while (c->replies != NULL) {
-        kvt__reply_t *q = c->replies;
+        kvtc__reply_t *q = c->replies;
         c->replies = q->next;
-        kvt__sess_unref(q->sess);
+        kvtc__sess_unref(q->sess);
         free(q);
     }
     while (c->tombs != NULL) {
-        kvt__tomb_t *t = c->tombs;
+        kvtc__tomb_t *t = c->tombs;
         c->tombs = t->next;
         free(t);
     }
     while (c->reasm != NULL) {
-        kvt__reasm_t *r = c->reasm;
+        kvtc__reasm_t *r = c->reasm;
         c->reasm = r->next;
         free(r->buf);
         free(r);
     }
-    kvt__sess_free_all(c);
+    kvtc__sess_free_all(c);
     topo_free_all(c);
     unregister_memory(c);
     conn_free(c);

@@ -24,6 +24,11 @@
  * announced has acknowledged an abort (or finished, or died); on decode
  * every prefill rank it announced to has finished, aborted or
  * acknowledged an abort (or died).
+ *
+ * The connector's objects go into libkvt beside the core's, so its
+ * internal names have a prefix of their own: kvtc__ for types and
+ * functions, KVTC__ for macros and constants. No kvtc__ name can meet a
+ * kvt__ name of the core, the control plane or a transport.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,47 +44,47 @@
 #include "msg.h"
 
 /* The library's log (kvt/log.h): the connector uses the public calls. */
-#define KVT__CLOG(level, ...)                                                  \
+#define KVTC__LOG(level, ...)                                                  \
     do {                                                                       \
         if (kvt_log_enabled(level))                                            \
             kvt_log_printf(level, __FILE__, __LINE__, __VA_ARGS__);            \
     } while (0)
-#define KVT_LOG_E(...) KVT__CLOG(KVT_LOG_LEVEL_ERROR, __VA_ARGS__)
-#define KVT_LOG_W(...) KVT__CLOG(KVT_LOG_LEVEL_WARN, __VA_ARGS__)
-#define KVT_LOG_I(...) KVT__CLOG(KVT_LOG_LEVEL_INFO, __VA_ARGS__)
-#define KVT_LOG_D(...) KVT__CLOG(KVT_LOG_LEVEL_DEBUG, __VA_ARGS__)
+#define KVTC__LOG_E(...) KVTC__LOG(KVT_LOG_LEVEL_ERROR, __VA_ARGS__)
+#define KVTC__LOG_W(...) KVTC__LOG(KVT_LOG_LEVEL_WARN, __VA_ARGS__)
+#define KVTC__LOG_I(...) KVTC__LOG(KVT_LOG_LEVEL_INFO, __VA_ARGS__)
+#define KVTC__LOG_D(...) KVTC__LOG(KVT_LOG_LEVEL_DEBUG, __VA_ARGS__)
 
-#define KVT__NAME_MAX 128
-#define KVT__WHY_MAX 256
+#define KVTC__NAME_MAX 128
+#define KVTC__WHY_MAX 256
 
-typedef struct kvt__sess kvt__sess_t;
+typedef struct kvtc__sess kvtc__sess_t;
 
 /* ---- Sessions: one per peer rank, a handshake each ------------------- */
 
 enum {
-    KVT__SESS_NEW = 0, /* waiting for the slow thread to open it */
-    KVT__SESS_OPENING, /* the slow thread is opening the segment */
-    KVT__SESS_OPENED,  /* segment open; the worker sends HELLO/HELLO_ACK */
-    KVT__SESS_HELLO,   /* decode: HELLO sent, waiting for HELLO_ACK */
-    KVT__SESS_ALIVE,   /* rooms may use it */
-    KVT__SESS_DEAD,    /* refuses rooms; freed when unreferenced */
+    KVTC__SESS_NEW = 0, /* waiting for the slow thread to open it */
+    KVTC__SESS_OPENING, /* the slow thread is opening the segment */
+    KVTC__SESS_OPENED,  /* segment open; the worker sends HELLO/HELLO_ACK */
+    KVTC__SESS_HELLO,   /* decode: HELLO sent, waiting for HELLO_ACK */
+    KVTC__SESS_ALIVE,   /* rooms may use it */
+    KVTC__SESS_DEAD,    /* refuses rooms; freed when unreferenced */
 };
 
-struct kvt__sess {
-    kvt__sess_t *next;
-    char name[KVT__NAME_MAX]; /* the peer's segment name */
+struct kvtc__sess {
+    kvtc__sess_t *next;
+    char name[KVTC__NAME_MAX]; /* the peer's segment name */
     int state;
     uint64_t id; /* chosen by decode, one per handshake */
     kvt_segment_t seg;
     unsigned refs; /* peers, orphans, control messages in flight */
     uint64_t t_state;
     kvt_status_t err;
-    char why[KVT__WHY_MAX];
-    kvt__hello_t peer; /* the peer's ranks and sizes */
+    char why[KVTC__WHY_MAX];
+    kvtc__hello_t peer; /* the peer's ranks and sizes */
     /* Prefill: decode's layout, the verdict on it, the plan per cache. */
-    kvt__layout_t peer_lay;
+    kvtc__layout_t peer_lay;
     kvt_status_t verdict;
-    kvt__xplan_t *plan;
+    kvtc__xplan_t *plan;
     /* Liveness: a PING every heartbeat; the peer answers PONG while it
      * knows the session. */
     uint64_t t_ping, t_pong;
@@ -89,46 +94,46 @@ struct kvt__sess {
 /* ---- Rooms ------------------------------------------------------------- */
 
 enum {
-    KVT__PEER_WAIT = 0,     /* decode: not announced yet */
-    KVT__PEER_ANNOUNCING,   /* decode: ROOM in flight */
-    KVT__PEER_ACTIVE,       /* announced: data may move */
-    KVT__PEER_DONE_SENDING, /* prefill: DONE in flight */
-    KVT__PEER_DONE,         /* finished successfully */
-    KVT__PEER_ABORTING,     /* ABORT sent, waiting for ABORT_ACK */
-    KVT__PEER_QUIET,        /* will not move data any more */
+    KVTC__PEER_WAIT = 0,     /* decode: not announced yet */
+    KVTC__PEER_ANNOUNCING,   /* decode: ROOM in flight */
+    KVTC__PEER_ACTIVE,       /* announced: data may move */
+    KVTC__PEER_DONE_SENDING, /* prefill: DONE in flight */
+    KVTC__PEER_DONE,         /* finished successfully */
+    KVTC__PEER_ABORTING,     /* ABORT sent, waiting for ABORT_ACK */
+    KVTC__PEER_QUIET,        /* will not move data any more */
 };
 
 /* The other side of a room, per peer rank: on decode the prefill ranks
  * that write it (sources), on prefill the decode ranks it writes
  * (targets). */
 typedef struct {
-    kvt__sess_t *sess;
+    kvtc__sess_t *sess;
     uint32_t rank;  /* the peer's tp rank */
-    uint32_t flags; /* KVT__ROOM_DUMMY */
+    uint32_t flags; /* KVTC__ROOM_DUMMY */
     int st;
     int need_ack; /* the peer aborted: acknowledge once quiescent */
     int started;  /* prefill: STARTED sent; decode: STARTED seen */
     uint64_t t_abort;
-    kvt__room_msg_t req; /* prefill: what the decode rank asked for */
-} kvt__peer_t;
+    kvtc__room_msg_t req; /* prefill: what the decode rank asked for */
+} kvtc__peer_t;
 
 /* Prefill: a chunk of blocks given by send() or send_step(). */
-typedef struct kvt__chunk {
-    struct kvt__chunk *next;
+typedef struct kvtc__chunk {
+    struct kvtc__chunk *next;
     uint64_t step; /* 0: every layer ready */
     uint64_t offset;
     uint32_t n;
     int is_last;
     uint32_t covered; /* targets [0, covered) have a job for it */
     uint32_t *ids;
-} kvt__chunk_t;
+} kvtc__chunk_t;
 
 /* Prefill: the writes of one chunk to one target. */
-typedef struct kvt__job {
-    struct kvt__job *next;
-    kvt__chunk_t *chunk;
+typedef struct kvtc__job {
+    struct kvtc__job *next;
+    kvtc__chunk_t *chunk;
     uint32_t peer; /* index into room->peers */
-    kvt__run_t *runs;
+    kvtc__run_t *runs;
     size_t nruns;
     uint32_t next_layer; /* layers [0, next_layer) are submitted */
     int want_aux, aux_done, all_submitted;
@@ -136,7 +141,7 @@ typedef struct kvt__job {
     size_t cap;
     int final;
     kvt_status_t st;
-} kvt__job_t;
+} kvtc__job_t;
 
 struct kvt_room {
     kvt_conn_h conn;
@@ -146,7 +151,7 @@ struct kvt_room {
     int role;
     kvt_poll_t state;
     kvt_status_t error;
-    char reason[KVT__WHY_MAX];
+    char reason[KVTC__WHY_MAX];
     uint64_t t_created, t_state;
     uint64_t t_state_ns; /* kvt_room_info_t.changed_ns */
     int detached;
@@ -154,8 +159,8 @@ struct kvt_room {
     /* Failure decided, not final yet (waiting for quiescence). */
     int failing;
     kvt_status_t ferr;
-    char freason[KVT__WHY_MAX];
-    char wait_why[KVT__WHY_MAX]; /* what BOOTSTRAPPING waits for */
+    char freason[KVTC__WHY_MAX];
+    char wait_why[KVTC__WHY_MAX]; /* what BOOTSTRAPPING waits for */
     /* init() */
     int inited;
     uint64_t num_blocks;  /* prefill */
@@ -163,17 +168,17 @@ struct kvt_room {
     uint32_t *ids;        /* decode */
     uint64_t nids;
     uint64_t *aux; /* layout naux slots (UINT64_MAX: none), or NULL */
-    kvt__peer_t *peers;
+    kvtc__peer_t *peers;
     uint32_t npeers, cap_peers;
     uint32_t nexpect; /* peers expected; 0 while unknown */
     /* Prefill. */
-    kvt__chunk_t *chunks, **chunk_tail;
+    kvtc__chunk_t *chunks, **chunk_tail;
     uint64_t next_block;
     int got_last;
     uint64_t t_last_ns; /* when the last blocks were handed over (prefill) */
-    kvt__job_t *jobs;
+    kvtc__job_t *jobs;
     /* Decode. */
-    char server[KVT__NAME_MAX];
+    char server[KVTC__NAME_MAX];
     int64_t group;
     int resolved;
 };
@@ -181,89 +186,89 @@ struct kvt_room {
 /* ---- Prefill topology as decode learns it -------------------------- */
 
 enum {
-    KVT__TOPO_NONE = 0, /* sizes to fetch */
-    KVT__TOPO_FETCHING,
-    KVT__TOPO_OK,  /* sizes known; ranks fetched as rooms need them */
-    KVT__TOPO_ERR, /* sizes unknown; retry at t_retry */
+    KVTC__TOPO_NONE = 0, /* sizes to fetch */
+    KVTC__TOPO_FETCHING,
+    KVTC__TOPO_OK,  /* sizes known; ranks fetched as rooms need them */
+    KVTC__TOPO_ERR, /* sizes unknown; retry at t_retry */
 };
 
 /* What decode knows of one prefill instance (one bootstrap server): its
  * sizes, and the addresses of the ranks rooms needed so far, each looked
  * up when first needed (ranks that finished may have withdrawn). */
-typedef struct kvt__topo {
-    struct kvt__topo *next;
-    char server[KVT__NAME_MAX];
+typedef struct kvtc__topo {
+    struct kvtc__topo *next;
+    char server[KVTC__NAME_MAX];
     int state;
     uint32_t tp_total, dp;
-    char (*names)[KVT__NAME_MAX]; /* [group * tp + rank]; "" unknown */
-    uint8_t *need;                /* a room waits for this rank */
-    int fetching;                 /* the slow thread looks ranks up */
+    char (*names)[KVTC__NAME_MAX]; /* [group * tp + rank]; "" unknown */
+    uint8_t *need;                 /* a room waits for this rank */
+    int fetching;                  /* the slow thread looks ranks up */
     kvt_status_t err;
-    char why[KVT__WHY_MAX];
+    char why[KVTC__WHY_MAX];
     uint64_t t_retry, backoff_ms;
-} kvt__topo_t;
+} kvtc__topo_t;
 
 /* ---- Control messages in flight ------------------------------------ */
 
-typedef struct kvt__ctrl {
-    struct kvt__ctrl *next;
-    kvt__sess_t *sess;
+typedef struct kvtc__ctrl {
+    struct kvtc__ctrl *next;
+    kvtc__sess_t *sess;
     kvt_batch_h batch;
     uint8_t type;
     uint64_t room, serial; /* for ROOM and DONE completions */
     uint32_t peer;
     uint64_t t_sent;
-} kvt__ctrl_t;
+} kvtc__ctrl_t;
 
 /* Prefill: a ROOM for a room no sender was created for yet. */
-typedef struct kvt__orphan {
-    struct kvt__orphan *next;
-    kvt__sess_t *sess;
+typedef struct kvtc__orphan {
+    struct kvtc__orphan *next;
+    kvtc__sess_t *sess;
     uint64_t room, t;
-    kvt__room_msg_t req;
-} kvt__orphan_t;
+    kvtc__room_msg_t req;
+} kvtc__orphan_t;
 
 /* Prefill: a room decode aborted before the sender existed (aborted: a
  * sender created later fails at once), or a failed room already freed
  * (late announcements are refused). */
-typedef struct kvt__tomb {
-    struct kvt__tomb *next;
+typedef struct kvtc__tomb {
+    struct kvtc__tomb *next;
     uint64_t room, t;
     int aborted;
-    char why[KVT__WHY_MAX];
-} kvt__tomb_t;
+    char why[KVTC__WHY_MAX];
+} kvtc__tomb_t;
 
 /* An ABORT_ACK or NAK owed for a room this side does not know. */
-typedef struct kvt__reply {
-    struct kvt__reply *next;
-    kvt__sess_t *sess;
+typedef struct kvtc__reply {
+    struct kvtc__reply *next;
+    kvtc__sess_t *sess;
     uint8_t type;
     uint64_t room;
     int32_t status;
-    char why[KVT__WHY_MAX];
-} kvt__reply_t;
+    char why[KVTC__WHY_MAX];
+} kvtc__reply_t;
 
 /* A message being reassembled from FRAG pieces. */
-typedef struct kvt__reasm {
-    struct kvt__reasm *next;
-    char from[KVT__NAME_MAX];
+typedef struct kvtc__reasm {
+    struct kvtc__reasm *next;
+    char from[KVTC__NAME_MAX];
     uint64_t msg_id, t;
     uint32_t total, got;
     uint8_t *buf;
-} kvt__reasm_t;
+} kvtc__reasm_t;
 
 /* A forward step (layer-wise streaming). */
 typedef struct {
     uint64_t id;
     uint32_t ready; /* layers [0, ready) are ready */
-} kvt__step_t;
+} kvtc__step_t;
 
 /* A memory range the connector registered. */
 typedef struct {
     uint64_t base, len;
-} kvt__range_t;
+} kvtc__range_t;
 
-#define KVT__ROOM_HASH 1024
+#define KVTC__ROOM_HASH 1024
 
 /* The connector's metrics (kvt_conn_stats()): rooms by state now, rooms
  * that entered each state, the time rooms spent in each state they left,
@@ -272,19 +277,19 @@ typedef struct {
 typedef struct {
     _Atomic uint64_t rooms[5], entered[5], left[5], state_ns[5];
     _Atomic uint64_t tail[KVT_STATS_LATENCY_BUCKETS], tail_ns, tails;
-} kvt__conn_stats_t;
+} kvtc__conn_stats_t;
 
 struct kvt_conn {
-    kvt__conn_stats_t stats;
+    kvtc__conn_stats_t stats;
     kvt_engine_h engine;
     int role;
     uint32_t tp_rank, tp_size, dp_rank, dp_size;
-    kvt__layout_t lay;
+    kvtc__layout_t lay;
     uint64_t bootstrap_ms, waiting_ms, transfer_ms, heartbeat_ms, peer_ms;
     uint32_t submit_interval, flags, ttl_s;
-    char server[KVT__NAME_MAX];
-    char seg_name[KVT__NAME_MAX];
-    char host[KVT__NAME_MAX];
+    char server[KVTC__NAME_MAX];
+    char seg_name[KVTC__NAME_MAX];
+    char host[KVTC__NAME_MAX];
     uint16_t port;
 
     pthread_mutex_t lock;
@@ -300,23 +305,23 @@ struct kvt_conn {
     _Atomic uint32_t kicks;
 
     struct kvt_room *rooms;
-    struct kvt_room *hash[KVT__ROOM_HASH];
+    struct kvt_room *hash[KVTC__ROOM_HASH];
     uint64_t next_serial;
-    kvt__sess_t *sessions;
-    kvt__ctrl_t *ctrls;
-    kvt__topo_t *topos;
-    kvt__orphan_t *orphans;
-    kvt__tomb_t *tombs;
-    kvt__reply_t *replies;
-    kvt__reasm_t *reasm;
+    kvtc__sess_t *sessions;
+    kvtc__ctrl_t *ctrls;
+    kvtc__topo_t *topos;
+    kvtc__orphan_t *orphans;
+    kvtc__tomb_t *tombs;
+    kvtc__reply_t *replies;
+    kvtc__reasm_t *reasm;
     size_t reasm_bytes;
-    kvt__step_t *steps;
+    kvtc__step_t *steps;
     size_t nsteps, cap_steps;
     uint64_t next_step;
     uint64_t next_msg_id;
     uint64_t rng;
 
-    kvt__range_t *ranges;
+    kvtc__range_t *ranges;
     size_t nranges;
     uint64_t t_register; /* next registration refresh; 0: none */
 
@@ -327,115 +332,116 @@ struct kvt_conn {
 
 /* ---- conn.c ------------------------------------------------------------ */
 
-uint64_t kvt__conn_now_ms(void);
-uint64_t kvt__conn_now_ns(void); /* CLOCK_MONOTONIC */
+uint64_t kvtc__conn_now_ms(void);
+uint64_t kvtc__conn_now_ns(void); /* CLOCK_MONOTONIC */
 /* Milliseconds from @t to @now, 0 when @t is later (a round's @now is
  * taken before the events of the round). */
-static inline uint64_t kvt__since(uint64_t now, uint64_t t)
+static inline uint64_t kvtc__since(uint64_t now, uint64_t t)
 {
     return now > t ? now - t : 0;
 }
-uint64_t kvt__conn_random(kvt_conn_h c);
-void kvt__conn_wake(kvt_conn_h c);
+uint64_t kvtc__conn_random(kvt_conn_h c);
+void kvtc__conn_wake(kvt_conn_h c);
 
 /* Makes @batch (not yet submitted) wake the worker when it has nothing
- * pending, so that the worker need not poll it; kvt__conn_batch_forget()
+ * pending, so that the worker need not poll it; kvtc__conn_batch_forget()
  * undoes it before a batch is left in flight. */
-void kvt__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch);
-void kvt__conn_batch_forget(kvt_batch_h batch);
+void kvtc__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch);
+void kvtc__conn_batch_forget(kvt_batch_h batch);
 /* Layers ready of @step and whether its aux items are (0: always). */
-void kvt__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
-                     int *aux_p);
+void kvtc__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
+                      int *aux_p);
 /* Grow the descriptor scratch to @n; 0 or -1 (no memory). */
-int kvt__conn_descs(kvt_conn_h c, size_t n);
+int kvtc__conn_descs(kvt_conn_h c, size_t n);
 
 /* ---- room.c ------------------------------------------------------------ */
 
-struct kvt_room *kvt__room_find(kvt_conn_h c, uint64_t id);
+struct kvt_room *kvtc__room_find(kvt_conn_h c, uint64_t id);
 /* Enter a non-final state, with a reason; broadcasts. */
-void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
+void kvtc__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Decide that the room fails (first decision wins); it turns FAILED when
  * quiescent. */
-void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
+void kvtc__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Make the room FAILED or SUCCESS now (it must be quiescent). */
-void kvt__room_final(struct kvt_room *r, kvt_poll_t state);
-int kvt__room_is_final(const struct kvt_room *r);
-kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s);
+void kvtc__room_final(struct kvt_room *r, kvt_poll_t state);
+int kvtc__room_is_final(const struct kvt_room *r);
+kvtc__peer_t *kvtc__room_add_peer(struct kvt_room *r, kvtc__sess_t *s);
 /*
- * A failing room's abort, peer by peer (both roles): kvt__peer_abort_ack()
- * answers an abort the peer sent; kvt__peer_abort_start() tells a peer
- * that may still write (or expect writes) to stop; kvt__peer_abort_wait()
+ * A failing room's abort, peer by peer (both roles): kvtc__peer_abort_ack()
+ * answers an abort the peer sent; kvtc__peer_abort_start() tells a peer
+ * that may still write (or expect writes) to stop; kvtc__peer_abort_wait()
  * kills the session of a peer that has not acknowledged within the peer
  * timeout, and returns whether the peer is still aborting.
  */
-void kvt__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i);
-void kvt__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                           uint64_t now);
-int kvt__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                         uint64_t now);
+void kvtc__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i);
+void kvtc__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                            uint64_t now);
+int kvtc__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                          uint64_t now);
 /* The worker's timers and garbage collection for rooms. */
-void kvt__rooms_tick(kvt_conn_h c, uint64_t now);
-void kvt__room_free(kvt_conn_h c, struct kvt_room *r);
-const char *kvt__role_str(int role);
+void kvtc__rooms_tick(kvt_conn_h c, uint64_t now);
+void kvtc__room_free(kvt_conn_h c, struct kvt_room *r);
+const char *kvtc__role_str(int role);
 
 /* ---- sess.c ------------------------------------------------------------ */
 
-kvt__sess_t *kvt__sess_find(kvt_conn_h c, const char *name);
-kvt__sess_t *kvt__sess_new(kvt_conn_h c, const char *name);
-void kvt__sess_ref(kvt__sess_t *s);
-void kvt__sess_unref(kvt__sess_t *s);
+kvtc__sess_t *kvtc__sess_find(kvt_conn_h c, const char *name);
+kvtc__sess_t *kvtc__sess_new(kvt_conn_h c, const char *name);
+void kvtc__sess_ref(kvtc__sess_t *s);
+void kvtc__sess_unref(kvtc__sess_t *s);
 /* Mark dead: every room with a peer on it fails, its segment is closed. */
-void kvt__sess_kill(kvt_conn_h c, kvt__sess_t *s, kvt_status_t err,
-                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void kvtc__sess_kill(kvt_conn_h c, kvtc__sess_t *s, kvt_status_t err,
+                     const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /*
- * Send a finished message (kvt__cmb_finish done; the buffer is consumed)
+ * Send a finished message (kvtc__cmb_finish done; the buffer is consumed)
  * to @s, fragmenting it when needed. A failure to submit kills the
  * session. @room/@serial/@peer identify what a ROOM or DONE completes.
  */
-void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
-                    uint64_t serial, uint32_t peer);
+void kvtc__ctrl_send(kvt_conn_h c, kvtc__sess_t *s, kvtc__cmb_t *b,
+                     uint64_t room, uint64_t serial, uint32_t peer);
 /* Send a status message (NAK, ABORT, ABORT_ACK, HELLO_ACK). */
-void kvt__ctrl_status(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
-                      uint64_t serial, uint32_t peer, kvt_status_t st,
-                      const char *why);
+void kvtc__ctrl_status(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
+                       uint64_t room, uint64_t serial, uint32_t peer,
+                       kvt_status_t st, const char *why);
 /* Poll control messages and sessions (handshakes, pings, timeouts);
  * returns non-zero while something is in flight. */
-int kvt__sess_tick(kvt_conn_h c, uint64_t now);
+int kvtc__sess_tick(kvt_conn_h c, uint64_t now);
 /* The rx thread's handling of one notification. */
-void kvt__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
-                      size_t len);
-void kvt__sess_free_all(kvt_conn_h c);
+void kvtc__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
+                       size_t len);
+void kvtc__sess_free_all(kvt_conn_h c);
 /* Owe @s a status message (NAK, ABORT_ACK) for @room: sent by the
  * worker's next round. */
-void kvt__queue_reply(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
-                      kvt_status_t st, const char *why);
+void kvtc__queue_reply(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
+                       uint64_t room, kvt_status_t st, const char *why);
 
 /* ---- prefill.c --------------------------------------------------------- */
 
 /* A ROOM from @s: attach to the room, or keep as an orphan. */
-void kvt__prefill_on_room(kvt_conn_h c, kvt__sess_t *s, uint64_t room,
-                          kvt__room_msg_t *req);
-void kvt__prefill_adopt(kvt_conn_h c, struct kvt_room *r);
+void kvtc__prefill_on_room(kvt_conn_h c, kvtc__sess_t *s, uint64_t room,
+                           kvtc__room_msg_t *req);
+void kvtc__prefill_adopt(kvt_conn_h c, struct kvt_room *r);
 /* Check the targets against init(): fail the room on a mismatch. */
-void kvt__prefill_check(struct kvt_room *r);
+void kvtc__prefill_check(struct kvt_room *r);
 /* Submit, poll and complete; returns non-zero while writes are in
  * flight. */
-int kvt__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
-int kvt__prefill_quiescent(struct kvt_room *r);
-void kvt__job_free_all(struct kvt_room *r);
+int kvtc__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
+int kvtc__prefill_quiescent(struct kvt_room *r);
+void kvtc__job_free_all(struct kvt_room *r);
 
 /* ---- decode.c ---------------------------------------------------------- */
 
-int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
+int kvtc__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
 
 /* ---- the slow thread (conn.c) ------------------------------------------ */
 
-kvt__topo_t *kvt__topo_get(kvt_conn_h c, const char *server);
-void kvt__topo_forget(kvt_conn_h c, const char *name);
+kvtc__topo_t *kvtc__topo_get(kvt_conn_h c, const char *server);
+void kvtc__topo_forget(kvt_conn_h c, const char *name);
 
 /* stats.c: the connector's /metrics text (kvt_metrics_source_add()). */
-size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta);
+size_t kvtc__conn_metrics_text(void *owner, char *buf, size_t cap, int meta);
 
 #endif

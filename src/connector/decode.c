@@ -21,32 +21,32 @@
  */
 static void resolve(kvt_conn_h c, struct kvt_room *r)
 {
-    kvt__topo_t *t = kvt__topo_get(c, r->server);
+    kvtc__topo_t *t = kvtc__topo_get(c, r->server);
     uint32_t P, D = c->tp_size, d = c->tp_rank, k, first, n;
     uint64_t g;
 
     if (t == NULL) {
-        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+        kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
         return;
     }
     if (t->why[0] != '\0')
         snprintf(r->wait_why, sizeof(r->wait_why), "%s", t->why);
-    if (t->state != KVT__TOPO_OK)
+    if (t->state != KVTC__TOPO_OK)
         return;
     P = t->tp_total / t->dp;
     g = r->group >= 0 ? (uint64_t)r->group : r->id % t->dp;
     if (g >= t->dp) {
-        kvt__room_fail(r, KVT_ERR_INVALID_PARAM,
-                       "prefill dp group %" PRIu64 " does not exist (dp size "
-                       "%u)",
-                       g, t->dp);
+        kvtc__room_fail(r, KVT_ERR_INVALID_PARAM,
+                        "prefill dp group %" PRIu64 " does not exist (dp size "
+                        "%u)",
+                        g, t->dp);
         return;
     }
     if (P % D != 0 && D % P != 0) {
-        kvt__room_fail(r, KVT_ERR_INVALID_PARAM,
-                       "prefill tp %u and decode tp %u: one must divide the "
-                       "other",
-                       P, D);
+        kvtc__room_fail(r, KVT_ERR_INVALID_PARAM,
+                        "prefill tp %u and decode tp %u: one must divide the "
+                        "other",
+                        P, D);
         return;
     }
     k = P >= D ? P / D : D / P;
@@ -66,17 +66,17 @@ static void resolve(kvt_conn_h c, struct kvt_room *r)
     }
     for (uint32_t j = 0; j < n; j++) {
         const char *name = t->names[g * P + first + j];
-        kvt__sess_t *s = kvt__sess_find(c, name);
-        kvt__peer_t *p;
+        kvtc__sess_t *s = kvtc__sess_find(c, name);
+        kvtc__peer_t *p;
         if (s == NULL)
-            s = kvt__sess_new(c, name);
-        if (s == NULL || (p = kvt__room_add_peer(r, s)) == NULL) {
-            kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+            s = kvtc__sess_new(c, name);
+        if (s == NULL || (p = kvtc__room_add_peer(r, s)) == NULL) {
+            kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
             return;
         }
         p->rank = first + j;
-        p->flags = j > 0 ? KVT__ROOM_DUMMY : 0;
-        p->st = KVT__PEER_WAIT;
+        p->flags = j > 0 ? KVTC__ROOM_DUMMY : 0;
+        p->st = KVTC__PEER_WAIT;
     }
     r->nexpect = n;
     r->resolved = 1;
@@ -86,23 +86,23 @@ static void resolve(kvt_conn_h c, struct kvt_room *r)
 
 static void announce(kvt_conn_h c, struct kvt_room *r, uint32_t i)
 {
-    kvt__peer_t *p = &r->peers[i];
-    kvt__room_msg_t q;
-    uint64_t none[KVT__LAY_MAX_AUX];
-    kvt__cmb_t b;
+    kvtc__peer_t *p = &r->peers[i];
+    kvtc__room_msg_t q;
+    uint64_t none[KVTC__LAY_MAX_AUX];
+    kvtc__cmb_t b;
 
     for (uint32_t a = 0; a < c->lay.naux; a++)
         none[a] = r->aux ? r->aux[a] : UINT64_MAX;
-    q = (kvt__room_msg_t){c->tp_rank,  c->tp_size, p->flags, r->first_block,
-                          c->lay.naux, none,       r->nids,  r->ids};
-    p->st = KVT__PEER_ANNOUNCING;
-    kvt__cmb_init(&b, KVT__CM_ROOM, p->sess->id, r->id);
-    kvt__cm_room_encode(&b, &q);
-    if (kvt__cmb_finish(&b) != KVT_OK) {
-        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+    q = (kvtc__room_msg_t){c->tp_rank,  c->tp_size, p->flags, r->first_block,
+                           c->lay.naux, none,       r->nids,  r->ids};
+    p->st = KVTC__PEER_ANNOUNCING;
+    kvtc__cmb_init(&b, KVTC__CM_ROOM, p->sess->id, r->id);
+    kvtc__cm_room_encode(&b, &q);
+    if (kvtc__cmb_finish(&b) != KVT_OK) {
+        kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    kvt__ctrl_send(c, p->sess, &b, r->id, r->serial, i);
+    kvtc__ctrl_send(c, p->sess, &b, r->id, r->serial, i);
 }
 
 /*
@@ -115,44 +115,44 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
     int open = 0;
 
     for (uint32_t i = 0; i < r->npeers; i++) {
-        kvt__peer_t *p = &r->peers[i];
-        kvt__peer_abort_ack(c, r, i);
+        kvtc__peer_t *p = &r->peers[i];
+        kvtc__peer_abort_ack(c, r, i);
         /* A prefill rank not announced to yet is told too (its sender
          * may exist already), once its handshake ends; a dead one is
          * quiet. */
-        if (p->st == KVT__PEER_WAIT && p->sess->state == KVT__SESS_DEAD)
-            p->st = KVT__PEER_QUIET;
-        if (p->st == KVT__PEER_WAIT && p->sess->state != KVT__SESS_ALIVE) {
+        if (p->st == KVTC__PEER_WAIT && p->sess->state == KVTC__SESS_DEAD)
+            p->st = KVTC__PEER_QUIET;
+        if (p->st == KVTC__PEER_WAIT && p->sess->state != KVTC__SESS_ALIVE) {
             open = 1;
             continue;
         }
         switch (p->st) {
-        case KVT__PEER_DONE:
-            p->st = KVT__PEER_QUIET;
+        case KVTC__PEER_DONE:
+            p->st = KVTC__PEER_QUIET;
             break;
-        case KVT__PEER_WAIT:
-        case KVT__PEER_ANNOUNCING:
-        case KVT__PEER_ACTIVE:
-            kvt__peer_abort_start(c, r, i, now);
+        case KVTC__PEER_WAIT:
+        case KVTC__PEER_ANNOUNCING:
+        case KVTC__PEER_ACTIVE:
+            kvtc__peer_abort_start(c, r, i, now);
             open = 1;
             break;
-        case KVT__PEER_ABORTING:
-            open |= kvt__peer_abort_wait(c, r, i, now);
+        case KVTC__PEER_ABORTING:
+            open |= kvtc__peer_abort_wait(c, r, i, now);
             break;
         default:
             break;
         }
     }
     if (!open)
-        kvt__room_final(r, KVT_POLL_FAILED);
+        kvtc__room_final(r, KVT_POLL_FAILED);
     return 0;
 }
 
-int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
+int kvtc__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
 {
     int alive = 1;
 
-    if (kvt__room_is_final(r))
+    if (kvtc__room_is_final(r))
         return 0;
     if (r->failing)
         return fail_progress(c, r, now);
@@ -162,17 +162,17 @@ int kvt__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
             return 0;
     }
     for (uint32_t i = 0; i < r->npeers; i++)
-        alive &= r->peers[i].sess->state == KVT__SESS_ALIVE;
+        alive &= r->peers[i].sess->state == KVTC__SESS_ALIVE;
     if (!alive)
         return 0;
     if (r->state == KVT_POLL_BOOTSTRAPPING)
-        kvt__room_set(r, KVT_POLL_WAITING_FOR_INPUT,
-                      "bootstrapped with %u prefill rank(s)%s", r->npeers,
-                      r->inited ? "" : "; waiting for init()");
+        kvtc__room_set(r, KVT_POLL_WAITING_FOR_INPUT,
+                       "bootstrapped with %u prefill rank(s)%s", r->npeers,
+                       r->inited ? "" : "; waiting for init()");
     if (!r->inited)
         return 0;
     for (uint32_t i = 0; i < r->npeers && !r->failing; i++)
-        if (r->peers[i].st == KVT__PEER_WAIT)
+        if (r->peers[i].st == KVTC__PEER_WAIT)
             announce(c, r, i);
     return 0;
 }

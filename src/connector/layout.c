@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *kvt__kind_str(uint32_t kind)
+const char *kvtc__kind_str(uint32_t kind)
 {
     static const char *const names[] = {"K",       "V",       "LATENT",
                                         "K_SCALE", "V_SCALE", "LATENT_SCALE"};
@@ -35,7 +35,7 @@ static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 
 static int cache_cmp(const void *a, const void *b)
 {
-    const kvt__cache_t *x = a, *y = b;
+    const kvtc__cache_t *x = a, *y = b;
     if (x->layer != y->layer)
         return x->layer < y->layer ? -1 : 1;
     if (x->kind != y->kind)
@@ -44,7 +44,7 @@ static int cache_cmp(const void *a, const void *b)
 }
 
 /* Content bytes of one block of @c, or 0 on overflow. */
-static uint64_t content_bytes(const kvt__cache_t *c)
+static uint64_t content_bytes(const kvtc__cache_t *c)
 {
     uint64_t a, b;
     if (!mul_ok(c->tokens, c->heads, &a) || !mul_ok(a, c->head_bytes, &b))
@@ -52,7 +52,7 @@ static uint64_t content_bytes(const kvt__cache_t *c)
     return b;
 }
 
-static kvt_status_t check_cache(const kvt__cache_t *c, size_t i,
+static kvt_status_t check_cache(const kvtc__cache_t *c, size_t i,
                                 uint32_t nlayers, char *why, size_t wl)
 {
     uint64_t content, span, end;
@@ -69,27 +69,27 @@ static kvt_status_t check_cache(const kvt__cache_t *c, size_t i,
         return fault(why, wl,
                      "cache %zu (layer %u %s): unknown block "
                      "layout %u",
-                     i, c->layer, kvt__kind_str(c->kind), c->block_layout);
+                     i, c->layer, kvtc__kind_str(c->kind), c->block_layout);
     if (c->base == 0)
         return fault(why, wl, "cache %zu (layer %u %s): base is NULL", i,
-                     c->layer, kvt__kind_str(c->kind));
+                     c->layer, kvtc__kind_str(c->kind));
     if (c->tokens == 0 || c->heads == 0 || c->head_bytes == 0)
         return fault(why, wl,
                      "cache %zu (layer %u %s): tokens_per_block, "
                      "heads and head_bytes must be at least 1 (got %u, %u, "
                      "%u)",
-                     i, c->layer, kvt__kind_str(c->kind), c->tokens, c->heads,
+                     i, c->layer, kvtc__kind_str(c->kind), c->tokens, c->heads,
                      c->head_bytes);
     if (c->num_blocks == 0)
         return fault(why, wl, "cache %zu (layer %u %s): num_blocks is 0", i,
-                     c->layer, kvt__kind_str(c->kind));
+                     c->layer, kvtc__kind_str(c->kind));
     content = content_bytes(c);
     if (content == 0 || c->block_bytes < content)
         return fault(why, wl,
                      "cache %zu (layer %u %s): block_bytes %llu is "
                      "less than tokens_per_block * heads * head_bytes = "
                      "%u * %u * %u",
-                     i, c->layer, kvt__kind_str(c->kind),
+                     i, c->layer, kvtc__kind_str(c->kind),
                      (unsigned long long)c->block_bytes, c->tokens, c->heads,
                      c->head_bytes);
     if (!mul_ok(c->block_bytes, c->num_blocks, &span) ||
@@ -97,22 +97,22 @@ static kvt_status_t check_cache(const kvt__cache_t *c, size_t i,
         return fault(why, wl,
                      "cache %zu (layer %u %s): base + block_bytes "
                      "* num_blocks overflows",
-                     i, c->layer, kvt__kind_str(c->kind));
+                     i, c->layer, kvtc__kind_str(c->kind));
     return KVT_OK;
 }
 
 /* Per layer: K and V together, or LATENT; scales only beside what they
  * scale; every kind at most once. @c are the caches of one layer, sorted
  * by kind. */
-static kvt_status_t check_layer(const kvt__cache_t *c, size_t n, uint32_t layer,
-                                char *why, size_t wl)
+static kvt_status_t check_layer(const kvtc__cache_t *c, size_t n,
+                                uint32_t layer, char *why, size_t wl)
 {
     unsigned seen = 0;
 
     for (size_t i = 0; i < n; i++) {
         if (seen & (1u << c[i].kind))
             return fault(why, wl, "layer %u has two %s caches", layer,
-                         kvt__kind_str(c[i].kind));
+                         kvtc__kind_str(c[i].kind));
         seen |= 1u << c[i].kind;
     }
 #define HAS(k) ((seen & (1u << (k))) != 0)
@@ -143,7 +143,7 @@ static kvt_status_t check_layer(const kvt__cache_t *c, size_t n, uint32_t layer,
     return KVT_OK;
 }
 
-void kvt__layout_clear(kvt__layout_t *l)
+void kvtc__layout_clear(kvtc__layout_t *l)
 {
     free(l->caches);
     free(l->aux);
@@ -156,21 +156,21 @@ void kvt__layout_clear(kvt__layout_t *l)
  * each layer's set of kinds, each aux buffer. The first fault wins, so
  * the sentence names one concrete thing to fix.
  */
-kvt_status_t kvt__layout_build(kvt__layout_t *out, uint32_t num_layers,
-                               uint32_t num_draft, const kvt__cache_t *caches,
-                               size_t ncaches, const kvt__aux_t *aux,
-                               size_t naux, char *why, size_t wl)
+kvt_status_t kvtc__layout_build(kvtc__layout_t *out, uint32_t num_layers,
+                                uint32_t num_draft, const kvtc__cache_t *caches,
+                                size_t ncaches, const kvtc__aux_t *aux,
+                                size_t naux, char *why, size_t wl)
 {
-    kvt__layout_t l;
+    kvtc__layout_t l;
     uint64_t nl = (uint64_t)num_layers + num_draft;
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
 
     memset(&l, 0, sizeof(l));
-    if (nl == 0 || nl > KVT__LAY_MAX_LAYERS) {
+    if (nl == 0 || nl > KVTC__LAY_MAX_LAYERS) {
         fault(why, wl,
               "the layout needs 1..%u layers (target + draft), "
               "got %llu",
-              KVT__LAY_MAX_LAYERS, (unsigned long long)nl);
+              KVTC__LAY_MAX_LAYERS, (unsigned long long)nl);
         goto err;
     }
     if (ncaches < nl || ncaches > 6 * nl) {
@@ -184,8 +184,8 @@ kvt_status_t kvt__layout_build(kvt__layout_t *out, uint32_t num_layers,
         fault(why, wl, "caches or aux array is NULL");
         goto err;
     }
-    if (naux > KVT__LAY_MAX_AUX) {
-        fault(why, wl, "%zu aux buffers; at most %u", naux, KVT__LAY_MAX_AUX);
+    if (naux > KVTC__LAY_MAX_AUX) {
+        fault(why, wl, "%zu aux buffers; at most %u", naux, KVTC__LAY_MAX_AUX);
         goto err;
     }
     for (size_t i = 0; i < ncaches; i++) {
@@ -198,7 +198,7 @@ kvt_status_t kvt__layout_build(kvt__layout_t *out, uint32_t num_layers,
                 "cache %zu (layer %u %s) has %llu blocks of "
                 "%u tokens, cache 0 has %llu of %u: all caches share "
                 "one block table",
-                i, caches[i].layer, kvt__kind_str(caches[i].kind),
+                i, caches[i].layer, kvtc__kind_str(caches[i].kind),
                 (unsigned long long)caches[i].num_blocks, caches[i].tokens,
                 (unsigned long long)caches[0].num_blocks, caches[0].tokens);
             goto err;
@@ -252,26 +252,26 @@ kvt_status_t kvt__layout_build(kvt__layout_t *out, uint32_t num_layers,
     return KVT_OK;
 
 err_free:
-    kvt__layout_clear(&l);
+    kvtc__layout_clear(&l);
 err:
     return st;
 }
 
-kvt_status_t kvt__layout_from_public(kvt__layout_t *out,
-                                     const kvt_kv_layout_t *pub, char *why,
-                                     size_t wl)
+kvt_status_t kvtc__layout_from_public(kvtc__layout_t *out,
+                                      const kvt_kv_layout_t *pub, char *why,
+                                      size_t wl)
 {
-    kvt__cache_t *c = NULL;
-    kvt__aux_t *a = NULL;
+    kvtc__cache_t *c = NULL;
+    kvtc__aux_t *a = NULL;
     kvt_status_t st;
 
     if (pub == NULL)
         return fault(why, wl, "no layout");
-    if (pub->num_caches > 6u * KVT__LAY_MAX_LAYERS ||
-        pub->num_aux > KVT__LAY_MAX_AUX || pub->num_caches == 0)
-        return kvt__layout_build(out, pub->num_layers, pub->num_draft_layers,
-                                 NULL, pub->num_caches, NULL, pub->num_aux, why,
-                                 wl);
+    if (pub->num_caches > 6u * KVTC__LAY_MAX_LAYERS ||
+        pub->num_aux > KVTC__LAY_MAX_AUX || pub->num_caches == 0)
+        return kvtc__layout_build(out, pub->num_layers, pub->num_draft_layers,
+                                  NULL, pub->num_caches, NULL, pub->num_aux,
+                                  why, wl);
     if (pub->caches == NULL || (pub->num_aux > 0 && pub->aux == NULL))
         return fault(why, wl, "caches or aux array is NULL");
     c = malloc(pub->num_caches * sizeof(*c));
@@ -283,21 +283,21 @@ kvt_status_t kvt__layout_from_public(kvt__layout_t *out,
     }
     for (size_t i = 0; i < pub->num_caches; i++) {
         const kvt_kv_cache_t *p = &pub->caches[i];
-        c[i] = (kvt__cache_t){p->layer,
-                              p->kind,
-                              p->block_layout,
-                              p->tokens_per_block,
-                              p->heads,
-                              p->head_bytes,
-                              (uint64_t)(uintptr_t)p->base,
-                              p->block_bytes,
-                              p->num_blocks};
+        c[i] = (kvtc__cache_t){p->layer,
+                               p->kind,
+                               p->block_layout,
+                               p->tokens_per_block,
+                               p->heads,
+                               p->head_bytes,
+                               (uint64_t)(uintptr_t)p->base,
+                               p->block_bytes,
+                               p->num_blocks};
     }
     for (size_t i = 0; i < pub->num_aux; i++)
-        a[i] = (kvt__aux_t){(uint64_t)(uintptr_t)pub->aux[i].base,
-                            pub->aux[i].item_bytes, pub->aux[i].count};
-    st = kvt__layout_build(out, pub->num_layers, pub->num_draft_layers, c,
-                           pub->num_caches, a, pub->num_aux, why, wl);
+        a[i] = (kvtc__aux_t){(uint64_t)(uintptr_t)pub->aux[i].base,
+                             pub->aux[i].item_bytes, pub->aux[i].count};
+    st = kvtc__layout_build(out, pub->num_layers, pub->num_draft_layers, c,
+                            pub->num_caches, a, pub->num_aux, why, wl);
 out:
     free(c);
     free(a);
@@ -307,14 +307,14 @@ out:
 kvt_status_t kvt_kv_layout_check(const kvt_kv_layout_t *layout, char *why,
                                  size_t why_len)
 {
-    kvt__layout_t l;
+    kvtc__layout_t l;
     kvt_status_t st;
 
     if (why != NULL && why_len > 0)
         why[0] = '\0';
-    st = kvt__layout_from_public(&l, layout, why, why_len);
+    st = kvtc__layout_from_public(&l, layout, why, why_len);
     if (st == KVT_OK)
-        kvt__layout_clear(&l);
+        kvtc__layout_clear(&l);
     return st;
 }
 
@@ -327,9 +327,9 @@ kvt_status_t kvt_kv_layout_check(const kvt_kv_layout_t *layout, char *why,
  * per row, and rows are evenly spaced across the blocks of a run when
  * neither side pads its blocks (then one descriptor covers the run).
  */
-static void plan_cache(const kvt__cache_t *pc, const kvt__cache_t *dc,
+static void plan_cache(const kvtc__cache_t *pc, const kvtc__cache_t *dc,
                        uint32_t P, uint32_t p, uint32_t D, uint32_t d,
-                       kvt__xplan_t *x)
+                       kvtc__xplan_t *x)
 {
     uint64_t T = pc->tokens, hb = pc->head_bytes;
     uint64_t content = T * pc->heads * hb;
@@ -341,13 +341,13 @@ static void plan_cache(const kvt__cache_t *pc, const kvt__cache_t *dc,
     x->rbase = dc->base;
     x->lblock = pc->block_bytes;
     x->rblock = dc->block_bytes;
-    x->skip_if_dummy = (uint8_t)kvt__kind_replicated(pc->kind);
+    x->skip_if_dummy = (uint8_t)kvtc__kind_replicated(pc->kind);
     if (pc->heads == dc->heads) {
         if (pc->block_bytes == dc->block_bytes && pc->block_bytes == content) {
-            x->mode = KVT__XP_RUN;
+            x->mode = KVTC__XP_RUN;
             x->len = content;
         } else {
-            x->mode = KVT__XP_BLOCK;
+            x->mode = KVTC__XP_BLOCK;
             x->len = content;
         }
         return;
@@ -363,10 +363,10 @@ static void plan_cache(const kvt__cache_t *pc, const kvt__cache_t *dc,
         else
             x->loff = (uint64_t)(d % (D / P)) * hd * unit;
         if (head_major) {
-            x->mode = KVT__XP_BLOCK;
+            x->mode = KVTC__XP_BLOCK;
             x->len = hmin * T * hb;
         } else {
-            x->mode = KVT__XP_TOKEN;
+            x->mode = KVTC__XP_TOKEN;
             x->len = hmin * hb;
             x->lunit = hp * hb;
             x->runit = hd * hb;
@@ -376,9 +376,9 @@ static void plan_cache(const kvt__cache_t *pc, const kvt__cache_t *dc,
     }
 }
 
-kvt_status_t kvt__layout_plan(const kvt__layout_t *pl, uint32_t P, uint32_t p,
-                              const kvt__layout_t *dl, uint32_t D, uint32_t d,
-                              kvt__xplan_t *plan, char *why, size_t wl)
+kvt_status_t kvtc__layout_plan(const kvtc__layout_t *pl, uint32_t P, uint32_t p,
+                               const kvtc__layout_t *dl, uint32_t D, uint32_t d,
+                               kvtc__xplan_t *plan, char *why, size_t wl)
 {
     if (P == 0 || D == 0 || p >= P || d >= D)
         return fault(why, wl,
@@ -415,39 +415,39 @@ kvt_status_t kvt__layout_plan(const kvt__layout_t *pl, uint32_t P, uint32_t p,
                          i, (unsigned long long)pl->aux[i].item_bytes,
                          (unsigned long long)dl->aux[i].item_bytes);
     for (uint32_t i = 0; i < pl->ncaches; i++) {
-        const kvt__cache_t *pc = &pl->caches[i], *dc = &dl->caches[i];
+        const kvtc__cache_t *pc = &pl->caches[i], *dc = &dl->caches[i];
         if (pc->layer != dc->layer || pc->kind != dc->kind)
             return fault(why, wl,
                          "layer %u: prefill has a %s cache where "
                          "decode has layer %u %s",
-                         pc->layer, kvt__kind_str(pc->kind), dc->layer,
-                         kvt__kind_str(dc->kind));
+                         pc->layer, kvtc__kind_str(pc->kind), dc->layer,
+                         kvtc__kind_str(dc->kind));
         if (pc->block_layout != dc->block_layout)
             return fault(why, wl,
                          "layer %u %s: prefill blocks are %s, "
                          "decode blocks %s",
-                         pc->layer, kvt__kind_str(pc->kind),
+                         pc->layer, kvtc__kind_str(pc->kind),
                          pc->block_layout ? "head-major" : "token-major",
                          dc->block_layout ? "head-major" : "token-major");
         if (pc->head_bytes != dc->head_bytes)
             return fault(why, wl,
                          "layer %u %s: %u bytes per head on "
                          "prefill, %u on decode",
-                         pc->layer, kvt__kind_str(pc->kind), pc->head_bytes,
+                         pc->layer, kvtc__kind_str(pc->kind), pc->head_bytes,
                          dc->head_bytes);
-        if (kvt__kind_replicated(pc->kind)) {
+        if (kvtc__kind_replicated(pc->kind)) {
             if (pc->heads != dc->heads)
                 return fault(why, wl,
                              "layer %u %s: replicated cache with "
                              "%u heads on prefill, %u on decode",
-                             pc->layer, kvt__kind_str(pc->kind), pc->heads,
+                             pc->layer, kvtc__kind_str(pc->kind), pc->heads,
                              dc->heads);
         } else if ((uint64_t)pc->heads * P != (uint64_t)dc->heads * D) {
             return fault(why, wl,
                          "layer %u %s: prefill has %u heads x tp "
                          "%u, decode %u heads x tp %u: the totals differ "
                          "(replicated KV heads are not supported)",
-                         pc->layer, kvt__kind_str(pc->kind), pc->heads, P,
+                         pc->layer, kvtc__kind_str(pc->kind), pc->heads, P,
                          dc->heads, D);
         }
         plan_cache(pc, dc, P, p, D, d, &plan[i]);
@@ -455,28 +455,28 @@ kvt_status_t kvt__layout_plan(const kvt__layout_t *pl, uint32_t P, uint32_t p,
     return KVT_OK;
 }
 
-size_t kvt__runs_build(const uint32_t *src, const uint32_t *dst, size_t n,
-                       uint32_t max_run, kvt__run_t *runs)
+size_t kvtc__runs_build(const uint32_t *src, const uint32_t *dst, size_t n,
+                        uint32_t max_run, kvtc__run_t *runs)
 {
     size_t nr = 0;
 
     for (size_t i = 0; i < n; i++) {
         if (nr > 0) {
-            kvt__run_t *r = &runs[nr - 1];
+            kvtc__run_t *r = &runs[nr - 1];
             if ((uint64_t)r->src + r->n == src[i] &&
                 (uint64_t)r->dst + r->n == dst[i] && r->n < max_run) {
                 r->n++;
                 continue;
             }
         }
-        runs[nr++] = (kvt__run_t){src[i], dst[i], 1};
+        runs[nr++] = (kvtc__run_t){src[i], dst[i], 1};
     }
     return nr;
 }
 
-size_t kvt__xplan_descs(const kvt__xplan_t *x, const kvt__run_t *r,
-                        kvt_segment_t seg, uint64_t user_data,
-                        kvt_xfer_desc_t *out)
+size_t kvtc__xplan_descs(const kvtc__xplan_t *x, const kvtc__run_t *r,
+                         kvt_segment_t seg, uint64_t user_data,
+                         kvt_xfer_desc_t *out)
 {
     uint64_t l0 = x->lbase + (uint64_t)r->src * x->lblock + x->loff;
     uint64_t r0 = x->rbase + (uint64_t)r->dst * x->rblock + x->roff;
@@ -488,12 +488,12 @@ size_t kvt__xplan_descs(const kvt__xplan_t *x, const kvt__run_t *r,
     d.local_addr = (void *)(uintptr_t)l0;
     d.remote_addr = r0;
     switch (x->mode) {
-    case KVT__XP_RUN:
+    case KVTC__XP_RUN:
         d.count = 1;
         d.length = x->len * r->n;
         out[0] = d;
         return 1;
-    case KVT__XP_BLOCK:
+    case KVTC__XP_BLOCK:
         d.count = r->n;
         d.length = x->len;
         d.local_stride = x->lblock;

@@ -39,33 +39,33 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-kvt_status_t kvt__cm_parse(const void *buf, size_t len, kvt__cm_t *m)
+kvt_status_t kvtc__cm_parse(const void *buf, size_t len, kvtc__cm_t *m)
 {
     const uint8_t *p = buf;
     uint32_t body;
 
-    if (buf == NULL || len < KVT__CM_HDR || len > KVT__CM_MAX)
+    if (buf == NULL || len < KVTC__CM_HDR || len > KVTC__CM_MAX)
         return KVT_ERR_PROTOCOL;
-    if (get_u32(p) != KVT__CM_MAGIC)
+    if (get_u32(p) != KVTC__CM_MAGIC)
         return KVT_ERR_PROTOCOL;
-    if (p[4] != KVT__CM_VERSION)
+    if (p[4] != KVTC__CM_VERSION)
         return KVT_ERR_VERSION;
-    if (p[5] == 0 || p[5] > KVT__CM_TYPE_MAX)
+    if (p[5] == 0 || p[5] > KVTC__CM_TYPE_MAX)
         return KVT_ERR_PROTOCOL;
     body = get_u32(p + 24);
-    if ((size_t)body != len - KVT__CM_HDR)
+    if ((size_t)body != len - KVTC__CM_HDR)
         return KVT_ERR_PROTOCOL;
     m->type = p[5];
     m->session = get_u64(p + 8);
     m->room = get_u64(p + 16);
-    m->body = p + KVT__CM_HDR;
+    m->body = p + KVTC__CM_HDR;
     m->len = body;
     return KVT_OK;
 }
 
 /* ---- Encoding ---------------------------------------------------------- */
 
-static uint8_t *cmb_room(kvt__cmb_t *b, size_t n)
+static uint8_t *cmb_room(kvtc__cmb_t *b, size_t n)
 {
     if (b->oom)
         return NULL;
@@ -86,62 +86,63 @@ static uint8_t *cmb_room(kvt__cmb_t *b, size_t n)
     return b->buf + b->len - n;
 }
 
-void kvt__cmb_init(kvt__cmb_t *b, uint8_t type, uint64_t session, uint64_t room)
+void kvtc__cmb_init(kvtc__cmb_t *b, uint8_t type, uint64_t session,
+                    uint64_t room)
 {
     uint8_t *p;
 
     memset(b, 0, sizeof(*b));
-    p = cmb_room(b, KVT__CM_HDR);
+    p = cmb_room(b, KVTC__CM_HDR);
     if (p == NULL)
         return;
-    memset(p, 0, KVT__CM_HDR);
-    put_u32(p, KVT__CM_MAGIC);
-    p[4] = KVT__CM_VERSION;
+    memset(p, 0, KVTC__CM_HDR);
+    put_u32(p, KVTC__CM_MAGIC);
+    p[4] = KVTC__CM_VERSION;
     p[5] = type;
     put_u64(p + 8, session);
     put_u64(p + 16, room);
 }
 
-void kvt__cmb_u32(kvt__cmb_t *b, uint32_t v)
+void kvtc__cmb_u32(kvtc__cmb_t *b, uint32_t v)
 {
     uint8_t *p = cmb_room(b, 4);
     if (p != NULL)
         put_u32(p, v);
 }
 
-void kvt__cmb_u64(kvt__cmb_t *b, uint64_t v)
+void kvtc__cmb_u64(kvtc__cmb_t *b, uint64_t v)
 {
     uint8_t *p = cmb_room(b, 8);
     if (p != NULL)
         put_u64(p, v);
 }
 
-void kvt__cmb_reason(kvt__cmb_t *b, const char *s)
+void kvtc__cmb_reason(kvtc__cmb_t *b, const char *s)
 {
-    size_t n = s ? strnlen(s, KVT__CM_REASON_MAX) : 0;
+    size_t n = s ? strnlen(s, KVTC__CM_REASON_MAX) : 0;
     uint8_t *p;
 
-    kvt__cmb_u32(b, (uint32_t)n);
+    kvtc__cmb_u32(b, (uint32_t)n);
     p = cmb_room(b, n);
     if (p != NULL && n > 0)
         memcpy(p, s, n);
 }
 
-kvt_status_t kvt__cmb_finish(kvt__cmb_t *b)
+kvt_status_t kvtc__cmb_finish(kvtc__cmb_t *b)
 {
     if (b->oom) {
-        kvt__cmb_free(b);
+        kvtc__cmb_free(b);
         return KVT_ERR_NO_MEMORY;
     }
-    if (b->len > KVT__CM_MAX) {
-        kvt__cmb_free(b);
+    if (b->len > KVTC__CM_MAX) {
+        kvtc__cmb_free(b);
         return KVT_ERR_OVERFLOW;
     }
-    put_u32(b->buf + 24, (uint32_t)(b->len - KVT__CM_HDR));
+    put_u32(b->buf + 24, (uint32_t)(b->len - KVTC__CM_HDR));
     return KVT_OK;
 }
 
-void kvt__cmb_free(kvt__cmb_t *b)
+void kvtc__cmb_free(kvtc__cmb_t *b)
 {
     free(b->buf);
     memset(b, 0, sizeof(*b));
@@ -149,48 +150,48 @@ void kvt__cmb_free(kvt__cmb_t *b)
 
 /* ---- HELLO ------------------------------------------------------------- */
 
-void kvt__cm_hello_encode(kvt__cmb_t *b, const kvt__hello_t *h,
-                          const kvt__layout_t *l)
+void kvtc__cm_hello_encode(kvtc__cmb_t *b, const kvtc__hello_t *h,
+                           const kvtc__layout_t *l)
 {
-    kvt__cmb_u32(b, h->role);
-    kvt__cmb_u32(b, h->tp_rank);
-    kvt__cmb_u32(b, h->tp_size);
-    kvt__cmb_u32(b, h->dp_rank);
-    kvt__cmb_u32(b, h->dp_size);
-    kvt__cmb_u32(b, l->num_layers);
-    kvt__cmb_u32(b, l->num_draft);
-    kvt__cmb_u32(b, l->ncaches);
-    kvt__cmb_u32(b, l->naux);
-    kvt__cmb_u32(b, 0);
+    kvtc__cmb_u32(b, h->role);
+    kvtc__cmb_u32(b, h->tp_rank);
+    kvtc__cmb_u32(b, h->tp_size);
+    kvtc__cmb_u32(b, h->dp_rank);
+    kvtc__cmb_u32(b, h->dp_size);
+    kvtc__cmb_u32(b, l->num_layers);
+    kvtc__cmb_u32(b, l->num_draft);
+    kvtc__cmb_u32(b, l->ncaches);
+    kvtc__cmb_u32(b, l->naux);
+    kvtc__cmb_u32(b, 0);
     for (uint32_t i = 0; i < l->ncaches; i++) {
-        const kvt__cache_t *c = &l->caches[i];
-        kvt__cmb_u32(b, c->layer);
-        kvt__cmb_u32(b, c->kind);
-        kvt__cmb_u32(b, c->block_layout);
-        kvt__cmb_u32(b, c->tokens);
-        kvt__cmb_u32(b, c->heads);
-        kvt__cmb_u32(b, c->head_bytes);
-        kvt__cmb_u64(b, c->base);
-        kvt__cmb_u64(b, c->block_bytes);
-        kvt__cmb_u64(b, c->num_blocks);
+        const kvtc__cache_t *c = &l->caches[i];
+        kvtc__cmb_u32(b, c->layer);
+        kvtc__cmb_u32(b, c->kind);
+        kvtc__cmb_u32(b, c->block_layout);
+        kvtc__cmb_u32(b, c->tokens);
+        kvtc__cmb_u32(b, c->heads);
+        kvtc__cmb_u32(b, c->head_bytes);
+        kvtc__cmb_u64(b, c->base);
+        kvtc__cmb_u64(b, c->block_bytes);
+        kvtc__cmb_u64(b, c->num_blocks);
     }
     for (uint32_t i = 0; i < l->naux; i++) {
-        kvt__cmb_u64(b, l->aux[i].base);
-        kvt__cmb_u64(b, l->aux[i].item_bytes);
-        kvt__cmb_u64(b, l->aux[i].count);
+        kvtc__cmb_u64(b, l->aux[i].base);
+        kvtc__cmb_u64(b, l->aux[i].item_bytes);
+        kvtc__cmb_u64(b, l->aux[i].count);
     }
 }
 
-kvt_status_t kvt__cm_hello_decode(const kvt__cm_t *m, kvt__hello_t *h,
-                                  kvt__layout_t *l, char *why, size_t wl)
+kvt_status_t kvtc__cm_hello_decode(const kvtc__cm_t *m, kvtc__hello_t *h,
+                                   kvtc__layout_t *l, char *why, size_t wl)
 {
     const uint8_t *p = m->body;
     uint32_t nl, nd, nc, na;
-    kvt__cache_t *c = NULL;
-    kvt__aux_t *a = NULL;
+    kvtc__cache_t *c = NULL;
+    kvtc__aux_t *a = NULL;
     kvt_status_t st = KVT_ERR_PROTOCOL;
 
-    if (m->type != KVT__CM_HELLO || m->len < HELLO_FIXED)
+    if (m->type != KVTC__CM_HELLO || m->len < HELLO_FIXED)
         goto err;
     h->role = get_u32(p);
     h->tp_rank = get_u32(p + 4);
@@ -201,7 +202,7 @@ kvt_status_t kvt__cm_hello_decode(const kvt__cm_t *m, kvt__hello_t *h,
     nd = get_u32(p + 24);
     nc = get_u32(p + 28);
     na = get_u32(p + 32);
-    if (nc > 6u * KVT__LAY_MAX_LAYERS || na > KVT__LAY_MAX_AUX ||
+    if (nc > 6u * KVTC__LAY_MAX_LAYERS || na > KVTC__LAY_MAX_AUX ||
         m->len !=
             HELLO_FIXED + (uint64_t)nc * HELLO_CACHE + (uint64_t)na * HELLO_AUX)
         goto err;
@@ -213,12 +214,12 @@ kvt_status_t kvt__cm_hello_decode(const kvt__cm_t *m, kvt__hello_t *h,
     p += HELLO_FIXED;
     for (uint32_t i = 0; i < nc; i++, p += HELLO_CACHE)
         c[i] =
-            (kvt__cache_t){get_u32(p),      get_u32(p + 4),  get_u32(p + 8),
-                           get_u32(p + 12), get_u32(p + 16), get_u32(p + 20),
-                           get_u64(p + 24), get_u64(p + 32), get_u64(p + 40)};
+            (kvtc__cache_t){get_u32(p),      get_u32(p + 4),  get_u32(p + 8),
+                            get_u32(p + 12), get_u32(p + 16), get_u32(p + 20),
+                            get_u64(p + 24), get_u64(p + 32), get_u64(p + 40)};
     for (uint32_t i = 0; i < na; i++, p += HELLO_AUX)
-        a[i] = (kvt__aux_t){get_u64(p), get_u64(p + 8), get_u64(p + 16)};
-    st = kvt__layout_build(l, nl, nd, c, nc, a, na, why, wl);
+        a[i] = (kvtc__aux_t){get_u64(p), get_u64(p + 8), get_u64(p + 16)};
+    st = kvtc__layout_build(l, nl, nd, c, nc, a, na, why, wl);
 err:
     if (st == KVT_ERR_PROTOCOL && why != NULL && wl > 0)
         snprintf(why, wl, "malformed handshake");
@@ -229,17 +230,17 @@ err:
 
 /* ---- Status messages --------------------------------------------------- */
 
-void kvt__cm_status_encode(kvt__cmb_t *b, const kvt__status_msg_t *s)
+void kvtc__cm_status_encode(kvtc__cmb_t *b, const kvtc__status_msg_t *s)
 {
-    kvt__cmb_u32(b, (uint32_t)s->status);
-    kvt__cmb_u32(b, s->who.tp_rank);
-    kvt__cmb_u32(b, s->who.tp_size);
-    kvt__cmb_u32(b, s->who.dp_rank);
-    kvt__cmb_u32(b, s->who.dp_size);
-    kvt__cmb_reason(b, s->reason);
+    kvtc__cmb_u32(b, (uint32_t)s->status);
+    kvtc__cmb_u32(b, s->who.tp_rank);
+    kvtc__cmb_u32(b, s->who.tp_size);
+    kvtc__cmb_u32(b, s->who.dp_rank);
+    kvtc__cmb_u32(b, s->who.dp_size);
+    kvtc__cmb_reason(b, s->reason);
 }
 
-kvt_status_t kvt__cm_status_decode(const kvt__cm_t *m, kvt__status_msg_t *s)
+kvt_status_t kvtc__cm_status_decode(const kvtc__cm_t *m, kvtc__status_msg_t *s)
 {
     const uint8_t *p = m->body;
     uint32_t n;
@@ -247,7 +248,7 @@ kvt_status_t kvt__cm_status_decode(const kvt__cm_t *m, kvt__status_msg_t *s)
     if (m->len < STATUS_FIXED)
         return KVT_ERR_PROTOCOL;
     n = get_u32(p + 20);
-    if (n > KVT__CM_REASON_MAX || m->len != STATUS_FIXED + n)
+    if (n > KVTC__CM_REASON_MAX || m->len != STATUS_FIXED + n)
         return KVT_ERR_PROTOCOL;
     memset(s, 0, sizeof(*s));
     s->status = (int32_t)get_u32(p);
@@ -266,21 +267,21 @@ kvt_status_t kvt__cm_status_decode(const kvt__cm_t *m, kvt__status_msg_t *s)
 
 /* ---- ROOM -------------------------------------------------------------- */
 
-void kvt__cm_room_encode(kvt__cmb_t *b, const kvt__room_msg_t *r)
+void kvtc__cm_room_encode(kvtc__cmb_t *b, const kvtc__room_msg_t *r)
 {
-    kvt__cmb_u32(b, r->tp_rank);
-    kvt__cmb_u32(b, r->tp_size);
-    kvt__cmb_u32(b, r->flags);
-    kvt__cmb_u32(b, r->naux);
-    kvt__cmb_u64(b, r->first_block);
-    kvt__cmb_u64(b, r->nblocks);
+    kvtc__cmb_u32(b, r->tp_rank);
+    kvtc__cmb_u32(b, r->tp_size);
+    kvtc__cmb_u32(b, r->flags);
+    kvtc__cmb_u32(b, r->naux);
+    kvtc__cmb_u64(b, r->first_block);
+    kvtc__cmb_u64(b, r->nblocks);
     for (uint32_t i = 0; i < r->naux; i++)
-        kvt__cmb_u64(b, r->aux_slots[i]);
+        kvtc__cmb_u64(b, r->aux_slots[i]);
     for (uint64_t i = 0; i < r->nblocks; i++)
-        kvt__cmb_u32(b, r->ids[i]);
+        kvtc__cmb_u32(b, r->ids[i]);
 }
 
-void kvt__room_msg_clear(kvt__room_msg_t *r)
+void kvtc__room_msg_clear(kvtc__room_msg_t *r)
 {
     free(r->aux_slots);
     free(r->ids);
@@ -288,18 +289,18 @@ void kvt__room_msg_clear(kvt__room_msg_t *r)
     r->ids = NULL;
 }
 
-kvt_status_t kvt__cm_room_decode(const kvt__cm_t *m, kvt__room_msg_t *r)
+kvt_status_t kvtc__cm_room_decode(const kvtc__cm_t *m, kvtc__room_msg_t *r)
 {
     const uint8_t *p = m->body;
     uint64_t nb;
     uint32_t na;
 
     memset(r, 0, sizeof(*r));
-    if (m->type != KVT__CM_ROOM || m->len < ROOM_FIXED)
+    if (m->type != KVTC__CM_ROOM || m->len < ROOM_FIXED)
         return KVT_ERR_PROTOCOL;
     na = get_u32(p + 12);
     nb = get_u64(p + 24);
-    if (na > KVT__LAY_MAX_AUX || nb > KVT__CM_MAX / 4 ||
+    if (na > KVTC__LAY_MAX_AUX || nb > KVTC__CM_MAX / 4 ||
         m->len != ROOM_FIXED + 8ull * na + 4ull * nb)
         return KVT_ERR_PROTOCOL;
     r->tp_rank = get_u32(p);
@@ -311,7 +312,7 @@ kvt_status_t kvt__cm_room_decode(const kvt__cm_t *m, kvt__room_msg_t *r)
     r->aux_slots = malloc((na ? na : 1) * sizeof(uint64_t));
     r->ids = malloc((nb ? nb : 1) * sizeof(uint32_t));
     if (r->aux_slots == NULL || r->ids == NULL) {
-        kvt__room_msg_clear(r);
+        kvtc__room_msg_clear(r);
         return KVT_ERR_NO_MEMORY;
     }
     p += ROOM_FIXED;
@@ -324,62 +325,62 @@ kvt_status_t kvt__cm_room_decode(const kvt__cm_t *m, kvt__room_msg_t *r)
 
 /* ---- Fragments --------------------------------------------------------- */
 
-kvt_status_t kvt__cm_frag_decode(const kvt__cm_t *m, kvt__frag_t *f)
+kvt_status_t kvtc__cm_frag_decode(const kvtc__cm_t *m, kvtc__frag_t *f)
 {
     const uint8_t *p = m->body;
 
-    if (m->type != KVT__CM_FRAG || m->len < KVT__CM_FRAG_HDR)
+    if (m->type != KVTC__CM_FRAG || m->len < KVTC__CM_FRAG_HDR)
         return KVT_ERR_PROTOCOL;
     f->inner_type = p[0];
     f->offset = get_u32(p + 4);
     f->total = get_u32(p + 8);
     f->msg_id = get_u64(p + 16);
-    f->data = p + KVT__CM_FRAG_HDR;
-    f->len = m->len - KVT__CM_FRAG_HDR;
-    if (f->total < KVT__CM_HDR || f->total > KVT__CM_MAX || f->len == 0 ||
+    f->data = p + KVTC__CM_FRAG_HDR;
+    f->len = m->len - KVTC__CM_FRAG_HDR;
+    if (f->total < KVTC__CM_HDR || f->total > KVTC__CM_MAX || f->len == 0 ||
         f->offset > f->total || f->len > f->total - f->offset)
         return KVT_ERR_PROTOCOL;
     return KVT_OK;
 }
 
-kvt_status_t kvt__cm_fragment(const uint8_t *msg, size_t len, uint64_t msg_id,
-                              size_t max, uint8_t **out_p, size_t **sizes_p,
-                              size_t *n_p)
+kvt_status_t kvtc__cm_fragment(const uint8_t *msg, size_t len, uint64_t msg_id,
+                               size_t max, uint8_t **out_p, size_t **sizes_p,
+                               size_t *n_p)
 {
-    size_t room = max - KVT__CM_HDR - KVT__CM_FRAG_HDR;
+    size_t room = max - KVTC__CM_HDR - KVTC__CM_FRAG_HDR;
     size_t n = (len + room - 1) / room, pos = 0;
     uint8_t *out = malloc(n * max);
     size_t *sizes = malloc(n * sizeof(*sizes));
-    kvt__cm_t hdr;
+    kvtc__cm_t hdr;
 
     if (out == NULL || sizes == NULL) {
         free(out);
         free(sizes);
         return KVT_ERR_NO_MEMORY;
     }
-    (void)kvt__cm_parse(msg, len, &hdr);
+    (void)kvtc__cm_parse(msg, len, &hdr);
     for (size_t i = 0; i < n; i++) {
         size_t take = len - pos < room ? len - pos : room;
-        kvt__cmb_t b;
-        kvt__cmb_init(&b, KVT__CM_FRAG, hdr.session, hdr.room);
-        kvt__cmb_u32(&b, msg[5]);
-        kvt__cmb_u32(&b, (uint32_t)pos);
-        kvt__cmb_u32(&b, (uint32_t)len);
-        kvt__cmb_u32(&b, 0);
-        kvt__cmb_u64(&b, msg_id);
+        kvtc__cmb_t b;
+        kvtc__cmb_init(&b, KVTC__CM_FRAG, hdr.session, hdr.room);
+        kvtc__cmb_u32(&b, msg[5]);
+        kvtc__cmb_u32(&b, (uint32_t)pos);
+        kvtc__cmb_u32(&b, (uint32_t)len);
+        kvtc__cmb_u32(&b, 0);
+        kvtc__cmb_u64(&b, msg_id);
         if (!b.oom) {
             uint8_t *p = cmb_room(&b, take);
             if (p != NULL)
                 memcpy(p, msg + pos, take);
         }
-        if (kvt__cmb_finish(&b) != KVT_OK) {
+        if (kvtc__cmb_finish(&b) != KVT_OK) {
             free(out);
             free(sizes);
             return KVT_ERR_NO_MEMORY;
         }
         memcpy(out + i * max, b.buf, b.len);
         sizes[i] = b.len;
-        kvt__cmb_free(&b);
+        kvtc__cmb_free(&b);
         pos += take;
     }
     *out_p = out;

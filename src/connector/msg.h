@@ -24,32 +24,32 @@
 
 #include "layout.h"
 
-#define KVT__CM_MAGIC 0x4d43564bu /* "KVCM" */
-#define KVT__CM_VERSION 1
-#define KVT__CM_HDR 32u
-#define KVT__CM_FRAG_HDR 24u /* after the message header */
+#define KVTC__CM_MAGIC 0x4d43564bu /* "KVCM" */
+#define KVTC__CM_VERSION 1
+#define KVTC__CM_HDR 32u
+#define KVTC__CM_FRAG_HDR 24u /* after the message header */
 /* Largest reassembled message (a layout of 65536 layers x 6 caches). */
-#define KVT__CM_MAX (24u << 20)
-#define KVT__CM_REASON_MAX 255u
+#define KVTC__CM_MAX (24u << 20)
+#define KVTC__CM_REASON_MAX 255u
 
 enum {
-    KVT__CM_HELLO = 1,     /* decode -> prefill: handshake, decode layout */
-    KVT__CM_HELLO_ACK = 2, /* prefill -> decode: status, reason */
-    KVT__CM_ROOM = 3,      /* decode -> prefill: blocks and aux slots */
-    KVT__CM_NAK = 4,       /* prefill -> decode: room refused */
-    KVT__CM_STARTED = 5,   /* prefill -> decode: first write submitted */
-    KVT__CM_DONE = 6,      /* prefill -> decode: every write landed */
-    KVT__CM_ABORT = 7,     /* either way: stop; the sender is quiescent */
-    KVT__CM_ABORT_ACK = 8, /* either way: abort seen, quiescent */
-    KVT__CM_PING = 9,      /* either way: liveness */
-    KVT__CM_FRAG = 10,     /* a slice of a longer message */
-    KVT__CM_PONG = 11,     /* either way: the session is known here */
-    KVT__CM_TYPE_MAX = 11,
+    KVTC__CM_HELLO = 1,     /* decode -> prefill: handshake, decode layout */
+    KVTC__CM_HELLO_ACK = 2, /* prefill -> decode: status, reason */
+    KVTC__CM_ROOM = 3,      /* decode -> prefill: blocks and aux slots */
+    KVTC__CM_NAK = 4,       /* prefill -> decode: room refused */
+    KVTC__CM_STARTED = 5,   /* prefill -> decode: first write submitted */
+    KVTC__CM_DONE = 6,      /* prefill -> decode: every write landed */
+    KVTC__CM_ABORT = 7,     /* either way: stop; the sender is quiescent */
+    KVTC__CM_ABORT_ACK = 8, /* either way: abort seen, quiescent */
+    KVTC__CM_PING = 9,      /* either way: liveness */
+    KVTC__CM_FRAG = 10,     /* a slice of a longer message */
+    KVTC__CM_PONG = 11,     /* either way: the session is known here */
+    KVTC__CM_TYPE_MAX = 11,
 };
 
 /* ROOM flags: this prefill rank sends no replicated cache and no aux
  * (another rank of the group does). */
-#define KVT__ROOM_DUMMY 1u
+#define KVTC__ROOM_DUMMY 1u
 
 typedef struct {
     uint8_t type;
@@ -57,11 +57,11 @@ typedef struct {
     uint64_t room;
     const uint8_t *body;
     uint32_t len;
-} kvt__cm_t;
+} kvtc__cm_t;
 
 /* Parse the header of @len bytes at @buf: KVT_OK, or KVT_ERR_PROTOCOL
  * (short, bad magic or type, length mismatch) or KVT_ERR_VERSION. */
-kvt_status_t kvt__cm_parse(const void *buf, size_t len, kvt__cm_t *m);
+kvt_status_t kvtc__cm_parse(const void *buf, size_t len, kvtc__cm_t *m);
 
 /* ---- Encoding ---------------------------------------------------------- */
 
@@ -69,43 +69,43 @@ typedef struct {
     uint8_t *buf;
     size_t len, cap;
     int oom;
-} kvt__cmb_t;
+} kvtc__cmb_t;
 
 /* Start a message (the header's length is filled by finish). */
-void kvt__cmb_init(kvt__cmb_t *b, uint8_t type, uint64_t session,
-                   uint64_t room);
-void kvt__cmb_u32(kvt__cmb_t *b, uint32_t v);
-void kvt__cmb_u64(kvt__cmb_t *b, uint64_t v);
-void kvt__cmb_reason(kvt__cmb_t *b, const char *s);
-/* KVT_OK, KVT_ERR_NO_MEMORY or KVT_ERR_OVERFLOW (over KVT__CM_MAX);
+void kvtc__cmb_init(kvtc__cmb_t *b, uint8_t type, uint64_t session,
+                    uint64_t room);
+void kvtc__cmb_u32(kvtc__cmb_t *b, uint32_t v);
+void kvtc__cmb_u64(kvtc__cmb_t *b, uint64_t v);
+void kvtc__cmb_reason(kvtc__cmb_t *b, const char *s);
+/* KVT_OK, KVT_ERR_NO_MEMORY or KVT_ERR_OVERFLOW (over KVTC__CM_MAX);
  * on failure the buffer is freed. */
-kvt_status_t kvt__cmb_finish(kvt__cmb_t *b);
-void kvt__cmb_free(kvt__cmb_t *b);
+kvt_status_t kvtc__cmb_finish(kvtc__cmb_t *b);
+void kvtc__cmb_free(kvtc__cmb_t *b);
 
 /* ---- Typed bodies ------------------------------------------------------ */
 
 typedef struct {
     uint32_t role, tp_rank, tp_size, dp_rank, dp_size;
-} kvt__hello_t;
+} kvtc__hello_t;
 
-void kvt__cm_hello_encode(kvt__cmb_t *b, const kvt__hello_t *h,
-                          const kvt__layout_t *l);
-/* Decode and validate (kvt__layout_build) the decode layout; on failure
+void kvtc__cm_hello_encode(kvtc__cmb_t *b, const kvtc__hello_t *h,
+                           const kvtc__layout_t *l);
+/* Decode and validate (kvtc__layout_build) the decode layout; on failure
  * KVT_ERR_PROTOCOL (malformed) or KVT_ERR_INVALID_PARAM (a bad layout)
  * with @why set. */
-kvt_status_t kvt__cm_hello_decode(const kvt__cm_t *m, kvt__hello_t *h,
-                                  kvt__layout_t *l, char *why, size_t wl);
+kvt_status_t kvtc__cm_hello_decode(const kvtc__cm_t *m, kvtc__hello_t *h,
+                                   kvtc__layout_t *l, char *why, size_t wl);
 
 /* HELLO_ACK, NAK and ABORT: a status and a reason. HELLO_ACK also
  * carries the prefill rank's parameters. */
 typedef struct {
     int32_t status;
-    kvt__hello_t who;
-    char reason[KVT__CM_REASON_MAX + 1];
-} kvt__status_msg_t;
+    kvtc__hello_t who;
+    char reason[KVTC__CM_REASON_MAX + 1];
+} kvtc__status_msg_t;
 
-void kvt__cm_status_encode(kvt__cmb_t *b, const kvt__status_msg_t *s);
-kvt_status_t kvt__cm_status_decode(const kvt__cm_t *m, kvt__status_msg_t *s);
+void kvtc__cm_status_encode(kvtc__cmb_t *b, const kvtc__status_msg_t *s);
+kvt_status_t kvtc__cm_status_decode(const kvtc__cm_t *m, kvtc__status_msg_t *s);
 
 typedef struct {
     uint32_t tp_rank, tp_size, flags;
@@ -114,13 +114,13 @@ typedef struct {
     uint64_t *aux_slots; /* malloc'd, naux (UINT64_MAX: none), or NULL */
     uint64_t nblocks;
     uint32_t *ids; /* malloc'd, nblocks, or NULL */
-} kvt__room_msg_t;
+} kvtc__room_msg_t;
 
-void kvt__cm_room_encode(kvt__cmb_t *b, const kvt__room_msg_t *r);
-/* KVT_OK with the arrays malloc'd (free with kvt__room_msg_clear),
+void kvtc__cm_room_encode(kvtc__cmb_t *b, const kvtc__room_msg_t *r);
+/* KVT_OK with the arrays malloc'd (free with kvtc__room_msg_clear),
  * KVT_ERR_PROTOCOL or KVT_ERR_NO_MEMORY. */
-kvt_status_t kvt__cm_room_decode(const kvt__cm_t *m, kvt__room_msg_t *r);
-void kvt__room_msg_clear(kvt__room_msg_t *r);
+kvt_status_t kvtc__cm_room_decode(const kvtc__cm_t *m, kvtc__room_msg_t *r);
+void kvtc__room_msg_clear(kvtc__room_msg_t *r);
 
 typedef struct {
     uint8_t inner_type;
@@ -128,19 +128,19 @@ typedef struct {
     uint32_t total, offset;
     const uint8_t *data;
     uint32_t len;
-} kvt__frag_t;
+} kvtc__frag_t;
 
-/* Checks offset + len <= total <= KVT__CM_MAX. */
-kvt_status_t kvt__cm_frag_decode(const kvt__cm_t *m, kvt__frag_t *f);
+/* Checks offset + len <= total <= KVTC__CM_MAX. */
+kvt_status_t kvtc__cm_frag_decode(const kvtc__cm_t *m, kvtc__frag_t *f);
 
 /*
  * Cut the finished message @msg (@len bytes) into FRAG messages of at
- * most @max bytes each (max > KVT__CM_HDR + KVT__CM_FRAG_HDR), written
+ * most @max bytes each (max > KVTC__CM_HDR + KVTC__CM_FRAG_HDR), written
  * one after another into *out_p (malloc'd) with their sizes in *sizes_p
  * (malloc'd, *n_p entries). KVT_OK or KVT_ERR_NO_MEMORY.
  */
-kvt_status_t kvt__cm_fragment(const uint8_t *msg, size_t len, uint64_t msg_id,
-                              size_t max, uint8_t **out_p, size_t **sizes_p,
-                              size_t *n_p);
+kvt_status_t kvtc__cm_fragment(const uint8_t *msg, size_t len, uint64_t msg_id,
+                               size_t max, uint8_t **out_p, size_t **sizes_p,
+                               size_t *n_p);
 
 #endif

@@ -30,10 +30,10 @@ static int maps_to(uint32_t P, uint32_t p, uint32_t D, uint32_t d, int *dummy_p)
 
 /* Validate a ROOM against the session it came on (the decode layout) and
  * this rank's place; @why on failure. */
-static kvt_status_t room_valid(kvt_conn_h c, const kvt__sess_t *s,
-                               const kvt__room_msg_t *q, char *why, size_t wl)
+static kvt_status_t room_valid(kvt_conn_h c, const kvtc__sess_t *s,
+                               const kvtc__room_msg_t *q, char *why, size_t wl)
 {
-    const kvt__layout_t *dl = &s->peer_lay;
+    const kvtc__layout_t *dl = &s->peer_lay;
     int dummy;
 
     if (q->tp_size != s->peer.tp_size || q->tp_rank != s->peer.tp_rank) {
@@ -50,7 +50,7 @@ static kvt_status_t room_valid(kvt_conn_h c, const kvt__sess_t *s,
                  q->tp_rank, q->tp_size, c->tp_rank, c->tp_size);
         return KVT_ERR_INVALID_PARAM;
     }
-    if (dummy != ((q->flags & KVT__ROOM_DUMMY) != 0)) {
+    if (dummy != ((q->flags & KVTC__ROOM_DUMMY) != 0)) {
         snprintf(why, wl,
                  "decode and prefill disagree on which prefill "
                  "rank sends the replicated caches");
@@ -79,19 +79,19 @@ static kvt_status_t room_valid(kvt_conn_h c, const kvt__sess_t *s,
     return KVT_OK;
 }
 
-void kvt__prefill_check(struct kvt_room *r)
+void kvtc__prefill_check(struct kvt_room *r)
 {
     if (!r->inited || r->failing)
         return;
     for (uint32_t i = 0; i < r->npeers; i++) {
-        const kvt__room_msg_t *q = &r->peers[i].req;
+        const kvtc__room_msg_t *q = &r->peers[i].req;
         if (q->first_block > r->num_blocks ||
             q->nblocks != r->num_blocks - q->first_block) {
-            kvt__room_fail(r, KVT_ERR_INVALID_PARAM,
-                           "decode rank %u asked for blocks %" PRIu64
-                           "..%" PRIu64 " of a request of %" PRIu64 " blocks",
-                           r->peers[i].rank, q->first_block,
-                           q->first_block + q->nblocks, r->num_blocks);
+            kvtc__room_fail(r, KVT_ERR_INVALID_PARAM,
+                            "decode rank %u asked for blocks %" PRIu64
+                            "..%" PRIu64 " of a request of %" PRIu64 " blocks",
+                            r->peers[i].rank, q->first_block,
+                            q->first_block + q->nblocks, r->num_blocks);
             return;
         }
     }
@@ -99,14 +99,14 @@ void kvt__prefill_check(struct kvt_room *r)
 
 /* Take @q (its arrays move into the peer) as a target of @r, or refuse
  * it. */
-static void attach(kvt_conn_h c, struct kvt_room *r, kvt__sess_t *s,
-                   kvt__room_msg_t *q)
+static void attach(kvt_conn_h c, struct kvt_room *r, kvtc__sess_t *s,
+                   kvtc__room_msg_t *q)
 {
     uint32_t want = q->tp_size > c->tp_size ? q->tp_size / c->tp_size : 1;
-    char why[KVT__WHY_MAX] = "";
-    kvt__peer_t *p;
+    char why[KVTC__WHY_MAX] = "";
+    kvtc__peer_t *p;
 
-    if (kvt__room_is_final(r) || r->failing)
+    if (kvtc__room_is_final(r) || r->failing)
         snprintf(why, sizeof(why), "the room has failed on prefill: %s",
                  r->failing ? r->freason : r->reason);
     else if (r->nexpect != 0 && r->nexpect != want)
@@ -118,51 +118,53 @@ static void attach(kvt_conn_h c, struct kvt_room *r, kvt__sess_t *s,
             snprintf(why, sizeof(why), "decode rank %u announced twice",
                      q->tp_rank);
     if (why[0] != '\0') {
-        kvt__queue_reply(c, s, KVT__CM_NAK, r->id, KVT_ERR_INVALID_PARAM, why);
-        kvt__room_msg_clear(q);
+        kvtc__queue_reply(c, s, KVTC__CM_NAK, r->id, KVT_ERR_INVALID_PARAM,
+                          why);
+        kvtc__room_msg_clear(q);
         return;
     }
-    p = kvt__room_add_peer(r, s);
+    p = kvtc__room_add_peer(r, s);
     if (p == NULL) {
-        kvt__queue_reply(c, s, KVT__CM_NAK, r->id, KVT_ERR_NO_MEMORY,
-                         "prefill is out of memory");
-        kvt__room_msg_clear(q);
+        kvtc__queue_reply(c, s, KVTC__CM_NAK, r->id, KVT_ERR_NO_MEMORY,
+                          "prefill is out of memory");
+        kvtc__room_msg_clear(q);
         return;
     }
     r->nexpect = want;
     p->rank = q->tp_rank;
     p->flags = q->flags;
-    p->st = KVT__PEER_ACTIVE;
+    p->st = KVTC__PEER_ACTIVE;
     p->req = *q;
     memset(q, 0, sizeof(*q));
-    kvt__prefill_check(r);
+    kvtc__prefill_check(r);
     r->dirty = 1;
 }
 
-void kvt__prefill_on_room(kvt_conn_h c, kvt__sess_t *s, uint64_t room,
-                          kvt__room_msg_t *q)
+void kvtc__prefill_on_room(kvt_conn_h c, kvtc__sess_t *s, uint64_t room,
+                           kvtc__room_msg_t *q)
 {
-    struct kvt_room *r = kvt__room_find(c, room);
-    char why[KVT__WHY_MAX];
-    kvt__orphan_t *o;
+    struct kvt_room *r = kvtc__room_find(c, room);
+    char why[KVTC__WHY_MAX];
+    kvtc__orphan_t *o;
     size_t n = 0;
     kvt_status_t st = room_valid(c, s, q, why, sizeof(why));
 
     if (st != KVT_OK) {
-        KVT_LOG_W("connector: refusing room %" PRIu64 " from %s: %s", room,
-                  s->name, why);
-        kvt__queue_reply(c, s, KVT__CM_NAK, room, st, why);
-        kvt__room_msg_clear(q);
+        KVTC__LOG_W("connector: refusing room %" PRIu64 " from %s: %s", room,
+                    s->name, why);
+        kvtc__queue_reply(c, s, KVTC__CM_NAK, room, st, why);
+        kvtc__room_msg_clear(q);
         return;
     }
     if (r != NULL && r->role == KVT_ROLE_PREFILL) {
         attach(c, r, s, q);
         return;
     }
-    for (kvt__tomb_t *t = c->tombs; t != NULL; t = t->next) {
+    for (kvtc__tomb_t *t = c->tombs; t != NULL; t = t->next) {
         if (t->room == room) {
-            kvt__queue_reply(c, s, KVT__CM_NAK, room, KVT_ERR_CANCELED, t->why);
-            kvt__room_msg_clear(q);
+            kvtc__queue_reply(c, s, KVTC__CM_NAK, room, KVT_ERR_CANCELED,
+                              t->why);
+            kvtc__room_msg_clear(q);
             return;
         }
     }
@@ -170,56 +172,56 @@ void kvt__prefill_on_room(kvt_conn_h c, kvt__sess_t *s, uint64_t room,
         n++;
     o = n < 65536 ? calloc(1, sizeof(*o)) : NULL;
     if (o == NULL) {
-        kvt__queue_reply(c, s, KVT__CM_NAK, room, KVT_ERR_NO_SPACE,
-                         "too many rooms announced before their request "
-                         "reached prefill");
-        kvt__room_msg_clear(q);
+        kvtc__queue_reply(c, s, KVTC__CM_NAK, room, KVT_ERR_NO_SPACE,
+                          "too many rooms announced before their request "
+                          "reached prefill");
+        kvtc__room_msg_clear(q);
         return;
     }
     o->sess = s;
-    kvt__sess_ref(s);
+    kvtc__sess_ref(s);
     o->room = room;
-    o->t = kvt__conn_now_ms();
+    o->t = kvtc__conn_now_ms();
     o->req = *q;
     memset(q, 0, sizeof(*q));
     o->next = c->orphans;
     c->orphans = o;
 }
 
-void kvt__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
+void kvtc__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
 {
-    for (kvt__orphan_t **pp = &c->orphans; *pp != NULL;) {
-        kvt__orphan_t *o = *pp;
+    for (kvtc__orphan_t **pp = &c->orphans; *pp != NULL;) {
+        kvtc__orphan_t *o = *pp;
         if (o->room != r->id) {
             pp = &o->next;
             continue;
         }
         *pp = o->next;
-        if (o->sess->state == KVT__SESS_ALIVE)
+        if (o->sess->state == KVTC__SESS_ALIVE)
             attach(c, r, o->sess, &o->req);
-        kvt__room_msg_clear(&o->req);
-        kvt__sess_unref(o->sess);
+        kvtc__room_msg_clear(&o->req);
+        kvtc__sess_unref(o->sess);
         free(o);
     }
 }
 
 /* ---- Jobs ---------------------------------------------------------------- */
 
-static void job_free(kvt__job_t *j)
+static void job_free(kvtc__job_t *j)
 {
     if (j->batch != NULL) {
-        kvt__conn_batch_forget(j->batch);
+        kvtc__conn_batch_forget(j->batch);
         if (kvt_batch_free(j->batch) != KVT_OK)
-            KVT_LOG_W("connector: leaving a busy batch to the engine");
+            KVTC__LOG_W("connector: leaving a busy batch to the engine");
     }
     free(j->runs);
     free(j);
 }
 
-void kvt__job_free_all(struct kvt_room *r)
+void kvtc__job_free_all(struct kvt_room *r)
 {
     while (r->jobs != NULL) {
-        kvt__job_t *j = r->jobs;
+        kvtc__job_t *j = r->jobs;
         r->jobs = j->next;
         job_free(j);
     }
@@ -227,13 +229,13 @@ void kvt__job_free_all(struct kvt_room *r)
 
 /* The pairs (source block, decode block) of chunk @k that decode rank
  * @p asked for, grouped in runs. */
-static kvt__job_t *job_new(kvt_conn_h c, struct kvt_room *r, kvt__chunk_t *k,
-                           uint32_t peer)
+static kvtc__job_t *job_new(kvt_conn_h c, struct kvt_room *r, kvtc__chunk_t *k,
+                            uint32_t peer)
 {
-    const kvt__room_msg_t *q = &r->peers[peer].req;
+    const kvtc__room_msg_t *q = &r->peers[peer].req;
     uint64_t lo = k->offset > q->first_block ? k->offset : q->first_block;
     uint64_t hi = k->offset + k->n, qend = q->first_block + q->nblocks;
-    kvt__job_t *j = calloc(1, sizeof(*j));
+    kvtc__job_t *j = calloc(1, sizeof(*j));
     uint32_t *dst = NULL;
     size_t n;
 
@@ -255,12 +257,12 @@ static kvt__job_t *job_new(kvt_conn_h c, struct kvt_room *r, kvt__chunk_t *k,
         }
         for (size_t i = 0; i < n; i++)
             dst[i] = q->ids[lo - q->first_block + i];
-        j->nruns = kvt__runs_build(k->ids + (lo - k->offset), dst, n,
-                                   kvt__max_run(c->lay.tokens), j->runs);
+        j->nruns = kvtc__runs_build(k->ids + (lo - k->offset), dst, n,
+                                    kvtc__max_run(c->lay.tokens), j->runs);
         free(dst);
     }
     if (k->is_last && r->aux != NULL &&
-        !(r->peers[peer].flags & KVT__ROOM_DUMMY))
+        !(r->peers[peer].flags & KVTC__ROOM_DUMMY))
         for (uint32_t i = 0; i < q->naux; i++)
             if (q->aux_slots[i] != UINT64_MAX)
                 j->want_aux = 1;
@@ -270,24 +272,24 @@ static kvt__job_t *job_new(kvt_conn_h c, struct kvt_room *r, kvt__chunk_t *k,
 /* Descriptors of layers [l0, l1) for job @j (or only their count when
  * @out is NULL). */
 static size_t layer_descs(kvt_conn_h c, const struct kvt_room *r,
-                          const kvt__job_t *j, uint32_t l0, uint32_t l1,
+                          const kvtc__job_t *j, uint32_t l0, uint32_t l1,
                           kvt_xfer_desc_t *out)
 {
-    const kvt__peer_t *p = &r->peers[j->peer];
-    int dummy = (p->flags & KVT__ROOM_DUMMY) != 0;
+    const kvtc__peer_t *p = &r->peers[j->peer];
+    int dummy = (p->flags & KVTC__ROOM_DUMMY) != 0;
     size_t n = 0;
 
     for (uint32_t l = l0; l < l1; l++) {
         for (uint32_t i = c->lay.first[l]; i < c->lay.first[l + 1]; i++) {
-            const kvt__xplan_t *x = &p->sess->plan[i];
+            const kvtc__xplan_t *x = &p->sess->plan[i];
             if (dummy && x->skip_if_dummy)
                 continue;
             for (size_t k = 0; k < j->nruns; k++) {
                 if (out == NULL)
-                    n += kvt__xplan_count(x, &j->runs[k]);
+                    n += kvtc__xplan_count(x, &j->runs[k]);
                 else
-                    n += kvt__xplan_descs(x, &j->runs[k], p->sess->seg, l,
-                                          out + n);
+                    n += kvtc__xplan_descs(x, &j->runs[k], p->sess->seg, l,
+                                           out + n);
             }
         }
     }
@@ -295,10 +297,10 @@ static size_t layer_descs(kvt_conn_h c, const struct kvt_room *r,
 }
 
 static size_t aux_descs(kvt_conn_h c, const struct kvt_room *r,
-                        const kvt__job_t *j, kvt_xfer_desc_t *out)
+                        const kvtc__job_t *j, kvt_xfer_desc_t *out)
 {
-    const kvt__peer_t *p = &r->peers[j->peer];
-    const kvt__layout_t *dl = &p->sess->peer_lay;
+    const kvtc__peer_t *p = &r->peers[j->peer];
+    const kvtc__layout_t *dl = &p->sess->peer_lay;
     size_t n = 0;
 
     for (uint32_t i = 0; i < c->lay.naux; i++) {
@@ -321,10 +323,10 @@ static size_t aux_descs(kvt_conn_h c, const struct kvt_room *r,
 
 /* Report a failed job: a transport failure kills the session (and with
  * it every room on it); any other error fails this room. */
-static void job_failed(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j,
+static void job_failed(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j,
                        kvt_status_t st)
 {
-    kvt__peer_t *p = &r->peers[j->peer];
+    kvtc__peer_t *p = &r->peers[j->peer];
 
     switch (st) {
     case KVT_ERR_CONN_LOST:
@@ -332,21 +334,22 @@ static void job_failed(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j,
     case KVT_ERR_UNREACHABLE:
     case KVT_ERR_CLOSED:
     case KVT_ERR_CANCELED:
-        kvt__sess_kill(c, p->sess, st, "writes to %s failed: %s", p->sess->name,
-                       kvt_status_str(st));
+        kvtc__sess_kill(c, p->sess, st, "writes to %s failed: %s",
+                        p->sess->name, kvt_status_str(st));
         break;
     default:
         break;
     }
-    kvt__room_fail(r, st, "writes to decode rank %u (%s) failed: %s", p->rank,
-                   p->sess->name, kvt_status_str(st));
+    kvtc__room_fail(r, st, "writes to decode rank %u (%s) failed: %s", p->rank,
+                    p->sess->name, kvt_status_str(st));
 }
 
 /* Submit @n descriptors from the scratch into the job's batch, creating
  * it (sized for every descriptor the job will ever have) on first use. */
-static int job_submit(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j, size_t n)
+static int job_submit(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j,
+                      size_t n)
 {
-    kvt__peer_t *p = &r->peers[j->peer];
+    kvtc__peer_t *p = &r->peers[j->peer];
     kvt_status_t st;
 
     if (j->batch == NULL) {
@@ -358,15 +361,15 @@ static int job_submit(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j, size_t n)
             job_failed(c, r, j, st);
             return -1;
         }
-        kvt__conn_batch_watch(c, j->batch);
+        kvtc__conn_batch_watch(c, j->batch);
         j->cap = cap;
     }
     if (!p->started) {
-        kvt__cmb_t b;
+        kvtc__cmb_t b;
         p->started = 1;
-        kvt__cmb_init(&b, KVT__CM_STARTED, p->sess->id, r->id);
-        if (kvt__cmb_finish(&b) == KVT_OK)
-            kvt__ctrl_send(c, p->sess, &b, r->id, r->serial, j->peer);
+        kvtc__cmb_init(&b, KVTC__CM_STARTED, p->sess->id, r->id);
+        if (kvtc__cmb_finish(&b) == KVT_OK)
+            kvtc__ctrl_send(c, p->sess, &b, r->id, r->serial, j->peer);
     }
     st = kvt_batch_submit(j->batch, c->descs, n);
     if (st != KVT_OK) {
@@ -382,21 +385,21 @@ static int job_submit(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j, size_t n)
  * then the aux items once the step has ended. Nothing is submitted for a
  * failing room or a target that is not active.
  */
-static void job_advance(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j)
+static void job_advance(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j)
 {
     uint32_t L = c->lay.nlayers, I = c->submit_interval, ready, upto;
     int aux_ready;
     size_t n;
 
     if (j->all_submitted || r->failing ||
-        r->peers[j->peer].st != KVT__PEER_ACTIVE)
+        r->peers[j->peer].st != KVTC__PEER_ACTIVE)
         return;
-    kvt__step_state(c, j->chunk->step, &ready, &aux_ready);
+    kvtc__step_state(c, j->chunk->step, &ready, &aux_ready);
     upto = ready >= L ? L : (ready / I) * I;
     if (upto > j->next_layer) {
         n = layer_descs(c, r, j, j->next_layer, upto, NULL);
         if (n > 0) {
-            if (kvt__conn_descs(c, n) != 0) {
+            if (kvtc__conn_descs(c, n) != 0) {
                 job_failed(c, r, j, KVT_ERR_NO_MEMORY);
                 return;
             }
@@ -408,7 +411,7 @@ static void job_advance(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j)
     }
     if (j->next_layer == L && j->want_aux && !j->aux_done && aux_ready) {
         n = aux_descs(c, r, j, NULL);
-        if (kvt__conn_descs(c, n) != 0) {
+        if (kvtc__conn_descs(c, n) != 0) {
             job_failed(c, r, j, KVT_ERR_NO_MEMORY);
             return;
         }
@@ -422,7 +425,7 @@ static void job_advance(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j)
 }
 
 /* Poll the job's batch; returns non-zero while writes are in flight. */
-static int job_poll(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j)
+static int job_poll(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j)
 {
     kvt_batch_state_t bs;
     kvt_status_t st;
@@ -450,9 +453,9 @@ static int job_poll(kvt_conn_h c, struct kvt_room *r, kvt__job_t *j)
     return 0;
 }
 
-int kvt__prefill_quiescent(struct kvt_room *r)
+int kvtc__prefill_quiescent(struct kvt_room *r)
 {
-    for (kvt__job_t *j = r->jobs; j != NULL; j = j->next)
+    for (kvtc__job_t *j = r->jobs; j != NULL; j = j->next)
         if (j->batch != NULL)
             return 0;
     return 1;
@@ -462,14 +465,14 @@ int kvt__prefill_quiescent(struct kvt_room *r)
  * only ever appended, so each chunk remembers how many it has covered. */
 static void make_jobs(kvt_conn_h c, struct kvt_room *r)
 {
-    for (kvt__chunk_t *k = r->chunks; k != NULL; k = k->next) {
+    for (kvtc__chunk_t *k = r->chunks; k != NULL; k = k->next) {
         for (; k->covered < r->npeers; k->covered++) {
-            kvt__job_t *j;
-            if (r->peers[k->covered].st != KVT__PEER_ACTIVE)
+            kvtc__job_t *j;
+            if (r->peers[k->covered].st != KVTC__PEER_ACTIVE)
                 continue;
             j = job_new(c, r, k, k->covered);
             if (j == NULL) {
-                kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
+                kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory");
                 return;
             }
             j->next = r->jobs;
@@ -486,9 +489,9 @@ static int target_complete(const struct kvt_room *r, uint32_t i)
 
     if (!r->got_last)
         return 0;
-    for (const kvt__chunk_t *k = r->chunks; k != NULL; k = k->next)
+    for (const kvtc__chunk_t *k = r->chunks; k != NULL; k = k->next)
         chunks++;
-    for (const kvt__job_t *j = r->jobs; j != NULL; j = j->next) {
+    for (const kvtc__job_t *j = r->jobs; j != NULL; j = j->next) {
         if (j->peer != i)
             continue;
         if (!j->final || j->st != KVT_OK)
@@ -508,26 +511,26 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
 {
     int busy = 0, open = 0;
 
-    for (kvt__job_t *j = r->jobs; j != NULL; j = j->next)
+    for (kvtc__job_t *j = r->jobs; j != NULL; j = j->next)
         busy |= job_poll(c, r, j);
-    if (!kvt__prefill_quiescent(r))
+    if (!kvtc__prefill_quiescent(r))
         return 1;
     for (uint32_t i = 0; i < r->npeers; i++) {
-        kvt__peer_t *p = &r->peers[i];
+        kvtc__peer_t *p = &r->peers[i];
         if (p->need_ack) {
-            kvt__peer_abort_ack(c, r, i);
-            if (p->st != KVT__PEER_DONE)
-                p->st = KVT__PEER_QUIET;
+            kvtc__peer_abort_ack(c, r, i);
+            if (p->st != KVTC__PEER_DONE)
+                p->st = KVTC__PEER_QUIET;
         }
         switch (p->st) {
-        case KVT__PEER_ACTIVE:
-            kvt__peer_abort_start(c, r, i, now);
+        case KVTC__PEER_ACTIVE:
+            kvtc__peer_abort_start(c, r, i, now);
             open = 1;
             break;
-        case KVT__PEER_ABORTING:
-            open |= kvt__peer_abort_wait(c, r, i, now);
+        case KVTC__PEER_ABORTING:
+            open |= kvtc__peer_abort_wait(c, r, i, now);
             break;
-        case KVT__PEER_DONE_SENDING:
+        case KVTC__PEER_DONE_SENDING:
             open = 1;
             break;
         default:
@@ -535,49 +538,49 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
         }
     }
     if (!open)
-        kvt__room_final(r, KVT_POLL_FAILED);
+        kvtc__room_final(r, KVT_POLL_FAILED);
     return busy;
 }
 
-int kvt__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
+int kvtc__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
 {
     int busy = 0, bootstrapped, done = 1;
 
-    if (kvt__room_is_final(r))
+    if (kvtc__room_is_final(r))
         return 0;
     if (r->failing)
         return fail_progress(c, r, now);
     bootstrapped = r->nexpect > 0 && r->npeers == r->nexpect;
     if (bootstrapped && r->state == KVT_POLL_BOOTSTRAPPING)
-        kvt__room_set(r, KVT_POLL_WAITING_FOR_INPUT,
-                      "%u decode rank(s) announced the room", r->npeers);
+        kvtc__room_set(r, KVT_POLL_WAITING_FOR_INPUT,
+                       "%u decode rank(s) announced the room", r->npeers);
     if (bootstrapped && r->inited && r->chunks != NULL &&
         r->state == KVT_POLL_WAITING_FOR_INPUT)
-        kvt__room_set(r, KVT_POLL_TRANSFERRING, "sending to %u decode rank(s)",
-                      r->npeers);
+        kvtc__room_set(r, KVT_POLL_TRANSFERRING, "sending to %u decode rank(s)",
+                       r->npeers);
     if (!r->inited)
         return 0;
     make_jobs(c, r);
-    for (kvt__job_t *j = r->jobs; j != NULL && !r->failing; j = j->next) {
+    for (kvtc__job_t *j = r->jobs; j != NULL && !r->failing; j = j->next) {
         job_advance(c, r, j);
         busy |= job_poll(c, r, j);
     }
     if (r->failing)
         return 1;
     for (uint32_t i = 0; i < r->npeers; i++) {
-        kvt__peer_t *p = &r->peers[i];
-        if (p->st == KVT__PEER_ACTIVE && target_complete(r, i)) {
-            kvt__cmb_t b;
-            p->st = KVT__PEER_DONE_SENDING;
-            kvt__cmb_init(&b, KVT__CM_DONE, p->sess->id, r->id);
-            if (kvt__cmb_finish(&b) == KVT_OK)
-                kvt__ctrl_send(c, p->sess, &b, r->id, r->serial, i);
+        kvtc__peer_t *p = &r->peers[i];
+        if (p->st == KVTC__PEER_ACTIVE && target_complete(r, i)) {
+            kvtc__cmb_t b;
+            p->st = KVTC__PEER_DONE_SENDING;
+            kvtc__cmb_init(&b, KVTC__CM_DONE, p->sess->id, r->id);
+            if (kvtc__cmb_finish(&b) == KVT_OK)
+                kvtc__ctrl_send(c, p->sess, &b, r->id, r->serial, i);
         }
-        done &= p->st == KVT__PEER_DONE;
+        done &= p->st == KVTC__PEER_DONE;
     }
     if (bootstrapped && done)
-        kvt__room_set(r, KVT_POLL_SUCCESS,
-                      "every block and aux item reached %u decode rank(s)",
-                      r->npeers);
+        kvtc__room_set(r, KVT_POLL_SUCCESS,
+                       "every block and aux item reached %u decode rank(s)",
+                       r->npeers);
     return busy;
 }

@@ -29,17 +29,17 @@ const char *kvt_poll_str(kvt_poll_t state)
     return "unknown";
 }
 
-const char *kvt__role_str(int role)
+const char *kvtc__role_str(int role)
 {
     return role == KVT_ROLE_PREFILL ? "prefill" : "decode";
 }
 
 static unsigned room_hash(uint64_t id)
 {
-    return (unsigned)((id * 0x9e3779b97f4a7c15ull) >> 54) % KVT__ROOM_HASH;
+    return (unsigned)((id * 0x9e3779b97f4a7c15ull) >> 54) % KVTC__ROOM_HASH;
 }
 
-struct kvt_room *kvt__room_find(kvt_conn_h c, uint64_t id)
+struct kvt_room *kvtc__room_find(kvt_conn_h c, uint64_t id)
 {
     for (struct kvt_room *r = c->hash[room_hash(id)]; r != NULL; r = r->hnext)
         if (r->id == id)
@@ -47,7 +47,7 @@ struct kvt_room *kvt__room_find(kvt_conn_h c, uint64_t id)
     return NULL;
 }
 
-int kvt__room_is_final(const struct kvt_room *r)
+int kvtc__room_is_final(const struct kvt_room *r)
 {
     return r->state == KVT_POLL_SUCCESS || r->state == KVT_POLL_FAILED;
 }
@@ -55,7 +55,7 @@ int kvt__room_is_final(const struct kvt_room *r)
 /* Count @r leaving its state for @state, now (@now_ns). */
 static void room_account(struct kvt_room *r, kvt_poll_t state, uint64_t now_ns)
 {
-    kvt__conn_stats_t *st = &r->conn->stats;
+    kvtc__conn_stats_t *st = &r->conn->stats;
     unsigned from = (unsigned)r->state, to = (unsigned)state;
 
     if (from < 5) {
@@ -81,31 +81,31 @@ static void room_account(struct kvt_room *r, kvt_poll_t state, uint64_t now_ns)
     }
 }
 
-void kvt__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
+void kvtc__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
 {
     va_list ap;
     uint64_t now_ns;
 
-    if (kvt__room_is_final(r) || r->state == state)
+    if (kvtc__room_is_final(r) || r->state == state)
         return;
-    now_ns = kvt__conn_now_ns();
+    now_ns = kvtc__conn_now_ns();
     room_account(r, state, now_ns);
     r->state = state;
-    r->t_state = kvt__conn_now_ms();
+    r->t_state = kvtc__conn_now_ms();
     r->t_state_ns = now_ns;
     va_start(ap, fmt);
     vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
     va_end(ap);
-    KVT_LOG_D("connector: %s room %" PRIu64 ": %s (%s)", kvt__role_str(r->role),
-              r->id, kvt_poll_str(state), r->reason);
+    KVTC__LOG_D("connector: %s room %" PRIu64 ": %s (%s)",
+                kvtc__role_str(r->role), r->id, kvt_poll_str(state), r->reason);
     pthread_cond_broadcast(&r->conn->changed);
 }
 
-void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
+void kvtc__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
 {
     va_list ap;
 
-    if (kvt__room_is_final(r) || r->failing)
+    if (kvtc__room_is_final(r) || r->failing)
         return;
     r->failing = 1;
     r->ferr = err;
@@ -113,29 +113,29 @@ void kvt__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
     vsnprintf(r->freason, sizeof(r->freason), fmt, ap);
     va_end(ap);
     r->dirty = 1;
-    KVT_LOG_I("connector: %s room %" PRIu64 " fails: %s",
-              kvt__role_str(r->role), r->id, r->freason);
-    kvt__conn_wake(r->conn);
+    KVTC__LOG_I("connector: %s room %" PRIu64 " fails: %s",
+                kvtc__role_str(r->role), r->id, r->freason);
+    kvtc__conn_wake(r->conn);
 }
 
-void kvt__room_final(struct kvt_room *r, kvt_poll_t state)
+void kvtc__room_final(struct kvt_room *r, kvt_poll_t state)
 {
-    if (kvt__room_is_final(r))
+    if (kvtc__room_is_final(r))
         return;
     if (state == KVT_POLL_FAILED) {
         r->error = r->ferr;
         snprintf(r->reason, sizeof(r->reason), "%s", r->freason);
     }
-    room_account(r, state, kvt__conn_now_ns());
+    room_account(r, state, kvtc__conn_now_ns());
     r->state = state;
-    r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__conn_now_ns();
+    r->t_state = kvtc__conn_now_ms();
+    r->t_state_ns = kvtc__conn_now_ns();
     pthread_cond_broadcast(&r->conn->changed);
 }
 
-kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s)
+kvtc__peer_t *kvtc__room_add_peer(struct kvt_room *r, kvtc__sess_t *s)
 {
-    kvt__peer_t *p;
+    kvtc__peer_t *p;
 
     if (r->npeers == r->cap_peers) {
         uint32_t cap = r->cap_peers ? 2 * r->cap_peers : 4;
@@ -148,7 +148,7 @@ kvt__peer_t *kvt__room_add_peer(struct kvt_room *r, kvt__sess_t *s)
     p = &r->peers[r->npeers++];
     memset(p, 0, sizeof(*p));
     p->sess = s;
-    kvt__sess_ref(s);
+    kvtc__sess_ref(s);
     return p;
 }
 
@@ -158,7 +158,7 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     struct kvt_room *r;
     unsigned h = room_hash(id);
 
-    if (kvt__room_find(c, id) != NULL)
+    if (kvtc__room_find(c, id) != NULL)
         return KVT_ERR_EXISTS;
     r = calloc(1, sizeof(*r));
     if (r == NULL)
@@ -170,8 +170,8 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     r->state = KVT_POLL_BOOTSTRAPPING;
     atomic_fetch_add(&c->stats.rooms[KVT_POLL_BOOTSTRAPPING], 1);
     atomic_fetch_add(&c->stats.entered[KVT_POLL_BOOTSTRAPPING], 1);
-    r->t_created = r->t_state = kvt__conn_now_ms();
-    r->t_state_ns = kvt__conn_now_ns();
+    r->t_created = r->t_state = kvtc__conn_now_ms();
+    r->t_state_ns = kvtc__conn_now_ns();
     r->chunk_tail = &r->chunks;
     r->group = -1;
     r->hnext = c->hash[h];
@@ -185,7 +185,7 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
 /* Unlink from the list and the hash, release everything. The room must
  * be quiescent (final, or the connector is being destroyed after its
  * threads stopped). */
-void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
+void kvtc__room_free(kvt_conn_h c, struct kvt_room *r)
 {
     struct kvt_room **pp;
 
@@ -203,16 +203,16 @@ void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
     }
     if ((unsigned)r->state < 5)
         atomic_fetch_sub(&c->stats.rooms[r->state], 1);
-    kvt__job_free_all(r);
+    kvtc__job_free_all(r);
     while (r->chunks != NULL) {
-        kvt__chunk_t *k = r->chunks;
+        kvtc__chunk_t *k = r->chunks;
         r->chunks = k->next;
         free(k->ids);
         free(k);
     }
     for (uint32_t i = 0; i < r->npeers; i++) {
-        kvt__room_msg_clear(&r->peers[i].req);
-        kvt__sess_unref(r->peers[i].sess);
+        kvtc__room_msg_clear(&r->peers[i].req);
+        kvtc__sess_unref(r->peers[i].sess);
     }
     free(r->peers);
     free(r->ids);
@@ -225,18 +225,18 @@ void kvt__room_free(kvt_conn_h c, struct kvt_room *r)
  * at once rather than after the waiting timeout. */
 static void room_retire(kvt_conn_h c, struct kvt_room *r)
 {
-    kvt__tomb_t *t;
+    kvtc__tomb_t *t;
 
     if (r->role == KVT_ROLE_PREFILL && r->state == KVT_POLL_FAILED &&
         (t = calloc(1, sizeof(*t))) != NULL) {
         t->room = r->id;
-        t->t = kvt__conn_now_ms();
+        t->t = kvtc__conn_now_ms();
         snprintf(t->why, sizeof(t->why), "the room failed on prefill: %s",
                  r->reason);
         t->next = c->tombs;
         c->tombs = t;
     }
-    kvt__room_free(c, r);
+    kvtc__room_free(c, r);
 }
 
 /*
@@ -245,44 +245,44 @@ static void room_retire(kvt_conn_h c, struct kvt_room *r)
  * waits for (writes, acknowledgements) is bounded by the engine's
  * transfer timeout and the peer timeout.
  */
-void kvt__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i)
+void kvtc__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i)
 {
-    kvt__peer_t *p = &r->peers[i];
+    kvtc__peer_t *p = &r->peers[i];
     if (p->need_ack) {
         p->need_ack = 0;
-        kvt__ctrl_status(c, p->sess, KVT__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
-                         "");
+        kvtc__ctrl_status(c, p->sess, KVTC__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
+                          "");
     }
 }
 
-void kvt__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                           uint64_t now)
+void kvtc__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                            uint64_t now)
 {
-    kvt__peer_t *p = &r->peers[i];
-    p->st = KVT__PEER_ABORTING;
+    kvtc__peer_t *p = &r->peers[i];
+    p->st = KVTC__PEER_ABORTING;
     p->t_abort = now;
-    kvt__ctrl_status(c, p->sess, KVT__CM_ABORT, r->id, 0, i, r->ferr,
-                     r->freason);
+    kvtc__ctrl_status(c, p->sess, KVTC__CM_ABORT, r->id, 0, i, r->ferr,
+                      r->freason);
 }
 
-int kvt__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                         uint64_t now)
+int kvtc__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                          uint64_t now)
 {
-    kvt__peer_t *p = &r->peers[i];
-    if (kvt__since(now, p->t_abort) > c->peer_ms)
-        kvt__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
-                       "%s did not acknowledge an abort in %" PRIu64 " ms",
-                       p->sess->name, c->peer_ms);
-    return p->st == KVT__PEER_ABORTING;
+    kvtc__peer_t *p = &r->peers[i];
+    if (kvtc__since(now, p->t_abort) > c->peer_ms)
+        kvtc__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
+                        "%s did not acknowledge an abort in %" PRIu64 " ms",
+                        p->sess->name, c->peer_ms);
+    return p->st == KVTC__PEER_ABORTING;
 }
 
-void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
+void kvtc__rooms_tick(kvt_conn_h c, uint64_t now)
 {
     struct kvt_room *r = c->rooms, *next;
 
     for (; r != NULL; r = next) {
         next = r->next;
-        if (kvt__room_is_final(r)) {
+        if (kvtc__room_is_final(r)) {
             if (r->detached)
                 room_retire(c, r);
             continue;
@@ -291,29 +291,29 @@ void kvt__rooms_tick(kvt_conn_h c, uint64_t now)
             continue;
         switch (r->state) {
         case KVT_POLL_BOOTSTRAPPING:
-            if (kvt__since(now, r->t_created) > c->bootstrap_ms)
-                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
-                               "bootstrap timed out after %" PRIu64 " ms: %s",
-                               c->bootstrap_ms,
-                               r->wait_why[0] ? r->wait_why
-                               : r->role == KVT_ROLE_PREFILL
-                                   ? "no decode rank announced the room"
-                                   : "the prefill ranks did not answer");
+            if (kvtc__since(now, r->t_created) > c->bootstrap_ms)
+                kvtc__room_fail(r, KVT_ERR_TIMEDOUT,
+                                "bootstrap timed out after %" PRIu64 " ms: %s",
+                                c->bootstrap_ms,
+                                r->wait_why[0] ? r->wait_why
+                                : r->role == KVT_ROLE_PREFILL
+                                    ? "no decode rank announced the room"
+                                    : "the prefill ranks did not answer");
             break;
         case KVT_POLL_WAITING_FOR_INPUT:
-            if (kvt__since(now, r->t_state) > c->waiting_ms)
-                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
-                               "waited %" PRIu64 " ms for %s", c->waiting_ms,
-                               r->role == KVT_ROLE_PREFILL
-                                   ? "the blocks to send"
-                               : r->inited ? "prefill to start sending"
-                                           : "init()");
+            if (kvtc__since(now, r->t_state) > c->waiting_ms)
+                kvtc__room_fail(r, KVT_ERR_TIMEDOUT,
+                                "waited %" PRIu64 " ms for %s", c->waiting_ms,
+                                r->role == KVT_ROLE_PREFILL
+                                    ? "the blocks to send"
+                                : r->inited ? "prefill to start sending"
+                                            : "init()");
             break;
         case KVT_POLL_TRANSFERRING:
-            if (kvt__since(now, r->t_state) > c->transfer_ms)
-                kvt__room_fail(r, KVT_ERR_TIMEDOUT,
-                               "the transfer took longer than %" PRIu64 " ms",
-                               c->transfer_ms);
+            if (kvtc__since(now, r->t_state) > c->transfer_ms)
+                kvtc__room_fail(r, KVT_ERR_TIMEDOUT,
+                                "the transfer took longer than %" PRIu64 " ms",
+                                c->transfer_ms);
             break;
         default:
             break;
@@ -338,17 +338,17 @@ kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
         goto out;
     snprintf(r->reason, sizeof(r->reason),
              "waiting for decode to announce the room");
-    for (kvt__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
-        kvt__tomb_t *t = *pp;
+    for (kvtc__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
+        kvtc__tomb_t *t = *pp;
         if (t->room == room && t->aborted) {
-            kvt__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
+            kvtc__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
             *pp = t->next;
             free(t);
             break;
         }
     }
-    kvt__prefill_adopt(c, r);
-    kvt__conn_wake(c);
+    kvtc__prefill_adopt(c, r);
+    kvtc__conn_wake(c);
     *sender_p = r;
 out:
     pthread_mutex_unlock(&c->lock);
@@ -392,16 +392,16 @@ kvt_status_t kvt_sender_init(kvt_sender_h r, uint64_t num_blocks,
         return st;
     c = r->conn;
     pthread_mutex_lock(&c->lock);
-    if (r->inited || kvt__room_is_final(r))
+    if (r->inited || kvtc__room_is_final(r))
         goto out;
     st = expand_aux(c, aux_slots, num_aux_slots, &r->aux);
     if (st != KVT_OK)
         goto out;
     r->num_blocks = num_blocks;
     r->inited = 1;
-    kvt__prefill_check(r);
+    kvtc__prefill_check(r);
     r->dirty = 1;
-    kvt__conn_wake(c);
+    kvtc__conn_wake(c);
 out:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -411,7 +411,7 @@ kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
                                   const uint32_t *ids, size_t n, int is_last)
 {
     kvt_conn_h c;
-    kvt__chunk_t *k = NULL;
+    kvtc__chunk_t *k = NULL;
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
 
     if (r == NULL || r->role != KVT_ROLE_PREFILL || (n > 0 && ids == NULL))
@@ -429,13 +429,13 @@ kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
     r->next_block += n;
     r->got_last = is_last != 0;
     if (r->got_last)
-        r->t_last_ns = kvt__conn_now_ns();
-    if (kvt__room_is_final(r) || r->failing)
+        r->t_last_ns = kvtc__conn_now_ns();
+    if (kvtc__room_is_final(r) || r->failing)
         goto out;
     k = calloc(1, sizeof(*k));
     if (k == NULL || (n > 0 && (k->ids = malloc(n * sizeof(*ids))) == NULL)) {
         free(k);
-        kvt__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory for a chunk");
+        kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory for a chunk");
         goto out;
     }
     if (n > 0)
@@ -447,7 +447,7 @@ kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
     *r->chunk_tail = k;
     r->chunk_tail = &k->next;
     r->dirty = 1;
-    kvt__conn_wake(c);
+    kvtc__conn_wake(c);
 out:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -470,7 +470,7 @@ kvt_status_t kvt_receiver_create(kvt_conn_h c, const char *bootstrap_addr,
     kvt_status_t st;
 
     if (c == NULL || receiver_p == NULL || c->role != KVT_ROLE_DECODE ||
-        server == NULL || *server == '\0' || strlen(server) >= KVT__NAME_MAX)
+        server == NULL || *server == '\0' || strlen(server) >= KVTC__NAME_MAX)
         return KVT_ERR_INVALID_PARAM;
     pthread_mutex_lock(&c->lock);
     st = room_new(c, room, KVT_ROLE_DECODE, &r);
@@ -479,7 +479,7 @@ kvt_status_t kvt_receiver_create(kvt_conn_h c, const char *bootstrap_addr,
         r->group = prefill_dp_group;
         snprintf(r->reason, sizeof(r->reason),
                  "looking up the prefill ranks at %s", server);
-        kvt__conn_wake(c);
+        kvtc__conn_wake(c);
         *receiver_p = r;
     }
     pthread_mutex_unlock(&c->lock);
@@ -494,11 +494,11 @@ kvt_status_t kvt_receiver_init(kvt_receiver_h r, const uint32_t *ids, size_t n,
     kvt_status_t st = KVT_ERR_INVALID_PARAM;
 
     if (r == NULL || r->role != KVT_ROLE_DECODE || (n > 0 && ids == NULL) ||
-        n > KVT__CM_MAX / 4 || first_block > UINT32_MAX)
+        n > KVTC__CM_MAX / 4 || first_block > UINT32_MAX)
         return st;
     c = r->conn;
     pthread_mutex_lock(&c->lock);
-    if (r->inited || kvt__room_is_final(r))
+    if (r->inited || kvtc__room_is_final(r))
         goto out;
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= c->lay.num_blocks)
@@ -519,9 +519,9 @@ kvt_status_t kvt_receiver_init(kvt_receiver_h r, const uint32_t *ids, size_t n,
     r->first_block = first_block;
     r->inited = 1;
     /* The waiting timeout counts from init() on. */
-    r->t_state = kvt__conn_now_ms();
+    r->t_state = kvtc__conn_now_ms();
     r->dirty = 1;
-    kvt__conn_wake(c);
+    kvtc__conn_wake(c);
 out:
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -578,7 +578,7 @@ kvt_poll_t kvt_room_wait(struct kvt_room *r, int64_t timeout_ms)
         tsp = &ts;
     }
     pthread_mutex_lock(&r->conn->lock);
-    while (!kvt__room_is_final(r)) {
+    while (!kvtc__room_is_final(r)) {
         struct timespec now;
         if (tsp != NULL) {
             clock_gettime(CLOCK_MONOTONIC, &now);
@@ -598,9 +598,9 @@ kvt_status_t kvt_room_abort(struct kvt_room *r, const char *reason)
     if (r == NULL)
         return KVT_ERR_INVALID_PARAM;
     pthread_mutex_lock(&r->conn->lock);
-    kvt__room_fail(r, KVT_ERR_CANCELED, "aborted by %s: %s",
-                   kvt__role_str(r->role),
-                   reason && *reason ? reason : "no reason given");
+    kvtc__room_fail(r, KVT_ERR_CANCELED, "aborted by %s: %s",
+                    kvtc__role_str(r->role),
+                    reason && *reason ? reason : "no reason given");
     pthread_mutex_unlock(&r->conn->lock);
     return KVT_OK;
 }
@@ -613,11 +613,11 @@ void kvt_room_destroy(struct kvt_room *r)
         return;
     c = r->conn;
     pthread_mutex_lock(&c->lock);
-    kvt__room_fail(r, KVT_ERR_CANCELED, "the %s side released the room",
-                   kvt__role_str(r->role));
-    while (!kvt__room_is_final(r))
+    kvtc__room_fail(r, KVT_ERR_CANCELED, "the %s side released the room",
+                    kvtc__role_str(r->role));
+    while (!kvtc__room_is_final(r))
         pthread_cond_wait(&c->changed, &c->lock);
     r->detached = 1;
-    kvt__conn_wake(c);
+    kvtc__conn_wake(c);
     pthread_mutex_unlock(&c->lock);
 }

@@ -16,53 +16,53 @@
 
 /* ---- Sessions ---------------------------------------------------------- */
 
-kvt__sess_t *kvt__sess_find(kvt_conn_h c, const char *name)
+kvtc__sess_t *kvtc__sess_find(kvt_conn_h c, const char *name)
 {
-    for (kvt__sess_t *s = c->sessions; s != NULL; s = s->next)
-        if (s->state != KVT__SESS_DEAD && strcmp(s->name, name) == 0)
+    for (kvtc__sess_t *s = c->sessions; s != NULL; s = s->next)
+        if (s->state != KVTC__SESS_DEAD && strcmp(s->name, name) == 0)
             return s;
     return NULL;
 }
 
-kvt__sess_t *kvt__sess_new(kvt_conn_h c, const char *name)
+kvtc__sess_t *kvtc__sess_new(kvt_conn_h c, const char *name)
 {
-    kvt__sess_t *s = calloc(1, sizeof(*s));
+    kvtc__sess_t *s = calloc(1, sizeof(*s));
 
     if (s == NULL)
         return NULL;
     snprintf(s->name, sizeof(s->name), "%s", name);
-    s->state = KVT__SESS_NEW;
-    s->t_state = kvt__conn_now_ms();
+    s->state = KVTC__SESS_NEW;
+    s->t_state = kvtc__conn_now_ms();
     if (c->role == KVT_ROLE_DECODE)
         while (s->id == 0)
-            s->id = kvt__conn_random(c);
+            s->id = kvtc__conn_random(c);
     s->next = c->sessions;
     c->sessions = s;
     pthread_cond_signal(&c->slow_cv);
     return s;
 }
 
-void kvt__sess_ref(kvt__sess_t *s)
+void kvtc__sess_ref(kvtc__sess_t *s)
 {
     s->refs++;
 }
 
-void kvt__sess_unref(kvt__sess_t *s)
+void kvtc__sess_unref(kvtc__sess_t *s)
 {
     s->refs--;
 }
 
-static void sess_free(kvt__sess_t *s)
+static void sess_free(kvtc__sess_t *s)
 {
-    kvt__layout_clear(&s->peer_lay);
+    kvtc__layout_clear(&s->peer_lay);
     free(s->plan);
     free(s);
 }
 
-void kvt__sess_free_all(kvt_conn_h c)
+void kvtc__sess_free_all(kvt_conn_h c)
 {
     while (c->sessions != NULL) {
-        kvt__sess_t *s = c->sessions;
+        kvtc__sess_t *s = c->sessions;
         c->sessions = s->next;
         sess_free(s);
     }
@@ -75,58 +75,58 @@ void kvt__sess_free_all(kvt_conn_h c)
  * peer (it will move no data any more) and fails; rooms whose peer there
  * had already finished are untouched.
  */
-void kvt__sess_kill(kvt_conn_h c, kvt__sess_t *s, kvt_status_t err,
-                    const char *fmt, ...)
+void kvtc__sess_kill(kvt_conn_h c, kvtc__sess_t *s, kvt_status_t err,
+                     const char *fmt, ...)
 {
     va_list ap;
 
-    if (s->state == KVT__SESS_DEAD)
+    if (s->state == KVTC__SESS_DEAD)
         return;
-    s->state = KVT__SESS_DEAD;
-    s->t_state = kvt__conn_now_ms();
+    s->state = KVTC__SESS_DEAD;
+    s->t_state = kvtc__conn_now_ms();
     s->err = err;
     va_start(ap, fmt);
     vsnprintf(s->why, sizeof(s->why), fmt, ap);
     va_end(ap);
-    KVT_LOG_W("connector: %s session with %s is dead: %s",
-              kvt__role_str(c->role), s->name, s->why);
+    KVTC__LOG_W("connector: %s session with %s is dead: %s",
+                kvtc__role_str(c->role), s->name, s->why);
     if (s->seg != 0)
         kvt_segment_close(c->engine, s->seg);
     if (c->role == KVT_ROLE_DECODE)
-        kvt__topo_forget(c, s->name);
+        kvtc__topo_forget(c, s->name);
     for (struct kvt_room *r = c->rooms; r != NULL; r = r->next) {
         for (uint32_t i = 0; i < r->npeers; i++) {
-            kvt__peer_t *p = &r->peers[i];
-            if (p->sess != s || p->st == KVT__PEER_DONE)
+            kvtc__peer_t *p = &r->peers[i];
+            if (p->sess != s || p->st == KVTC__PEER_DONE)
                 continue;
-            p->st = KVT__PEER_QUIET;
+            p->st = KVTC__PEER_QUIET;
             p->need_ack = 0;
-            kvt__room_fail(r, err, "%s rank %u (%s): %s",
-                           c->role == KVT_ROLE_DECODE ? "prefill" : "decode",
-                           p->rank, s->name, s->why);
+            kvtc__room_fail(r, err, "%s rank %u (%s): %s",
+                            c->role == KVT_ROLE_DECODE ? "prefill" : "decode",
+                            p->rank, s->name, s->why);
         }
     }
-    kvt__conn_wake(c);
+    kvtc__conn_wake(c);
 }
 
 /* ---- Sending ------------------------------------------------------------- */
 
-void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
-                    uint64_t serial, uint32_t peer)
+void kvtc__ctrl_send(kvt_conn_h c, kvtc__sess_t *s, kvtc__cmb_t *b,
+                     uint64_t room, uint64_t serial, uint32_t peer)
 {
     uint8_t type = b->buf[5];
     uint8_t *frags = NULL;
     size_t *sizes = NULL, n = 1;
     kvt_xfer_desc_t one, *d = &one;
-    kvt__ctrl_t *m = NULL;
+    kvtc__ctrl_t *m = NULL;
     kvt_batch_h batch = NULL;
     kvt_status_t st;
 
-    if (s->state == KVT__SESS_DEAD || s->seg == 0)
+    if (s->state == KVTC__SESS_DEAD || s->seg == 0)
         goto out;
     if (b->len > KVT_NOTIFY_MAX) {
-        st = kvt__cm_fragment(b->buf, b->len, c->next_msg_id++, KVT_NOTIFY_MAX,
-                              &frags, &sizes, &n);
+        st = kvtc__cm_fragment(b->buf, b->len, c->next_msg_id++, KVT_NOTIFY_MAX,
+                               &frags, &sizes, &n);
         if (st != KVT_OK)
             goto err;
         d = calloc(n, sizeof(*d));
@@ -153,18 +153,18 @@ void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
     st = kvt_batch_create(c->engine, n, &batch);
     if (st != KVT_OK)
         goto err;
-    kvt__conn_batch_watch(c, batch);
+    kvtc__conn_batch_watch(c, batch);
     st = kvt_batch_submit(batch, d, n);
     if (st != KVT_OK)
         goto err;
     m->sess = s;
-    kvt__sess_ref(s);
+    kvtc__sess_ref(s);
     m->batch = batch;
     m->type = type;
     m->room = room;
     m->serial = serial;
     m->peer = peer;
-    m->t_sent = kvt__conn_now_ms();
+    m->t_sent = kvtc__conn_now_ms();
     m->next = c->ctrls;
     c->ctrls = m;
     m = NULL;
@@ -172,67 +172,67 @@ void kvt__ctrl_send(kvt_conn_h c, kvt__sess_t *s, kvt__cmb_t *b, uint64_t room,
 
 err:
     kvt_batch_free(batch);
-    kvt__sess_kill(c, s, st, "cannot send to %s: %s", s->name,
-                   kvt_status_str(st));
+    kvtc__sess_kill(c, s, st, "cannot send to %s: %s", s->name,
+                    kvt_status_str(st));
 out:
     free(m);
     if (d != &one)
         free(d);
     free(frags);
     free(sizes);
-    kvt__cmb_free(b);
+    kvtc__cmb_free(b);
 }
 
-void kvt__ctrl_status(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
-                      uint64_t serial, uint32_t peer, kvt_status_t st,
-                      const char *why)
+void kvtc__ctrl_status(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
+                       uint64_t room, uint64_t serial, uint32_t peer,
+                       kvt_status_t st, const char *why)
 {
-    kvt__status_msg_t sm;
-    kvt__cmb_t b;
+    kvtc__status_msg_t sm;
+    kvtc__cmb_t b;
 
     memset(&sm, 0, sizeof(sm));
     sm.status = st;
-    sm.who = (kvt__hello_t){(uint32_t)c->role, c->tp_rank, c->tp_size,
-                            c->dp_rank, c->dp_size};
+    sm.who = (kvtc__hello_t){(uint32_t)c->role, c->tp_rank, c->tp_size,
+                             c->dp_rank, c->dp_size};
     snprintf(sm.reason, sizeof(sm.reason), "%s", why ? why : "");
-    kvt__cmb_init(&b, type, s->id, room);
-    kvt__cm_status_encode(&b, &sm);
-    if (kvt__cmb_finish(&b) != KVT_OK) {
-        kvt__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
+    kvtc__cmb_init(&b, type, s->id, room);
+    kvtc__cm_status_encode(&b, &sm);
+    if (kvtc__cmb_finish(&b) != KVT_OK) {
+        kvtc__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    kvt__ctrl_send(c, s, &b, room, serial, peer);
+    kvtc__ctrl_send(c, s, &b, room, serial, peer);
 }
 
-static void send_plain(kvt_conn_h c, kvt__sess_t *s, uint8_t type,
+static void send_plain(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
                        uint64_t room)
 {
-    kvt__cmb_t b;
+    kvtc__cmb_t b;
 
-    kvt__cmb_init(&b, type, s->id, room);
-    if (kvt__cmb_finish(&b) != KVT_OK) {
-        kvt__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
+    kvtc__cmb_init(&b, type, s->id, room);
+    if (kvtc__cmb_finish(&b) != KVT_OK) {
+        kvtc__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    kvt__ctrl_send(c, s, &b, room, 0, 0);
+    kvtc__ctrl_send(c, s, &b, room, 0, 0);
 }
 
-static void send_hello(kvt_conn_h c, kvt__sess_t *s)
+static void send_hello(kvt_conn_h c, kvtc__sess_t *s)
 {
-    kvt__hello_t h = {(uint32_t)c->role, c->tp_rank, c->tp_size, c->dp_rank,
-                      c->dp_size};
-    kvt__cmb_t b;
+    kvtc__hello_t h = {(uint32_t)c->role, c->tp_rank, c->tp_size, c->dp_rank,
+                       c->dp_size};
+    kvtc__cmb_t b;
 
-    kvt__cmb_init(&b, KVT__CM_HELLO, s->id, 0);
-    kvt__cm_hello_encode(&b, &h, &c->lay);
-    if (kvt__cmb_finish(&b) != KVT_OK) {
-        kvt__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
+    kvtc__cmb_init(&b, KVTC__CM_HELLO, s->id, 0);
+    kvtc__cm_hello_encode(&b, &h, &c->lay);
+    if (kvtc__cmb_finish(&b) != KVT_OK) {
+        kvtc__sess_kill(c, s, KVT_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    kvt__ctrl_send(c, s, &b, 0, 0, 0);
+    kvtc__ctrl_send(c, s, &b, 0, 0, 0);
 }
 
-static kvt__peer_t *peer_of(struct kvt_room *r, const kvt__sess_t *s)
+static kvtc__peer_t *peer_of(struct kvt_room *r, const kvtc__sess_t *s)
 {
     for (uint32_t i = 0; i < r->npeers; i++)
         if (r->peers[i].sess == s)
@@ -241,24 +241,25 @@ static kvt__peer_t *peer_of(struct kvt_room *r, const kvt__sess_t *s)
 }
 
 /* What a successful control message completes. */
-static void ctrl_done(kvt_conn_h c, kvt__ctrl_t *m)
+static void ctrl_done(kvt_conn_h c, kvtc__ctrl_t *m)
 {
     struct kvt_room *r;
 
-    if (m->type == KVT__CM_PING) {
+    if (m->type == KVTC__CM_PING) {
         m->sess->ping_inflight = 0;
         return;
     }
-    if (m->type != KVT__CM_ROOM && m->type != KVT__CM_DONE)
+    if (m->type != KVTC__CM_ROOM && m->type != KVTC__CM_DONE)
         return;
-    r = kvt__room_find(c, m->room);
+    r = kvtc__room_find(c, m->room);
     if (r == NULL || r->serial != m->serial || m->peer >= r->npeers)
         return;
-    if (m->type == KVT__CM_ROOM && r->peers[m->peer].st == KVT__PEER_ANNOUNCING)
-        r->peers[m->peer].st = KVT__PEER_ACTIVE;
-    if (m->type == KVT__CM_DONE &&
-        r->peers[m->peer].st == KVT__PEER_DONE_SENDING)
-        r->peers[m->peer].st = KVT__PEER_DONE;
+    if (m->type == KVTC__CM_ROOM &&
+        r->peers[m->peer].st == KVTC__PEER_ANNOUNCING)
+        r->peers[m->peer].st = KVTC__PEER_ACTIVE;
+    if (m->type == KVTC__CM_DONE &&
+        r->peers[m->peer].st == KVTC__PEER_DONE_SENDING)
+        r->peers[m->peer].st = KVTC__PEER_DONE;
     r->dirty = 1;
 }
 
@@ -268,82 +269,83 @@ static void ctrl_done(kvt_conn_h c, kvt__ctrl_t *m)
  * owed replies go out, handshakes advance, live sessions are pinged, and
  * dead ones nobody refers to are freed.
  */
-int kvt__sess_tick(kvt_conn_h c, uint64_t now)
+int kvtc__sess_tick(kvt_conn_h c, uint64_t now)
 {
-    for (kvt__ctrl_t **pp = &c->ctrls; *pp != NULL;) {
-        kvt__ctrl_t *m = *pp;
+    for (kvtc__ctrl_t **pp = &c->ctrls; *pp != NULL;) {
+        kvtc__ctrl_t *m = *pp;
         kvt_status_t st = kvt_batch_query(m->batch, NULL);
         if (st == KVT_INPROGRESS) {
-            if (kvt__since(now, m->t_sent) > c->peer_ms)
-                kvt__sess_kill(c, m->sess, KVT_ERR_TIMEDOUT,
-                               "%s took no message for %" PRIu64 " ms",
-                               m->sess->name, c->peer_ms);
+            if (kvtc__since(now, m->t_sent) > c->peer_ms)
+                kvtc__sess_kill(c, m->sess, KVT_ERR_TIMEDOUT,
+                                "%s took no message for %" PRIu64 " ms",
+                                m->sess->name, c->peer_ms);
             pp = &m->next;
             continue;
         }
         if (st == KVT_OK)
             ctrl_done(c, m);
         else
-            kvt__sess_kill(c, m->sess, st, "a message to %s failed: %s",
-                           m->sess->name, kvt_status_str(st));
+            kvtc__sess_kill(c, m->sess, st, "a message to %s failed: %s",
+                            m->sess->name, kvt_status_str(st));
         *pp = m->next;
         kvt_batch_free(m->batch);
-        kvt__sess_unref(m->sess);
+        kvtc__sess_unref(m->sess);
         free(m);
     }
     while (c->replies != NULL) {
-        kvt__reply_t *q = c->replies;
+        kvtc__reply_t *q = c->replies;
         c->replies = q->next;
-        if (q->sess->state != KVT__SESS_DEAD && q->sess->seg != 0)
-            kvt__ctrl_status(c, q->sess, q->type, q->room, 0, 0, q->status,
-                             q->why);
-        kvt__sess_unref(q->sess);
+        if (q->sess->state != KVTC__SESS_DEAD && q->sess->seg != 0)
+            kvtc__ctrl_status(c, q->sess, q->type, q->room, 0, 0, q->status,
+                              q->why);
+        kvtc__sess_unref(q->sess);
         free(q);
     }
-    for (kvt__sess_t **pp = &c->sessions; *pp != NULL;) {
-        kvt__sess_t *s = *pp;
+    for (kvtc__sess_t **pp = &c->sessions; *pp != NULL;) {
+        kvtc__sess_t *s = *pp;
         switch (s->state) {
-        case KVT__SESS_OPENED:
+        case KVTC__SESS_OPENED:
             if (c->role == KVT_ROLE_DECODE) {
-                s->state = KVT__SESS_HELLO;
+                s->state = KVTC__SESS_HELLO;
                 s->t_state = now;
                 send_hello(c, s);
             } else if (s->verdict == KVT_OK) {
-                s->state = KVT__SESS_ALIVE;
+                s->state = KVTC__SESS_ALIVE;
                 s->t_state = s->t_ping = s->t_pong = now;
-                kvt__ctrl_status(c, s, KVT__CM_HELLO_ACK, 0, 0, 0, KVT_OK, "");
+                kvtc__ctrl_status(c, s, KVTC__CM_HELLO_ACK, 0, 0, 0, KVT_OK,
+                                  "");
             } else {
                 /* Refused: tell decode why, then let the session go
                  * without closing the segment under the answer. */
-                kvt__ctrl_status(c, s, KVT__CM_HELLO_ACK, 0, 0, 0, s->verdict,
-                                 s->why);
-                s->state = KVT__SESS_DEAD;
+                kvtc__ctrl_status(c, s, KVTC__CM_HELLO_ACK, 0, 0, 0, s->verdict,
+                                  s->why);
+                s->state = KVTC__SESS_DEAD;
                 s->err = s->verdict;
             }
             break;
-        case KVT__SESS_HELLO:
-            if (kvt__since(now, s->t_state) > c->peer_ms)
-                kvt__sess_kill(c, s, KVT_ERR_TIMEDOUT,
-                               "%s did not answer the handshake in %" PRIu64
-                               " ms",
-                               s->name, c->peer_ms);
+        case KVTC__SESS_HELLO:
+            if (kvtc__since(now, s->t_state) > c->peer_ms)
+                kvtc__sess_kill(c, s, KVT_ERR_TIMEDOUT,
+                                "%s did not answer the handshake in %" PRIu64
+                                " ms",
+                                s->name, c->peer_ms);
             break;
-        case KVT__SESS_ALIVE:
-            if (kvt__since(now, s->t_pong) > c->peer_ms) {
-                kvt__sess_kill(c, s, KVT_ERR_TIMEDOUT,
-                               "%s has not answered pings for %" PRIu64
-                               " ms (the session is gone there?)",
-                               s->name, c->peer_ms);
+        case KVTC__SESS_ALIVE:
+            if (kvtc__since(now, s->t_pong) > c->peer_ms) {
+                kvtc__sess_kill(c, s, KVT_ERR_TIMEDOUT,
+                                "%s has not answered pings for %" PRIu64
+                                " ms (the session is gone there?)",
+                                s->name, c->peer_ms);
                 break;
             }
             if (!s->ping_inflight &&
-                kvt__since(now, s->t_ping) >= c->heartbeat_ms) {
+                kvtc__since(now, s->t_ping) >= c->heartbeat_ms) {
                 s->ping_inflight = 1;
                 s->t_ping = now;
-                send_plain(c, s, KVT__CM_PING, 0);
+                send_plain(c, s, KVTC__CM_PING, 0);
             }
             break;
-        case KVT__SESS_DEAD:
+        case KVTC__SESS_DEAD:
             if (s->refs == 0) {
                 *pp = s->next;
                 sess_free(s);
@@ -360,15 +362,15 @@ int kvt__sess_tick(kvt_conn_h c, uint64_t now)
 
 /* ---- Receiving ----------------------------------------------------------- */
 
-void kvt__queue_reply(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
-                      kvt_status_t st, const char *why)
+void kvtc__queue_reply(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
+                       uint64_t room, kvt_status_t st, const char *why)
 {
-    kvt__reply_t *q = calloc(1, sizeof(*q));
+    kvtc__reply_t *q = calloc(1, sizeof(*q));
 
     if (q == NULL)
         return;
     q->sess = s;
-    kvt__sess_ref(s);
+    kvtc__sess_ref(s);
     q->type = type;
     q->room = room;
     q->status = st;
@@ -377,21 +379,21 @@ void kvt__queue_reply(kvt_conn_h c, kvt__sess_t *s, uint8_t type, uint64_t room,
     c->replies = q;
 }
 
-static void on_hello(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static void on_hello(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
-    kvt__sess_t *old = kvt__sess_find(c, from), *s;
-    kvt__layout_t lay;
-    kvt__hello_t h;
-    kvt__xplan_t *plan = NULL;
-    char why[KVT__WHY_MAX] = "";
+    kvtc__sess_t *old = kvtc__sess_find(c, from), *s;
+    kvtc__layout_t lay;
+    kvtc__hello_t h;
+    kvtc__xplan_t *plan = NULL;
+    char why[KVTC__WHY_MAX] = "";
     kvt_status_t st;
 
     if (old != NULL && old->id == m->session)
         return; /* a duplicate */
     memset(&lay, 0, sizeof(lay));
-    st = kvt__cm_hello_decode(m, &h, &lay, why, sizeof(why));
+    st = kvtc__cm_hello_decode(m, &h, &lay, why, sizeof(why));
     if (st == KVT_ERR_PROTOCOL) {
-        KVT_LOG_W("connector: malformed handshake from %s", from);
+        KVTC__LOG_W("connector: malformed handshake from %s", from);
         return;
     }
     if (st == KVT_OK && h.role != KVT_ROLE_DECODE) {
@@ -404,16 +406,17 @@ static void on_hello(kvt_conn_h c, const char *from, const kvt__cm_t *m)
             st = KVT_ERR_NO_MEMORY;
             snprintf(why, sizeof(why), "prefill is out of memory");
         } else {
-            st = kvt__layout_plan(&c->lay, c->tp_size, c->tp_rank, &lay,
+            st =
+                kvtc__layout_plan(&c->lay, c->tp_size, c->tp_rank, &lay,
                                   h.tp_size, h.tp_rank, plan, why, sizeof(why));
         }
     }
     if (old != NULL)
-        kvt__sess_kill(c, old, KVT_ERR_CONN_LOST,
-                       "%s handshook again (restarted?)", from);
-    s = kvt__sess_new(c, from);
+        kvtc__sess_kill(c, old, KVT_ERR_CONN_LOST,
+                        "%s handshook again (restarted?)", from);
+    s = kvtc__sess_new(c, from);
     if (s == NULL) {
-        kvt__layout_clear(&lay);
+        kvtc__layout_clear(&lay);
         free(plan);
         return;
     }
@@ -423,79 +426,81 @@ static void on_hello(kvt_conn_h c, const char *from, const kvt__cm_t *m)
     s->plan = plan;
     s->verdict = st;
     if (st != KVT_OK) {
-        KVT_LOG_W("connector: refusing decode rank %u (%s): %s", h.tp_rank,
-                  from, why);
+        KVTC__LOG_W("connector: refusing decode rank %u (%s): %s", h.tp_rank,
+                    from, why);
         snprintf(s->why, sizeof(s->why), "prefill rank %u refused: %s",
                  c->tp_rank, why);
     }
 }
 
 /* A message from a decode rank (prefill side). */
-static void prefill_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static void prefill_msg(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
-    kvt__sess_t *s;
+    kvtc__sess_t *s;
     struct kvt_room *r;
-    kvt__peer_t *p;
-    kvt__status_msg_t sm;
+    kvtc__peer_t *p;
+    kvtc__status_msg_t sm;
 
-    if (m->type == KVT__CM_HELLO) {
+    if (m->type == KVTC__CM_HELLO) {
         on_hello(c, from, m);
         return;
     }
-    s = kvt__sess_find(c, from);
+    s = kvtc__sess_find(c, from);
     if (s == NULL || s->id != m->session) {
-        KVT_LOG_D("connector: message %u from %s outside a session", m->type,
-                  from);
+        KVTC__LOG_D("connector: message %u from %s outside a session", m->type,
+                    from);
         return;
     }
-    r = kvt__room_find(c, m->room);
+    r = kvtc__room_find(c, m->room);
     switch (m->type) {
-    case KVT__CM_ROOM: {
-        kvt__room_msg_t req;
-        if (s->state != KVT__SESS_ALIVE) {
-            kvt__queue_reply(c, s, KVT__CM_NAK, m->room, KVT_ERR_CONN_LOST,
-                             "the session is not established");
+    case KVTC__CM_ROOM: {
+        kvtc__room_msg_t req;
+        if (s->state != KVTC__SESS_ALIVE) {
+            kvtc__queue_reply(c, s, KVTC__CM_NAK, m->room, KVT_ERR_CONN_LOST,
+                              "the session is not established");
             return;
         }
-        if (kvt__cm_room_decode(m, &req) != KVT_OK) {
-            kvt__queue_reply(c, s, KVT__CM_NAK, m->room, KVT_ERR_PROTOCOL,
-                             "malformed room announcement");
+        if (kvtc__cm_room_decode(m, &req) != KVT_OK) {
+            kvtc__queue_reply(c, s, KVTC__CM_NAK, m->room, KVT_ERR_PROTOCOL,
+                              "malformed room announcement");
             return;
         }
-        kvt__prefill_on_room(c, s, m->room, &req);
+        kvtc__prefill_on_room(c, s, m->room, &req);
         return;
     }
-    case KVT__CM_ABORT:
-        if (kvt__cm_status_decode(m, &sm) != KVT_OK)
+    case KVTC__CM_ABORT:
+        if (kvtc__cm_status_decode(m, &sm) != KVT_OK)
             return;
         p = r && r->role == KVT_ROLE_PREFILL ? peer_of(r, s) : NULL;
         if (p != NULL) {
-            if (p->st != KVT__PEER_DONE && p->st != KVT__PEER_QUIET)
+            if (p->st != KVTC__PEER_DONE && p->st != KVTC__PEER_QUIET)
                 p->need_ack = 1;
             else
-                kvt__queue_reply(c, s, KVT__CM_ABORT_ACK, m->room, KVT_OK, "");
-            kvt__room_fail(r, KVT_ERR_CANCELED, "decode rank %u (%s): %s",
-                           p->rank, from, sm.reason);
+                kvtc__queue_reply(c, s, KVTC__CM_ABORT_ACK, m->room, KVT_OK,
+                                  "");
+            kvtc__room_fail(r, KVT_ERR_CANCELED, "decode rank %u (%s): %s",
+                            p->rank, from, sm.reason);
             return;
         }
-        for (kvt__orphan_t **pp = &c->orphans; *pp != NULL; pp = &(*pp)->next) {
-            kvt__orphan_t *o = *pp;
+        for (kvtc__orphan_t **pp = &c->orphans; *pp != NULL;
+             pp = &(*pp)->next) {
+            kvtc__orphan_t *o = *pp;
             if (o->room == m->room && o->sess == s) {
                 *pp = o->next;
-                kvt__room_msg_clear(&o->req);
-                kvt__sess_unref(o->sess);
+                kvtc__room_msg_clear(&o->req);
+                kvtc__sess_unref(o->sess);
                 free(o);
                 break;
             }
         }
         if (r != NULL && r->role == KVT_ROLE_PREFILL) {
-            kvt__room_fail(r, KVT_ERR_CANCELED, "decode rank %u (%s): %s",
-                           s->peer.tp_rank, from, sm.reason);
+            kvtc__room_fail(r, KVT_ERR_CANCELED, "decode rank %u (%s): %s",
+                            s->peer.tp_rank, from, sm.reason);
         } else if (r == NULL) {
-            kvt__tomb_t *t = calloc(1, sizeof(*t));
+            kvtc__tomb_t *t = calloc(1, sizeof(*t));
             if (t != NULL) {
                 t->room = m->room;
-                t->t = kvt__conn_now_ms();
+                t->t = kvtc__conn_now_ms();
                 t->aborted = 1;
                 snprintf(t->why, sizeof(t->why),
                          "decode rank %u (%s) aborted the room before this "
@@ -505,12 +510,12 @@ static void prefill_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
                 c->tombs = t;
             }
         }
-        kvt__queue_reply(c, s, KVT__CM_ABORT_ACK, m->room, KVT_OK, "");
+        kvtc__queue_reply(c, s, KVTC__CM_ABORT_ACK, m->room, KVT_OK, "");
         return;
-    case KVT__CM_ABORT_ACK:
+    case KVTC__CM_ABORT_ACK:
         p = r && r->role == KVT_ROLE_PREFILL ? peer_of(r, s) : NULL;
-        if (p != NULL && p->st == KVT__PEER_ABORTING) {
-            p->st = KVT__PEER_QUIET;
+        if (p != NULL && p->st == KVTC__PEER_ABORTING) {
+            p->st = KVTC__PEER_QUIET;
             r->dirty = 1;
         }
         return;
@@ -522,93 +527,93 @@ static void prefill_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
 static int all_done(const struct kvt_room *r)
 {
     for (uint32_t i = 0; i < r->npeers; i++)
-        if (r->peers[i].st != KVT__PEER_DONE)
+        if (r->peers[i].st != KVTC__PEER_DONE)
             return 0;
     return r->npeers > 0 && r->npeers == r->nexpect;
 }
 
 /* A message from a prefill rank (decode side). */
-static void decode_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static void decode_msg(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
-    kvt__sess_t *s = kvt__sess_find(c, from);
+    kvtc__sess_t *s = kvtc__sess_find(c, from);
     struct kvt_room *r;
-    kvt__peer_t *p;
-    kvt__status_msg_t sm;
+    kvtc__peer_t *p;
+    kvtc__status_msg_t sm;
 
     if (s == NULL || s->id != m->session) {
-        KVT_LOG_D("connector: message %u from %s outside a session", m->type,
-                  from);
+        KVTC__LOG_D("connector: message %u from %s outside a session", m->type,
+                    from);
         return;
     }
-    r = kvt__room_find(c, m->room);
+    r = kvtc__room_find(c, m->room);
     if (r != NULL && r->role != KVT_ROLE_DECODE)
         r = NULL;
     p = r ? peer_of(r, s) : NULL;
     switch (m->type) {
-    case KVT__CM_HELLO_ACK:
-        if (s->state != KVT__SESS_HELLO ||
-            kvt__cm_status_decode(m, &sm) != KVT_OK)
+    case KVTC__CM_HELLO_ACK:
+        if (s->state != KVTC__SESS_HELLO ||
+            kvtc__cm_status_decode(m, &sm) != KVT_OK)
             return;
         if (sm.status != KVT_OK) {
-            kvt__sess_kill(c, s,
-                           sm.status <= 0 && sm.status > -100
-                               ? (kvt_status_t)sm.status
-                               : KVT_ERR_PROTOCOL,
-                           "%s", sm.reason);
+            kvtc__sess_kill(c, s,
+                            sm.status <= 0 && sm.status > -100
+                                ? (kvt_status_t)sm.status
+                                : KVT_ERR_PROTOCOL,
+                            "%s", sm.reason);
             return;
         }
         s->peer = sm.who;
-        s->state = KVT__SESS_ALIVE;
-        s->t_state = s->t_ping = s->t_pong = kvt__conn_now_ms();
+        s->state = KVTC__SESS_ALIVE;
+        s->t_state = s->t_ping = s->t_pong = kvtc__conn_now_ms();
         return;
-    case KVT__CM_NAK:
-        if (p == NULL || kvt__cm_status_decode(m, &sm) != KVT_OK)
+    case KVTC__CM_NAK:
+        if (p == NULL || kvtc__cm_status_decode(m, &sm) != KVT_OK)
             return;
-        if (p->st != KVT__PEER_DONE)
-            p->st = KVT__PEER_QUIET;
-        kvt__room_fail(
+        if (p->st != KVTC__PEER_DONE)
+            p->st = KVTC__PEER_QUIET;
+        kvtc__room_fail(
             r, sm.status < 0 ? (kvt_status_t)sm.status : KVT_ERR_PROTOCOL,
             "prefill rank %u (%s) refused the room: %s", p->rank, from,
             sm.reason);
         return;
-    case KVT__CM_STARTED:
+    case KVTC__CM_STARTED:
         if (p == NULL)
             return;
         p->started = 1;
         if (!r->failing && r->state == KVT_POLL_WAITING_FOR_INPUT)
-            kvt__room_set(r, KVT_POLL_TRANSFERRING,
-                          "prefill rank %u started writing", p->rank);
+            kvtc__room_set(r, KVT_POLL_TRANSFERRING,
+                           "prefill rank %u started writing", p->rank);
         return;
-    case KVT__CM_DONE:
+    case KVTC__CM_DONE:
         if (p == NULL ||
-            (p->st != KVT__PEER_ACTIVE && p->st != KVT__PEER_ANNOUNCING &&
-             p->st != KVT__PEER_ABORTING))
+            (p->st != KVTC__PEER_ACTIVE && p->st != KVTC__PEER_ANNOUNCING &&
+             p->st != KVTC__PEER_ABORTING))
             return;
-        p->st = KVT__PEER_DONE;
+        p->st = KVTC__PEER_DONE;
         r->dirty = 1;
         if (!r->failing && all_done(r))
-            kvt__room_set(r, KVT_POLL_SUCCESS,
-                          "every block and aux item arrived from %u prefill "
-                          "rank(s)",
-                          r->npeers);
+            kvtc__room_set(r, KVT_POLL_SUCCESS,
+                           "every block and aux item arrived from %u prefill "
+                           "rank(s)",
+                           r->npeers);
         return;
-    case KVT__CM_ABORT:
-        if (kvt__cm_status_decode(m, &sm) != KVT_OK)
+    case KVTC__CM_ABORT:
+        if (kvtc__cm_status_decode(m, &sm) != KVT_OK)
             return;
         if (p == NULL) {
-            kvt__queue_reply(c, s, KVT__CM_ABORT_ACK, m->room, KVT_OK, "");
+            kvtc__queue_reply(c, s, KVTC__CM_ABORT_ACK, m->room, KVT_OK, "");
             return;
         }
-        if (p->st != KVT__PEER_DONE)
-            p->st = KVT__PEER_QUIET;
+        if (p->st != KVTC__PEER_DONE)
+            p->st = KVTC__PEER_QUIET;
         p->need_ack = 1;
-        kvt__room_fail(
+        kvtc__room_fail(
             r, sm.status < 0 ? (kvt_status_t)sm.status : KVT_ERR_CANCELED,
             "prefill rank %u (%s): %s", p->rank, from, sm.reason);
         return;
-    case KVT__CM_ABORT_ACK:
-        if (p != NULL && p->st == KVT__PEER_ABORTING) {
-            p->st = KVT__PEER_QUIET;
+    case KVTC__CM_ABORT_ACK:
+        if (p != NULL && p->st == KVTC__PEER_ABORTING) {
+            p->st = KVTC__PEER_QUIET;
             r->dirty = 1;
         }
         return;
@@ -623,23 +628,23 @@ static void decode_msg(kvt_conn_h c, const char *from, const kvt__cm_t *m)
  * dropped (a restart, a timeout there) ends on the other side too, within
  * the peer timeout, instead of leaving its rooms to their own timeouts.
  */
-static int on_liveness(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static int on_liveness(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
-    kvt__sess_t *s;
+    kvtc__sess_t *s;
 
-    if (m->type != KVT__CM_PING && m->type != KVT__CM_PONG)
+    if (m->type != KVTC__CM_PING && m->type != KVTC__CM_PONG)
         return 0;
-    s = kvt__sess_find(c, from);
+    s = kvtc__sess_find(c, from);
     if (s == NULL || s->id != m->session)
         return 1;
-    if (m->type == KVT__CM_PING)
-        kvt__queue_reply(c, s, KVT__CM_PONG, 0, KVT_OK, "");
+    if (m->type == KVTC__CM_PING)
+        kvtc__queue_reply(c, s, KVTC__CM_PONG, 0, KVT_OK, "");
     else
-        s->t_pong = kvt__conn_now_ms();
+        s->t_pong = kvtc__conn_now_ms();
     return 1;
 }
 
-static void dispatch(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static void dispatch(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
     if (on_liveness(c, from, m))
         return;
@@ -652,13 +657,13 @@ static void dispatch(kvt_conn_h c, const char *from, const kvt__cm_t *m)
 /* Collect a FRAG; dispatch the message once every byte is in. Pieces
  * arrive in order on one session; duplicates or overlaps are not
  * expected and are not defended beyond the bounds checks. */
-static void on_frag(kvt_conn_h c, const char *from, const kvt__cm_t *m)
+static void on_frag(kvt_conn_h c, const char *from, const kvtc__cm_t *m)
 {
-    kvt__frag_t f;
-    kvt__reasm_t *a, **pp;
-    kvt__cm_t inner;
+    kvtc__frag_t f;
+    kvtc__reasm_t *a, **pp;
+    kvtc__cm_t inner;
 
-    if (kvt__cm_frag_decode(m, &f) != KVT_OK)
+    if (kvtc__cm_frag_decode(m, &f) != KVT_OK)
         return;
     for (pp = &c->reasm; *pp != NULL; pp = &(*pp)->next)
         if ((*pp)->msg_id == f.msg_id && strcmp((*pp)->from, from) == 0)
@@ -675,7 +680,7 @@ static void on_frag(kvt_conn_h c, const char *from, const kvt__cm_t *m)
         snprintf(a->from, sizeof(a->from), "%s", from);
         a->msg_id = f.msg_id;
         a->total = f.total;
-        a->t = kvt__conn_now_ms();
+        a->t = kvtc__conn_now_ms();
         a->next = c->reasm;
         c->reasm = a;
         c->reasm_bytes += f.total;
@@ -689,24 +694,24 @@ static void on_frag(kvt_conn_h c, const char *from, const kvt__cm_t *m)
         return;
     *pp = a->next;
     c->reasm_bytes -= a->total;
-    if (kvt__cm_parse(a->buf, a->total, &inner) == KVT_OK &&
-        inner.type != KVT__CM_FRAG)
+    if (kvtc__cm_parse(a->buf, a->total, &inner) == KVT_OK &&
+        inner.type != KVTC__CM_FRAG)
         dispatch(c, from, &inner);
     free(a->buf);
     free(a);
 }
 
-void kvt__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
-                      size_t len)
+void kvtc__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
+                       size_t len)
 {
-    kvt__cm_t m;
+    kvtc__cm_t m;
 
-    if (kvt__cm_parse(buf, len, &m) != KVT_OK) {
-        KVT_LOG_D("connector: ignoring a %zu-byte notification from %s", len,
-                  from);
+    if (kvtc__cm_parse(buf, len, &m) != KVT_OK) {
+        KVTC__LOG_D("connector: ignoring a %zu-byte notification from %s", len,
+                    from);
         return;
     }
-    if (m.type == KVT__CM_FRAG)
+    if (m.type == KVTC__CM_FRAG)
         on_frag(c, from, &m);
     else
         dispatch(c, from, &m);

@@ -16,7 +16,7 @@
 
 kvt_status_t kvt_conn_stats(kvt_conn_h c, kvt_conn_stats_t *out)
 {
-    const kvt__conn_stats_t *st;
+    const kvtc__conn_stats_t *st;
 
     if (c == NULL || out == NULL)
         return KVT_ERR_INVALID_PARAM;
@@ -76,11 +76,11 @@ static void label_escape(char *dst, size_t cap, const char *src)
 static const char *const state_name[5] = {
     "failed", "bootstrapping", "waiting_for_input", "transferring", "success"};
 
-size_t kvt__conn_metrics_text(void *owner, char *buf, size_t cap, int meta)
+size_t kvtc__conn_metrics_text(void *owner, char *buf, size_t cap, int meta)
 {
     kvt_conn_h c = owner;
     kvt_conn_stats_t s = {.version = KVT_STATS_VERSION};
-    char en[2 * KVT__NAME_MAX + 2];
+    char en[2 * KVTC__NAME_MAX + 2];
     out_t o = {buf, cap, 0};
     uint64_t cum = 0;
 

@@ -100,89 +100,89 @@ KVT_TEST(layout_validation)
 
 /* ---- Codec ------------------------------------------------------------- */
 
-static void build_layout(kvt__layout_t *l, uint32_t layers, uint32_t heads)
+static void build_layout(kvtc__layout_t *l, uint32_t layers, uint32_t heads)
 {
-    kvt__cache_t c[64];
-    kvt__aux_t a[2] = {{0x1000, 8, 4}, {0x2000, 24, 4}};
+    kvtc__cache_t c[64];
+    kvtc__aux_t a[2] = {{0x1000, 8, 4}, {0x2000, 24, 4}};
     char why[256];
     size_t n = 0;
 
     for (uint32_t i = 0; i < layers; i++) {
         for (uint32_t k = 0; k < 2; k++, n++) {
-            kvt__cache_t x = {
+            kvtc__cache_t x = {
                 i,  k ? KVT_CACHE_K : KVT_CACHE_V, 1,          4, heads,
                 16, 0x10000 + 0x1000 * n,          64 * heads, 32};
             c[n] = x;
         }
     }
-    CHECK_OK(kvt__layout_build(l, layers, 0, c, n, a, 2, why, sizeof(why)));
+    CHECK_OK(kvtc__layout_build(l, layers, 0, c, n, a, 2, why, sizeof(why)));
 }
 
 KVT_TEST(codec)
 {
-    kvt__layout_t l, l2;
-    kvt__hello_t h = {KVT_ROLE_DECODE, 1, 2, 0, 1}, h2;
-    kvt__cmb_t b;
-    kvt__cm_t m;
-    kvt__status_msg_t s = {-15, {0, 3, 4, 0, 1}, "aborted: why"}, s2;
+    kvtc__layout_t l, l2;
+    kvtc__hello_t h = {KVT_ROLE_DECODE, 1, 2, 0, 1}, h2;
+    kvtc__cmb_t b;
+    kvtc__cm_t m;
+    kvtc__status_msg_t s = {-15, {0, 3, 4, 0, 1}, "aborted: why"}, s2;
     uint32_t ids[3000];
     uint64_t slots[2] = {3, UINT64_MAX};
-    kvt__room_msg_t r = {1, 2, KVT__ROOM_DUMMY, 5, 2, slots, 3000, ids}, r2;
+    kvtc__room_msg_t r = {1, 2, KVTC__ROOM_DUMMY, 5, 2, slots, 3000, ids}, r2;
     uint8_t *frags;
     size_t *sizes, nf;
     char why[256];
 
     build_layout(&l, 3, 2);
     CHECK(l.caches[0].kind == KVT_CACHE_K && l.first[1] == 2);
-    kvt__cmb_init(&b, KVT__CM_HELLO, 77, 0);
-    kvt__cm_hello_encode(&b, &h, &l);
-    CHECK_OK(kvt__cmb_finish(&b));
-    CHECK_OK(kvt__cm_parse(b.buf, b.len, &m));
-    CHECK(m.type == KVT__CM_HELLO && m.session == 77);
-    CHECK_OK(kvt__cm_hello_decode(&m, &h2, &l2, why, sizeof(why)));
+    kvtc__cmb_init(&b, KVTC__CM_HELLO, 77, 0);
+    kvtc__cm_hello_encode(&b, &h, &l);
+    CHECK_OK(kvtc__cmb_finish(&b));
+    CHECK_OK(kvtc__cm_parse(b.buf, b.len, &m));
+    CHECK(m.type == KVTC__CM_HELLO && m.session == 77);
+    CHECK_OK(kvtc__cm_hello_decode(&m, &h2, &l2, why, sizeof(why)));
     CHECK(h2.tp_rank == 1 && h2.tp_size == 2 && l2.ncaches == 6);
     CHECK(memcmp(l.caches, l2.caches, 6 * sizeof(*l.caches)) == 0);
     CHECK(l2.aux[1].item_bytes == 24);
-    kvt__layout_clear(&l2);
+    kvtc__layout_clear(&l2);
     /* Truncated, lengthened and corrupted headers are refused. */
-    CHECK_ST(kvt__cm_parse(b.buf, b.len - 1, &m), KVT_ERR_PROTOCOL);
+    CHECK_ST(kvtc__cm_parse(b.buf, b.len - 1, &m), KVT_ERR_PROTOCOL);
     b.buf[4] = 9;
-    CHECK_ST(kvt__cm_parse(b.buf, b.len, &m), KVT_ERR_VERSION);
+    CHECK_ST(kvtc__cm_parse(b.buf, b.len, &m), KVT_ERR_VERSION);
     b.buf[4] = 1;
     b.buf[0] ^= 1;
-    CHECK_ST(kvt__cm_parse(b.buf, b.len, &m), KVT_ERR_PROTOCOL);
-    kvt__cmb_free(&b);
+    CHECK_ST(kvtc__cm_parse(b.buf, b.len, &m), KVT_ERR_PROTOCOL);
+    kvtc__cmb_free(&b);
 
-    kvt__cmb_init(&b, KVT__CM_ABORT, 5, 9);
-    kvt__cm_status_encode(&b, &s);
-    CHECK_OK(kvt__cmb_finish(&b));
-    CHECK_OK(kvt__cm_parse(b.buf, b.len, &m));
-    CHECK_OK(kvt__cm_status_decode(&m, &s2));
+    kvtc__cmb_init(&b, KVTC__CM_ABORT, 5, 9);
+    kvtc__cm_status_encode(&b, &s);
+    CHECK_OK(kvtc__cmb_finish(&b));
+    CHECK_OK(kvtc__cm_parse(b.buf, b.len, &m));
+    CHECK_OK(kvtc__cm_status_decode(&m, &s2));
     CHECK(s2.status == -15 && s2.who.tp_size == 4 &&
           strcmp(s2.reason, "aborted: why") == 0);
-    kvt__cmb_free(&b);
+    kvtc__cmb_free(&b);
 
     for (uint32_t i = 0; i < 3000; i++)
         ids[i] = i * 7;
-    kvt__cmb_init(&b, KVT__CM_ROOM, 5, 123);
-    kvt__cm_room_encode(&b, &r);
-    CHECK_OK(kvt__cmb_finish(&b));
+    kvtc__cmb_init(&b, KVTC__CM_ROOM, 5, 123);
+    kvtc__cm_room_encode(&b, &r);
+    CHECK_OK(kvtc__cmb_finish(&b));
     CHECK(b.len > KVT_NOTIFY_MAX);
     /* Fragments parse alone, and reassemble to the message. */
-    CHECK_OK(kvt__cm_fragment(b.buf, b.len, 42, KVT_NOTIFY_MAX, &frags, &sizes,
-                              &nf));
+    CHECK_OK(kvtc__cm_fragment(b.buf, b.len, 42, KVT_NOTIFY_MAX, &frags, &sizes,
+                               &nf));
     CHECK(nf == (b.len + KVT_NOTIFY_MAX - 57) / (KVT_NOTIFY_MAX - 56));
     {
         uint8_t *whole = calloc(1, b.len);
         size_t got = 0;
         for (size_t i = 0; i < nf; i++) {
-            kvt__frag_t f;
+            kvtc__frag_t f;
             CHECK(sizes[i] <= KVT_NOTIFY_MAX);
-            CHECK_OK(kvt__cm_parse(frags + i * KVT_NOTIFY_MAX, sizes[i], &m));
-            CHECK(m.type == KVT__CM_FRAG && m.room == 123);
-            CHECK_OK(kvt__cm_frag_decode(&m, &f));
+            CHECK_OK(kvtc__cm_parse(frags + i * KVT_NOTIFY_MAX, sizes[i], &m));
+            CHECK(m.type == KVTC__CM_FRAG && m.room == 123);
+            CHECK_OK(kvtc__cm_frag_decode(&m, &f));
             CHECK(f.msg_id == 42 && f.total == b.len &&
-                  f.inner_type == KVT__CM_ROOM);
+                  f.inner_type == KVTC__CM_ROOM);
             memcpy(whole + f.offset, f.data, f.len);
             got += f.len;
         }
@@ -191,16 +191,16 @@ KVT_TEST(codec)
     }
     free(frags);
     free(sizes);
-    CHECK_OK(kvt__cm_parse(b.buf, b.len, &m));
-    CHECK_OK(kvt__cm_room_decode(&m, &r2));
+    CHECK_OK(kvtc__cm_parse(b.buf, b.len, &m));
+    CHECK_OK(kvtc__cm_room_decode(&m, &r2));
     CHECK(r2.nblocks == 3000 && r2.ids[2999] == 2999 * 7 &&
-          r2.aux_slots[1] == UINT64_MAX && r2.flags == KVT__ROOM_DUMMY &&
+          r2.aux_slots[1] == UINT64_MAX && r2.flags == KVTC__ROOM_DUMMY &&
           r2.first_block == 5);
-    kvt__room_msg_clear(&r2);
+    kvtc__room_msg_clear(&r2);
     m.len -= 4;
-    CHECK_ST(kvt__cm_room_decode(&m, &r2), KVT_ERR_PROTOCOL);
-    kvt__cmb_free(&b);
-    kvt__layout_clear(&l);
+    CHECK_ST(kvtc__cm_room_decode(&m, &r2), KVT_ERR_PROTOCOL);
+    kvtc__cmb_free(&b);
+    kvtc__layout_clear(&l);
 }
 
 /* ---- The plan, applied by a model of the engine ------------------------- */
@@ -244,11 +244,11 @@ static void plan_case(uint32_t P, uint32_t D, int head_major, uint32_t ppad,
         uint64_t dblock = (uint64_t)T * hd * HB + dpad;
         uint8_t *dmem = malloc(dblock * NB);
         uint32_t dids[N];
-        kvt__layout_t dl;
-        kvt__cache_t dc = {0,  KVT_CACHE_K, (uint32_t)head_major,      T,
-                           hd, HB,          (uint64_t)(uintptr_t)dmem, dblock,
-                           NB};
-        kvt__cache_t dv = dc;
+        kvtc__layout_t dl;
+        kvtc__cache_t dc = {0,  KVT_CACHE_K, (uint32_t)head_major,      T,
+                            hd, HB,          (uint64_t)(uintptr_t)dmem, dblock,
+                            NB};
+        kvtc__cache_t dv = dc;
         char why[256];
 
         dv.kind = KVT_CACHE_V;
@@ -263,18 +263,18 @@ static void plan_case(uint32_t P, uint32_t D, int head_major, uint32_t ppad,
             } while (again);
         }
         {
-            kvt__cache_t both[2] = {dc, dv};
+            kvtc__cache_t both[2] = {dc, dv};
             /* V shares the memory: only K is applied below. */
-            CHECK_OK(kvt__layout_build(&dl, 1, 0, both, 2, NULL, 0, why,
-                                       sizeof(why)));
+            CHECK_OK(kvtc__layout_build(&dl, 1, 0, both, 2, NULL, 0, why,
+                                        sizeof(why)));
         }
         for (uint32_t p = 0; p < P; p++) {
             uint64_t pblock = (uint64_t)T * hp * HB + ppad;
             uint8_t *pmem;
             uint32_t pids[N];
-            kvt__layout_t pl;
-            kvt__xplan_t plan[2];
-            kvt__run_t runs[N];
+            kvtc__layout_t pl;
+            kvtc__xplan_t plan[2];
+            kvtc__run_t runs[N];
             kvt_xfer_desc_t descs[N * 8];
             size_t nr, nd = 0;
             int feeds;
@@ -298,25 +298,25 @@ static void plan_case(uint32_t P, uint32_t D, int head_major, uint32_t ppad,
                         }
             }
             {
-                kvt__cache_t pc = {
+                kvtc__cache_t pc = {
                     0,  KVT_CACHE_K, (uint32_t)head_major,      T,
                     hp, HB,          (uint64_t)(uintptr_t)pmem, pblock,
                     NB};
-                kvt__cache_t both[2] = {pc, pc};
+                kvtc__cache_t both[2] = {pc, pc};
                 both[1].kind = KVT_CACHE_V;
-                CHECK_OK(kvt__layout_build(&pl, 1, 0, both, 2, NULL, 0, why,
-                                           sizeof(why)));
+                CHECK_OK(kvtc__layout_build(&pl, 1, 0, both, 2, NULL, 0, why,
+                                            sizeof(why)));
             }
-            CHECK_OK(
-                kvt__layout_plan(&pl, P, p, &dl, D, d, plan, why, sizeof(why)));
-            nr = kvt__runs_build(pids, dids, N, 3, runs);
+            CHECK_OK(kvtc__layout_plan(&pl, P, p, &dl, D, d, plan, why,
+                                       sizeof(why)));
+            nr = kvtc__runs_build(pids, dids, N, 3, runs);
             for (size_t k = 0; k < nr; k++) {
                 CHECK(runs[k].n <= 3);
-                nd += kvt__xplan_descs(&plan[0], &runs[k], 1, 0, descs + nd);
+                nd += kvtc__xplan_descs(&plan[0], &runs[k], 1, 0, descs + nd);
             }
             for (size_t k = 0; k < nd; k++)
                 apply(&descs[k], dmem, (uint64_t)(uintptr_t)dmem);
-            kvt__layout_clear(&pl);
+            kvtc__layout_clear(&pl);
             free(pmem);
         }
         /* Every byte of decode's blocks. */
@@ -348,7 +348,7 @@ static void plan_case(uint32_t P, uint32_t D, int head_major, uint32_t ppad,
                 }
             }
         }
-        kvt__layout_clear(&dl);
+        kvtc__layout_clear(&dl);
         free(dmem);
     }
 }
@@ -368,49 +368,49 @@ KVT_TEST(plan_geometries)
 
 KVT_TEST(plan_refusals)
 {
-    kvt__layout_t a, b;
-    kvt__xplan_t plan[8];
+    kvtc__layout_t a, b;
+    kvtc__xplan_t plan[8];
     char why[256];
 
     build_layout(&a, 2, 4);
     build_layout(&b, 2, 2);
-    CHECK_ST(kvt__layout_plan(&a, 3, 0, &b, 2, 0, plan, why, sizeof(why)),
+    CHECK_ST(kvtc__layout_plan(&a, 3, 0, &b, 2, 0, plan, why, sizeof(why)),
              KVT_ERR_INVALID_PARAM);
     CHECK(strstr(why, "divide") != NULL);
     /* 4 heads x tp 1 against 2 heads x tp 2: fine; x tp 4: totals differ */
-    CHECK_OK(kvt__layout_plan(&a, 1, 0, &b, 2, 1, plan, why, sizeof(why)));
-    CHECK_ST(kvt__layout_plan(&a, 1, 0, &b, 4, 1, plan, why, sizeof(why)),
+    CHECK_OK(kvtc__layout_plan(&a, 1, 0, &b, 2, 1, plan, why, sizeof(why)));
+    CHECK_ST(kvtc__layout_plan(&a, 1, 0, &b, 4, 1, plan, why, sizeof(why)),
              KVT_ERR_INVALID_PARAM);
     CHECK(strstr(why, "totals differ") != NULL);
     b.aux[1].item_bytes = 25;
-    CHECK_ST(kvt__layout_plan(&a, 1, 0, &b, 2, 1, plan, why, sizeof(why)),
+    CHECK_ST(kvtc__layout_plan(&a, 1, 0, &b, 2, 1, plan, why, sizeof(why)),
              KVT_ERR_INVALID_PARAM);
     CHECK(strstr(why, "aux buffer 1") != NULL);
-    kvt__layout_clear(&a);
-    kvt__layout_clear(&b);
+    kvtc__layout_clear(&a);
+    kvtc__layout_clear(&b);
     build_layout(&a, 2, 2);
     build_layout(&b, 3, 2);
-    CHECK_ST(kvt__layout_plan(&a, 1, 0, &b, 1, 0, plan, why, sizeof(why)),
+    CHECK_ST(kvtc__layout_plan(&a, 1, 0, &b, 1, 0, plan, why, sizeof(why)),
              KVT_ERR_INVALID_PARAM);
     CHECK(strstr(why, "layers") != NULL);
-    kvt__layout_clear(&a);
-    kvt__layout_clear(&b);
+    kvtc__layout_clear(&a);
+    kvtc__layout_clear(&b);
 }
 
 KVT_TEST(runs)
 {
     uint32_t s[] = {4, 5, 6, 9, 10, 11, 12, 13, 2};
     uint32_t d[] = {7, 8, 9, 1, 2, 3, 4, 5, 3};
-    kvt__run_t r[9];
-    size_t n = kvt__runs_build(s, d, 9, 3, r);
+    kvtc__run_t r[9];
+    size_t n = kvtc__runs_build(s, d, 9, 3, r);
 
     CHECK(n == 4);
     CHECK(r[0].src == 4 && r[0].dst == 7 && r[0].n == 3);
     CHECK(r[1].src == 9 && r[1].dst == 1 && r[1].n == 3);
     CHECK(r[2].src == 12 && r[2].dst == 4 && r[2].n == 2);
     CHECK(r[3].src == 2 && r[3].n == 1);
-    CHECK(kvt__max_run(16) == 65536 && kvt__max_run(1u << 20) == 2048 &&
-          kvt__max_run(UINT32_MAX) == 1);
+    CHECK(kvtc__max_run(16) == 65536 && kvtc__max_run(1u << 20) == 2048 &&
+          kvtc__max_run(UINT32_MAX) == 1);
 }
 
 /* ---- API refusals and an unreachable bootstrap server ------------------ */
