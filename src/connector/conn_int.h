@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <kvt/connector.h>
 #include <kvt/log.h>
@@ -301,7 +302,7 @@ struct kvt_conn {
     int stop;
     int work; /* the worker should run a round at once */
     /* Raised by engine completers when one of the connector's batches
-     * has nothing pending (batch_idle() in conn.c), without the lock. */
+     * has nothing pending (batch_idle() in conn_wake.c), without the lock. */
     _Atomic uint32_t kicks;
 
     struct kvt_room *rooms;
@@ -330,33 +331,129 @@ struct kvt_conn {
     size_t cap_descs;
 };
 
-/* ---- conn.c ------------------------------------------------------------ */
+/*
+ * The files of the connector, each calling only the files below it:
+ *
+ *   conn.c          create, destroy, parameters, memory registration
+ *   conn_threads.c  the rx, worker and slow threads
+ *   rx.c            what arrives: decoding and applying control messages
+ *   prefill.c       the prefill side of a room, and the sender calls
+ *   decode.c        the decode side of a room, and the receiver calls
+ *   peer.c          a room's peers, and the abort exchange with each
+ *   sess.c          sessions with peer ranks; sending control messages
+ *   room.c          room states, lookup, timeouts, freeing; room calls
+ *   topo.c          the prefill topology decode looks up
+ *   step.c          forward steps (layer-wise streaming)
+ *   conn_wake.c     waking the worker, timed waits
+ *   conn_stats.c    the connector's metrics
+ *   msg.c layout.c  pure codecs and plans
+ *
+ * and this header's inline helpers, which every file may use.
+ */
 
-uint64_t kvtc__conn_now_ms(void);
-uint64_t kvtc__conn_now_ns(void); /* CLOCK_MONOTONIC */
+/* Bootstrap HTTP calls made while the connector runs. */
+#define KVTC__HTTP_TIMEOUT_MS 3000ull
+
+/* ---- Inline helpers ---------------------------------------------------- */
+
+/* CLOCK_MONOTONIC. */
+static inline uint64_t kvtc__conn_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t kvtc__conn_now_ms(void)
+{
+    return kvtc__conn_now_ns() / 1000000ull;
+}
+
 /* Milliseconds from @t to @now, 0 when @t is later (a round's @now is
  * taken before the events of the round). */
 static inline uint64_t kvtc__since(uint64_t now, uint64_t t)
 {
     return now > t ? now - t : 0;
 }
-uint64_t kvtc__conn_random(kvt_conn_h c);
-void kvtc__conn_wake(kvt_conn_h c);
+
+/* xorshift64*, seeded at create; called under the lock. */
+static inline uint64_t kvtc__conn_random(kvt_conn_h c)
+{
+    uint64_t x = c->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    c->rng = x;
+    return x * 2685821657736338717ull;
+}
+
+/* Make the worker run a round at once; called under the lock. */
+static inline void kvtc__conn_wake(kvt_conn_h c)
+{
+    c->work = 1;
+    pthread_cond_signal(&c->wake);
+}
+
+static inline void kvtc__sess_ref(kvtc__sess_t *s)
+{
+    s->refs++;
+}
+
+static inline void kvtc__sess_unref(kvtc__sess_t *s)
+{
+    s->refs--;
+}
+
+static inline int kvtc__room_is_final(const struct kvt_room *r)
+{
+    return r->state == KVT_POLL_SUCCESS || r->state == KVT_POLL_FAILED;
+}
+
+static inline const char *kvtc__role_str(int role)
+{
+    return role == KVT_ROLE_PREFILL ? "prefill" : "decode";
+}
+
+/* ---- conn_wake.c ------------------------------------------------------- */
 
 /* Makes @batch (not yet submitted) wake the worker when it has nothing
  * pending, so that the worker need not poll it; kvtc__conn_batch_forget()
  * undoes it before a batch is left in flight. */
 void kvtc__conn_batch_watch(kvt_conn_h c, kvt_batch_h batch);
 void kvtc__conn_batch_forget(kvt_batch_h batch);
+/* Wait on @cv (a CLOCK_MONOTONIC condition) for at most @ns. */
+void kvtc__timed_wait(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns);
+
+/* ---- conn_stats.c ------------------------------------------------------ */
+
+/* The connector's /metrics text (kvt_metrics_source_add()). */
+size_t kvtc__conn_metrics_text(void *owner, char *buf, size_t cap, int meta);
+
+/* ---- step.c ------------------------------------------------------------ */
+
 /* Layers ready of @step and whether its aux items are (0: always). */
 void kvtc__step_state(kvt_conn_h c, uint64_t step, uint32_t *ready_p,
                       int *aux_p);
-/* Grow the descriptor scratch to @n; 0 or -1 (no memory). */
-int kvtc__conn_descs(kvt_conn_h c, size_t n);
+
+/* ---- topo.c ------------------------------------------------------------ */
+
+/* Decode's entry for the prefill instance at @server, created (and the
+ * slow thread woken to fill it) when there is none; NULL: no memory. */
+kvtc__topo_t *kvtc__topo_get(kvt_conn_h c, const char *server);
+void kvtc__topo_forget(kvt_conn_h c, const char *name);
+/* The slow thread's share: fetch what one entry lacks (sizes, or the
+ * ranks rooms need) with the lock released meanwhile. Returns whether
+ * there was anything to fetch. @bc may be NULL (no bootstrap client). */
+int kvtc__topo_fetch(kvt_conn_h c, kvt_bootc_h bc, uint64_t now);
+void kvtc__topo_free_all(kvt_conn_h c);
 
 /* ---- room.c ------------------------------------------------------------ */
 
 struct kvt_room *kvtc__room_find(kvt_conn_h c, uint64_t id);
+/* A new room in BOOTSTRAPPING, hashed and listed; KVT_ERR_EXISTS when
+ * @id is taken, or KVT_ERR_NO_MEMORY. */
+kvt_status_t kvtc__room_new(kvt_conn_h c, uint64_t id, int role,
+                            struct kvt_room **r_p);
 /* Enter a non-final state, with a reason; broadcasts. */
 void kvtc__room_set(struct kvt_room *r, kvt_poll_t state, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -366,31 +463,19 @@ void kvtc__room_fail(struct kvt_room *r, kvt_status_t err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Make the room FAILED or SUCCESS now (it must be quiescent). */
 void kvtc__room_final(struct kvt_room *r, kvt_poll_t state);
-int kvtc__room_is_final(const struct kvt_room *r);
-kvtc__peer_t *kvtc__room_add_peer(struct kvt_room *r, kvtc__sess_t *s);
-/*
- * A failing room's abort, peer by peer (both roles): kvtc__peer_abort_ack()
- * answers an abort the peer sent; kvtc__peer_abort_start() tells a peer
- * that may still write (or expect writes) to stop; kvtc__peer_abort_wait()
- * kills the session of a peer that has not acknowledged within the peer
- * timeout, and returns whether the peer is still aborting.
- */
-void kvtc__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i);
-void kvtc__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                            uint64_t now);
-int kvtc__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                          uint64_t now);
+/* The caller's aux slots of init(), one per aux buffer in *aux_p
+ * (malloc'd, or NULL when @n is 0): KVT_ERR_INVALID_PARAM or
+ * KVT_ERR_NO_MEMORY. */
+kvt_status_t kvtc__room_aux(kvt_conn_h c, const uint64_t *slots, size_t n,
+                            uint64_t **aux_p);
 /* The worker's timers and garbage collection for rooms. */
 void kvtc__rooms_tick(kvt_conn_h c, uint64_t now);
 void kvtc__room_free(kvt_conn_h c, struct kvt_room *r);
-const char *kvtc__role_str(int role);
 
 /* ---- sess.c ------------------------------------------------------------ */
 
 kvtc__sess_t *kvtc__sess_find(kvt_conn_h c, const char *name);
 kvtc__sess_t *kvtc__sess_new(kvt_conn_h c, const char *name);
-void kvtc__sess_ref(kvtc__sess_t *s);
-void kvtc__sess_unref(kvtc__sess_t *s);
 /* Mark dead: every room with a peer on it fails, its segment is closed. */
 void kvtc__sess_kill(kvt_conn_h c, kvtc__sess_t *s, kvt_status_t err,
                      const char *fmt, ...)
@@ -406,42 +491,57 @@ void kvtc__ctrl_send(kvt_conn_h c, kvtc__sess_t *s, kvtc__cmb_t *b,
 void kvtc__ctrl_status(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
                        uint64_t room, uint64_t serial, uint32_t peer,
                        kvt_status_t st, const char *why);
-/* Poll control messages and sessions (handshakes, pings, timeouts);
- * returns non-zero while something is in flight. */
-int kvtc__sess_tick(kvt_conn_h c, uint64_t now);
-/* The rx thread's handling of one notification. */
-void kvtc__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
-                       size_t len);
-void kvtc__sess_free_all(kvt_conn_h c);
 /* Owe @s a status message (NAK, ABORT_ACK) for @room: sent by the
  * worker's next round. */
 void kvtc__queue_reply(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
                        uint64_t room, kvt_status_t st, const char *why);
+/* Poll control messages and sessions (handshakes, pings, timeouts);
+ * returns non-zero while something is in flight. */
+int kvtc__sess_tick(kvt_conn_h c, uint64_t now);
+void kvtc__sess_free_all(kvt_conn_h c);
+
+/* ---- peer.c ------------------------------------------------------------ */
+
+kvtc__peer_t *kvtc__room_add_peer(struct kvt_room *r, kvtc__sess_t *s);
+/* The peer of @r on session @s, or NULL. */
+kvtc__peer_t *kvtc__room_peer_of(struct kvt_room *r, const kvtc__sess_t *s);
+/*
+ * A failing room's abort, peer by peer (both roles): kvtc__peer_abort_ack()
+ * answers an abort the peer sent; kvtc__peer_abort_start() tells a peer
+ * that may still write (or expect writes) to stop; kvtc__peer_abort_wait()
+ * kills the session of a peer that has not acknowledged within the peer
+ * timeout, and returns whether the peer is still aborting.
+ */
+void kvtc__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i);
+void kvtc__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                            uint64_t now);
+int kvtc__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
+                          uint64_t now);
+
+/* ---- decode.c ---------------------------------------------------------- */
+
+int kvtc__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
 
 /* ---- prefill.c --------------------------------------------------------- */
 
 /* A ROOM from @s: attach to the room, or keep as an orphan. */
 void kvtc__prefill_on_room(kvt_conn_h c, kvtc__sess_t *s, uint64_t room,
                            kvtc__room_msg_t *req);
-void kvtc__prefill_adopt(kvt_conn_h c, struct kvt_room *r);
-/* Check the targets against init(): fail the room on a mismatch. */
-void kvtc__prefill_check(struct kvt_room *r);
 /* Submit, poll and complete; returns non-zero while writes are in
  * flight. */
 int kvtc__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
-int kvtc__prefill_quiescent(struct kvt_room *r);
-void kvtc__job_free_all(struct kvt_room *r);
 
-/* ---- decode.c ---------------------------------------------------------- */
+/* ---- rx.c -------------------------------------------------------------- */
 
-int kvtc__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now);
+/* The rx thread's handling of one notification. */
+void kvtc__rx_dispatch(kvt_conn_h c, const char *from, const uint8_t *buf,
+                       size_t len);
 
-/* ---- the slow thread (conn.c) ------------------------------------------ */
+/* ---- conn_threads.c ---------------------------------------------------- */
 
-kvtc__topo_t *kvtc__topo_get(kvt_conn_h c, const char *server);
-void kvtc__topo_forget(kvt_conn_h c, const char *name);
-
-/* stats.c: the connector's /metrics text (kvt_metrics_source_add()). */
-size_t kvtc__conn_metrics_text(void *owner, char *buf, size_t cap, int meta);
+/* Start the rx, worker and slow threads; on failure the caller stops
+ * those that started (kvtc__threads_stop). */
+kvt_status_t kvtc__threads_start(kvt_conn_h c);
+void kvtc__threads_stop(kvt_conn_h c);
 
 #endif

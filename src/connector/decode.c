@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The decode side of a room: find the prefill ranks that hold this
- * rank's KV heads (bootstrap lookup, then a session with each), announce
- * the destination blocks to each of them once init() gave them, and count
- * their DONE messages (rx thread, sess.c).
+ * The decode side of a room, and the receiver calls that create and
+ * init it: find the prefill ranks that hold this rank's KV heads
+ * (bootstrap lookup, then a session with each), announce the destination
+ * blocks to each of them once init() gave them, and count their DONE
+ * messages (on the rx thread, rx.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -175,4 +176,74 @@ int kvtc__decode_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
         if (r->peers[i].st == KVTC__PEER_WAIT)
             announce(c, r, i);
     return 0;
+}
+
+/* ---- Public calls -------------------------------------------------------- */
+
+kvt_status_t kvt_receiver_create(kvt_conn_h c, const char *bootstrap_addr,
+                                 uint64_t room, int64_t prefill_dp_group,
+                                 kvt_receiver_h *receiver_p)
+{
+    const char *server = bootstrap_addr && *bootstrap_addr ? bootstrap_addr
+                         : c                               ? c->server
+                                                           : NULL;
+    struct kvt_room *r;
+    kvt_status_t st;
+
+    if (c == NULL || receiver_p == NULL || c->role != KVT_ROLE_DECODE ||
+        server == NULL || *server == '\0' || strlen(server) >= KVTC__NAME_MAX)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&c->lock);
+    st = kvtc__room_new(c, room, KVT_ROLE_DECODE, &r);
+    if (st == KVT_OK) {
+        snprintf(r->server, sizeof(r->server), "%s", server);
+        r->group = prefill_dp_group;
+        snprintf(r->reason, sizeof(r->reason),
+                 "looking up the prefill ranks at %s", server);
+        kvtc__conn_wake(c);
+        *receiver_p = r;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_receiver_init(kvt_receiver_h r, const uint32_t *ids, size_t n,
+                               uint64_t first_block, const uint64_t *aux_slots,
+                               size_t num_aux)
+{
+    kvt_conn_h c;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_DECODE || (n > 0 && ids == NULL) ||
+        n > KVTC__CM_MAX / 4 || first_block > UINT32_MAX)
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (r->inited || kvtc__room_is_final(r))
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= c->lay.num_blocks)
+            goto out;
+    st = kvtc__room_aux(c, aux_slots, num_aux, &r->aux);
+    if (st != KVT_OK)
+        goto out;
+    r->ids = malloc((n ? n : 1) * sizeof(*ids));
+    if (r->ids == NULL) {
+        free(r->aux);
+        r->aux = NULL;
+        st = KVT_ERR_NO_MEMORY;
+        goto out;
+    }
+    if (n > 0)
+        memcpy(r->ids, ids, n * sizeof(*ids));
+    r->nids = n;
+    r->first_block = first_block;
+    r->inited = 1;
+    /* The waiting timeout counts from init() on. */
+    r->t_state = kvtc__conn_now_ms();
+    r->dirty = 1;
+    kvtc__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
 }

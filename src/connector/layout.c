@@ -1,4 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* KV layouts: building and validating them, the compatibility check
+ * between a prefill and a decode rank, and the transfer plan it yields
+ * (layout.h has the contracts). Pure code. */
 #include "layout.h"
 
 #include <stdarg.h>

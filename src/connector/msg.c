@@ -1,4 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* The control messages' codec: the header, the typed bodies and FRAG
+ * pieces (msg.h has the wire format). Pure and bounded. */
 #include "msg.h"
 
 #include <stdio.h>

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The prefill side of a room: decode ranks announce their blocks (ROOM),
- * the caller gives chunks of source blocks, and every (chunk, decode
- * rank) pair becomes a job whose writes are submitted layer group by
- * layer group as the chunk's step marks layers ready. A decode rank is
- * told DONE once every job for it has completed; the room succeeds when
- * every decode rank has taken its DONE.
+ * The prefill side of a room, and the sender calls that feed it: decode
+ * ranks announce their blocks (ROOM), the caller gives chunks of source
+ * blocks, and every (chunk, decode rank) pair becomes a job whose writes
+ * are submitted layer group by layer group as the chunk's step marks
+ * layers ready. A decode rank is told DONE once every job for it has
+ * completed; the room succeeds when every decode rank has taken its DONE.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,6 +13,9 @@
 #include <string.h>
 
 #include "conn_int.h"
+
+/* At most this many ROOMs wait for a sender to be created. */
+#define ORPHANS_MAX 65536u
 
 /* ---- Announcements ------------------------------------------------------- */
 
@@ -79,7 +82,8 @@ static kvt_status_t room_valid(kvt_conn_h c, const kvtc__sess_t *s,
     return KVT_OK;
 }
 
-void kvtc__prefill_check(struct kvt_room *r)
+/* Check the targets against init(): fail the room on a mismatch. */
+static void prefill_check(struct kvt_room *r)
 {
     if (!r->inited || r->failing)
         return;
@@ -136,7 +140,7 @@ static void attach(kvt_conn_h c, struct kvt_room *r, kvtc__sess_t *s,
     p->st = KVTC__PEER_ACTIVE;
     p->req = *q;
     memset(q, 0, sizeof(*q));
-    kvtc__prefill_check(r);
+    prefill_check(r);
     r->dirty = 1;
 }
 
@@ -170,7 +174,7 @@ void kvtc__prefill_on_room(kvt_conn_h c, kvtc__sess_t *s, uint64_t room,
     }
     for (o = c->orphans; o != NULL; o = o->next)
         n++;
-    o = n < 65536 ? calloc(1, sizeof(*o)) : NULL;
+    o = n < ORPHANS_MAX ? calloc(1, sizeof(*o)) : NULL;
     if (o == NULL) {
         kvtc__queue_reply(c, s, KVTC__CM_NAK, room, KVT_ERR_NO_SPACE,
                           "too many rooms announced before their request "
@@ -188,7 +192,8 @@ void kvtc__prefill_on_room(kvt_conn_h c, kvtc__sess_t *s, uint64_t room,
     c->orphans = o;
 }
 
-void kvtc__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
+/* Attach the ROOMs that arrived before the sender was created. */
+static void prefill_adopt(kvt_conn_h c, struct kvt_room *r)
 {
     for (kvtc__orphan_t **pp = &c->orphans; *pp != NULL;) {
         kvtc__orphan_t *o = *pp;
@@ -206,26 +211,6 @@ void kvtc__prefill_adopt(kvt_conn_h c, struct kvt_room *r)
 }
 
 /* ---- Jobs ---------------------------------------------------------------- */
-
-static void job_free(kvtc__job_t *j)
-{
-    if (j->batch != NULL) {
-        kvtc__conn_batch_forget(j->batch);
-        if (kvt_batch_free(j->batch) != KVT_OK)
-            KVTC__LOG_W("connector: leaving a busy batch to the engine");
-    }
-    free(j->runs);
-    free(j);
-}
-
-void kvtc__job_free_all(struct kvt_room *r)
-{
-    while (r->jobs != NULL) {
-        kvtc__job_t *j = r->jobs;
-        r->jobs = j->next;
-        job_free(j);
-    }
-}
 
 /* The pairs (source block, decode block) of chunk @k that decode rank
  * @p asked for, grouped in runs. */
@@ -344,6 +329,24 @@ static void job_failed(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j,
                     p->sess->name, kvt_status_str(st));
 }
 
+/* Grow the worker's descriptor scratch to @n; 0 or -1 (no memory). */
+static int descs_reserve(kvt_conn_h c, size_t n)
+{
+    kvt_xfer_desc_t *d;
+    size_t cap = c->cap_descs ? c->cap_descs : 256;
+
+    if (n <= c->cap_descs)
+        return 0;
+    while (cap < n)
+        cap *= 2;
+    d = realloc(c->descs, cap * sizeof(*d));
+    if (d == NULL)
+        return -1;
+    c->descs = d;
+    c->cap_descs = cap;
+    return 0;
+}
+
 /* Submit @n descriptors from the scratch into the job's batch, creating
  * it (sized for every descriptor the job will ever have) on first use. */
 static int job_submit(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j,
@@ -399,7 +402,7 @@ static void job_advance(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j)
     if (upto > j->next_layer) {
         n = layer_descs(c, r, j, j->next_layer, upto, NULL);
         if (n > 0) {
-            if (kvtc__conn_descs(c, n) != 0) {
+            if (descs_reserve(c, n) != 0) {
                 job_failed(c, r, j, KVT_ERR_NO_MEMORY);
                 return;
             }
@@ -411,7 +414,7 @@ static void job_advance(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j)
     }
     if (j->next_layer == L && j->want_aux && !j->aux_done && aux_ready) {
         n = aux_descs(c, r, j, NULL);
-        if (kvtc__conn_descs(c, n) != 0) {
+        if (descs_reserve(c, n) != 0) {
             job_failed(c, r, j, KVT_ERR_NO_MEMORY);
             return;
         }
@@ -453,7 +456,7 @@ static int job_poll(kvt_conn_h c, struct kvt_room *r, kvtc__job_t *j)
     return 0;
 }
 
-int kvtc__prefill_quiescent(struct kvt_room *r)
+static int prefill_quiescent(struct kvt_room *r)
 {
     for (kvtc__job_t *j = r->jobs; j != NULL; j = j->next)
         if (j->batch != NULL)
@@ -513,7 +516,7 @@ static int fail_progress(kvt_conn_h c, struct kvt_room *r, uint64_t now)
 
     for (kvtc__job_t *j = r->jobs; j != NULL; j = j->next)
         busy |= job_poll(c, r, j);
-    if (!kvtc__prefill_quiescent(r))
+    if (!prefill_quiescent(r))
         return 1;
     for (uint32_t i = 0; i < r->npeers; i++) {
         kvtc__peer_t *p = &r->peers[i];
@@ -583,4 +586,116 @@ int kvtc__prefill_tick(kvt_conn_h c, struct kvt_room *r, uint64_t now)
                        "every block and aux item reached %u decode rank(s)",
                        r->npeers);
     return busy;
+}
+
+/* ---- Public calls -------------------------------------------------------- */
+
+kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
+                               uint64_t room, kvt_sender_h *sender_p)
+{
+    struct kvt_room *r;
+    kvt_status_t st;
+
+    (void)bootstrap_addr;
+    if (c == NULL || sender_p == NULL || c->role != KVT_ROLE_PREFILL)
+        return KVT_ERR_INVALID_PARAM;
+    pthread_mutex_lock(&c->lock);
+    st = kvtc__room_new(c, room, KVT_ROLE_PREFILL, &r);
+    if (st != KVT_OK)
+        goto out;
+    snprintf(r->reason, sizeof(r->reason),
+             "waiting for decode to announce the room");
+    for (kvtc__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
+        kvtc__tomb_t *t = *pp;
+        if (t->room == room && t->aborted) {
+            kvtc__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
+            *pp = t->next;
+            free(t);
+            break;
+        }
+    }
+    prefill_adopt(c, r);
+    kvtc__conn_wake(c);
+    *sender_p = r;
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_sender_init(kvt_sender_h r, uint64_t num_blocks,
+                             const uint64_t *aux_slots, size_t num_aux_slots)
+{
+    kvt_conn_h c;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_PREFILL || num_blocks == 0 ||
+        num_blocks > UINT32_MAX)
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (r->inited || kvtc__room_is_final(r))
+        goto out;
+    st = kvtc__room_aux(c, aux_slots, num_aux_slots, &r->aux);
+    if (st != KVT_OK)
+        goto out;
+    r->num_blocks = num_blocks;
+    r->inited = 1;
+    prefill_check(r);
+    r->dirty = 1;
+    kvtc__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
+                                  const uint32_t *ids, size_t n, int is_last)
+{
+    kvt_conn_h c;
+    kvtc__chunk_t *k = NULL;
+    kvt_status_t st = KVT_ERR_INVALID_PARAM;
+
+    if (r == NULL || r->role != KVT_ROLE_PREFILL || (n > 0 && ids == NULL))
+        return st;
+    c = r->conn;
+    pthread_mutex_lock(&c->lock);
+    if (!r->inited || r->got_last || step > c->next_step ||
+        n > r->num_blocks - r->next_block ||
+        (is_last && r->next_block + n != r->num_blocks))
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= c->lay.num_blocks)
+            goto out;
+    st = KVT_OK;
+    r->next_block += n;
+    r->got_last = is_last != 0;
+    if (r->got_last)
+        r->t_last_ns = kvtc__conn_now_ns();
+    if (kvtc__room_is_final(r) || r->failing)
+        goto out;
+    k = calloc(1, sizeof(*k));
+    if (k == NULL || (n > 0 && (k->ids = malloc(n * sizeof(*ids))) == NULL)) {
+        free(k);
+        kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory for a chunk");
+        goto out;
+    }
+    if (n > 0)
+        memcpy(k->ids, ids, n * sizeof(*ids));
+    k->step = step;
+    k->offset = r->next_block - n;
+    k->n = (uint32_t)n;
+    k->is_last = is_last != 0;
+    *r->chunk_tail = k;
+    r->chunk_tail = &k->next;
+    r->dirty = 1;
+    kvtc__conn_wake(c);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvt_status_t kvt_sender_send(kvt_sender_h r, const uint32_t *ids, size_t n,
+                             int is_last)
+{
+    return kvt_sender_send_step(r, 0, ids, n, is_last);
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Rooms: the public calls on senders and receivers, the state changes
- * every part of the connector shares, timeouts, and freeing.
+ * Rooms: the state changes both sides share, lookup, timeouts and
+ * freeing, and the public calls on a room of either side (poll, info,
+ * wait, abort, destroy). The calls that create and feed senders and
+ * receivers are in prefill.c and decode.c.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -29,11 +31,6 @@ const char *kvt_poll_str(kvt_poll_t state)
     return "unknown";
 }
 
-const char *kvtc__role_str(int role)
-{
-    return role == KVT_ROLE_PREFILL ? "prefill" : "decode";
-}
-
 static unsigned room_hash(uint64_t id)
 {
     return (unsigned)((id * 0x9e3779b97f4a7c15ull) >> 54) % KVTC__ROOM_HASH;
@@ -45,11 +42,6 @@ struct kvt_room *kvtc__room_find(kvt_conn_h c, uint64_t id)
         if (r->id == id)
             return r;
     return NULL;
-}
-
-int kvtc__room_is_final(const struct kvt_room *r)
-{
-    return r->state == KVT_POLL_SUCCESS || r->state == KVT_POLL_FAILED;
 }
 
 /* Count @r leaving its state for @state, now (@now_ns). */
@@ -133,27 +125,8 @@ void kvtc__room_final(struct kvt_room *r, kvt_poll_t state)
     pthread_cond_broadcast(&r->conn->changed);
 }
 
-kvtc__peer_t *kvtc__room_add_peer(struct kvt_room *r, kvtc__sess_t *s)
-{
-    kvtc__peer_t *p;
-
-    if (r->npeers == r->cap_peers) {
-        uint32_t cap = r->cap_peers ? 2 * r->cap_peers : 4;
-        p = realloc(r->peers, cap * sizeof(*p));
-        if (p == NULL)
-            return NULL;
-        r->peers = p;
-        r->cap_peers = cap;
-    }
-    p = &r->peers[r->npeers++];
-    memset(p, 0, sizeof(*p));
-    p->sess = s;
-    kvtc__sess_ref(s);
-    return p;
-}
-
-static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
-                             struct kvt_room **r_p)
+kvt_status_t kvtc__room_new(kvt_conn_h c, uint64_t id, int role,
+                            struct kvt_room **r_p)
 {
     struct kvt_room *r;
     unsigned h = room_hash(id);
@@ -182,6 +155,54 @@ static kvt_status_t room_new(kvt_conn_h c, uint64_t id, int role,
     return KVT_OK;
 }
 
+/* Expand the caller's aux slots to one per aux buffer, checked against
+ * the buffers' item counts. */
+kvt_status_t kvtc__room_aux(kvt_conn_h c, const uint64_t *slots, size_t n,
+                            uint64_t **aux_p)
+{
+    uint64_t *aux;
+
+    *aux_p = NULL;
+    if (n == 0)
+        return KVT_OK;
+    if (slots == NULL || c->lay.naux == 0 || (n != 1 && n != c->lay.naux))
+        return KVT_ERR_INVALID_PARAM;
+    aux = malloc(c->lay.naux * sizeof(*aux));
+    if (aux == NULL)
+        return KVT_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < c->lay.naux; i++) {
+        aux[i] = slots[n == 1 ? 0 : i];
+        if (aux[i] >= c->lay.aux[i].count) {
+            free(aux);
+            return KVT_ERR_INVALID_PARAM;
+        }
+    }
+    *aux_p = aux;
+    return KVT_OK;
+}
+
+/* A room's jobs (prefill.c makes them) go with the room; a batch the
+ * engine still holds is left to it. */
+static void job_free(kvtc__job_t *j)
+{
+    if (j->batch != NULL) {
+        kvtc__conn_batch_forget(j->batch);
+        if (kvt_batch_free(j->batch) != KVT_OK)
+            KVTC__LOG_W("connector: leaving a busy batch to the engine");
+    }
+    free(j->runs);
+    free(j);
+}
+
+static void jobs_free(struct kvt_room *r)
+{
+    while (r->jobs != NULL) {
+        kvtc__job_t *j = r->jobs;
+        r->jobs = j->next;
+        job_free(j);
+    }
+}
+
 /* Unlink from the list and the hash, release everything. The room must
  * be quiescent (final, or the connector is being destroyed after its
  * threads stopped). */
@@ -203,7 +224,7 @@ void kvtc__room_free(kvt_conn_h c, struct kvt_room *r)
     }
     if ((unsigned)r->state < 5)
         atomic_fetch_sub(&c->stats.rooms[r->state], 1);
-    kvtc__job_free_all(r);
+    jobs_free(r);
     while (r->chunks != NULL) {
         kvtc__chunk_t *k = r->chunks;
         r->chunks = k->next;
@@ -245,37 +266,6 @@ static void room_retire(kvt_conn_h c, struct kvt_room *r)
  * waits for (writes, acknowledgements) is bounded by the engine's
  * transfer timeout and the peer timeout.
  */
-void kvtc__peer_abort_ack(kvt_conn_h c, struct kvt_room *r, uint32_t i)
-{
-    kvtc__peer_t *p = &r->peers[i];
-    if (p->need_ack) {
-        p->need_ack = 0;
-        kvtc__ctrl_status(c, p->sess, KVTC__CM_ABORT_ACK, r->id, 0, i, KVT_OK,
-                          "");
-    }
-}
-
-void kvtc__peer_abort_start(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                            uint64_t now)
-{
-    kvtc__peer_t *p = &r->peers[i];
-    p->st = KVTC__PEER_ABORTING;
-    p->t_abort = now;
-    kvtc__ctrl_status(c, p->sess, KVTC__CM_ABORT, r->id, 0, i, r->ferr,
-                      r->freason);
-}
-
-int kvtc__peer_abort_wait(kvt_conn_h c, struct kvt_room *r, uint32_t i,
-                          uint64_t now)
-{
-    kvtc__peer_t *p = &r->peers[i];
-    if (kvtc__since(now, p->t_abort) > c->peer_ms)
-        kvtc__sess_kill(c, p->sess, KVT_ERR_TIMEDOUT,
-                        "%s did not acknowledge an abort in %" PRIu64 " ms",
-                        p->sess->name, c->peer_ms);
-    return p->st == KVTC__PEER_ABORTING;
-}
-
 void kvtc__rooms_tick(kvt_conn_h c, uint64_t now)
 {
     struct kvt_room *r = c->rooms, *next;
@@ -322,210 +312,6 @@ void kvtc__rooms_tick(kvt_conn_h c, uint64_t now)
 }
 
 /* ---- Public calls -------------------------------------------------------- */
-
-kvt_status_t kvt_sender_create(kvt_conn_h c, const char *bootstrap_addr,
-                               uint64_t room, kvt_sender_h *sender_p)
-{
-    struct kvt_room *r;
-    kvt_status_t st;
-
-    (void)bootstrap_addr;
-    if (c == NULL || sender_p == NULL || c->role != KVT_ROLE_PREFILL)
-        return KVT_ERR_INVALID_PARAM;
-    pthread_mutex_lock(&c->lock);
-    st = room_new(c, room, KVT_ROLE_PREFILL, &r);
-    if (st != KVT_OK)
-        goto out;
-    snprintf(r->reason, sizeof(r->reason),
-             "waiting for decode to announce the room");
-    for (kvtc__tomb_t **pp = &c->tombs; *pp != NULL; pp = &(*pp)->next) {
-        kvtc__tomb_t *t = *pp;
-        if (t->room == room && t->aborted) {
-            kvtc__room_fail(r, KVT_ERR_CANCELED, "%s", t->why);
-            *pp = t->next;
-            free(t);
-            break;
-        }
-    }
-    kvtc__prefill_adopt(c, r);
-    kvtc__conn_wake(c);
-    *sender_p = r;
-out:
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
-
-/* Expand the caller's aux slots to one per aux buffer, checked against
- * the buffers' item counts. */
-static kvt_status_t expand_aux(kvt_conn_h c, const uint64_t *slots, size_t n,
-                               uint64_t **aux_p)
-{
-    uint64_t *aux;
-
-    *aux_p = NULL;
-    if (n == 0)
-        return KVT_OK;
-    if (slots == NULL || c->lay.naux == 0 || (n != 1 && n != c->lay.naux))
-        return KVT_ERR_INVALID_PARAM;
-    aux = malloc(c->lay.naux * sizeof(*aux));
-    if (aux == NULL)
-        return KVT_ERR_NO_MEMORY;
-    for (uint32_t i = 0; i < c->lay.naux; i++) {
-        aux[i] = slots[n == 1 ? 0 : i];
-        if (aux[i] >= c->lay.aux[i].count) {
-            free(aux);
-            return KVT_ERR_INVALID_PARAM;
-        }
-    }
-    *aux_p = aux;
-    return KVT_OK;
-}
-
-kvt_status_t kvt_sender_init(kvt_sender_h r, uint64_t num_blocks,
-                             const uint64_t *aux_slots, size_t num_aux_slots)
-{
-    kvt_conn_h c;
-    kvt_status_t st = KVT_ERR_INVALID_PARAM;
-
-    if (r == NULL || r->role != KVT_ROLE_PREFILL || num_blocks == 0 ||
-        num_blocks > UINT32_MAX)
-        return st;
-    c = r->conn;
-    pthread_mutex_lock(&c->lock);
-    if (r->inited || kvtc__room_is_final(r))
-        goto out;
-    st = expand_aux(c, aux_slots, num_aux_slots, &r->aux);
-    if (st != KVT_OK)
-        goto out;
-    r->num_blocks = num_blocks;
-    r->inited = 1;
-    kvtc__prefill_check(r);
-    r->dirty = 1;
-    kvtc__conn_wake(c);
-out:
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
-
-kvt_status_t kvt_sender_send_step(kvt_sender_h r, uint64_t step,
-                                  const uint32_t *ids, size_t n, int is_last)
-{
-    kvt_conn_h c;
-    kvtc__chunk_t *k = NULL;
-    kvt_status_t st = KVT_ERR_INVALID_PARAM;
-
-    if (r == NULL || r->role != KVT_ROLE_PREFILL || (n > 0 && ids == NULL))
-        return st;
-    c = r->conn;
-    pthread_mutex_lock(&c->lock);
-    if (!r->inited || r->got_last || step > c->next_step ||
-        n > r->num_blocks - r->next_block ||
-        (is_last && r->next_block + n != r->num_blocks))
-        goto out;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] >= c->lay.num_blocks)
-            goto out;
-    st = KVT_OK;
-    r->next_block += n;
-    r->got_last = is_last != 0;
-    if (r->got_last)
-        r->t_last_ns = kvtc__conn_now_ns();
-    if (kvtc__room_is_final(r) || r->failing)
-        goto out;
-    k = calloc(1, sizeof(*k));
-    if (k == NULL || (n > 0 && (k->ids = malloc(n * sizeof(*ids))) == NULL)) {
-        free(k);
-        kvtc__room_fail(r, KVT_ERR_NO_MEMORY, "out of memory for a chunk");
-        goto out;
-    }
-    if (n > 0)
-        memcpy(k->ids, ids, n * sizeof(*ids));
-    k->step = step;
-    k->offset = r->next_block - n;
-    k->n = (uint32_t)n;
-    k->is_last = is_last != 0;
-    *r->chunk_tail = k;
-    r->chunk_tail = &k->next;
-    r->dirty = 1;
-    kvtc__conn_wake(c);
-out:
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
-
-kvt_status_t kvt_sender_send(kvt_sender_h r, const uint32_t *ids, size_t n,
-                             int is_last)
-{
-    return kvt_sender_send_step(r, 0, ids, n, is_last);
-}
-
-kvt_status_t kvt_receiver_create(kvt_conn_h c, const char *bootstrap_addr,
-                                 uint64_t room, int64_t prefill_dp_group,
-                                 kvt_receiver_h *receiver_p)
-{
-    const char *server = bootstrap_addr && *bootstrap_addr ? bootstrap_addr
-                         : c                               ? c->server
-                                                           : NULL;
-    struct kvt_room *r;
-    kvt_status_t st;
-
-    if (c == NULL || receiver_p == NULL || c->role != KVT_ROLE_DECODE ||
-        server == NULL || *server == '\0' || strlen(server) >= KVTC__NAME_MAX)
-        return KVT_ERR_INVALID_PARAM;
-    pthread_mutex_lock(&c->lock);
-    st = room_new(c, room, KVT_ROLE_DECODE, &r);
-    if (st == KVT_OK) {
-        snprintf(r->server, sizeof(r->server), "%s", server);
-        r->group = prefill_dp_group;
-        snprintf(r->reason, sizeof(r->reason),
-                 "looking up the prefill ranks at %s", server);
-        kvtc__conn_wake(c);
-        *receiver_p = r;
-    }
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
-
-kvt_status_t kvt_receiver_init(kvt_receiver_h r, const uint32_t *ids, size_t n,
-                               uint64_t first_block, const uint64_t *aux_slots,
-                               size_t num_aux)
-{
-    kvt_conn_h c;
-    kvt_status_t st = KVT_ERR_INVALID_PARAM;
-
-    if (r == NULL || r->role != KVT_ROLE_DECODE || (n > 0 && ids == NULL) ||
-        n > KVTC__CM_MAX / 4 || first_block > UINT32_MAX)
-        return st;
-    c = r->conn;
-    pthread_mutex_lock(&c->lock);
-    if (r->inited || kvtc__room_is_final(r))
-        goto out;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] >= c->lay.num_blocks)
-            goto out;
-    st = expand_aux(c, aux_slots, num_aux, &r->aux);
-    if (st != KVT_OK)
-        goto out;
-    r->ids = malloc((n ? n : 1) * sizeof(*ids));
-    if (r->ids == NULL) {
-        free(r->aux);
-        r->aux = NULL;
-        st = KVT_ERR_NO_MEMORY;
-        goto out;
-    }
-    if (n > 0)
-        memcpy(r->ids, ids, n * sizeof(*ids));
-    r->nids = n;
-    r->first_block = first_block;
-    r->inited = 1;
-    /* The waiting timeout counts from init() on. */
-    r->t_state = kvtc__conn_now_ms();
-    r->dirty = 1;
-    kvtc__conn_wake(c);
-out:
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
 
 kvt_poll_t kvt_room_poll(struct kvt_room *r)
 {

@@ -2,7 +2,8 @@
 /*
  * The connector's metrics (kvt/metrics.h): its rooms by state, the time
  * they spend in each, and the tail of prefill rooms; as a struct and as
- * /metrics text (the process's listener asks through stats.h).
+ * /metrics text (the process's listener asks through
+ * kvt_metrics_source_add()).
  */
 #include <stdarg.h>
 #include <stdio.h>
