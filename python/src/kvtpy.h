@@ -131,7 +131,7 @@ void kvtpy_ids_acquire(kvtpy_ids_t *t, const uint64_t *ids, size_t n,
 void kvtpy_ids_finish(kvtpy_ids_t *t, const kvt_batch_h *batches,
                       const uint32_t *slots, size_t n);
 
-/* ---- engine.c and transfer.c: kvt.TransferEngine ---------------------- */
+/* ---- engine*.c and transfer.c: kvt.TransferEngine --------------------- */
 
 /* Synchronous calls of up to KVTPY_POOL_CAP descriptors use pooled
  * batches of that capacity; KVTPY_POOL_MAX of them are kept, enough for
@@ -170,10 +170,23 @@ static inline PyObject *kvtpy_int(long v)
     return PyLong_FromLong(v);
 }
 
-/* Methods from transfer.c, put in the type's method table by engine.c. */
+/* Methods from engine_args.c, engine_mem.c, engine_metrics.c and
+ * transfer.c, put in the type's method table by engine.c. */
 #define KVTPY_FASTCALL(name)                                                   \
     PyObject *kvtpy_m_##name(PyObject *self, PyObject *const *args,            \
                              Py_ssize_t nargs, PyObject *kwnames)
+KVTPY_FASTCALL(initialize);
+KVTPY_FASTCALL(initialize_ext);
+KVTPY_FASTCALL(register_memory);
+KVTPY_FASTCALL(batch_register_memory);
+PyObject *kvtpy_m_unregister_memory(PyObject *self, PyObject *arg);
+PyObject *kvtpy_m_batch_unregister_memory(PyObject *self, PyObject *arg);
+PyObject *kvtpy_m_allocate_managed_buffer(PyObject *self, PyObject *arg);
+KVTPY_FASTCALL(free_managed_buffer);
+KVTPY_FASTCALL(write_bytes_to_buffer);
+KVTPY_FASTCALL(read_bytes_from_buffer);
+PyObject *kvtpy_m_get_metrics(PyObject *self, PyObject *unused);
+PyObject *kvtpy_m_get_metrics_text(PyObject *self, PyObject *unused);
 KVTPY_FASTCALL(transfer_sync_write);
 KVTPY_FASTCALL(transfer_sync_read);
 KVTPY_FASTCALL(transfer_sync);
