@@ -1,33 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvt._kvt.Connector, Room and BootstrapServer: the thin C layer under
- * kvt.connector (python/kvt/connector.py), which gives them SGLang's
- * shape. A Connector owns its own engine and kvt_conn_h; a Room is a
- * sender or receiver handle and keeps its Connector alive. Every call
- * that may block (creation, wait, destroy) releases the GIL.
+ * kvt._kvt.Connector: the thin C layer under kvt.connector
+ * (python/kvt/connector.py), which gives it SGLang's shape, and the
+ * registration of the connector's types (Connector, Room in
+ * connector_room.c, BootstrapServer in connector_boot.c). A Connector
+ * owns its own engine and kvt_conn_h. Every call that may block
+ * (creation, wait, destroy) releases the GIL.
  */
 #include "kvtpy.h"
 
 #include <kvt/connector.h>
-
-int kvtpy_connector_init(PyObject *m);
-
-typedef struct {
-    PyObject_HEAD kvt_engine_h engine;
-    kvt_conn_h conn; /* NULL once closed */
-    int role;
-} conn_obj_t;
-
-typedef struct {
-    PyObject_HEAD conn_obj_t *owner; /* strong reference */
-    struct kvt_room *room;
-} room_obj_t;
-
-typedef struct {
-    PyObject_HEAD kvt_bootstrap_h server;
-} boot_obj_t;
-
-static PyTypeObject *room_type;
 
 /* Raise the kvt.Error subclass that fits a kvt status. */
 static PyObject *raise_status(const char *what, kvt_status_t st)
@@ -39,131 +21,6 @@ static PyObject *raise_status(const char *what, kvt_status_t st)
 static int item_u64(PyObject *seq, Py_ssize_t i, const char *what, uint64_t *v)
 {
     return kvtpy_u64_item(seq, i, what, v);
-}
-
-/* Block ids from a buffer of 4- or 8-byte integers (array.array, numpy)
- * or any sequence of ints; *ids_p is malloc'd. */
-static int ids_from(PyObject *o, uint32_t **ids_p, size_t *n_p)
-{
-    uint32_t *ids = NULL;
-    Py_ssize_t n;
-    Py_buffer view;
-
-    if (PyObject_CheckBuffer(o) &&
-        PyObject_GetBuffer(o, &view, PyBUF_FORMAT | PyBUF_ND) == 0) {
-        const char *f = view.format ? view.format : "B";
-        char code;
-        int ok;
-        if (*f == '<' || *f == '=' || *f == '@')
-            f++;
-        code = *f;
-        ok = view.itemsize == 4 || view.itemsize == 8;
-        ok = ok && f[1] == '\0' && strchr("iIlLqQ", code) != NULL;
-        n = ok ? view.len / view.itemsize : 0;
-        if (!ok) {
-            PyBuffer_Release(&view);
-            PyErr_SetString(PyExc_TypeError,
-                            "block ids must be integers of 4 or 8 bytes");
-            return -1;
-        }
-        ids = malloc((n ? n : 1) * sizeof(*ids));
-        if (ids == NULL) {
-            PyBuffer_Release(&view);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int is_signed = code == 'i' || code == 'l' || code == 'q';
-            int64_t v;
-            if (view.itemsize == 4 && is_signed)
-                v = ((const int32_t *)view.buf)[i];
-            else if (view.itemsize == 4)
-                v = ((const uint32_t *)view.buf)[i];
-            else if (is_signed)
-                v = ((const int64_t *)view.buf)[i];
-            else
-                v = ((const uint64_t *)view.buf)[i] > UINT32_MAX
-                        ? -1
-                        : (int64_t)((const uint64_t *)view.buf)[i];
-            if (v < 0 || v > (int64_t)UINT32_MAX) {
-                PyBuffer_Release(&view);
-                free(ids);
-                PyErr_SetString(PyExc_ValueError, "block id out of range");
-                return -1;
-            }
-            ids[i] = (uint32_t)v;
-        }
-        PyBuffer_Release(&view);
-        *ids_p = ids;
-        *n_p = (size_t)n;
-        return 0;
-    }
-    PyErr_Clear();
-    n = kvtpy_seq_len(o, "block ids");
-    if (n < 0)
-        return -1;
-    ids = malloc((n ? n : 1) * sizeof(*ids));
-    if (ids == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t v;
-        if (kvtpy_u64_item(o, i, "block id", &v) < 0 || v > UINT32_MAX) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "block id out of range");
-            free(ids);
-            return -1;
-        }
-        ids[i] = (uint32_t)v;
-    }
-    *ids_p = ids;
-    *n_p = (size_t)n;
-    return 0;
-}
-
-/* None -> no slot, an int -> one slot for every buffer, a sequence -> one
- * per buffer. *slots_p is malloc'd (or NULL). */
-static int slots_from(PyObject *o, uint64_t **slots_p, size_t *n_p)
-{
-    uint64_t *s;
-    Py_ssize_t n;
-
-    *slots_p = NULL;
-    *n_p = 0;
-    if (o == NULL || o == Py_None)
-        return 0;
-    if (PyLong_Check(o) || PyIndex_Check(o)) {
-        s = malloc(sizeof(*s));
-        if (s == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (kvtpy_u64(o, "aux slot", s) < 0) {
-            free(s);
-            return -1;
-        }
-        *slots_p = s;
-        *n_p = 1;
-        return 0;
-    }
-    n = kvtpy_seq_len(o, "aux slots");
-    if (n < 0)
-        return -1;
-    s = malloc((n ? n : 1) * sizeof(*s));
-    if (s == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (kvtpy_u64_item(o, i, "aux slot", &s[i]) < 0) {
-            free(s);
-            return -1;
-        }
-    }
-    *slots_p = s;
-    *n_p = (size_t)n;
-    return 0;
 }
 
 /* ---- Connector --------------------------------------------------------- */
@@ -276,7 +133,7 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     kvt_aux_buffer_t *a = NULL;
     kvt_conn_params_t p = {0};
     kvt_engine_params_t ep = {0};
-    conn_obj_t *self = NULL;
+    kvtpy_conn_t *self = NULL;
     char why[256];
     kvt_status_t st;
 
@@ -300,7 +157,7 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "invalid KV layout: %s", why);
         goto out;
     }
-    self = (conn_obj_t *)PyType_GenericAlloc(type, 0);
+    self = (kvtpy_conn_t *)PyType_GenericAlloc(type, 0);
     if (self == NULL)
         goto out;
     self->role = role[0] == 'p' ? KVT_ROLE_PREFILL : KVT_ROLE_DECODE;
@@ -357,7 +214,7 @@ out:
     return (PyObject *)self;
 }
 
-static void conn_close_now(conn_obj_t *self)
+static void conn_close_now(kvtpy_conn_t *self)
 {
     kvt_conn_h conn = self->conn;
     kvt_engine_h eng = self->engine;
@@ -375,12 +232,12 @@ static void conn_close_now(conn_obj_t *self)
 static void conn_dealloc(PyObject *o)
 {
     PyTypeObject *tp = Py_TYPE(o);
-    conn_close_now((conn_obj_t *)o);
+    conn_close_now((kvtpy_conn_t *)o);
     ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
     Py_DECREF(tp);
 }
 
-static int need_conn(conn_obj_t *self)
+static int need_conn(kvtpy_conn_t *self)
 {
     if (self->conn == NULL) {
         kvtpy_state_error("the connector is closed");
@@ -391,13 +248,13 @@ static int need_conn(conn_obj_t *self)
 
 static PyObject *conn_close(PyObject *o, PyObject *unused)
 {
-    conn_close_now((conn_obj_t *)o);
+    conn_close_now((kvtpy_conn_t *)o);
     Py_RETURN_NONE;
 }
 
 static PyObject *conn_segment_name(PyObject *o, PyObject *unused)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     if (need_conn(self) < 0)
         return NULL;
     return PyUnicode_FromString(kvt_engine_segment_name(self->engine));
@@ -410,7 +267,7 @@ static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
     static const char *const names[5] = {"failed", "bootstrapping",
                                          "waiting_for_input", "transferring",
                                          "success"};
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     kvt_conn_stats_t s = {.version = KVT_STATS_VERSION};
     PyObject *d, *states, *tail;
     kvt_status_t st;
@@ -463,7 +320,7 @@ static PyObject *conn_get_metrics(PyObject *o, PyObject *unused)
 
 static PyObject *conn_step_begin(PyObject *o, PyObject *unused)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     uint64_t step;
     kvt_status_t st;
 
@@ -477,7 +334,7 @@ static PyObject *conn_step_begin(PyObject *o, PyObject *unused)
 
 static PyObject *conn_layer_ready(PyObject *o, PyObject *args)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     unsigned long long step;
     unsigned int layer;
     kvt_status_t st;
@@ -492,7 +349,7 @@ static PyObject *conn_layer_ready(PyObject *o, PyObject *args)
 
 static PyObject *conn_step_end(PyObject *o, PyObject *args)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     unsigned long long step;
     kvt_status_t st;
 
@@ -504,25 +361,9 @@ static PyObject *conn_step_end(PyObject *o, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *room_wrap(conn_obj_t *owner, struct kvt_room *room)
-{
-    room_obj_t *r = PyObject_New(room_obj_t, room_type);
-
-    if (r == NULL) {
-        Py_BEGIN_ALLOW_THREADS;
-        kvt_room_destroy(room);
-        Py_END_ALLOW_THREADS;
-        return NULL;
-    }
-    Py_INCREF((PyObject *)owner);
-    r->owner = owner;
-    r->room = room;
-    return (PyObject *)r;
-}
-
 static PyObject *conn_sender(PyObject *o, PyObject *args)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     unsigned long long id;
     struct kvt_room *room;
     kvt_status_t st;
@@ -532,12 +373,12 @@ static PyObject *conn_sender(PyObject *o, PyObject *args)
     st = kvt_sender_create(self->conn, NULL, id, &room);
     if (st != KVT_OK)
         return raise_status("creating the sender", st);
-    return room_wrap(self, room);
+    return kvtpy_room_wrap(self, room);
 }
 
 static PyObject *conn_receiver(PyObject *o, PyObject *args)
 {
-    conn_obj_t *self = (conn_obj_t *)o;
+    kvtpy_conn_t *self = (kvtpy_conn_t *)o;
     unsigned long long id;
     const char *boot = NULL;
     long long group = -1;
@@ -550,7 +391,7 @@ static PyObject *conn_receiver(PyObject *o, PyObject *args)
     st = kvt_receiver_create(self->conn, boot, id, group, &room);
     if (st != KVT_OK)
         return raise_status("creating the receiver", st);
-    return room_wrap(self, room);
+    return kvtpy_room_wrap(self, room);
 }
 
 static PyMethodDef conn_methods[] = {
@@ -586,277 +427,9 @@ static PyType_Slot conn_slots[] = {
 
 static PyType_Spec conn_spec = {
     .name = "kvt.Connector",
-    .basicsize = sizeof(conn_obj_t),
+    .basicsize = sizeof(kvtpy_conn_t),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = conn_slots,
-};
-
-/* ---- Room -------------------------------------------------------------- */
-
-static int need_room(room_obj_t *self)
-{
-    if (self->room == NULL || self->owner->conn == NULL) {
-        kvtpy_state_error("the room is closed");
-        return -1;
-    }
-    return 0;
-}
-
-static void room_close_now(room_obj_t *self)
-{
-    struct kvt_room *room = self->room;
-
-    self->room = NULL;
-    if (room == NULL || self->owner->conn == NULL)
-        return;
-    Py_BEGIN_ALLOW_THREADS;
-    kvt_room_destroy(room);
-    Py_END_ALLOW_THREADS;
-}
-
-static void room_dealloc(PyObject *o)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    PyTypeObject *tp = Py_TYPE(o);
-
-    room_close_now(self);
-    Py_XDECREF((PyObject *)self->owner);
-    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
-    Py_DECREF(tp);
-}
-
-static PyObject *room_close(PyObject *o, PyObject *unused)
-{
-    room_close_now((room_obj_t *)o);
-    Py_RETURN_NONE;
-}
-
-static PyObject *room_init_sender(PyObject *o, PyObject *args)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    unsigned long long n;
-    PyObject *aux = Py_None;
-    uint64_t *slots;
-    size_t ns;
-    kvt_status_t st;
-
-    if (!PyArg_ParseTuple(args, "K|O", &n, &aux) || need_room(self) < 0 ||
-        slots_from(aux, &slots, &ns) < 0)
-        return NULL;
-    st = kvt_sender_init(self->room, n, slots, ns);
-    free(slots);
-    if (st != KVT_OK)
-        return raise_status("init", st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *room_init_receiver(PyObject *o, PyObject *args)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    PyObject *ids_o, *aux = Py_None;
-    unsigned long long first = 0;
-    uint32_t *ids;
-    uint64_t *slots;
-    size_t n, ns;
-    kvt_status_t st;
-
-    if (!PyArg_ParseTuple(args, "O|KO", &ids_o, &first, &aux) ||
-        need_room(self) < 0)
-        return NULL;
-    if (ids_from(ids_o, &ids, &n) < 0)
-        return NULL;
-    if (slots_from(aux, &slots, &ns) < 0) {
-        free(ids);
-        return NULL;
-    }
-    st = kvt_receiver_init(self->room, ids, n, first, slots, ns);
-    free(ids);
-    free(slots);
-    if (st != KVT_OK)
-        return raise_status("init", st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *room_send(PyObject *o, PyObject *args)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    PyObject *ids_o;
-    int is_last;
-    unsigned long long step = 0;
-    uint32_t *ids;
-    size_t n;
-    kvt_status_t st;
-
-    if (!PyArg_ParseTuple(args, "Op|K", &ids_o, &is_last, &step) ||
-        need_room(self) < 0 || ids_from(ids_o, &ids, &n) < 0)
-        return NULL;
-    st = kvt_sender_send_step(self->room, step, ids, n, is_last);
-    free(ids);
-    if (st != KVT_OK)
-        return raise_status("send", st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *room_poll(PyObject *o, PyObject *unused)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    if (need_room(self) < 0)
-        return NULL;
-    return PyLong_FromLong(kvt_room_poll(self->room));
-}
-
-static PyObject *room_info(PyObject *o, PyObject *unused)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    kvt_room_info_t info;
-
-    if (need_room(self) < 0)
-        return NULL;
-    kvt_room_info(self->room, &info);
-    return Py_BuildValue("(iss)", (int)info.state, kvt_status_name(info.error),
-                         info.reason);
-}
-
-static PyObject *room_wait(PyObject *o, PyObject *args)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    double timeout = -1;
-    kvt_poll_t s;
-
-    if (!PyArg_ParseTuple(args, "|d", &timeout) || need_room(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS;
-    s = kvt_room_wait(self->room,
-                      timeout < 0 ? -1 : (int64_t)(timeout * 1000.0));
-    Py_END_ALLOW_THREADS;
-    return PyLong_FromLong(s);
-}
-
-static PyObject *room_abort(PyObject *o, PyObject *args)
-{
-    room_obj_t *self = (room_obj_t *)o;
-    const char *why = NULL;
-
-    if (!PyArg_ParseTuple(args, "|z", &why) || need_room(self) < 0)
-        return NULL;
-    kvt_room_abort(self->room, why);
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef room_methods[] = {
-    {"init_sender", room_init_sender, METH_VARARGS,
-     "init_sender(num_blocks, aux_slots=None)"},
-    {"init_receiver", room_init_receiver, METH_VARARGS,
-     "init_receiver(block_ids, first_block=0, aux_slots=None)"},
-    {"send", room_send, METH_VARARGS,
-     "send(block_ids, is_last, step=0): a chunk (step 0: every layer is "
-     "ready)"},
-    {"poll", room_poll, METH_NOARGS, "poll() -> KVPoll value"},
-    {"info", room_info, METH_NOARGS, "info() -> (state, error name, reason)"},
-    {"wait", room_wait, METH_VARARGS,
-     "wait(timeout_s=-1) -> state once final or at the timeout"},
-    {"abort", room_abort, METH_VARARGS, "abort(reason=None)"},
-    {"close", room_close, METH_NOARGS,
-     "close(): release (aborts and waits if not final)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot room_slots[] = {
-    {Py_tp_doc, (void *)"A sender or receiver room of a Connector."},
-    {Py_tp_dealloc, room_dealloc},
-    {Py_tp_methods, room_methods},
-    {0, NULL},
-};
-
-static PyType_Spec room_spec = {
-    .name = "kvt.Room",
-    .basicsize = sizeof(room_obj_t),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = room_slots,
-};
-
-/* ---- BootstrapServer --------------------------------------------------- */
-
-static PyObject *boot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"port", "host", NULL};
-    unsigned int port = 0;
-    const char *host = NULL;
-    boot_obj_t *self;
-    kvt_status_t st;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Iz", kwlist, &port, &host))
-        return NULL;
-    if (port > 65535) {
-        PyErr_SetString(PyExc_ValueError, "port out of range");
-        return NULL;
-    }
-    self = (boot_obj_t *)PyType_GenericAlloc(type, 0);
-    if (self == NULL)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS;
-    st = kvt_bootstrap_start(host, (uint16_t)port, &self->server);
-    Py_END_ALLOW_THREADS;
-    if (st != KVT_OK) {
-        self->server = NULL;
-        Py_DECREF(self);
-        return raise_status("starting the bootstrap server", st);
-    }
-    return (PyObject *)self;
-}
-
-static void boot_close_now(boot_obj_t *self)
-{
-    kvt_bootstrap_h s = self->server;
-
-    self->server = NULL;
-    if (s == NULL)
-        return;
-    Py_BEGIN_ALLOW_THREADS;
-    kvt_bootstrap_stop(s);
-    Py_END_ALLOW_THREADS;
-}
-
-static void boot_dealloc(PyObject *o)
-{
-    PyTypeObject *tp = Py_TYPE(o);
-    boot_close_now((boot_obj_t *)o);
-    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(o);
-    Py_DECREF(tp);
-}
-
-static PyObject *boot_port(PyObject *o, PyObject *unused)
-{
-    boot_obj_t *self = (boot_obj_t *)o;
-    return PyLong_FromLong(self->server ? kvt_bootstrap_port(self->server) : 0);
-}
-
-static PyObject *boot_close(PyObject *o, PyObject *unused)
-{
-    boot_close_now((boot_obj_t *)o);
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef boot_methods[] = {
-    {"port", boot_port, METH_NOARGS, "port() -> the port it listens on"},
-    {"close", boot_close, METH_NOARGS, "close(): stop the server"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot boot_slots[] = {
-    {Py_tp_doc, (void *)"BootstrapServer(port=0, host=None): kvt metad in "
-                        "this process."},
-    {Py_tp_new, boot_new},
-    {Py_tp_dealloc, boot_dealloc},
-    {Py_tp_methods, boot_methods},
-    {0, NULL},
-};
-
-static PyType_Spec boot_spec = {
-    .name = "kvt.BootstrapServer",
-    .basicsize = sizeof(boot_obj_t),
-    .flags = Py_TPFLAGS_DEFAULT,
-    .slots = boot_slots,
 };
 
 /* ---- Module ------------------------------------------------------------ */
@@ -879,8 +452,8 @@ static int add_type(PyObject *m, const char *name, PyType_Spec *spec,
 int kvtpy_connector_init(PyObject *m)
 {
     if (add_type(m, "Connector", &conn_spec, NULL) < 0 ||
-        add_type(m, "Room", &room_spec, &room_type) < 0 ||
-        add_type(m, "BootstrapServer", &boot_spec, NULL) < 0)
+        add_type(m, "Room", &kvtpy_room_spec, &kvtpy_room_type) < 0 ||
+        add_type(m, "BootstrapServer", &kvtpy_boot_spec, NULL) < 0)
         return -1;
     if (PyModule_AddIntConstant(m, "CACHE_K", KVT_CACHE_K) < 0 ||
         PyModule_AddIntConstant(m, "CACHE_V", KVT_CACHE_V) < 0 ||

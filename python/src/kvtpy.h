@@ -131,6 +131,36 @@ void kvtpy_ids_acquire(kvtpy_ids_t *t, const uint64_t *ids, size_t n,
 void kvtpy_ids_finish(kvtpy_ids_t *t, const kvt_batch_h *batches,
                       const uint32_t *slots, size_t n);
 
+/* ---- connector*.c: kvt.Connector, kvt.Room, kvt.BootstrapServer ------- */
+
+/* A Connector: its own engine and kvt_conn_h. */
+typedef struct {
+    PyObject_HEAD kvt_engine_h engine;
+    kvt_conn_h conn; /* NULL once closed */
+    int role;
+} kvtpy_conn_t;
+
+/* A sender or receiver room of a Connector. */
+typedef struct {
+    PyObject_HEAD kvtpy_conn_t *owner; /* strong reference */
+    struct kvt_room *room;
+} kvtpy_room_t;
+
+/* connector.c: add Connector, Room, BootstrapServer and the layout
+ * constants to the module. */
+int kvtpy_connector_init(PyObject *m);
+
+/* connector_room.c: the Room type, created by kvtpy_connector_init()
+ * (the module keeps it alive). */
+extern PyType_Spec kvtpy_room_spec;
+extern PyTypeObject *kvtpy_room_type;
+/* A Room for @room, owned by @owner (a new reference to it is taken).
+ * New reference, or NULL with an exception set and @room destroyed. */
+PyObject *kvtpy_room_wrap(kvtpy_conn_t *owner, struct kvt_room *room);
+
+/* connector_boot.c: the BootstrapServer type. */
+extern PyType_Spec kvtpy_boot_spec;
+
 /* ---- engine*.c and transfer.c: kvt.TransferEngine --------------------- */
 
 /* Synchronous calls of up to KVTPY_POOL_CAP descriptors use pooled

@@ -436,7 +436,6 @@ static int exc_init(PyObject *m)
 #endif
 
 PyMODINIT_FUNC PyInit__kvt(void);
-int kvtpy_connector_init(PyObject *m); /* connector.c */
 
 PyMODINIT_FUNC PyInit__kvt(void)
 {
