@@ -146,8 +146,10 @@ KVT_API kvt_status_t kvt_conn_stats(kvt_conn_h conn, kvt_conn_stats_t *stats);
  * KVT_METRICS_PORT is set in the environment (0 picks a free port), bound
  * to 127.0.0.1 unless KVT_METRICS_HOST names another address; or by
  * kvt_metrics_listen(). It runs on a thread of its own until the process
- * ends; each request must arrive within 2 s, at most 64 connections at
- * once, one answer per connection. It never blocks an engine.
+ * ends; each request must arrive within 2 s and its answer be read
+ * within 10 s more (else the connection is dropped), at most 64
+ * connections at once, one answer per connection. It never blocks an
+ * engine.
  *
  * kvt_metrics_listen() starts it on @host (NULL: 127.0.0.1) and @port,
  * and says the port it got in *port_p (may be NULL). Returns KVT_OK;

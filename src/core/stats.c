@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "core/engine_int.h"
@@ -533,6 +534,11 @@ static int env_tried;
 #define MAX_CLIENTS 64
 #define REQ_MAX 4096
 #define REQ_NS (2000ull * 1000000ull)
+/* A client has this long from the end of its request to take the whole
+ * answer; one that reads slower, or not at all, is dropped then. The
+ * answer is sent as the socket takes it, between the other clients'
+ * turns, so that a slow client never stalls the thread. */
+#define SEND_NS (10000ull * 1000000ull)
 
 /* The text of every live engine, malloc'd into *buf_p. */
 static size_t all_text(char **buf_p)
@@ -566,49 +572,78 @@ static size_t all_text(char **buf_p)
 
 typedef struct {
     int fd;
-    uint64_t deadline;
+    uint64_t deadline; /* of its request, then of its answer */
     size_t got;
     char req[REQ_MAX];
+    /* The answer, once the request is read: the header, then the body
+     * (malloc'd), @off bytes of both sent so far. */
+    int answering;
+    char hdr[256];
+    size_t hlen, off;
+    char *body;
+    size_t blen;
 } client_t;
 
-static void send_all(int fd, const char *p, size_t n)
+/* Send what the socket takes of @c's answer now. Returns 1 when the
+ * answer is sent or the client is gone, 0 when the socket is full. */
+static int answer_more(client_t *c)
 {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    while (c->off < c->hlen + c->blen) {
+        struct iovec iov[2];
+        struct msghdr mh = {.msg_iov = iov};
+        ssize_t w;
+
+        if (c->off < c->hlen) {
+            iov[0] = (struct iovec){c->hdr + c->off, c->hlen - c->off};
+            iov[1] = (struct iovec){c->body, c->blen};
+            mh.msg_iovlen = c->blen > 0 ? 2 : 1;
+        } else {
+            iov[0] = (struct iovec){c->body + (c->off - c->hlen),
+                                    c->blen - (c->off - c->hlen)};
+            mh.msg_iovlen = 1;
+        }
+        w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
         if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
+            return 1;
+        c->off += (size_t)w;
     }
+    return 1;
 }
 
-static void answer(client_t *c)
+/* Prepare the answer to @c's request, and send what fits now. Returns as
+ * answer_more(). */
+static int answer(client_t *c, uint64_t now)
 {
-    char hdr[256], *body = NULL;
     const char *type = "text/plain; charset=utf-8", *status = "200 OK";
-    size_t blen = 0;
     int is_get = strncmp(c->req, "GET ", 4) == 0;
 
+    c->body = NULL;
+    c->blen = 0;
     if (is_get && (strncmp(c->req + 4, "/metrics ", 9) == 0 ||
                    strncmp(c->req + 4, "/metrics?", 9) == 0)) {
-        blen = all_text(&body);
+        c->blen = all_text(&c->body);
         type = "text/plain; version=0.0.4; charset=utf-8";
     } else if (is_get && strncmp(c->req + 4, "/health ", 8) == 0) {
-        body = strdup("ok\n");
-        blen = body != NULL ? 3 : 0;
+        c->body = strdup("ok\n");
+        c->blen = c->body != NULL ? 3 : 0;
     } else {
         status = is_get ? "404 Not Found" : "405 Method Not Allowed";
     }
-    snprintf(hdr, sizeof(hdr),
-             "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-             "Connection: close\r\n\r\n",
-             status, type, blen);
-    send_all(c->fd, hdr, strlen(hdr));
-    if (body != NULL)
-        send_all(c->fd, body, blen);
-    free(body);
+    if (is_get && c->body == NULL && strcmp(status, "200 OK") == 0)
+        status = "503 Service Unavailable"; /* out of memory */
+    c->hlen = (size_t)snprintf(
+        c->hdr, sizeof(c->hdr),
+        "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+        "Connection: close\r\n\r\n",
+        status, type, c->blen);
+    c->off = 0;
+    c->answering = 1;
+    c->deadline = now + SEND_NS;
+    return answer_more(c);
 }
 
 static void *lst_main(void *arg)
@@ -625,7 +660,8 @@ static void *lst_main(void *arg)
         pf[0] = (struct pollfd){.fd = lst_fd,
                                 .events = n < MAX_CLIENTS ? POLLIN : 0};
         for (unsigned i = 0; i < n; i++)
-            pf[i + 1] = (struct pollfd){.fd = cl[i].fd, .events = POLLIN};
+            pf[i + 1] = (struct pollfd){
+                .fd = cl[i].fd, .events = cl[i].answering ? POLLOUT : POLLIN};
         r = poll(pf, n + 1, 200);
         if (r < 0 && errno != EINTR)
             break;
@@ -633,7 +669,10 @@ static void *lst_main(void *arg)
         for (unsigned i = 0; i < n;) {
             client_t *c = &cl[i];
             int done = 0;
-            if (pf[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+            if (c->answering) {
+                if (pf[i + 1].revents != 0)
+                    done = answer_more(c);
+            } else if (pf[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
                 ssize_t got = recv(c->fd, c->req + c->got, REQ_MAX - 1 - c->got,
                                    MSG_DONTWAIT);
                 if (got <= 0) {
@@ -643,8 +682,7 @@ static void *lst_main(void *arg)
                     c->req[c->got] = '\0';
                     if (strstr(c->req, "\r\n\r\n") != NULL ||
                         strstr(c->req, "\n\n") != NULL) {
-                        answer(c);
-                        done = 1;
+                        done = answer(c, now);
                     } else if (c->got >= REQ_MAX - 1) {
                         done = 1; /* too long: dropped */
                     }
@@ -654,6 +692,7 @@ static void *lst_main(void *arg)
                 done = 1; /* too slow: dropped */
             if (done) {
                 close(c->fd);
+                free(c->body);
                 cl[i] = cl[--n];
                 pf[i + 1] = pf[n + 1];
                 continue;
@@ -665,6 +704,8 @@ static void *lst_main(void *arg)
             if (fd >= 0) {
                 cl[n].fd = fd;
                 cl[n].got = 0;
+                cl[n].answering = 0;
+                cl[n].body = NULL;
                 cl[n].deadline = now + REQ_NS;
                 n++;
             } else if (errno == EMFILE || errno == ENFILE) {

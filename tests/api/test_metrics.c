@@ -287,6 +287,120 @@ KVT_TEST(listener)
     free(r);
 }
 
+/* A source of many series, the last one known: ~8 MiB of text, past
+ * the largest send buffer Linux gives a TCP socket by default (4 MiB). */
+#define BIG_SERIES 200000
+static size_t big_source(void *owner, char *buf, size_t cap, int meta)
+{
+    size_t len = 0;
+
+    (void)owner;
+    (void)meta;
+    for (unsigned i = 0; i < BIG_SERIES; i++) {
+        int n = snprintf(len < cap ? buf + len : NULL,
+                         len < cap ? cap - len : 0,
+                         "kvt_test_big_series{i=\"%u\"} %u\n", i, i);
+        len += (size_t)n;
+    }
+    return len;
+}
+
+/* A connection to 127.0.0.1:@port with a receive buffer of 4 KiB (a
+ * small window: the listener's sends soon find the socket full) that has
+ * sent GET /metrics. */
+static int slow_client(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = socket(AF_INET, SOCK_STREAM, 0), rcvbuf = 4096;
+
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(fd >= 0);
+    CHECK(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) ==
+          0);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHECK(send(fd, req, strlen(req), 0) == (ssize_t)strlen(req));
+    return fd;
+}
+
+/* Everything @fd receives until the peer closes, into @out (@cap bytes);
+ * its length. */
+static size_t drain(int fd, char *out, size_t cap)
+{
+    size_t n = 0;
+    ssize_t r;
+
+    while ((r = recv(fd, out + n, cap - 1 - n, 0)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(fd);
+    return n;
+}
+
+/* The body of an answer and the Content-Length it announced. */
+static const char *body_of(const char *answer, size_t *clen_p)
+{
+    const char *cl = strstr(answer, "Content-Length: ");
+    const char *body = strstr(answer, "\r\n\r\n");
+
+    CHECK(strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    CHECK(cl != NULL && body != NULL && cl < body);
+    *clen_p = strtoull(cl + 16, NULL, 10);
+    return body + 4;
+}
+
+/*
+ * A /metrics body far larger than the socket buffers, to clients with a
+ * small receive window that wait before reading: the listener waits for
+ * room instead of giving up on the first full socket, so that the body is
+ * whole and as long as its Content-Length says. A client that takes
+ * nothing is dropped once its 10 s are over, and the listener serves the
+ * others meanwhile.
+ */
+KVT_TEST(listener_large_body)
+{
+    char last[64], *out;
+    const char *body;
+    size_t cap = 16u << 20, n, clen;
+    uint16_t port = 0;
+    int fd, stuck;
+    double t0;
+    two_t x;
+
+    two_up(&x);
+    out = malloc(cap);
+    CHECK(out != NULL);
+    CHECK_OK(kvt_metrics_source_add(&cap, big_source));
+    CHECK_OK(kvt_metrics_listen("127.0.0.1", 0, &port));
+    stuck = slow_client(port);
+    t0 = kvt_test_now();
+    fd = slow_client(port);
+    usleep(500 * 1000); /* the listener fills both buffers meanwhile */
+    n = drain(fd, out, cap);
+    body = body_of(out, &clen);
+    CHECK(clen > (4u << 20));
+    CHECK(n - (size_t)(body - out) == clen);
+    snprintf(last, sizeof(last), "kvt_test_big_series{i=\"%u\"} %u\n",
+             BIG_SERIES - 1, BIG_SERIES - 1);
+    CHECK(strcmp(body + clen - strlen(last), last) == 0);
+    /* Both engines' text came before it. */
+    snprintf(last, sizeof(last), "kvt_batches_total{engine=\"%s\"} 0",
+             kvt_engine_segment_name(x.b));
+    CHECK(has_line(body, last));
+    CHECK(kvt_test_now() - t0 < 5.0 * kvt_test_slowdown());
+
+    /* The client that read nothing got what the buffers held, then its
+     * connection was closed. */
+    while (kvt_test_now() - t0 < 11.0)
+        usleep(100 * 1000);
+    n = drain(stuck, out, cap);
+    body = body_of(out, &clen);
+    CHECK(n - (size_t)(body - out) < clen);
+    kvt_metrics_source_del(&cap);
+    free(out);
+    two_down(&x);
+}
+
 /* A peer that cannot be reached counts as a failed handshake. */
 KVT_TEST(handshake_failed)
 {
@@ -304,7 +418,8 @@ KVT_TEST(handshake_failed)
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
-        KVT_CASE(known_traffic, 30), KVT_CASE(text, 30), KVT_CASE(listener, 30),
+        KVT_CASE(known_traffic, 30),       KVT_CASE(text, 30),
+        KVT_CASE(listener, 30),            KVT_CASE(listener_large_body, 60),
         KVT_CASE(handshake_failed, 30)};
 
     return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
