@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kvt/engine.h>
+
+#include "core/segdesc.h"
 #include "meta/meta.h"
 #include "util/log.h"
 
@@ -45,15 +48,41 @@ uint64_t kvt__segdesc_compat_hash(void)
 #ifdef KVT_WITH_JSON
 #include "meta/json_parse.h"
 
-/* Transports by name; a name this build does not know is ignored when
- * decoding, so that newer peers stay reachable over what both know. */
-static const struct {
-    const char *name;
-    uint32_t bit;
-} transport_names[] = {
-    {"tcp", KVT_TRANSPORT_TCP},
-    {"shm", KVT_TRANSPORT_SHM},
-};
+/*
+ * Transports are named as the binary descriptor names them: the section's
+ * own name (its transport's table), else, for a descriptor that has only
+ * the bit (one decoded from JSON), the name the transport built in with
+ * that id gives itself. A name this build does not know is ignored when
+ * decoding, so that newer peers stay reachable over what both know.
+ */
+#define MAX_BUILT_IN 32
+
+static const char *transport_name(const kvt__segdesc_t *d, uint32_t id)
+{
+    const kvt__segdesc_tl_t *tl = kvt__segdesc_tl(d, id);
+    kvt_transport_info_t t[MAX_BUILT_IN];
+    size_t n = 0;
+
+    if (tl != NULL && tl->name[0] != '\0')
+        return tl->name;
+    kvt_transports(t, MAX_BUILT_IN, &n);
+    for (size_t i = 0; i < n && i < MAX_BUILT_IN; i++)
+        if (t[i].id == id)
+            return t[i].name;
+    return NULL;
+}
+
+static uint32_t transport_id(const char *name)
+{
+    kvt_transport_info_t t[MAX_BUILT_IN];
+    size_t n = 0;
+
+    kvt_transports(t, MAX_BUILT_IN, &n);
+    for (size_t i = 0; i < n && i < MAX_BUILT_IN; i++)
+        if (strcmp(t[i].name, name) == 0)
+            return t[i].id;
+    return 0;
+}
 
 static const char *const kind_names[] = {"host", "cuda"};
 
@@ -153,17 +182,16 @@ kvt_status_t kvt__segdesc_to_json(const kvt__segdesc_t *d, char **json_p,
     add(root, "host_id", hex64(d->host_id), &oom);
     add(root, "pid", json_object_new_int64(d->pid), &oom);
     tps = json_object_new_array();
-    for (size_t i = 0; tps != NULL &&
-                       i < sizeof(transport_names) / sizeof(transport_names[0]);
-         i++) {
+    for (uint32_t id = 1; tps != NULL && id != 0; id <<= 1) {
+        const char *name;
         json_object *t;
-        if ((d->transports & transport_names[i].bit) == 0)
+        if ((d->transports & id) == 0 ||
+            (name = transport_name(d, id)) == NULL)
             continue;
         t = json_object_new_object();
         if (t != NULL) {
-            add(t, "name", json_object_new_string(transport_names[i].name),
-                &oom);
-            if (transport_names[i].bit == KVT_TRANSPORT_TCP)
+            add(t, "name", json_object_new_string(name), &oom);
+            if (id == KVT_TRANSPORT_TCP)
                 add(t, "port", json_object_new_int(d->port), &oom);
         }
         push(tps, t, &oom);
@@ -296,10 +324,7 @@ static const char *parse_transports(json_object *root, kvt__segdesc_t *d)
         if (json_object_object_get_ex(t, "port", &port) &&
             (kvt__json_u64(port, &p) != 0 || p == 0 || p > 65535))
             return "transport port out of range";
-        for (size_t k = 0;
-             k < sizeof(transport_names) / sizeof(transport_names[0]); k++)
-            if (strcmp(name, transport_names[k].name) == 0)
-                d->transports |= transport_names[k].bit;
+        d->transports |= transport_id(name);
     }
     return NULL;
 }

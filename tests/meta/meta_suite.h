@@ -167,6 +167,52 @@ static inline void ms_segdesc(const char *uri)
     kvt__meta_destroy(m);
 }
 
+/* Skips the case when ucx is not built in. */
+static inline void ms_need_ucx(void)
+{
+    kvt_transport_info_t t[32];
+    size_t n = 0;
+
+    CHECK_OK(kvt_transports(t, 32, &n));
+    for (size_t i = 0; i < n && i < 32; i++)
+        if (t[i].id == KVT_TRANSPORT_UCX)
+            return;
+    SKIP("ucx is not built in");
+}
+
+/* An engine serving ucx alone publishes a descriptor whose transport list
+ * names ucx, and peers that look it up read it back. */
+static inline void ms_engine_ucx(const char *uri)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h e = NULL;
+    kvt__meta_t *m;
+    kvt__segdesc_t got;
+    char key[KVT_META_KEY_MAX + 1];
+    uint8_t *json = NULL;
+    size_t len = 0;
+    kvt_status_t st;
+
+    p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_METADATA_URI;
+    p.transports = KVT_TRANSPORT_UCX;
+    p.metadata_uri = uri;
+    st = kvt_engine_create(&p, &e);
+    if (st == KVT_ERR_NOT_SUPPORTED)
+        SKIP("ucx cannot start on this machine");
+    CHECK_OK(st);
+    m = ms_open(uri, 10);
+    CHECK_OK(kvt__meta_segment_key(kvt_engine_segment_name(e), key,
+                                   sizeof(key)));
+    CHECK_OK(kvt__meta_get(m, key, &json, &len));
+    CHECK(strstr((char *)json, "\"transports\":[{\"name\":\"ucx\"}]") != NULL);
+    free(json);
+    CHECK_OK(kvt__meta_lookup_segdesc(m, kvt_engine_segment_name(e), &got));
+    CHECK(got.transports == KVT_TRANSPORT_UCX);
+    kvt__segdesc_clear(&got);
+    kvt__meta_destroy(m);
+    kvt_engine_destroy(e);
+}
+
 /*
  * Refresh re-creates a published key that vanished; @vanish makes it
  * vanish the way this backend loses keys (delete, lost lease).

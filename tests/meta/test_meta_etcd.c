@@ -97,6 +97,14 @@ KVT_TEST(segdesc)
     stop();
 }
 
+KVT_TEST(engine_ucx)
+{
+    ms_need_ucx();
+    start();
+    ms_engine_ucx(uri);
+    stop();
+}
+
 KVT_TEST(refresh)
 {
     start();
@@ -147,6 +155,7 @@ KVT_TEST(unreachable)
 }
 
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 90), KVT_CASE(segdesc, 90),
-              KVT_CASE(refresh, 90), KVT_CASE(liveness, 90),
+              KVT_CASE(engine_ucx, 90), KVT_CASE(refresh, 90),
+              KVT_CASE(liveness, 90),
               KVT_CASE(threads, 90), KVT_CASE(failover, 90),
               KVT_CASE(unreachable, 30))

@@ -46,6 +46,14 @@ KVT_TEST(segdesc)
     kvt__metad_stop(server);
 }
 
+KVT_TEST(engine_ucx)
+{
+    ms_need_ucx();
+    start();
+    ms_engine_ucx(uri);
+    kvt__metad_stop(server);
+}
+
 KVT_TEST(refresh)
 {
     start();
@@ -197,8 +205,9 @@ KVT_TEST(p2p_not_applicable)
 }
 
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(explicit_path, 60),
-              KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
-              KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
+              KVT_CASE(segdesc, 60), KVT_CASE(engine_ucx, 60),
+              KVT_CASE(refresh, 60), KVT_CASE(liveness, 60),
+              KVT_CASE(threads, 60),
               KVT_CASE(unreachable, 30), KVT_CASE(late_server, 30),
               KVT_CASE(server_without_ttl, 30),
               KVT_CASE(p2p_not_applicable, 10))

@@ -76,6 +76,14 @@ KVT_TEST(segdesc)
     stop();
 }
 
+KVT_TEST(engine_ucx)
+{
+    ms_need_ucx();
+    start();
+    ms_engine_ucx(uri);
+    stop();
+}
+
 KVT_TEST(refresh)
 {
     start();
@@ -233,7 +241,8 @@ KVT_TEST(huge_array)
 }
 
 KVT_TEST_MAIN(KVT_CASE(roundtrip, 60), KVT_CASE(database, 60),
-              KVT_CASE(segdesc, 60), KVT_CASE(refresh, 60),
-              KVT_CASE(liveness, 60), KVT_CASE(threads, 60),
+              KVT_CASE(segdesc, 60), KVT_CASE(engine_ucx, 60),
+              KVT_CASE(refresh, 60), KVT_CASE(liveness, 60),
+              KVT_CASE(threads, 60),
               KVT_CASE(reconnect, 60), KVT_CASE(late_server, 60),
               KVT_CASE(unreachable, 30), KVT_CASE(huge_array, 30))

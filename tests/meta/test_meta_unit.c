@@ -10,6 +10,7 @@
 
 #include "kvt_test.h"
 #include "meta/base64.h"
+#include "core/segdesc.h"
 #include "meta/bootstrap.h"
 #include "meta/http_parse.h"
 #include "meta/meta.h"
@@ -490,7 +491,7 @@ KVT_TEST(segdesc_json)
     /* Forward compatibility: unknown fields and transports are ignored. */
     CHECK_OK(mutated(json, "\"transports\":[",
                      "\"future\":{\"x\":1},\"transports\":[{\"name\":"
-                     "\"ucx\",\"worker\":\"AAAA\"},"));
+                     "\"warp\",\"worker\":\"AAAA\"},"));
     CHECK_OK(mutated(json, "\"keys\":{}", "\"keys\":{\"ucx\":\"cmtleQ==\"}"));
     /* Versions. */
     snprintf(compat, sizeof(compat), "\"compat\":\"%016llx\"",
@@ -552,6 +553,54 @@ KVT_TEST(segdesc_json)
     CHECK_OK(kvt__segdesc_from_json(json, len, &got));
     CHECK(got.nregions == 0 && got.regions == NULL);
     free(json);
+#endif
+}
+
+/*
+ * Binary descriptor -> JSON -> descriptor keeps every transport built in,
+ * each named in the JSON as its section names it; a transport this build
+ * does not know is listed by its section's name and ignored when read.
+ */
+KVT_TEST(segdesc_json_transports)
+{
+#ifndef KVT_WITH_JSON
+    SKIP("built without json-c");
+#else
+    kvt_transport_info_t t[32];
+    kvt_remote_region_t regs[2];
+    kvt__segdesc_t d, bin, got;
+    uint32_t all = 0;
+    uint8_t *wire;
+    char *json, item[64];
+    size_t n = 0, wlen, len;
+
+    sample(&d, regs);
+    d.transports = 0;
+    CHECK_OK(kvt_transports(t, 32, &n));
+    CHECK(n >= 2 && n <= 32);
+    for (size_t i = 0; i < n; i++) {
+        CHECK_OK(kvt__segdesc_add_tl(&d, t[i].id, t[i].name, 1, "x", 1));
+        all |= t[i].id;
+    }
+    CHECK_OK(kvt__segdesc_add_tl(&d, 1u << 30, "warp", 1, NULL, 0));
+    CHECK_OK(kvt__segdesc_encode(&d, &wire, &wlen));
+    CHECK_OK(kvt__segdesc_decode(wire, wlen, &bin));
+    free(wire);
+    CHECK(bin.transports == (all | 1u << 30));
+
+    CHECK_OK(kvt__segdesc_to_json(&bin, &json, &len));
+    for (size_t i = 0; i < n; i++) {
+        snprintf(item, sizeof(item), "{\"name\":\"%s\"", t[i].name);
+        CHECK(strstr(json, item) != NULL);
+    }
+    CHECK(strstr(json, "{\"name\":\"warp\"}") != NULL);
+    CHECK_OK(kvt__segdesc_from_json(json, len, &got));
+    CHECK(got.transports == all);
+    kvt__segdesc_clear(&got);
+    free(json);
+    kvt__segdesc_clear(&bin);
+    for (uint32_t i = 0; i < d.ntl; i++)
+        free(d.tl[i].body);
 #endif
 }
 
@@ -699,5 +748,6 @@ KVT_TEST(store_memory)
 KVT_TEST_MAIN(KVT_CASE(built, 10), KVT_CASE(uri, 10), KVT_CASE(http_target, 10),
               KVT_CASE(base64, 10), KVT_CASE(store, 30),
               KVT_CASE(bootstrap, 10), KVT_CASE(segdesc_json, 10),
+              KVT_CASE(segdesc_json_transports, 10),
               KVT_CASE(segment_key, 10), KVT_CASE(store_memory, 60),
               KVT_CASE(conns, 10))
