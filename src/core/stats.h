@@ -48,11 +48,14 @@ typedef struct {
 } kvt__stats_t;
 
 struct kvt_engine;
-/* The engine's counters, and its place among the engines the /metrics
- * listener serves (KVT_METRICS_PORT starts it with the first engine).
- * unlist() takes it off that list (the start of its destruction); fini()
- * frees the counters (its end: completions count until then). */
+/* The engine's counters (stats.c), and its place among the engines the
+ * /metrics listener serves (stats_http.c; KVT_METRICS_PORT starts it
+ * with the first engine). init() lists it; unlist() takes it off that
+ * list (the start of its destruction); fini() frees the counters (its
+ * end: completions count until then). list() is init()'s part in
+ * stats_http.c: KVT_OK or KVT_ERR_NO_MEMORY. */
 kvt_status_t kvt__stats_init(struct kvt_engine *e);
+kvt_status_t kvt__stats_list(struct kvt_engine *e);
 void kvt__stats_unlist(struct kvt_engine *e);
 void kvt__stats_fini(struct kvt_engine *e);
 
