@@ -24,7 +24,7 @@
 
 #include <kvt/engine.h>
 
-#include "core/segdesc.h"
+#include "proto/segdesc.h"
 #include "meta/meta.h"
 #include "util/log.h"
 

@@ -10,7 +10,7 @@
 
 #include "kvt_test.h"
 #include "meta/base64.h"
-#include "core/segdesc.h"
+#include "proto/segdesc.h"
 #include "meta/bootstrap.h"
 #include "meta/http_parse.h"
 #include "meta/meta.h"
