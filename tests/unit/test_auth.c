@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/wire.h"
+#include "ctrl/ctrl.h"
 #include "kvt_test.h"
 #include "util/auth.h"
+#include "util/hex.h"
 #include "util/sha256.h"
 
 static void hex(const uint8_t *b, size_t n, char *out)
@@ -232,6 +235,144 @@ KVT_TEST(auth_http)
                                  &why));
 }
 
+/* ---- The test vector of docs/protocol.md (Authentication MAC) ---------- */
+
+typedef struct {
+    char token[64], name_t[KVT_WIRE_NAME_MAX + 1];
+    uint8_t key[KVT_SHA256_LEN], hello[KVT_WIRE_HELLO_MAX];
+    uint8_t nonce_t[KVT_WIRE_NONCE_LEN], mt[KVT_AUTH_MAC_LEN];
+    uint8_t mi[KVT_AUTH_MAC_LEN];
+    size_t hello_len;
+    unsigned have; /* a bit per field found */
+} vector_t;
+
+/* @hex into @out (room for @cap bytes); the bytes, or 0 when it is not
+ * whole hex digits or does not fit. */
+static size_t unhex(const char *hex, uint8_t *out, size_t cap)
+{
+    size_t n = strlen(hex);
+
+    if (n % 2 != 0 || n / 2 > cap)
+        return 0;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = kvt__hex_val(hex[2 * i]), lo = kvt__hex_val(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return 0;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return n / 2;
+}
+
+/* The lines "field value" of the block fenced as kvt-auth-vector; every
+ * field must be there once, well formed. */
+static void vector_read(const char *path, vector_t *v)
+{
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int in = 0, blocks = 0;
+
+    CHECK(f != NULL);
+    memset(v, 0, sizeof(*v));
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char field[16], value[400];
+        line[strcspn(line, "\n")] = '\0';
+        if (strcmp(line, "```kvt-auth-vector") == 0) {
+            in = 1;
+            blocks++;
+            continue;
+        }
+        if (!in)
+            continue;
+        if (strcmp(line, "```") == 0) {
+            in = 0;
+            continue;
+        }
+        /* Values hold no spaces but the token's: it is the rest. */
+        CHECK(sscanf(line, "%15s %399[^\n]", field, value) == 2);
+        if (strcmp(field, "token") == 0) {
+            CHECK(strlen(value) < sizeof(v->token));
+            strcpy(v->token, value);
+            v->have |= 1;
+        } else if (strcmp(field, "K") == 0) {
+            CHECK(unhex(value, v->key, sizeof(v->key)) == sizeof(v->key));
+            v->have |= 2;
+        } else if (strcmp(field, "hello") == 0) {
+            v->hello_len = unhex(value, v->hello, sizeof(v->hello));
+            CHECK(v->hello_len > 0);
+            v->have |= 4;
+        } else if (strcmp(field, "name_t") == 0) {
+            CHECK(strlen(value) <= KVT_WIRE_NAME_MAX);
+            strcpy(v->name_t, value);
+            v->have |= 8;
+        } else if (strcmp(field, "Nt") == 0) {
+            CHECK(unhex(value, v->nonce_t, sizeof(v->nonce_t)) ==
+                  sizeof(v->nonce_t));
+            v->have |= 16;
+        } else if (strcmp(field, "Mt") == 0) {
+            CHECK(unhex(value, v->mt, sizeof(v->mt)) == sizeof(v->mt));
+            v->have |= 32;
+        } else if (strcmp(field, "Mi") == 0) {
+            CHECK(unhex(value, v->mi, sizeof(v->mi)) == sizeof(v->mi));
+            v->have |= 64;
+        } else {
+            fprintf(stderr, "%s: unknown field %s\n", path, field);
+            CHECK(0);
+        }
+    }
+    fclose(f);
+    CHECK(blocks == 1 && !in);
+    CHECK(v->have == 127);
+}
+
+/*
+ * The vector that docs/protocol.md gives, read from the doc itself so
+ * that the doc cannot drift from the code: the key derived from its
+ * token, both MACs through kvt__auth_mac() under the labels the doc
+ * names, and the control plane's own handshake code (src/ctrl/auth.c),
+ * which checks Mt in a challenge, answers it with Mi, and accepts Mi.
+ * The doc's HELLO is a well-formed one, with the initiator's nonce.
+ */
+KVT_TEST(auth_doc_vector)
+{
+    uint8_t mac[KVT_AUTH_MAC_LEN], chal[256], bad[KVT_AUTH_MAC_LEN];
+    kvt__wire_hello_t h;
+    struct iovec p[3];
+    size_t clen;
+    kvt__auth_t a;
+    vector_t v;
+
+    vector_read(KVT_DOCS_DIR "/protocol.md", &v);
+    CHECK_OK(kvt__wire_hello_decode(v.hello, v.hello_len, &h));
+    CHECK(h.auth);
+    CHECK_OK(kvt__auth_init(&a, v.token));
+    CHECK(memcmp(a.key, v.key, sizeof(v.key)) == 0);
+
+    p[0] = (struct iovec){v.hello, v.hello_len};
+    p[1] = (struct iovec){v.name_t, strlen(v.name_t)};
+    p[2] = (struct iovec){v.nonce_t, sizeof(v.nonce_t)};
+    kvt__auth_mac(&a, "kvt-auth-v1 target", p, 3, mac);
+    CHECK(memcmp(mac, v.mt, sizeof(mac)) == 0);
+    kvt__auth_mac(&a, "kvt-auth-v1 initiator", p, 3, mac);
+    CHECK(memcmp(mac, v.mi, sizeof(mac)) == 0);
+
+    memcpy(chal, v.nonce_t, KVT_WIRE_NONCE_LEN);
+    memcpy(chal + KVT_WIRE_NONCE_LEN, v.mt, KVT_WIRE_MAC_LEN);
+    clen = KVT_WIRE_NONCE_LEN + KVT_WIRE_MAC_LEN +
+           kvt__wire_put_str(chal + KVT_WIRE_NONCE_LEN + KVT_WIRE_MAC_LEN,
+                             v.name_t);
+    memset(mac, 0, sizeof(mac));
+    CHECK_OK(
+        kvt__ctrl_auth_answer(&a, v.hello, v.hello_len, chal, clen, mac));
+    CHECK(memcmp(mac, v.mi, sizeof(mac)) == 0);
+    CHECK(kvt__ctrl_auth_verify(&a, v.hello, v.hello_len, v.name_t,
+                                v.nonce_t, v.mi, sizeof(v.mi)));
+    memcpy(bad, v.mi, sizeof(bad));
+    bad[31] ^= 1;
+    CHECK(!kvt__ctrl_auth_verify(&a, v.hello, v.hello_len, v.name_t,
+                                 v.nonce_t, bad, sizeof(bad)));
+}
+
 KVT_TEST_MAIN(KVT_CASE(sha256_fips180, 30), KVT_CASE(sha256_pieces, 30),
               KVT_CASE(hmac_rfc4231, 10), KVT_CASE(ct_equal, 10),
-              KVT_CASE(auth_key_and_mac, 10), KVT_CASE(auth_http, 10))
+              KVT_CASE(auth_key_and_mac, 10), KVT_CASE(auth_http, 10),
+              KVT_CASE(auth_doc_vector, 10))
