@@ -13,6 +13,7 @@
 #include "core/engine_int.h"
 #include "proto/wire.h"
 #include "kvt_test.h"
+#include "transport/tcp/tcp.h"
 #include "util/sock.h"
 
 static kvt_engine_h mk(void)
@@ -1112,6 +1113,128 @@ KVT_TEST(query_between_counts)
     kvt_engine_destroy(e);
 }
 
+/*
+ * The transfer timeout against a response that completes the oldest
+ * frame at the same moment: the worker that found the frame past its
+ * deadline must fail the connection only if, under rx_lock, a frame past
+ * its deadline still heads it. The target is held past the deadline (its
+ * registry locked for writing, so that its worker cannot take the
+ * WRITE's payload); the hook, which runs between the worker's look and
+ * its failing, lets the target go and waits until the waiting thread has
+ * read the response. The write succeeds, nothing times out, and the
+ * session stays: the next write goes through on it.
+ */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int held, release, calls;
+    kvt_batch_h batch;
+} race = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0,
+          NULL};
+
+static void *race_holder(void *arg)
+{
+    kvt_engine_h target = arg;
+
+    pthread_rwlock_wrlock(&target->reg.lock);
+    pthread_mutex_lock(&race.lock);
+    race.held = 1;
+    pthread_cond_broadcast(&race.cond);
+    while (!race.release)
+        pthread_cond_wait(&race.cond, &race.lock);
+    pthread_mutex_unlock(&race.lock);
+    pthread_rwlock_unlock(&target->reg.lock);
+    return NULL;
+}
+
+static void race_hook(void *conn)
+{
+    double t0 = kvt_test_now();
+    int first;
+
+    (void)conn;
+    pthread_mutex_lock(&race.lock);
+    first = race.calls++ == 0;
+    race.release = 1;
+    pthread_cond_broadcast(&race.cond);
+    pthread_mutex_unlock(&race.lock);
+    while (first && kvt_batch_query(race.batch, NULL) == KVT_INPROGRESS &&
+           kvt_test_now() - t0 < 10.0)
+        usleep(1000);
+}
+
+KVT_TEST(tcp_timeout_rechecks_under_lock)
+{
+    kvt_engine_params_t p = {0};
+    kvt_engine_h a, b = mk();
+    char *src = calloc(1, 65536), *dst = calloc(1, 65536);
+    char log[] = "/tmp/kvt-timeout-race-XXXXXX";
+    kvt_xfer_desc_t d = {0};
+    kvt_segment_t seg;
+    pthread_t holder;
+    char line[512];
+    int fd = mkstemp(log), saved = dup(2), timed_out = 0;
+    FILE *f;
+
+    CHECK(src != NULL && dst != NULL && fd >= 0 && saved >= 0);
+    p.field_mask = KVT_ENGINE_PARAM_TRANSPORTS |
+                   KVT_ENGINE_PARAM_CONNS_PER_PEER |
+                   KVT_ENGINE_PARAM_TRANSFER_TIMEOUT;
+    p.transports = KVT_TRANSPORT_TCP;
+    p.conns_per_peer = 1;
+    p.transfer_timeout_ms = 200;
+    CHECK_OK(kvt_engine_create(&p, &a));
+    CHECK_OK(kvt_mem_register(a, src, 65536, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(b, dst, 65536, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(a, kvt_engine_segment_name(b), &seg));
+    d.opcode = KVT_OP_WRITE;
+    d.segment = seg;
+    d.local_addr = src;
+    d.remote_addr = (uint64_t)(uintptr_t)dst;
+    d.length = 65536;
+    CHECK_OK(kvt_batch_create(a, 1, &race.batch));
+    CHECK_OK(kvt_batch_submit(race.batch, &d, 1));
+    CHECK_OK(kvt_batch_wait(race.batch, 10000));
+
+    CHECK(pthread_create(&holder, NULL, race_holder, b) == 0);
+    pthread_mutex_lock(&race.lock);
+    while (!race.held)
+        pthread_cond_wait(&race.cond, &race.lock);
+    pthread_mutex_unlock(&race.lock);
+    CHECK(dup2(fd, 2) == 2); /* what the engines log, to be read below */
+    kvt__tcp_timeout_hook_set(race_hook);
+    memset(src, 0x5a, 65536);
+    CHECK_OK(kvt_batch_reset(race.batch));
+    CHECK_OK(kvt_batch_submit(race.batch, &d, 1));
+    CHECK_OK(kvt_batch_wait(race.batch, -1));
+    CHECK(pthread_join(holder, NULL) == 0);
+    CHECK(race.calls == 1); /* the window was taken */
+    usleep(200000);         /* ticks enough to have failed it */
+    kvt__tcp_timeout_hook_set(NULL);
+    CHECK(dup2(saved, 2) == 2);
+    CHECK(memcmp(src, dst, 65536) == 0);
+
+    memset(src, 0xa5, 65536);
+    CHECK_OK(kvt_batch_reset(race.batch));
+    CHECK_OK(kvt_batch_submit(race.batch, &d, 1));
+    CHECK_OK(kvt_batch_wait(race.batch, 10000));
+    CHECK(memcmp(src, dst, 65536) == 0);
+    f = fopen(log, "r");
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        timed_out += strstr(line, "timed out") != NULL;
+    fclose(f);
+    CHECK(timed_out == 0);
+    CHECK_OK(kvt_batch_free(race.batch));
+    kvt_engine_destroy(a);
+    kvt_engine_destroy(b);
+    unlink(log);
+    close(fd);
+    close(saved);
+    free(src);
+    free(dst);
+}
+
 KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(query_between_counts, 10), KVT_CASE(memory_api, 10),
               KVT_CASE(loopback_pair, 30),
@@ -1126,4 +1249,5 @@ KVT_TEST_MAIN(KVT_CASE(params, 10), KVT_CASE(fixed_port_in_use, 10),
               KVT_CASE(version_refused_by_target, 20),
               KVT_CASE(version_refused_by_initiator, 20),
               KVT_CASE(malformed_frames, 30), KVT_CASE(raw_write_refused, 20),
-              KVT_CASE(fence_drops_failed_session, 20))
+              KVT_CASE(fence_drops_failed_session, 20),
+              KVT_CASE(tcp_timeout_rechecks_under_lock, 30))

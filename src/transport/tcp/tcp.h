@@ -514,6 +514,12 @@ kvt_status_t kvt__tcp_progress(kvt__session_t *base, void *where,
                                uint64_t deadline_ns, int attached);
 int kvt__tcp_waiter_attach(tcp_conn_t *c, int try_only);
 void kvt__tcp_detach(kvt__session_t *base, void *where);
+/* For tests of the transfer timeout: @fn (NULL: none) is called by the
+ * worker with each connection whose oldest frame it found past its
+ * deadline, after it let go of the locks it looked under and before it
+ * takes rx_lock to fail the connection, where a response may still
+ * complete the frame. Process-wide. */
+void kvt__tcp_timeout_hook_set(void (*fn)(void *conn));
 
 /* tcp_dev.c */
 void *kvt__tcp_stage_get(kvt__tcp_t *tcp, uint64_t len, int dev);

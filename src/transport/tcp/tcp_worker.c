@@ -23,6 +23,14 @@
 #include "util/thread.h"
 #include "util/time.h"
 
+typedef void (*timeout_hook_t)(void *conn);
+static _Atomic timeout_hook_t timeout_hook;
+
+void kvt__tcp_timeout_hook_set(void (*fn)(void *conn))
+{
+    atomic_store(&timeout_hook, fn);
+}
+
 static void check_timeouts(tcp_worker_t *w, uint64_t now)
 {
     tcp_conn_t *expired[64];
@@ -46,13 +54,32 @@ static void check_timeouts(tcp_worker_t *w, uint64_t now)
         pthread_mutex_unlock(&c->out_lock);
     }
     pthread_mutex_unlock(&w->lock);
+    /* The locks were let go: a waiter attached to a connection (which
+     * reads it under rx_lock) may have completed the frame since, and a
+     * connection must not fail for a frame that was answered in time. So
+     * the look is made again under rx_lock, which keeps every reader out
+     * until the connection is failed: whatever heads it now must be past
+     * its deadline too. (The connection stays allocated meanwhile: its
+     * session lives until this worker has reaped it, between rounds.) */
     for (size_t i = 0; i < n; i++) {
-        KVT_LOG_W("transfer to %s timed out after %.1f s",
-                  expired[i]->sess->base.name,
-                  (double)w->tcp->cfg->timeout_ns / 1e9);
-        pthread_mutex_lock(&expired[i]->rx_lock);
-        kvt__tcp_conn_fail(expired[i], KVT_ERR_TIMEDOUT);
-        pthread_mutex_unlock(&expired[i]->rx_lock);
+        tcp_conn_t *c = expired[i];
+        timeout_hook_t hook =
+            atomic_load_explicit(&timeout_hook, memory_order_relaxed);
+        int late;
+
+        if (hook != NULL)
+            hook(c);
+        pthread_mutex_lock(&c->rx_lock);
+        pthread_mutex_lock(&c->out_lock);
+        late = c->out_head != NULL && now > c->out_head->deadline;
+        pthread_mutex_unlock(&c->out_lock);
+        if (late) {
+            KVT_LOG_W("transfer to %s timed out after %.1f s",
+                      c->sess->base.name,
+                      (double)w->tcp->cfg->timeout_ns / 1e9);
+            kvt__tcp_conn_fail(c, KVT_ERR_TIMEDOUT);
+        }
+        pthread_mutex_unlock(&c->rx_lock);
     }
 }
 
