@@ -338,6 +338,11 @@ void kvt__engine_landed(kvt_engine_h e)
     atomic_fetch_add_explicit(&e->landed, 1, memory_order_release);
 }
 
+void kvt__engine_refused(kvt_engine_h e)
+{
+    atomic_fetch_add_explicit(&e->stats.hs_refused, 1, memory_order_relaxed);
+}
+
 kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
                                kvt_engine_h *engine_p)
 {

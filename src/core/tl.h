@@ -77,6 +77,10 @@ void kvt__notify_push(kvt_engine_h e, const char *from, const void *data,
  * what kvt_notify_recv() returns from now on. */
 void kvt__engine_landed(kvt_engine_h e);
 
+/* A transport refused a peer at its own handshake, or dropped one that
+ * did not finish it: counted in kvt_engine_stats()'s handshakes_refused. */
+void kvt__engine_refused(kvt_engine_h e);
+
 /* kvt_mem_alloc() allocations, for transports that map them into peers:
  * [addr, addr + length) of allocation @id (never 0). */
 typedef struct {

@@ -292,6 +292,13 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
                                                  a - (uint64_t)(uintptr_t)main_)
                                            : 0));
             free(n);
+        } else if (strncmp(line, "refused", 7) == 0) {
+            /* Peers this engine refused (handshakes_refused). */
+            kvt_engine_stats_t st = {.version = KVT_STATS_VERSION};
+            if (kvt_engine_stats(e, &st) != KVT_OK)
+                reply(out, "?");
+            else
+                reply(out, "%llu", (unsigned long long)st.handshakes_refused);
         } else if (strncmp(line, "leave", 5) == 0) {
             /* leader_exits: the first thread exits (its reply in its
              * state, read by the initiator from /proc). */

@@ -6,8 +6,8 @@
  * A target engine in a child process, driven over a pair of pipes, for
  * tests that need a real peer: it registers memory, reports its segment
  * name and addresses, and answers commands (verify, fill, unregister,
- * unregister then overwrite, count, wait for a notification) until it is
- * killed or told to exit.
+ * unregister then overwrite, count, wait for a notification, count the
+ * peers it refused) until it is killed or told to exit.
  */
 #include <stddef.h>
 #include <stdint.h>

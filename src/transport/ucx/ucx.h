@@ -58,6 +58,9 @@ enum {
 #define UCX_ACK_AUTHED 4u
 #define UCX_NONCE_LEN 32
 #define UCX_MAC_LEN 32
+/* How long a challenged initiator has to send its AUTH (as the control
+ * plane's HELLO deadline); then it is dropped. */
+#define UCX_AUTH_NS (10ull * 1000000000ull)
 
 /* The header of every message: the initiator's token for the session,
  * and a value (HELLO: the length of the worker address, which follows the
@@ -198,6 +201,7 @@ struct ucx_inbound {
     uint64_t acked;            /* the last generation it acknowledged */
     uint64_t owed;             /* the generation it has yet to acknowledge */
     int auth_wait;             /* challenged; served only after its AUTH */
+    uint64_t auth_until;       /* dropped when still waiting then */
     uint8_t want[UCX_MAC_LEN]; /* the MAC its AUTH must carry */
     int dead;
     int error; /* its error handler ran */
@@ -240,6 +244,7 @@ struct ucx_worker {
     void **closing; /* close requests ucp is not done with */
     unsigned nclosing, closing_cap;
     int inbound_error; /* an inbound endpoint's error handler ran */
+    int inbound_dead;  /* some inbound peers were dropped: reap them */
     uint64_t next_tick;
 };
 
@@ -309,6 +314,10 @@ ucx_conn_t *kvt__ucx_conn_get(ucx_worker_t *wk, const void *addr, size_t len,
                               kvt_status_t *st_p);
 void kvt__ucx_conn_put(ucx_worker_t *wk, ucx_conn_t *c);
 void kvt__ucx_conn_fail(ucx_conn_t *c);
+/* kvt__ucx_conn_put() for a user that never proved the auth token: when
+ * no one else uses @c, it is closed (dropping what is in flight) rather
+ * than kept for later sessions. */
+void kvt__ucx_conn_put_untrusted(ucx_worker_t *wk, ucx_conn_t *c);
 /* After progress: failed connections fail their users. */
 void kvt__ucx_conns_check(ucx_worker_t *wk);
 void kvt__ucx_conns_close_all(ucx_worker_t *wk);
@@ -331,6 +340,8 @@ void kvt__ucx_auth_mac(const kvt__engine_cfg_t *cfg, int target,
                        size_t tlen, const uint8_t *nonce_i,
                        const uint8_t *nonce_t, uint64_t gen, uint8_t *out);
 void kvt__ucx_inbound_close_all(ucx_worker_t *wk);
+/* On the worker's tick: drop the initiators whose AUTH is overdue. */
+void kvt__ucx_inbound_tick(ucx_worker_t *wk, uint64_t now);
 void kvt__ucx_regchg_done(kvt__ucx_t *ucx, uint64_t gen, unsigned acks);
 void kvt__ucx_regchg_ack(kvt__ucx_t *ucx, uint64_t gen);
 /* Handle what the handlers kept (out of ucp's progress). */

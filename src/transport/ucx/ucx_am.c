@@ -12,6 +12,7 @@
 #include "transport/ucx/ucx.h"
 #include "util/auth.h"
 #include "util/log.h"
+#include "util/time.h"
 
 static ucs_status_t am_recv(void *arg, const void *header, size_t hlen,
                             void *data, size_t len,
@@ -228,6 +229,7 @@ static void inbound_drop(ucx_worker_t *wk, ucx_inbound_t *in, int failed)
     if (in->dead)
         return;
     in->dead = 1;
+    wk->inbound_dead = 1;
     if (in->owed != 0) {
         kvt__ucx_regchg_ack(wk->ucx, in->owed);
         in->owed = 0;
@@ -257,6 +259,38 @@ static void inbound_reap(ucx_worker_t *wk)
         }
     }
     wk->inbound_error = 0;
+    wk->inbound_dead = 0;
+}
+
+/* Drop @in, which has not proved the token: no message of it is owed an
+ * answer, and its connection goes unless another session uses it. */
+static void inbound_drop_untrusted(ucx_worker_t *wk, ucx_inbound_t *in)
+{
+    if (in->dead)
+        return;
+    if (in->conn != NULL) {
+        kvt__ucx_conn_put_untrusted(wk, in->conn);
+        in->conn = NULL;
+    }
+    inbound_drop(wk, in, 0);
+}
+
+void kvt__ucx_inbound_tick(ucx_worker_t *wk, uint64_t now)
+{
+    int dropped = 0;
+
+    for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next) {
+        if (in->dead || !in->auth_wait || now < in->auth_until)
+            continue;
+        KVT_LOG_W_RL("ucx: authentication failed: an initiator did not "
+                     "answer the challenge within %llu s; dropped",
+                     (unsigned long long)(UCX_AUTH_NS / 1000000000ull));
+        kvt__engine_refused(wk->ucx->e);
+        inbound_drop_untrusted(wk, in);
+        dropped = 1;
+    }
+    if (dropped)
+        inbound_reap(wk);
 }
 
 /*
@@ -281,6 +315,7 @@ static int auth_hello(ucx_worker_t *wk, ucx_inbound_t *in, ucx_event_t *ev,
         KVT_LOG_W("ucx: authentication failed: an initiator %s",
                   offers ? "offers an auth token, this engine has none"
                          : "offers no auth token");
+        kvt__engine_refused(wk->ucx->e);
         kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
                          UCX_ACK_REFUSED, NULL, 0, NULL);
         return -1;
@@ -290,6 +325,7 @@ static int auth_hello(ucx_worker_t *wk, ucx_inbound_t *in, ucx_event_t *ev,
     kvt__ucx_auth_mac(cfg, 0, ev->data + 8, ev->value, wk->addr, wk->addr_len,
                       nonce_i, chal, gen, in->want);
     in->auth_wait = 1;
+    in->auth_until = kvt__now_ns() + UCX_AUTH_NS;
     if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token, ack, chal,
                          sizeof(chal), NULL) != KVT_OK)
         return -2;
@@ -307,9 +343,11 @@ static void on_auth(ucx_worker_t *wk, ucx_event_t *ev)
     ok = ev->len == UCX_MAC_LEN &&
          kvt__ct_equal(ev->data, in->want, UCX_MAC_LEN);
     in->auth_wait = 0;
-    if (!ok)
+    if (!ok) {
         KVT_LOG_W("ucx: authentication failed: an initiator did not prove "
                   "the auth token (another token?)");
+        kvt__engine_refused(wk->ucx->e);
+    }
     if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,
                          ok ? UCX_ACK_AUTHED : UCX_ACK_REFUSED, NULL, 0,
                          NULL) != KVT_OK)
@@ -545,6 +583,6 @@ void kvt__ucx_events(ucx_worker_t *wk)
         on_event(wk, ev);
         free(ev);
     }
-    if (wk->inbound_error)
+    if (wk->inbound_error || wk->inbound_dead)
         inbound_reap(wk);
 }

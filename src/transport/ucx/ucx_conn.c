@@ -94,6 +94,13 @@ void kvt__ucx_conn_fail(ucx_conn_t *c)
     }
 }
 
+void kvt__ucx_conn_put_untrusted(ucx_worker_t *wk, ucx_conn_t *c)
+{
+    if (c->refs == 1)
+        kvt__ucx_conn_fail(c);
+    kvt__ucx_conn_put(wk, c);
+}
+
 static void conn_close(ucx_worker_t *wk, ucx_conn_t *c)
 {
     ucx_conn_t **pp = &wk->conns;

@@ -179,6 +179,7 @@ static void tick(ucx_worker_t *wk, uint64_t now)
             kvt__ucx_sess_service(s, now);
         s = next;
     }
+    kvt__ucx_inbound_tick(wk, now);
     kvt__ucx_closing_reap(wk);
 }
 
