@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ucx's refusal paths (docs/ucx.md, Messages), against a
+ * ucx's refusal paths (docs/ucx.md, Messages and Limits), against a
  * target engine in a child process and a raw ucx peer in this one that
  * sends ucx's messages as it pleases:
  *
@@ -12,7 +12,11 @@
  *   (HELLO_ACK REFUSED) or dropped, every refusal counted, and nothing
  *   reaches the target's notification queue;
  * - a peer that is challenged and stays silent is dropped after the
- *   authentication deadline: counted, and its proof is not taken after.
+ *   authentication deadline: counted, and its proof is not taken after;
+ * - the cap on initiators: past it an engine is refused KVT_ERR_BUSY,
+ *   counted and logged on both sides, while those served go on working;
+ *   once one leaves, the refused one is served; and a peer that has not
+ *   proved the token makes room for one that does.
  *
  * Run over UCX's tcp on lo (tests/transport/CMakeLists.txt sets the
  * environment); skipped when ucx is not built in.
@@ -342,6 +346,37 @@ static void write_checked(kvt_engine_h e, kvt_segment_t seg, peer_t *p,
     free(buf);
 }
 
+static int count_in_file(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* This process's log (and that of the targets it forks from now on)
+ * into a file; the descriptor of the old stderr is returned. */
+static int log_to(char *path)
+{
+    int fd = mkstemp(path), old = dup(2);
+
+    CHECK(fd >= 0 && old >= 0);
+    CHECK(dup2(fd, 2) == 2);
+    close(fd);
+    return old;
+}
+
+static void log_back(int old)
+{
+    CHECK(dup2(old, 2) == 2);
+    close(old);
+}
+
 /* ---- Cases ------------------------------------------------------------ */
 
 /* A raw peer that proves the token is served: its notification lands. */
@@ -498,9 +533,97 @@ KVT_TEST(silent_peer_dropped)
     peer_stop(&p);
 }
 
+/*
+ * The cap on initiators (2 here): a third engine is refused with
+ * KVT_ERR_BUSY, the refusal counted and logged on both sides, while the
+ * two served go on working; once one of them leaves, the third is
+ * served.
+ */
+KVT_TEST(inbound_cap)
+{
+    char log[] = "/tmp/kvt-ucx-cap-XXXXXX";
+    kvt_segment_t seg[3];
+    kvt_engine_h e[3];
+    kvt_status_t st;
+    int old = log_to(log);
+    double t0;
+    peer_t p;
+
+    kvt__ucx_inbound_max_set(2); /* for the target, forked next */
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
+    kvt__ucx_inbound_max_set(0);
+    for (int i = 0; i < 3; i++)
+        e[i] = initiator(NULL);
+    CHECK_OK(kvt_segment_open(e[0], p.segment, &seg[0]));
+    CHECK_OK(kvt_segment_open(e[1], p.segment, &seg[1]));
+    write_checked(e[0], seg[0], &p, 0, 1 << 20, 1);
+    write_checked(e[1], seg[1], &p, 1 << 20, 1 << 20, 2);
+    CHECK_ST(kvt_segment_open(e[2], p.segment, &seg[2]), KVT_ERR_BUSY);
+    CHECK(refused(&p) == 1);
+    write_checked(e[0], seg[0], &p, 0, 1 << 20, 3);
+    write_checked(e[1], seg[1], &p, 1 << 20, 1 << 20, 4);
+
+    /* One leaves (BYE): its place is free again, soon. */
+    CHECK_OK(kvt_segment_close(e[0], seg[0]));
+    t0 = kvt_test_now();
+    while ((st = kvt_segment_open(e[2], p.segment, &seg[2])) == KVT_ERR_BUSY) {
+        CHECK(kvt_test_now() - t0 < 5.0);
+        usleep(50000);
+    }
+    CHECK_OK(st);
+    write_checked(e[2], seg[2], &p, 2 << 20, 1 << 20, 5);
+    write_checked(e[1], seg[1], &p, 1 << 20, 1 << 20, 6);
+    for (int i = 0; i < 3; i++)
+        kvt_engine_destroy(e[i]);
+    peer_stop(&p);
+    log_back(old);
+    CHECK(count_in_file(log, "serves 2 initiators, its most") >= 1);
+    CHECK(count_in_file(log, "serves as many initiators as it takes") >= 1);
+    unlink(log);
+}
+
+/*
+ * At the cap (1 here), a peer that has not proved the token makes room
+ * for one that comes: the engine with the token is served, the silent
+ * peer is dropped (counted), and its proof is not taken afterwards.
+ */
+KVT_TEST(cap_makes_room)
+{
+    uint8_t nonce[UCX_NONCE_LEN], mac[UCX_MAC_LEN];
+    kvt_segment_t seg;
+    kvt_engine_h e;
+    peer_t p;
+    raw_t r;
+
+    kvt__ucx_inbound_max_set(1);
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
+    kvt__ucx_inbound_max_set(0);
+    raw_start(&r, &p);
+    CHECK_OK(kvt__auth_random(nonce, sizeof(nonce)));
+    raw_challenged(&r, 31, nonce);
+    raw_mac(&r, nonce, mac);
+    e = initiator(TOKEN);
+    CHECK_OK(kvt_segment_open(e, p.segment, &seg));
+    write_checked(e, seg, &p, 0, 1 << 20, 7);
+    CHECK(refused(&p) == 1);
+    raw_send(&r, UCX_AM_AUTH, 31, 0, mac, sizeof(mac));
+    CHECK(!raw_ack(&r, 31, QUIET_S));
+    /* And with the place taken by a peer that did prove it, the next
+     * one is refused. */
+    raw_hello(&r, 32, nonce, 0, r.addr_len);
+    CHECK(raw_ack(&r, 32, WAIT_S));
+    CHECK((r.ack_value & UCX_ACK_REFUSED) && (r.ack_value & UCX_ACK_BUSY));
+    CHECK(refused(&p) == 2);
+    write_checked(e, seg, &p, 0, 1 << 20, 8);
+    kvt_engine_destroy(e);
+    raw_stop(&r);
+    peer_stop(&p);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(raw_proof_served, 60), KVT_CASE(raw_refusals, 60),
-    KVT_CASE(silent_peer_dropped, 60),
+    KVT_CASE(silent_peer_dropped, 60), KVT_CASE(inbound_cap, 60),
+    KVT_CASE(cap_makes_room, 60),
 };
 
 int main(int argc, char **argv)

@@ -49,18 +49,25 @@ enum {
 };
 
 /* HELLO_ACK values: bit 0, the descriptor's generation is not the
- * current one; REFUSED, authentication failed (the session is not
- * served); AUTHED, the initiator's AUTH proved the token. With a token,
+ * current one; REFUSED, the session is not served: authentication
+ * failed, or with BUSY too, the target serves its most initiators
+ * already; AUTHED, the initiator's AUTH proved the token. With a token,
  * the first HELLO_ACK is the challenge (its data: the target's nonce and
  * MAC); the second says AUTHED or REFUSED (ucx_auth.c). */
 #define UCX_ACK_STALE 1u
 #define UCX_ACK_REFUSED 2u
 #define UCX_ACK_AUTHED 4u
+#define UCX_ACK_BUSY 8u
 #define UCX_NONCE_LEN 32
 #define UCX_MAC_LEN 32
 /* How long a challenged initiator has to send its AUTH (as the control
  * plane's HELLO deadline); then it is dropped. */
 #define UCX_AUTH_NS (10ull * 1000000000ull)
+/* Initiators (sessions of peers) one engine serves at once, on all its
+ * workers: past it a HELLO makes room by dropping the oldest initiator
+ * of its worker that has not proved the token yet, or is refused
+ * (REFUSED | BUSY). */
+#define UCX_INBOUND_MAX 1024u
 
 /* The header of every message: the initiator's token for the session,
  * and a value (HELLO: the length of the worker address, which follows the
@@ -278,6 +285,7 @@ struct kvt__ucx {
      * this engine serves (counted by on_hello() before it reads gen). */
     _Atomic uint64_t gen;
     _Atomic unsigned ninbound;
+    unsigned max_inbound; /* UCX_INBOUND_MAX, unless a test set another */
 };
 
 /* ucx_worker.c */
@@ -350,6 +358,11 @@ void kvt__ucx_events(ucx_worker_t *wk);
 void kvt__ucx_ep_close(ucx_worker_t *wk, ucp_ep_h ep, int force);
 /* Free close requests that are done; whether some are still running. */
 int kvt__ucx_closing_reap(ucx_worker_t *wk);
+
+/* For tests: engines created from now on in this process (and in
+ * processes it forks) serve at most @n initiators over ucx (0: the
+ * default, UCX_INBOUND_MAX). */
+void kvt__ucx_inbound_max_set(unsigned n);
 
 /* Condition variables on the monotonic clock, and deadlines for them. */
 void kvt__ucx_cond_init(pthread_cond_t *c);

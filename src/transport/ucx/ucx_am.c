@@ -294,6 +294,61 @@ void kvt__ucx_inbound_tick(ucx_worker_t *wk, uint64_t now)
 }
 
 /*
+ * Take a place among the initiators this engine serves (counted in
+ * ninbound): 1 when taken, 0 when it serves its most already and no
+ * place could be made. At the cap, the initiator of this worker that has
+ * waited longest without proving the token is dropped to make room, as
+ * the control plane does with connections that have not said HELLO: a
+ * flood of peers that never authenticate cannot keep out those that do.
+ */
+static int inbound_admit(ucx_worker_t *wk)
+{
+    kvt__ucx_t *ucx = wk->ucx;
+    ucx_inbound_t *victim = NULL;
+
+    if (atomic_fetch_add(&ucx->ninbound, 1) < ucx->max_inbound)
+        return 1;
+    atomic_fetch_sub(&ucx->ninbound, 1);
+    for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next)
+        if (!in->dead && in->auth_wait &&
+            (victim == NULL || in->auth_until < victim->auth_until))
+            victim = in;
+    if (victim == NULL)
+        return 0;
+    KVT_LOG_W_RL("ucx: serving %u initiators, its most: dropping one that "
+                 "has not proved the auth token to make room",
+                 ucx->max_inbound);
+    kvt__engine_refused(ucx->e);
+    inbound_drop_untrusted(wk, victim);
+    inbound_reap(wk);
+    /* Another worker may have taken the place meanwhile. */
+    if (atomic_fetch_add(&ucx->ninbound, 1) < ucx->max_inbound)
+        return 1;
+    atomic_fetch_sub(&ucx->ninbound, 1);
+    return 0;
+}
+
+/* Tell an initiator that came past the cap: REFUSED | BUSY, on the
+ * connection back to it (kept, as for a peer refused for its token, so
+ * that the answer is not dropped with it). */
+static void refuse_busy(ucx_worker_t *wk, ucx_event_t *ev)
+{
+    ucx_conn_t *c;
+    kvt_status_t st;
+
+    KVT_LOG_W_RL("ucx: refusing an initiator: this engine serves %u "
+                 "initiators, its most",
+                 wk->ucx->max_inbound);
+    kvt__engine_refused(wk->ucx->e);
+    c = kvt__ucx_conn_get(wk, ev->data + 8, ev->value, &st);
+    if (c == NULL)
+        return;
+    kvt__ucx_am_send(c->ep, UCX_AM_HELLO_ACK, ev->token,
+                     UCX_ACK_REFUSED | UCX_ACK_BUSY, NULL, 0, NULL);
+    kvt__ucx_conn_put(wk, c);
+}
+
+/*
  * Authentication (ucx_auth.c), when either side has a token: refuse a
  * HELLO that does not match this engine's setting, else challenge it.
  * 0 to go on (with @in waiting for its AUTH, or without a token on
@@ -370,9 +425,18 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
         KVT_LOG_W("ucx: a malformed HELLO dropped");
         return;
     }
-    in = calloc(1, sizeof(*in));
-    if (in == NULL)
+    /* Counted (inbound_admit()) before the generation is read, as
+     * mem_changed() bumps it before it counts: an initiator is either
+     * told of a change or sees that its descriptor predates it. */
+    if (!inbound_admit(wk)) {
+        refuse_busy(wk, ev);
         return;
+    }
+    in = calloc(1, sizeof(*in));
+    if (in == NULL) {
+        atomic_fetch_sub(&ucx->ninbound, 1);
+        return;
+    }
     in->token = ev->token;
     in->wk = wk;
     in->conn = kvt__ucx_conn_get(wk, ev->data + 8, ev->value, &st);
@@ -380,14 +444,11 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
         KVT_LOG_W("ucx: cannot reach an initiator back: %s",
                   kvt_status_str(st));
         free(in);
+        atomic_fetch_sub(&ucx->ninbound, 1);
         return;
     }
     in->next = wk->inbound;
     wk->inbound = in;
-    /* Counted before the generation is read, as mem_changed() bumps it
-     * before it counts: an initiator is either told of a change or sees
-     * that its descriptor predates it. */
-    atomic_fetch_add(&ucx->ninbound, 1);
     memcpy(&gen, ev->data, 8);
     if (ucx->cfg->auth.on || ev->len != 8 + ev->value) {
         /* A refused peer's endpoint stays, so that it learns why. */
@@ -473,31 +534,38 @@ void kvt__ucx_inbound_close_all(ucx_worker_t *wk)
 
 /*
  * Initiator: a HELLO_ACK for @s. 1 when the session is open, 0 when it
- * waits for the next one (AUTH was sent), -1 when authentication failed
- * (logged).
+ * waits for the next one (AUTH was sent), else why it was refused
+ * (logged): KVT_ERR_ACCESS when authentication failed, KVT_ERR_BUSY when
+ * the target serves its most initiators already.
  */
 static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
 {
     const kvt__engine_cfg_t *cfg = wk->ucx->cfg;
     uint8_t mac[UCX_MAC_LEN];
 
+    if ((ev->value & UCX_ACK_REFUSED) && (ev->value & UCX_ACK_BUSY)) {
+        KVT_LOG_E("ucx: segment %s refused this engine: it serves as many "
+                  "initiators as it takes",
+                  s->base.name);
+        return KVT_ERR_BUSY;
+    }
     if (ev->value & UCX_ACK_REFUSED) {
         KVT_LOG_E("ucx: authentication failed: segment %s refused this "
                   "engine (auth token missing or different)",
                   s->base.name);
-        return -1;
+        return KVT_ERR_ACCESS;
     }
     if (ev->value & UCX_ACK_STALE)
         s->stale = 1; /* its descriptor predates a change */
     if (!cfg->auth.on)
-        return ev->len == 0 ? 1 : -1;
+        return ev->len == 0 ? 1 : KVT_ERR_ACCESS;
     if (s->auth_sent)
-        return (ev->value & UCX_ACK_AUTHED) ? 1 : -1;
+        return (ev->value & UCX_ACK_AUTHED) ? 1 : KVT_ERR_ACCESS;
     if (ev->len != UCX_NONCE_LEN + UCX_MAC_LEN) {
         KVT_LOG_E("ucx: authentication failed: segment %s does not "
                   "authenticate (no auth token set there)",
                   s->base.name);
-        return -1;
+        return KVT_ERR_ACCESS;
     }
     kvt__ucx_auth_mac(cfg, 1, wk->addr, wk->addr_len, s->peer_addr,
                       s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
@@ -505,14 +573,14 @@ static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
         KVT_LOG_E("ucx: authentication failed: segment %s did not prove the "
                   "auth token (another token?)",
                   s->base.name);
-        return -1;
+        return KVT_ERR_ACCESS;
     }
     kvt__ucx_auth_mac(cfg, 0, wk->addr, wk->addr_len, s->peer_addr,
                       s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
     s->auth_sent = 1;
     if (kvt__ucx_am_send(s->conn->ep, UCX_AM_AUTH, s->token, 0, mac,
                          sizeof(mac), NULL) != KVT_OK)
-        return -1;
+        return KVT_ERR_ACCESS;
     return 0;
 }
 
@@ -551,10 +619,10 @@ static void on_event(ucx_worker_t *wk, ucx_event_t *ev)
             if (r == 0)
                 break;
             if (r < 0)
-                kvt__ucx_sess_fail(s, KVT_ERR_ACCESS, 0);
+                kvt__ucx_sess_fail(s, r, 0);
             pthread_mutex_lock(&s->lock);
             if (s->opened == 0)
-                s->opened = r > 0 ? 1 : -KVT_ERR_ACCESS;
+                s->opened = r > 0 ? 1 : -r;
             pthread_cond_broadcast(&s->cond);
             pthread_mutex_unlock(&s->lock);
         }

@@ -272,8 +272,12 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
         kvt__ucx_kill(&s->base, KVT_ERR_TIMEDOUT);
         return KVT_ERR_TIMEDOUT;
     }
-    *why_p = result == -KVT_ERR_ACCESS ? "authentication failed"
-                                       : "it cannot be reached through ucx";
+    if (result == -KVT_ERR_ACCESS)
+        *why_p = "authentication failed";
+    else if (result == -KVT_ERR_BUSY)
+        *why_p = "it serves as many initiators as it takes";
+    else
+        *why_p = "it cannot be reached through ucx";
     return (kvt_status_t)-result;
 }
 

@@ -235,6 +235,13 @@ static void ucx_free(kvt__ucx_t *ucx)
     free(ucx);
 }
 
+static _Atomic unsigned inbound_max;
+
+void kvt__ucx_inbound_max_set(unsigned n)
+{
+    atomic_store(&inbound_max, n);
+}
+
 static kvt_status_t ucx_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {
     kvt__ucx_t *ucx;
@@ -246,6 +253,9 @@ static kvt_status_t ucx_create(kvt_engine_h e, kvt__tl_t **tl_p)
     kvt__tl_init(&ucx->base, &kvt__tl_ucx, e);
     ucx->e = e;
     ucx->cfg = kvt__engine_cfg(e);
+    ucx->max_inbound = atomic_load(&inbound_max);
+    if (ucx->max_inbound == 0)
+        ucx->max_inbound = UCX_INBOUND_MAX;
     pthread_mutex_init(&ucx->reg_serial, NULL);
     pthread_mutex_init(&ucx->lock, NULL);
     kvt__ucx_cond_init(&ucx->cond);
