@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/wire.h"
-#include "ctrl/ctrl.h"
+#include "proto/wire.h"
+#include "core/ctrl.h"
 #include "kvt_test.h"
 #include "util/auth.h"
 #include "util/hex.h"
