@@ -4,7 +4,6 @@
  * bootstrap registration of prefill ranks, and create and destroy, which
  * start and stop the threads (conn_threads.c).
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

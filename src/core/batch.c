@@ -8,16 +8,13 @@
  * and lowered exactly once per slot by kvt__comp_done() when the slot's
  * last piece completes. A waiter sleeps on @pending as a futex word.
  */
-#include <errno.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/engine_int.h"
 #include "core/tl.h"
 #include "util/futex.h"
-#include "util/log.h"
 #include "util/time.h"
 
 #define BATCH_MAX_CAPACITY (1u << 20)

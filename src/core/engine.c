@@ -6,7 +6,6 @@
  * in the reverse order. Also what transports read of the engine (its
  * settings, its registry) and the descriptor it serves.
  */#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +19,6 @@
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/thread.h"
-#include "util/time.h"
 
 #define DEFAULT_TIMEOUT_MS 30000ull
 #define DEFAULT_CONNECT_TIMEOUT_MS 5000ull

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <kvt/engine.h>
+#include <kvt/engine.h> /* IWYU pragma: keep */
 
 /* Transports one engine runs, and so keys a region may have. */
 #define KVT_MEMREG_KEYS 8

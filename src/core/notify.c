@@ -12,7 +12,6 @@
 #include "core/engine_int.h"
 #include "util/hash.h"
 #include "util/log.h"
-#include "util/time.h"
 
 #define NOTIFY_QUEUE_MAX 65536u
 #define NOTIFY_PEER_MAX 8192u

@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include "core/engine_int.h"
-#include "core/ctrl.h"
 #include "meta/meta.h"
 #include "core/tl.h"
 #include "util/log.h"

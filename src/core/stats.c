@@ -93,7 +93,7 @@ static int tsc_on;
 static double ns_per_tick = 1.0;
 
 #if defined(__x86_64__)
-#include <x86intrin.h>
+#include <x86intrin.h> /* IWYU pragma: keep */
 static void tsc_init(void)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");

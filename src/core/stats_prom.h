@@ -8,7 +8,7 @@
  */
 #include <stddef.h>
 
-#include <kvt/metrics.h>
+#include <kvt/metrics.h> /* IWYU pragma: keep */
 
 /* Text written as snprintf() writes: what fits into buf[0..cap), and
  * @len counting all of it, so that a first pass with @cap 0 measures. */

@@ -17,7 +17,6 @@
  * once, when the session opens; transfers never switch transport.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "core/engine_int.h"
 #include "core/tl.h"

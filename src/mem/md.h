@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <kvt/kvt.h>
+#include <kvt/kvt.h> /* IWYU pragma: keep */
 
 typedef struct {
     const char *name; /* "host", "cuda" */

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Validation of PD bootstrap registrations (PUT /route bodies). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "meta/bootstrap.h"

@@ -34,7 +34,7 @@
 
 #include <kvt/status.h>
 
-#include "proto/wire.h"
+#include "proto/wire.h" /* IWYU pragma: keep */
 #include "util/auth.h"
 
 /* Longest key, in bytes, not counting the terminating NUL. */

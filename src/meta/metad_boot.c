@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <json-c/json.h>
+#include <json-c/json.h> /* IWYU pragma: keep */
 
 #include "meta/bootstrap.h"
 

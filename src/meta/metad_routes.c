@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <json-c/json.h>
+#include <json-c/json.h> /* IWYU pragma: keep */
 
 #include "meta/meta.h"
 #include "meta/metad_int.h"

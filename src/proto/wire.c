@@ -5,7 +5,6 @@
  */
 #include "proto/wire.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "util/le.h"

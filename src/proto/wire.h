@@ -11,10 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <kvt/engine.h>
 #include <kvt/status.h>
 
-#include "proto/segdesc.h"
+#include "proto/segdesc.h" /* IWYU pragma: keep */
 
 #define KVT_WIRE_MAGIC 0x544b /* "KT" on the wire */
 #define KVT_WIRE_VERSION_MAJOR 2

@@ -13,9 +13,8 @@
  * A kvt__auth_t is set once before use and read-only afterwards: any
  * number of threads may use it.
  */
-#include <stddef.h>
 #include <stdint.h>
-#include <sys/uio.h>
+#include <sys/uio.h> /* IWYU pragma: keep */
 #include <time.h>
 
 #include <kvt/status.h>

@@ -7,7 +7,6 @@
  * debug, trace; default warn) and is read once. The function that decides
  * an error logs it; callers only pass the status on.
  */
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -4,24 +4,19 @@
  * and checking who answers, the lease (shm_target.c explains it), messages on
  * the socket, and the notification ring.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "transport/shm/shm_sess.h"
-#include "util/log.h"
 #include "util/time.h"
 
 void kvt__shm_lease_release(shm_session_t *s)

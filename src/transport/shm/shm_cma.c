@@ -4,25 +4,13 @@
  * vector limit allows, neighbouring pieces merged on each side; a fault
  * fails only the segment that holds it.
  */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
 #include <sys/uio.h>
-#include <sys/un.h>
-#include <unistd.h>
+#include <unistd.h> /* IWYU pragma: keep */
 
 #include "transport/shm/shm_sess.h"
 #include "util/log.h"
-#include "util/time.h"
 
 #ifdef KVT_TSAN
 /*

@@ -13,7 +13,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <string.h>
-#include <sys/syscall.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
 #include <unistd.h>
 
 #include "transport/shm/shm.h"

@@ -5,24 +5,10 @@
  * memory attach), the copies, the two jobs of a pair, and the accounting
  * of a job that has run (completed, parked for a stopped target, failed).
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "transport/shm/shm_sess.h"
-#include "util/log.h"
 #include "util/time.h"
 
 static void job_done(shm_session_t *s, job_t *j);

@@ -6,24 +6,15 @@
  * delivered; and the hold of a session whose target is stopped.
  */
 #include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "transport/shm/shm_sess.h"
-#include "util/log.h"
-#include "util/time.h"
 
 /*
  * Hold a session whose target is stopped while a job of it waits for the

@@ -5,21 +5,10 @@
  * of the same rows), the periodic check for dead targets and timed out
  * jobs, parked jobs, and waking workers (now, or at the unplug).
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "transport/shm/shm_sess.h"
 #include "util/log.h"

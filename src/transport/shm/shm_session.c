@@ -4,19 +4,10 @@
  * descriptor section names), cutting a submission into jobs, waiter
  * progress, kill, release and destroy, and the transport's table.
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 

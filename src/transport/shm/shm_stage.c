@@ -4,25 +4,11 @@
  * go through the channel's slots, packed here and copied out by the
  * target, which checks each run against its registry.
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "transport/shm/shm_sess.h"
-#include "util/log.h"
-#include "util/time.h"
 
 /* Give a slot back and tell whoever waits for one. */
 static void slot_free(shm_session_t *s, uint32_t k)

@@ -4,28 +4,16 @@
  * each run checked against the registry first, by the service thread and
  * a helper thread beside it.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <unistd.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
+#include <unistd.h> /* IWYU pragma: keep */
 
 #include "core/memreg.h"
 #include "mem/md.h"
 #include "transport/shm/shm.h"
 #include "util/log.h"
 #include "util/thread.h"
-#include "util/time.h"
 
 #ifdef KVT_TSAN
 /* Copies into this process's memory vouched for by the initiator's

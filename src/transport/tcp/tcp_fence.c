@@ -6,10 +6,8 @@
  * admission of a data connection once the connections its fence names
  * are closed by their workers.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>

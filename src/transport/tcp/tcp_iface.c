@@ -3,24 +3,16 @@
  * The transport's life in an engine (workers, the zero pages refused
  * reads are answered from) and its table.
  */
-#include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/timerfd.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
-#include "util/sock.h"
-#include "util/time.h"
 
 static kvt_status_t tcp_create(kvt_engine_h e, kvt__tl_t **tl_p)
 {

@@ -5,22 +5,16 @@
  * the initiator side the matching of responses to requests.
  */
 #include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
+#include <unistd.h> /* IWYU pragma: keep */
 
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
-#include "util/sock.h"
-#include "util/time.h"
 #include "util/tsan.h"
 
 /* Complete every piece of @f: @pst[i] when given, else @st. @c: the

@@ -4,22 +4,11 @@
  * of large ones, runs of strided pieces) and the pieces into frames spread
  * over the session's connections; notifications.
  */
-#include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include "transport/tcp/tcp.h"
-#include "util/log.h"
-#include "util/sock.h"
 #include "util/time.h"
 
 typedef struct {

@@ -5,23 +5,13 @@
  * READ responses sent from registered memory, and the dispatch of
  * requests.
  */
-#include <errno.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
-#include "util/sock.h"
-#include "util/time.h"
 
 /*
  * READ_RESP payload comes from registered memory: with the registry read

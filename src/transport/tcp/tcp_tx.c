@@ -7,21 +7,17 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
+#include <unistd.h> /* IWYU pragma: keep */
 
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
 #include "util/sock.h"
-#include "util/time.h"
 
 static void backlog_take_locked(tcp_conn_t *c);
 static tcp_conn_t *least_loaded(tcp_session_t *s, int for_waiter,

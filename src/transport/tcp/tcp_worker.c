@@ -5,21 +5,14 @@
  * its connection itself).
  */
 #include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
-#include "util/sock.h"
 #include "util/thread.h"
 #include "util/time.h"
 

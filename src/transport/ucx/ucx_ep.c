@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
+#include <sys/syscall.h> /* IWYU pragma: keep */
 #include <unistd.h>
 
 #include "transport/ucx/ucx.h"
