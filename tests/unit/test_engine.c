@@ -1127,9 +1127,9 @@ KVT_TEST(query_between_counts)
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int held, release, calls;
+    int held, release, calls, done;
     kvt_batch_h batch;
-} race = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0,
+} race = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0,
           NULL};
 
 static void *race_holder(void *arg)
@@ -1161,6 +1161,11 @@ static void race_hook(void *conn)
     while (first && kvt_batch_query(race.batch, NULL) == KVT_INPROGRESS &&
            kvt_test_now() - t0 < 10.0)
         usleep(1000);
+    /* Its last look at the batch comes before the test reuses it. */
+    pthread_mutex_lock(&race.lock);
+    race.done += first;
+    pthread_cond_broadcast(&race.cond);
+    pthread_mutex_unlock(&race.lock);
 }
 
 KVT_TEST(tcp_timeout_rechecks_under_lock)
@@ -1208,6 +1213,10 @@ KVT_TEST(tcp_timeout_rechecks_under_lock)
     CHECK_OK(kvt_batch_submit(race.batch, &d, 1));
     CHECK_OK(kvt_batch_wait(race.batch, -1));
     CHECK(pthread_join(holder, NULL) == 0);
+    pthread_mutex_lock(&race.lock);
+    while (!race.done)
+        pthread_cond_wait(&race.cond, &race.lock);
+    pthread_mutex_unlock(&race.lock);
     CHECK(race.calls == 1); /* the window was taken */
     usleep(200000);         /* ticks enough to have failed it */
     kvt__tcp_timeout_hook_set(NULL);
