@@ -81,6 +81,39 @@ static inline double kvt_test_median(double *v, size_t n)
     return v[n / 2];
 }
 
+/* Lines of the file @path that contain @what. */
+static inline int kvt_test_count_in_file(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+
+    CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* This process's stderr (its log, and that of the children it forks from
+ * now on) into a fresh file made from the mkstemp() template @path;
+ * returns a descriptor of the old stderr for kvt_test_log_back(). */
+static inline int kvt_test_log_to(char *path)
+{
+    int fd = mkstemp(path), old = dup(2);
+
+    CHECK(fd >= 0 && old >= 0);
+    CHECK(dup2(fd, 2) == 2);
+    close(fd);
+    return old;
+}
+
+static inline void kvt_test_log_back(int old)
+{
+    CHECK(dup2(old, 2) == 2);
+    close(old);
+}
+
 /* Scale time limits under sanitizers, which run several times slower. */
 static inline double kvt_test_slowdown(void)
 {

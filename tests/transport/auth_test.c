@@ -96,29 +96,6 @@ static kvt_status_t xfer(kvt_engine_h e, kvt_segment_t seg, uint32_t op,
     return st;
 }
 
-static int count_in_file(const char *path, const char *what)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int n = 0;
-
-    CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, what) != NULL;
-    fclose(f);
-    return n;
-}
-
-/* This process's log into a file, for the checks of what it says. */
-static void log_to(char *path)
-{
-    int fd = mkstemp(path);
-
-    CHECK(fd >= 0);
-    CHECK(dup2(fd, 2) == 2);
-    close(fd);
-}
-
 /* With the same token on both sides: write, read and notify work, over
  * the transport @want. */
 static void right_token(uint32_t transports, const char *want)
@@ -185,7 +162,7 @@ static void mismatch(uint32_t transports)
     };
     char log[] = "/tmp/kvt-auth-test-XXXXXX";
 
-    log_to(log);
+    close(kvt_test_log_to(log)); /* the checks read what it says */
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kvt_segment_t seg;
         kvt_engine_h e;
@@ -202,10 +179,10 @@ static void mismatch(uint32_t transports)
     /* Both sides' lines (the target inherited this stderr): a target
      * refuses what lacks a token or offers one it lacks; an initiator
      * refuses a target that cannot prove the token. */
-    CHECK(count_in_file(log, "authentication failed") >= 10);
-    CHECK(count_in_file(log, "requires an auth token") >= 2);
-    CHECK(count_in_file(log, "did not prove the auth token") >= 4);
-    CHECK(count_in_file(log, "has no auth token set") >= 2);
+    CHECK(kvt_test_count_in_file(log, "authentication failed") >= 10);
+    CHECK(kvt_test_count_in_file(log, "requires an auth token") >= 2);
+    CHECK(kvt_test_count_in_file(log, "did not prove the auth token") >= 4);
+    CHECK(kvt_test_count_in_file(log, "has no auth token set") >= 2);
     unlink(log);
 }
 

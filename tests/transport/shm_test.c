@@ -80,20 +80,6 @@ static int alloc_mappings(void)
     return n;
 }
 
-/* Count lines of @path that contain @what. */
-static int count_in_file(const char *path, const char *what)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int n = 0;
-
-    CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, what) != NULL;
-    fclose(f);
-    return n;
-}
-
 /* A target that does not offer shm is reached over TCP, and the
  * initiator says so once; an initiator limited to TCP never tries. */
 KVT_TEST(fallback_to_tcp)
@@ -123,7 +109,7 @@ KVT_TEST(fallback_to_tcp)
     CHECK(again == seg);
     CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
     kvt_engine_destroy(e);
-    CHECK(count_in_file(log, "falling back to tcp") == 1);
+    CHECK(kvt_test_count_in_file(log, "falling back to tcp") == 1);
 
     /* TCP only on this side: no attempt, nothing said. */
     CHECK(ftruncate(fd, 0) == 0);
@@ -132,7 +118,7 @@ KVT_TEST(fallback_to_tcp)
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     CHECK(strcmp(seg_transport(e, seg), "tcp") == 0);
     kvt_engine_destroy(e);
-    CHECK(count_in_file(log, "shm") == 0);
+    CHECK(kvt_test_count_in_file(log, "shm") == 0);
     unlink(log);
     close(fd);
     munmap(buf, BLK);

@@ -346,37 +346,6 @@ static void write_checked(kvt_engine_h e, kvt_segment_t seg, peer_t *p,
     free(buf);
 }
 
-static int count_in_file(const char *path, const char *what)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int n = 0;
-
-    CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, what) != NULL;
-    fclose(f);
-    return n;
-}
-
-/* This process's log (and that of the targets it forks from now on)
- * into a file; the descriptor of the old stderr is returned. */
-static int log_to(char *path)
-{
-    int fd = mkstemp(path), old = dup(2);
-
-    CHECK(fd >= 0 && old >= 0);
-    CHECK(dup2(fd, 2) == 2);
-    close(fd);
-    return old;
-}
-
-static void log_back(int old)
-{
-    CHECK(dup2(old, 2) == 2);
-    close(old);
-}
-
 /* ---- Cases ------------------------------------------------------------ */
 
 /* A raw peer that proves the token is served: its notification lands. */
@@ -545,7 +514,7 @@ KVT_TEST(inbound_cap)
     kvt_segment_t seg[3];
     kvt_engine_h e[3];
     kvt_status_t st;
-    int old = log_to(log);
+    int old = kvt_test_log_to(log);
     double t0;
     peer_t p;
 
@@ -576,9 +545,9 @@ KVT_TEST(inbound_cap)
     for (int i = 0; i < 3; i++)
         kvt_engine_destroy(e[i]);
     peer_stop(&p);
-    log_back(old);
-    CHECK(count_in_file(log, "serves 2 initiators, its most") >= 1);
-    CHECK(count_in_file(log, "serves as many initiators as it takes") >= 1);
+    kvt_test_log_back(old);
+    CHECK(kvt_test_count_in_file(log, "serves 2 initiators, its most") >= 1);
+    CHECK(kvt_test_count_in_file(log, "serves as many initiators as it takes") >= 1);
     unlink(log);
 }
 
