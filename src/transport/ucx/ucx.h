@@ -294,7 +294,8 @@ void kvt__ucx_post(ucx_worker_t *wk, ucx_msg_t *m, int wake);
 void kvt__ucx_wake(ucx_worker_t *wk);
 kvt_status_t kvt__ucx_status(ucs_status_t st);
 
-/* ucx_ep.c: sessions, on their worker's thread unless said. */
+/* ucx_ep.c: sessions (opening, submission, service, failure, release),
+ * on their worker's thread unless said. */
 kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
                            kvt__session_t **s_p, const char **why_p);
 kvt_status_t kvt__ucx_submit(kvt__session_t *s, const kvt__xfer_t *x, size_t n,
@@ -304,18 +305,37 @@ void kvt__ucx_session_destroy(kvt__session_t *s);
 void kvt__ucx_flush_tl(kvt__tl_t *tl);
 /* Worker side. */
 void kvt__ucx_sess_connect(ucx_session_t *s);
-void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m);
 /* Fail @s: everything in flight ends with @why; @evict: the failure is
  * the session's own (the segment is evicted). */
 void kvt__ucx_sess_fail(ucx_session_t *s, kvt_status_t why, int evict);
-void kvt__ucx_sess_close_epoch(ucx_session_t *s);
 /* After progress: acks, fetches, the FIFO, reaping. Returns whether the
  * session still needs the worker. */
 int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now);
+ucx_session_t *kvt__ucx_sess_by_token(ucx_worker_t *wk, uint64_t token);
+
+/* ucx_data.c: a session's data path, on its worker's thread. */
+void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m);
+void kvt__ucx_sess_close_epoch(ucx_session_t *s);
 int kvt__ucx_sess_busy(const ucx_session_t *s);
 void kvt__ucx_sess_touch(ucx_session_t *s);
-ucx_session_t *kvt__ucx_sess_by_token(ucx_worker_t *wk, uint64_t token);
 void kvt__ucx_complete_msg(ucx_msg_t *m, kvt_status_t st);
+/* A request of unit @u ended: whether @u was an orphan (then it is freed
+ * with its last request, and nothing else is to be done). */
+int kvt__ucx_unit_orphan_done(ucx_unit_t *u);
+/* Post what @s holds, in order, within one turn's budget. */
+void kvt__ucx_run_held(ucx_session_t *s);
+/* Send the NOTIFYs now due and finish the FIFO's units that are done. */
+void kvt__ucx_fifo_advance(ucx_session_t *s);
+
+/* ucx_rkey.c: the peer's regions and their keys, the session's worker's
+ * alone once the session is open. */
+/* Free the table of @s, with the keys it unpacked. */
+void kvt__ucx_regions_free(ucx_session_t *s);
+/* Load the table of @s from the peer's descriptor @d (its ucx keys). */
+kvt_status_t kvt__ucx_regions_load(ucx_session_t *s, const kvt__segdesc_t *d);
+/* The region that holds [addr, +len) with @access, its key unpacked. */
+ucx_rregion_t *kvt__ucx_region_find(ucx_session_t *s, uint64_t addr,
+                                    uint64_t len, uint32_t access);
 
 /* ucx_conn.c: connections. */
 ucx_conn_t *kvt__ucx_conn_get(ucx_worker_t *wk, const void *addr, size_t len,
@@ -329,10 +349,6 @@ void kvt__ucx_conn_put_untrusted(ucx_worker_t *wk, ucx_conn_t *c);
 /* After progress: failed connections fail their users. */
 void kvt__ucx_conns_check(ucx_worker_t *wk);
 void kvt__ucx_conns_close_all(ucx_worker_t *wk);
-
-/* A request of unit @u ended: whether @u was an orphan (then it is freed
- * with its last request, and nothing else is to be done). */
-int kvt__ucx_unit_orphan_done(ucx_unit_t *u);
 
 /* ucx_am.c: messages. */
 kvt_status_t kvt__ucx_am_setup(ucx_worker_t *wk);

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Sessions: opening (endpoint, HELLO, HELLO_ACK), the peer's regions and
- * their keys, submission into the worker's inbox, and on the worker the
- * data path (puts in epochs closed by flushes, gets, notifications in
- * FIFO order), failure, registry changes and release.
+ * Sessions: opening (endpoint, HELLO, HELLO_ACK), submission into the
+ * worker's inbox, and on the worker their service after progress,
+ * failure, registry changes (the descriptor fetched again) and release.
+ * The data path is ucx_data.c's and the peer's regions ucx_rkey.c's;
+ * neither calls back here.
  */
 #include <poll.h>
 #include <stdio.h>
@@ -13,109 +14,9 @@
 #include <unistd.h>
 
 #include "transport/ucx/ucx.h"
-#include "transport/ucx/ucx_status.h"
 #include "util/auth.h"
 #include "util/log.h"
 #include "util/time.h"
-
-/* ---- The peer's regions
- * ------------------------------------------------------ */
-
-static void regions_free(ucx_session_t *s)
-{
-    for (size_t i = 0; i < s->nregions; i++) {
-        if (s->regions[i].rkey != NULL)
-            ucp_rkey_destroy(s->regions[i].rkey);
-        free(s->regions[i].key);
-    }
-    free(s->regions);
-    s->regions = NULL;
-    s->nregions = 0;
-    s->last = 0;
-}
-
-/* The regions of @d that have a ucx key, in address order (descriptors
- * list them so; checked). */
-static kvt_status_t regions_load(ucx_session_t *s, const kvt__segdesc_t *d)
-{
-    const kvt__segdesc_tl_t *sec = kvt__segdesc_tl(d, kvt__tl_ucx.id);
-    ucx_rregion_t *r;
-    size_t n = 0;
-
-    if (sec == NULL)
-        return KVT_ERR_PROTOCOL;
-    r = calloc(d->nregions ? d->nregions : 1, sizeof(*r));
-    if (r == NULL)
-        return KVT_ERR_NO_MEMORY;
-    for (uint32_t i = 0; i < d->nregions; i++) {
-        uint32_t klen;
-        const uint8_t *k = kvt__segdesc_key(sec, i, &klen);
-        const kvt_remote_region_t *dr = &d->regions[i];
-        if (k == NULL || klen == 0 || dr->kind != KVT_MEM_HOST)
-            continue;
-        if (n > 0 && dr->addr < r[n - 1].end)
-            goto bad;
-        r[n].key = malloc(klen);
-        if (r[n].key == NULL) {
-            s->regions = r, s->nregions = n;
-            regions_free(s);
-            return KVT_ERR_NO_MEMORY;
-        }
-        memcpy(r[n].key, k, klen);
-        r[n].klen = klen;
-        r[n].start = dr->addr;
-        r[n].end = dr->addr + dr->length;
-        r[n].access = dr->access;
-        n++;
-    }
-    s->regions = r;
-    s->nregions = n;
-    s->last = 0;
-    return KVT_OK;
-
-bad:
-    s->regions = r, s->nregions = n;
-    regions_free(s);
-    return KVT_ERR_PROTOCOL;
-}
-
-/* The region that holds all of [addr, +len) with @access, its key
- * unpacked; NULL when there is none (worker thread). */
-static ucx_rregion_t *region_find(ucx_session_t *s, uint64_t addr, uint64_t len,
-                                  uint32_t access)
-{
-    ucx_rregion_t *r = NULL;
-    size_t lo = 0, hi = s->nregions;
-
-    if (s->last < s->nregions && addr >= s->regions[s->last].start &&
-        addr < s->regions[s->last].end) {
-        r = &s->regions[s->last];
-    } else {
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (s->regions[mid].end <= addr)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo == s->nregions || addr < s->regions[lo].start)
-            return NULL;
-        r = &s->regions[lo];
-        s->last = lo;
-    }
-    if (len > r->end - addr || (r->access & access) != access)
-        return NULL;
-    if (r->rkey == NULL) {
-        ucs_status_t st = ucp_ep_rkey_unpack(s->conn->ep, r->key, &r->rkey);
-        if (st != UCS_OK) {
-            KVT_LOG_W("ucx: %s: a region's key does not unpack: %s",
-                      s->base.name, ucs_status_string(st));
-            r->rkey = NULL;
-            return NULL;
-        }
-    }
-    return r;
-}
 
 /* ---- Opening
  * ----------------------------------------------------------------- */
@@ -241,7 +142,7 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
     kvt__ucx_cond_init(&s->cond);
     st = peer_worker(s, peer->desc);
     if (st == KVT_OK)
-        st = regions_load(s, peer->desc);
+        st = kvt__ucx_regions_load(s, peer->desc);
     if (st != KVT_OK) {
         *why_p = "its ucx section is malformed";
         kvt__ucx_session_destroy(&s->base); /* touches nothing of the base */
@@ -283,15 +184,6 @@ kvt_status_t kvt__ucx_open(kvt__tl_t *tl, const kvt__tl_peer_t *peer,
 
 /* ---- Submission (any thread)
  * --------------------------------------------------- */
-
-void kvt__ucx_complete_msg(ucx_msg_t *m, kvt_status_t st)
-{
-    for (size_t i = m->done; i < m->n; i++)
-        kvt__comp_done(m->x[i].comp, st);
-    free(m->x);
-    free(m->notes);
-    free(m);
-}
 
 kvt_status_t kvt__ucx_submit(kvt__session_t *base, const kvt__xfer_t *x,
                              size_t n, kvt__sub_t *sub)
@@ -378,7 +270,7 @@ void kvt__ucx_session_destroy(kvt__session_t *base)
 {
     ucx_session_t *s = (ucx_session_t *)base;
 
-    regions_free(s);
+    kvt__ucx_regions_free(s);
     if (s->pidfd >= 0)
         close(s->pidfd);
     free(s->peer_addr);
@@ -398,333 +290,9 @@ static int peer_exited(ucx_session_t *s, uint64_t now)
     return poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP));
 }
 
-/* ---- The data path (worker)
- * ---------------------------------------------------- */
-
-static int unit_idle(const ucx_unit_t *u)
-{
-    return u->posted && u->refs == 0;
-}
-
-static ucx_unit_t *unit_new(ucx_session_t *s, int kind)
-{
-    ucx_unit_t *u = calloc(1, sizeof(*u));
-
-    if (u == NULL)
-        return NULL;
-    u->s = s;
-    u->kind = (uint8_t)kind;
-    u->t0 = kvt__now_ns();
-    u->cap = 1;
-    u->comps = &u->comp1;
-    return u;
-}
-
-static int unit_add(ucx_unit_t *u, kvt__comp_t *c)
-{
-    if (u->ncomps == u->cap) {
-        uint32_t cap = u->cap * 2;
-        kvt__comp_t **n = malloc(cap * sizeof(*n));
-        if (n == NULL)
-            return -1;
-        memcpy(n, u->comps, u->ncomps * sizeof(*n));
-        if (u->comps != &u->comp1)
-            free(u->comps);
-        u->comps = n;
-        u->cap = cap;
-    }
-    u->comps[u->ncomps++] = c;
-    return 0;
-}
-
-static void unit_finish(ucx_unit_t *u)
-{
-    /* The rule, and why: ucx_status.h. */
-    kvt_status_t st = kvt__ucx_unit_status(u->s->failed, u->status,
-                                           u->kind == UNIT_EPOCH, u->posted);
-
-    for (uint32_t i = 0; i < u->ncomps; i++)
-        kvt__comp_done(u->comps[i], st);
-    if (u->comps != &u->comp1)
-        free(u->comps);
-    free(u->msg);
-    free(u);
-}
-
-static void list_append(ucx_unit_t **head, ucx_unit_t **tail, ucx_unit_t *u)
-{
-    u->next = NULL;
-    u->prev = *tail;
-    if (*tail)
-        (*tail)->next = u;
-    else
-        *head = u;
-    *tail = u;
-}
-
-static void list_remove(ucx_unit_t **head, ucx_unit_t **tail, ucx_unit_t *u)
-{
-    if (u->prev)
-        u->prev->next = u->next;
-    else
-        *head = u->next;
-    if (u->next)
-        u->next->prev = u->prev;
-    else
-        *tail = u->prev;
-}
-
-int kvt__ucx_unit_orphan_done(ucx_unit_t *u)
-{
-    if (!u->orphan)
-        return 0;
-    if (--u->refs == 0) {
-        free(u->msg);
-        free(u);
-    }
-    return 1;
-}
-
-static void req_done(void *req, ucs_status_t status, void *user)
-{
-    ucx_unit_t *u = user;
-
-    ucp_request_free(req);
-    if (kvt__ucx_unit_orphan_done(u))
-        return;
-    if (status != UCS_OK && u->status == KVT_OK)
-        u->status = kvt__ucx_status(status);
-    u->refs--;
-    if (u->kind == UNIT_GET && unit_idle(u)) {
-        list_remove(&u->s->gets_head, &u->s->gets_tail, u);
-        unit_finish(u);
-    } else {
-        kvt__ucx_sess_touch(u->s);
-    }
-}
-
-/* Account one request's result. */
-static void req_posted(ucx_unit_t *u, ucs_status_ptr_t r)
-{
-    if (r == NULL)
-        return;
-    if (UCS_PTR_IS_ERR(r)) {
-        if (u->status == KVT_OK)
-            u->status = kvt__ucx_status(UCS_PTR_STATUS(r));
-        u->s->ep_error = 1;
-        return;
-    }
-    u->refs++;
-}
-
-void kvt__ucx_sess_close_epoch(ucx_session_t *s)
-{
-    ucx_unit_t *u = s->epoch;
-    ucp_request_param_t p = {0};
-
-    if (u == NULL)
-        return;
-    s->epoch = NULL;
-    if (s->conn != NULL && s->failed == KVT_OK) {
-        p.op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb.send = req_done;
-        p.user_data = u;
-        req_posted(u, ucp_ep_flush_nbx(s->conn->ep, &p));
-    } else if (u->status == KVT_OK) {
-        /* Its puts cannot be flushed: nothing says they landed. */
-        u->status = s->failed != KVT_OK ? s->failed : KVT_ERR_CONN_LOST;
-    }
-    u->posted = 1;
-    kvt__ucx_sess_touch(s);
-}
-
-/* Check every piece of @x; NULL when one is refused. */
-static int xfer_check(ucx_session_t *s, const kvt__xfer_t *x, uint32_t acc)
-{
-    for (uint32_t i = 0; i < x->count; i++)
-        if (region_find(s, x->raddr + i * x->rstride, x->len, acc) == NULL)
-            return 0;
-    return 1;
-}
-
-static void xfer_one(ucx_session_t *s, const kvt__xfer_t *x)
-{
-    int wr = x->op == KVT_OP_WRITE;
-    ucp_request_param_t p = {0};
-    ucx_rregion_t *whole;
-    uint32_t acc;
-    ucx_unit_t *u;
-
-    if (x->op == KVT_OP_NOTIFY) {
-        const char *me = kvt__engine_cfg(s->base.engine)->seg_name;
-        size_t nl = strlen(me);
-        kvt__ucx_sess_close_epoch(s);
-        u = unit_new(s, UNIT_NOTIFY);
-        if (u == NULL || (u->msg = malloc(nl + x->len)) == NULL) {
-            free(u);
-            kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
-            return;
-        }
-        memcpy(u->msg, me, nl);
-        memcpy(u->msg + nl, (const void *)(uintptr_t)x->laddr, x->len);
-        u->len = (uint32_t)(nl + x->len);
-        u->nlen = (uint32_t)nl;
-        u->ncomps = 1;
-        u->comp1 = x->comp;
-        list_append(&s->fifo_head, &s->fifo_tail, u);
-        kvt__ucx_sess_touch(s);
-        return;
-    }
-    /* Usually one region holds the whole span: one lookup for every
-     * piece. Otherwise each piece is checked, then looked up again. */
-    acc = wr ? KVT_ACCESS_REMOTE_WRITE : KVT_ACCESS_REMOTE_READ;
-    whole = region_find(s, x->raddr, (x->count - 1) * x->rstride + x->len, acc);
-    if (whole == NULL && !xfer_check(s, x, acc)) {
-        kvt__comp_done(x->comp, KVT_ERR_ACCESS);
-        return;
-    }
-    if (wr) {
-        if (s->epoch == NULL) {
-            s->epoch = unit_new(s, UNIT_EPOCH);
-            if (s->epoch == NULL) {
-                kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
-                return;
-            }
-            list_append(&s->fifo_head, &s->fifo_tail, s->epoch);
-        }
-        u = s->epoch;
-    } else {
-        u = unit_new(s, UNIT_GET);
-        if (u == NULL) {
-            kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
-            return;
-        }
-        list_append(&s->gets_head, &s->gets_tail, u);
-    }
-    if (unit_add(u, x->comp) < 0) {
-        kvt__comp_done(x->comp, KVT_ERR_NO_MEMORY);
-        if (!wr) {
-            u->posted = 1;
-            if (u->refs == 0) {
-                list_remove(&s->gets_head, &s->gets_tail, u);
-                unit_finish(u);
-            }
-        }
-        return;
-    }
-    /* A put needs no callback of its own: the flush that closes its
-     * epoch completes after it, with its failure. Its request (if any) is
-     * handed back at once and completes on its own. A get is tracked. */
-    if (!wr) {
-        p.op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb.send = req_done;
-        p.user_data = u;
-    }
-    for (uint32_t i = 0; i < x->count; i++) {
-        uint64_t ra = x->raddr + i * x->rstride;
-        void *la = (void *)(uintptr_t)(x->laddr + i * x->lstride);
-        ucx_rregion_t *r = whole ? whole : region_find(s, ra, x->len, 0);
-        ucs_status_ptr_t q;
-        if (wr) {
-            q = ucp_put_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
-            if (q != NULL && !UCS_PTR_IS_ERR(q)) {
-                ucp_request_free(q);
-                continue;
-            }
-        } else {
-            q = ucp_get_nbx(s->conn->ep, la, x->len, ra, r->rkey, &p);
-        }
-        req_posted(u, q);
-    }
-    if (!wr) {
-        u->posted = 1;
-        if (u->refs == 0) {
-            list_remove(&s->gets_head, &s->gets_tail, u);
-            unit_finish(u);
-        }
-    }
-}
-
-static void held_append(ucx_session_t *s, ucx_msg_t *m)
-{
-    m->next = NULL;
-    if (s->held_tail)
-        s->held_tail->next = m;
-    else
-        s->held_head = m;
-    s->held_tail = m;
-}
-
-/*
- * Post @m's descriptors from where it stopped, until @budget bytes are
- * posted (so that a large submission is posted and completes in
- * flush-sized steps, and other sessions get their turn). Returns 1 when
- * it is done (and freed).
- */
-static int run_msg(ucx_session_t *s, ucx_msg_t *m, uint64_t *budget)
-{
-    while (m->done < m->n) {
-        const kvt__xfer_t *x = &m->x[m->done];
-        uint64_t b = x->op == KVT_OP_NOTIFY ? 0 : kvt__xfer_bytes(x);
-        if (b > 0 && *budget == 0) {
-            kvt__ucx_sess_close_epoch(s);
-            return 0;
-        }
-        m->done++;
-        xfer_one(s, x);
-        *budget = b >= *budget ? 0 : *budget - b;
-    }
-    free(m->x);
-    free(m->notes);
-    free(m);
-    return 1;
-}
-
-/* Post what the session has queued, in order, within one turn's budget. */
-static void run_held(ucx_session_t *s)
-{
-    uint64_t budget = UCX_TURN_BYTES;
-
-    while (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
-        ucx_msg_t *m = s->held_head, *next = m->next;
-        if (!run_msg(s, m, &budget))
-            break;
-        s->held_head = next;
-        if (next == NULL)
-            s->held_tail = NULL;
-    }
-    kvt__ucx_sess_touch(s);
-}
-
-void kvt__ucx_sess_xfer(ucx_session_t *s, ucx_msg_t *m)
-{
-    if (s->failed != KVT_OK) {
-        kvt__ucx_complete_msg(m, s->failed);
-        return;
-    }
-    held_append(s, m);
-    if (!s->stale && s->held_head == m)
-        run_held(s);
-    else
-        kvt__ucx_sess_touch(s);
-}
-
 /* ---- Failure, service, release (worker)
  * ------------------------------------------ */
 
-int kvt__ucx_sess_busy(const ucx_session_t *s)
-{
-    return s->fifo_head != NULL || s->gets_head != NULL;
-}
-
-/*
- * Leave the connection. When nothing is in flight the peer is told (BYE)
- * and the connection stays for the next session; otherwise what is in
- * flight is abandoned with it: the connection fails (and is forced closed
- * once its last user leaves), which completes those requests.
- */
 /* Complete every unit of @s now with @why, and leave those with requests
  * in flight to ucp, which frees them with their last request. */
 static void orphan_all(ucx_session_t *s, kvt_status_t why)
@@ -755,6 +323,12 @@ static void orphan_all(ucx_session_t *s, kvt_status_t why)
     }
 }
 
+/*
+ * Leave the connection. When nothing is in flight the peer is told (BYE)
+ * and the connection stays for the next session; otherwise what is in
+ * flight is abandoned with it: the connection fails (and is forced closed
+ * once its last user leaves), which completes those requests.
+ */
 static void ep_close(ucx_session_t *s)
 {
     if (s->conn == NULL)
@@ -825,8 +399,8 @@ static void refetch(ucx_session_t *s)
     memset(&d, 0, sizeof(d));
     st = kvt__ctrl_fetch(s->base.engine, s->base.name, s->addr, &d);
     if (st == KVT_OK) {
-        regions_free(s);
-        st = regions_load(s, &d);
+        kvt__ucx_regions_free(s);
+        st = kvt__ucx_regions_load(s, &d);
         kvt__segdesc_clear(&d);
     }
     if (st != KVT_OK) {
@@ -839,28 +413,6 @@ static void refetch(ucx_session_t *s)
     s->stale = 0;
     KVT_LOG_D("ucx: %s: descriptor fetched again (%zu regions)", s->base.name,
               s->nregions);
-}
-
-static void fifo_advance(ucx_session_t *s)
-{
-    ucx_unit_t *u;
-
-    while ((u = s->fifo_head) != NULL) {
-        if (u->kind == UNIT_NOTIFY && !u->posted) {
-            if (s->failed == KVT_OK) {
-                kvt_status_t st =
-                    kvt__ucx_am_send(s->conn->ep, UCX_AM_NOTIFY, s->token,
-                                     u->nlen, u->msg, u->len, u);
-                if (st != KVT_OK)
-                    u->status = st;
-            }
-            u->posted = 1;
-        }
-        if (!unit_idle(u))
-            break;
-        list_remove(&s->fifo_head, &s->fifo_tail, u);
-        unit_finish(u);
-    }
 }
 
 static void release(ucx_session_t *s)
@@ -893,7 +445,7 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 1);
     if (s->failed == KVT_OK && kvt__ucx_sess_busy(s) && peer_exited(s, now))
         kvt__ucx_sess_fail(s, KVT_ERR_CONN_LOST, 1);
-    fifo_advance(s);
+    kvt__ucx_fifo_advance(s);
     if (s->failed == KVT_OK && !kvt__ucx_sess_busy(s) && s->epoch == NULL) {
         if (s->ack_gen != 0) {
             KVT_LOG_D("ucx: %s: registry change %llu acknowledged",
@@ -906,7 +458,7 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
             refetch(s);
     }
     if (s->failed == KVT_OK && !s->stale && s->held_head != NULL) {
-        run_held(s);
+        kvt__ucx_run_held(s);
         kvt__ucx_sess_close_epoch(s); /* what it wrote */
     }
     if (s->failed == KVT_OK && tmo > 0) {
@@ -918,7 +470,7 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
         if (t0 != UINT64_MAX && now > t0 && now - t0 > tmo)
             kvt__ucx_sess_fail(s, KVT_ERR_TIMEDOUT, 1);
     }
-    fifo_advance(s);
+    kvt__ucx_fifo_advance(s);
     if (s->linger &&
         (!kvt__ucx_sess_busy(s) || s->ep_error || now >= s->linger_until))
         ep_close(s);
@@ -930,15 +482,6 @@ int kvt__ucx_sess_service(ucx_session_t *s, uint64_t now)
         return 0;
     }
     return 1;
-}
-
-void kvt__ucx_sess_touch(ucx_session_t *s)
-{
-    if (s->touched || s->released)
-        return;
-    s->touched = 1;
-    s->tnext = s->wk->touched;
-    s->wk->touched = s;
 }
 
 ucx_session_t *kvt__ucx_sess_by_token(ucx_worker_t *wk, uint64_t token)

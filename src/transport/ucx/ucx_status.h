@@ -4,8 +4,8 @@
 
 /*
  * The status a ucx unit of work reports to its descriptors when it ends
- * (unit_finish() in ucx_ep.c). Kept apart from ucx.h (no UCX types) so that
- * tests/unit/test_ucx_status.c checks the rule without a UCX build.
+ * (unit_finish() in ucx_data.c). Kept apart from ucx.h (no UCX types) so
+ * that tests/unit/test_ucx_status.c checks the rule without a UCX build.
  *
  * @failed: the session's failure (KVT_OK while it stands; KVT_ERR_CANCELED
  * when its own user closed it); @st: the first failure of the unit's own
