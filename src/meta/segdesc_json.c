@@ -25,24 +25,25 @@
 #include <kvt/engine.h>
 
 #include "proto/segdesc.h"
+#include "proto/wire.h"
 #include "meta/meta.h"
+#include "util/hash.h"
 #include "util/log.h"
 
 uint64_t kvt__segdesc_compat_hash(void)
 {
     char buf[128];
-    uint64_t h = 1469598103934665603ull;
     const uint16_t probe = 1;
     int n = snprintf(
         buf, sizeof(buf), "kvt wire=%d segdesc-json=%d endian=%s ptr=%zu",
         KVT_WIRE_VERSION_MAJOR, KVT_SEGDESC_JSON_VERSION,
         *(const uint8_t *)&probe ? "little" : "big", sizeof(void *));
 
-    for (int i = 0; i < n; i++) {
-        h ^= (unsigned char)buf[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(buf))
+        n = (int)sizeof(buf) - 1;
+    return kvt__fnv1a(KVT_FNV1A_SEED, buf, (size_t)n);
 }
 
 #ifdef KVT_WITH_JSON
@@ -51,37 +52,17 @@ uint64_t kvt__segdesc_compat_hash(void)
 /*
  * Transports are named as the binary descriptor names them: the section's
  * own name (its transport's table), else, for a descriptor that has only
- * the bit (one decoded from JSON), the name the transport built in with
- * that id gives itself. A name this build does not know is ignored when
- * decoding, so that newer peers stay reachable over what both know.
+ * the bit (one decoded from JSON), the name the wire protocol gives that
+ * id. A name the protocol does not know is ignored when decoding, so
+ * that newer peers stay reachable over what both know.
  */
-#define MAX_BUILT_IN 32
-
 static const char *transport_name(const kvt__segdesc_t *d, uint32_t id)
 {
     const kvt__segdesc_tl_t *tl = kvt__segdesc_tl(d, id);
-    kvt_transport_info_t t[MAX_BUILT_IN];
-    size_t n = 0;
 
     if (tl != NULL && tl->name[0] != '\0')
         return tl->name;
-    kvt_transports(t, MAX_BUILT_IN, &n);
-    for (size_t i = 0; i < n && i < MAX_BUILT_IN; i++)
-        if (t[i].id == id)
-            return t[i].name;
-    return NULL;
-}
-
-static uint32_t transport_id(const char *name)
-{
-    kvt_transport_info_t t[MAX_BUILT_IN];
-    size_t n = 0;
-
-    kvt_transports(t, MAX_BUILT_IN, &n);
-    for (size_t i = 0; i < n && i < MAX_BUILT_IN; i++)
-        if (strcmp(t[i].name, name) == 0)
-            return t[i].id;
-    return 0;
+    return kvt__wire_tl_name(id);
 }
 
 static const char *const kind_names[] = {"host", "cuda"};
@@ -324,7 +305,7 @@ static const char *parse_transports(json_object *root, kvt__segdesc_t *d)
         if (json_object_object_get_ex(t, "port", &port) &&
             (kvt__json_u64(port, &p) != 0 || p == 0 || p > 65535))
             return "transport port out of range";
-        d->transports |= transport_id(name);
+        d->transports |= kvt__wire_tl_id(name);
     }
     return NULL;
 }

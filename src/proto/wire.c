@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+#include <kvt/engine.h>
+
 #include "util/le.h"
 
 #define put16 kvt__put16
@@ -204,4 +206,29 @@ const char *kvt__wire_type_name(unsigned type)
         "READ",      "READ_RESP", "NOTIFY",         "NOTIFY_ACK",
         "PING",      "PONG",      "AUTH_CHALLENGE", "AUTH"};
     return type <= KVT_WIRE_TYPE_MAX ? names[type] : "?";
+}
+
+static const struct {
+    uint32_t id;
+    const char *name;
+} tl_names[] = {
+    {KVT_TRANSPORT_TCP, "tcp"},
+    {KVT_TRANSPORT_SHM, "shm"},
+    {KVT_TRANSPORT_UCX, "ucx"},
+};
+
+const char *kvt__wire_tl_name(uint32_t id)
+{
+    for (size_t i = 0; i < sizeof(tl_names) / sizeof(tl_names[0]); i++)
+        if (tl_names[i].id == id)
+            return tl_names[i].name;
+    return NULL;
+}
+
+uint32_t kvt__wire_tl_id(const char *name)
+{
+    for (size_t i = 0; i < sizeof(tl_names) / sizeof(tl_names[0]); i++)
+        if (strcmp(tl_names[i].name, name) == 0)
+            return tl_names[i].id;
+    return 0;
 }

@@ -149,4 +149,12 @@ size_t kvt__wire_get_str(const uint8_t *buf, size_t len, char *out);
 
 const char *kvt__wire_type_name(unsigned type);
 
+/* The transports by their ids on the wire (the KVT_TRANSPORT_* bits, in
+ * HELLO and the descriptor) and the names their descriptor sections and
+ * JSON descriptors give them, whether this build has them or not: name
+ * of an id (NULL for one unknown), id of a name (0). A unit test holds
+ * each transport's own table to these. */
+const char *kvt__wire_tl_name(uint32_t id);
+uint32_t kvt__wire_tl_id(const char *name);
+
 #endif

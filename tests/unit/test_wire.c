@@ -333,9 +333,31 @@ KVT_TEST(status_strings)
         CHECK(strcmp(kvt_status_str((kvt_status_t)s), "unknown status") != 0);
 }
 
+/*
+ * The protocol's names of the transport ids are the names the transports
+ * built in give themselves (a JSON descriptor names them so), and an
+ * unknown id or name has none.
+ */
+KVT_TEST(transport_names)
+{
+    kvt_transport_info_t t[16];
+    size_t n = 0;
+
+    CHECK_OK(kvt_transports(t, 16, &n));
+    CHECK(n >= 1);
+    for (size_t i = 0; i < n && i < 16; i++) {
+        CHECK(kvt__wire_tl_name(t[i].id) != NULL);
+        CHECK(strcmp(kvt__wire_tl_name(t[i].id), t[i].name) == 0);
+        CHECK(kvt__wire_tl_id(t[i].name) == t[i].id);
+    }
+    CHECK(kvt__wire_tl_name(1u << 30) == NULL);
+    CHECK(kvt__wire_tl_id("warp") == 0);
+}
+
 KVT_TEST_MAIN(KVT_CASE(header_roundtrip, 10), KVT_CASE(header_rejects, 10),
               KVT_CASE(pieces, 10), KVT_CASE(pieces_reject_overflow, 10),
               KVT_CASE(fail_list, 10), KVT_CASE(hello, 10),
               KVT_CASE(hello_auth, 10), KVT_CASE(segdesc, 10),
               KVT_CASE(segdesc_unknown_section, 10),
-              KVT_CASE(segdesc_many_regions, 30), KVT_CASE(status_strings, 10))
+              KVT_CASE(segdesc_many_regions, 30), KVT_CASE(status_strings, 10),
+              KVT_CASE(transport_names, 10))
