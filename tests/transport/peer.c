@@ -92,6 +92,9 @@ kvt_engine_h engine_new(uint32_t transports, uint64_t timeout_ms)
     return e;
 }
 
+int (*peer_cmd_hook)(kvt_engine_h e, const char *line, char *out,
+                     size_t cap);
+
 static void reply(FILE *out, const char *fmt, ...)
 {
     va_list ap;
@@ -309,7 +312,12 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
         } else if (strncmp(line, "exit", 4) == 0) {
             break;
         } else {
-            reply(out, "?");
+            char own[256];
+            if (peer_cmd_hook != NULL &&
+                peer_cmd_hook(e, line, own, sizeof(own)))
+                reply(out, "%s", own);
+            else
+                reply(out, "?");
         }
     }
     kvt_engine_destroy(e);

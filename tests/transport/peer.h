@@ -53,6 +53,11 @@ uint64_t pattern_check(const void *buf, uint64_t len, uint64_t seed,
                        uint64_t off);
 
 int peer_start(peer_t *p, const peer_opts_t *o);
+/* A test program's own commands: set before peer_start(), asked (in the
+ * peer, with its engine) for any line the peer does not know; it writes
+ * the reply line (no newline) into @out and returns 1, or returns 0. */
+extern int (*peer_cmd_hook)(kvt_engine_h e, const char *line, char *out,
+                            size_t cap);
 /* Sends a command line, returns the reply line (static buffer) or NULL. */
 const char *peer_cmd(peer_t *p, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

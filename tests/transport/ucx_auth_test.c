@@ -22,6 +22,7 @@
  * environment); skipped when ucx is not built in.
  */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -589,10 +590,77 @@ KVT_TEST(cap_makes_room)
     peer_stop(&p);
 }
 
+/* The peer's "conns": how many endpoints its ucx transport has open to
+ * peer workers (kvt__ucx_t.nconns). */
+static int conns_cmd(kvt_engine_h e, const char *line, char *out, size_t cap)
+{
+    if (strncmp(line, "conns", 5) != 0)
+        return 0;
+    for (unsigned i = 0; i < KVT__TL_MAX; i++) {
+        kvt__tl_t *tl = e->tl[i];
+        if (tl != NULL && strcmp(tl->ops->name, "ucx") == 0) {
+            snprintf(out, cap, "%u",
+                     atomic_load(&((kvt__ucx_t *)tl)->nconns));
+            return 1;
+        }
+    }
+    snprintf(out, cap, "none");
+    return 1;
+}
+
+static unsigned conns(peer_t *p)
+{
+    const char *r = peer_cmd(p, "conns");
+
+    CHECK(r != NULL && strcmp(r, "none") != 0);
+    return (unsigned)strtoul(r, NULL, 10);
+}
+
+/*
+ * Initiators refused at the cap leave nothing behind at the target: its
+ * endpoint back to each is closed once the refusal is out, while the
+ * refused engines live on. The one served is unaffected.
+ */
+KVT_TEST(refused_leave_no_endpoints)
+{
+    enum { K = 6 };
+    kvt_engine_h e0, e[K];
+    kvt_segment_t s0, s;
+    unsigned before, after = 0;
+    double t0;
+    peer_t p;
+
+    peer_cmd_hook = conns_cmd;
+    kvt__ucx_inbound_max_set(1); /* for the target, forked next */
+    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
+    kvt__ucx_inbound_max_set(0);
+    e0 = initiator(NULL);
+    CHECK_OK(kvt_segment_open(e0, p.segment, &s0));
+    write_checked(e0, s0, &p, 0, 1 << 20, 1);
+    before = conns(&p);
+    CHECK(before >= 1);
+    for (int i = 0; i < K; i++) {
+        e[i] = initiator(NULL);
+        CHECK_ST(kvt_segment_open(e[i], p.segment, &s), KVT_ERR_BUSY);
+    }
+    CHECK(refused(&p) == K);
+    t0 = kvt_test_now();
+    while ((after = conns(&p)) > before && kvt_test_now() - t0 < 10)
+        usleep(50000);
+    fprintf(stderr, "target endpoints: %u before %d refusals, %u after\n",
+            before, K, after);
+    CHECK(after == before);
+    write_checked(e0, s0, &p, 0, 1 << 20, 2);
+    for (int i = 0; i < K; i++)
+        kvt_engine_destroy(e[i]);
+    kvt_engine_destroy(e0);
+    peer_stop(&p);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(raw_proof_served, 60), KVT_CASE(raw_refusals, 60),
     KVT_CASE(silent_peer_dropped, 60), KVT_CASE(inbound_cap, 60),
-    KVT_CASE(cap_makes_room, 60),
+    KVT_CASE(cap_makes_room, 60), KVT_CASE(refused_leave_no_endpoints, 60),
 };
 
 int main(int argc, char **argv)

@@ -108,6 +108,7 @@ struct ucx_conn {
      * which UCX may call from its own thread. */
     _Atomic int error;
     int peer_failures; /* created with peer failure handling */
+    int linger;        /* closed gracefully: a refusal is on its way */
 };
 
 /* A region of the peer, from its descriptor; its key unpacked on first
@@ -267,6 +268,9 @@ struct kvt__ucx {
     kvt_engine_h e;
     const kvt__engine_cfg_t *cfg;
     ucp_context_h ctx;
+    /* Endpoints open to peer workers, on all workers (ucx_conn.c): a
+     * gauge, read by tests. */
+    _Atomic unsigned nconns;
     unsigned nworkers;
     ucx_worker_t *workers;
     uint8_t *section; /* this engine's descriptor section */
@@ -346,6 +350,11 @@ void kvt__ucx_conn_fail(ucx_conn_t *c);
  * no one else uses @c, it is closed (dropping what is in flight) rather
  * than kept for later sessions. */
 void kvt__ucx_conn_put_untrusted(ucx_worker_t *wk, ucx_conn_t *c);
+/* kvt__ucx_conn_put() after a refusal was sent on @c: when no one else
+ * uses it, it is closed once that answer is flushed, so that a stream of
+ * refused initiators leaves no endpoints (nor, over UCX's tcp,
+ * descriptors) behind. */
+void kvt__ucx_conn_put_refused(ucx_worker_t *wk, ucx_conn_t *c);
 /* After progress: failed connections fail their users. */
 void kvt__ucx_conns_check(ucx_worker_t *wk);
 void kvt__ucx_conns_close_all(ucx_worker_t *wk);

@@ -275,6 +275,19 @@ static void inbound_drop_untrusted(ucx_worker_t *wk, ucx_inbound_t *in)
     inbound_drop(wk, in, 0);
 }
 
+/* Drop @in, which was just told it is refused: its connection goes once
+ * that answer is out, unless another session uses it. */
+static void inbound_drop_refused(ucx_worker_t *wk, ucx_inbound_t *in)
+{
+    if (in->dead)
+        return;
+    if (in->conn != NULL) {
+        kvt__ucx_conn_put_refused(wk, in->conn);
+        in->conn = NULL;
+    }
+    inbound_drop(wk, in, 0);
+}
+
 void kvt__ucx_inbound_tick(ucx_worker_t *wk, uint64_t now)
 {
     int dropped = 0;
@@ -309,6 +322,14 @@ static int inbound_admit(ucx_worker_t *wk)
     if (atomic_fetch_add(&ucx->ninbound, 1) < ucx->max_inbound)
         return 1;
     atomic_fetch_sub(&ucx->ninbound, 1);
+    /* Sessions that ended earlier in this batch of events (BYE, a failed
+     * proof) give their places back now rather than at its end. */
+    if (wk->inbound_dead || wk->inbound_error) {
+        inbound_reap(wk);
+        if (atomic_fetch_add(&ucx->ninbound, 1) < ucx->max_inbound)
+            return 1;
+        atomic_fetch_sub(&ucx->ninbound, 1);
+    }
     for (ucx_inbound_t *in = wk->inbound; in != NULL; in = in->next)
         if (!in->dead && in->auth_wait &&
             (victim == NULL || in->auth_until < victim->auth_until))
@@ -329,8 +350,8 @@ static int inbound_admit(ucx_worker_t *wk)
 }
 
 /* Tell an initiator that came past the cap: REFUSED | BUSY, on the
- * connection back to it (kept, as for a peer refused for its token, so
- * that the answer is not dropped with it). */
+ * connection back to it, which goes once the answer is out (unless
+ * another session uses it). */
 static void refuse_busy(ucx_worker_t *wk, ucx_event_t *ev)
 {
     ucx_conn_t *c;
@@ -345,7 +366,7 @@ static void refuse_busy(ucx_worker_t *wk, ucx_event_t *ev)
         return;
     kvt__ucx_am_send(c->ep, UCX_AM_HELLO_ACK, ev->token,
                      UCX_ACK_REFUSED | UCX_ACK_BUSY, NULL, 0, NULL);
-    kvt__ucx_conn_put(wk, c);
+    kvt__ucx_conn_put_refused(wk, c);
 }
 
 /*
@@ -408,7 +429,7 @@ static void on_auth(ucx_worker_t *wk, ucx_event_t *ev)
                          NULL) != KVT_OK)
         inbound_drop(wk, in, 1);
     else if (!ok)
-        inbound_drop(wk, in, 0);
+        inbound_drop_refused(wk, in);
 }
 
 static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
@@ -451,11 +472,12 @@ static void on_hello(ucx_worker_t *wk, ucx_event_t *ev)
     wk->inbound = in;
     memcpy(&gen, ev->data, 8);
     if (ucx->cfg->auth.on || ev->len != 8 + ev->value) {
-        /* A refused peer's endpoint stays, so that it learns why. */
         int r = auth_hello(wk, in, ev, gen,
                            gen != atomic_load(&ucx->gen) ? UCX_ACK_STALE : 0);
-        if (r != 0)
-            inbound_drop(wk, in, r == -2);
+        if (r == -1)
+            inbound_drop_refused(wk, in);
+        else if (r == -2)
+            inbound_drop(wk, in, 1);
         return;
     }
     if (kvt__ucx_am_send(in->conn->ep, UCX_AM_HELLO_ACK, in->token,

@@ -83,6 +83,7 @@ ucx_conn_t *kvt__ucx_conn_get(ucx_worker_t *wk, const void *addr, size_t len,
     c->refs = 1;
     c->next = wk->conns;
     wk->conns = c;
+    atomic_fetch_add(&wk->ucx->nconns, 1);
     return c;
 }
 
@@ -101,6 +102,15 @@ void kvt__ucx_conn_put_untrusted(ucx_worker_t *wk, ucx_conn_t *c)
     kvt__ucx_conn_put(wk, c);
 }
 
+void kvt__ucx_conn_put_refused(ucx_worker_t *wk, ucx_conn_t *c)
+{
+    if (c->refs == 1) {
+        c->linger = 1;
+        kvt__ucx_conn_fail(c);
+    }
+    kvt__ucx_conn_put(wk, c);
+}
+
 static void conn_close(ucx_worker_t *wk, ucx_conn_t *c)
 {
     ucx_conn_t **pp = &wk->conns;
@@ -112,10 +122,14 @@ static void conn_close(ucx_worker_t *wk, ucx_conn_t *c)
      * nothing was left on it; gracefully when a session gave up on
      * requests that a live peer may still answer: forcing the close of
      * UCX's tcp under them has crashed UCX 1.13 (an assertion in its tcp
-     * connection manager). */
-    kvt__ucx_ep_close(wk, c->ep, c->peer_failures && (c->dead || !c->orphans));
+     * connection manager). Gracefully too when it carries a refusal
+     * (linger) to a peer still there, which is to read it. */
+    kvt__ucx_ep_close(wk, c->ep,
+                      c->peer_failures && (c->dead || !c->orphans) &&
+                          !(c->linger && !c->dead));
     free(c->addr);
     free(c);
+    atomic_fetch_sub(&wk->ucx->nconns, 1);
 }
 
 void kvt__ucx_conn_put(ucx_worker_t *wk, ucx_conn_t *c)
@@ -155,5 +169,6 @@ void kvt__ucx_conns_close_all(ucx_worker_t *wk)
         kvt__ucx_ep_close(wk, c->ep, c->peer_failures);
         free(c->addr);
         free(c);
+        atomic_fetch_sub(&wk->ucx->nconns, 1);
     }
 }
