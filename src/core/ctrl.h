@@ -19,9 +19,6 @@
  */
 #include <stdint.h>
 
-#include <kvt/kvt.h>
-
-#include "proto/segdesc.h"
 #include "proto/wire.h"
 #include "core/tl.h"
 

@@ -13,7 +13,7 @@
  * host domain answers first, claiming what the process can read, so that
  * device drivers are asked only about the rest), and whether a
  * range the caller says is its memory really is (check()). The transports
- * that move a kind say so in their capabilities (transport.h); the
+ * that move a kind say so in their capabilities (core/tl.h); the
  * registry records each region's kind and device.
  */
 #include <stddef.h>

@@ -328,7 +328,7 @@ static void vector_read(const char *path, vector_t *v)
  * The vector that docs/protocol.md gives, read from the doc itself so
  * that the doc cannot drift from the code: the key derived from its
  * token, both MACs through kvt__auth_mac() under the labels the doc
- * names, and the control plane's own handshake code (src/ctrl/auth.c),
+ * names, and the control plane's own handshake code (src/core/ctrl_auth.c),
  * which checks Mt in a challenge, answers it with Mi, and accepts Mi.
  * The doc's HELLO is a well-formed one, with the initiator's nonce.
  */
