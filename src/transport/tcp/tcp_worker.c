@@ -48,12 +48,16 @@ static void check_timeouts(tcp_worker_t *w, uint64_t now)
     }
     pthread_mutex_unlock(&w->lock);
     /* The locks were let go: a waiter attached to a connection (which
-     * reads it under rx_lock) may have completed the frame since, and a
-     * connection must not fail for a frame that was answered in time. So
+     * completes frames under rx_lock) may have completed the frame since,
+     * and a connection should not fail for a frame answered in time. So
      * the look is made again under rx_lock, which keeps every reader out
      * until the connection is failed: whatever heads it now must be past
-     * its deadline too. (The connection stays allocated meanwhile: its
-     * session lives until this worker has reaped it, between rounds.) */
+     * its deadline too. This narrows the window without closing it: an
+     * attached waiter receives a response before it takes rx_lock, and
+     * a response read but not yet taken in is still failed with its
+     * connection, as any response that comes after the deadline. (The
+     * connection stays allocated meanwhile: its session lives until this
+     * worker has reaped it, between rounds.) */
     for (size_t i = 0; i < n; i++) {
         tcp_conn_t *c = expired[i];
         timeout_hook_t hook =
