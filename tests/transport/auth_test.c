@@ -38,14 +38,7 @@
  * environment, its main region filled with the pattern SEED. */
 static void target_start(peer_t *p, uint32_t transports, const char *token)
 {
-    peer_opts_t o = {transports, 0, 0, 0, 0};
-
-    if (token != NULL)
-        CHECK(setenv(KVT_AUTH_ENV, token, 1) == 0);
-    else
-        CHECK(unsetenv(KVT_AUTH_ENV) == 0);
-    CHECK(peer_start(p, &o) == 0);
-    CHECK(unsetenv(KVT_AUTH_ENV) == 0);
+    peer_start_token(p, transports, token);
     CHECK(strcmp(peer_cmd(p, "fill %llu %u %u",
                           (unsigned long long)p->main_addr, LEN, SEED),
                  "ok") == 0);

@@ -447,6 +447,19 @@ const char *peer_cmd(peer_t *p, const char *fmt, ...)
     return line;
 }
 
+void peer_start_token(peer_t *p, uint32_t transports, const char *token)
+{
+    peer_opts_t o = {transports, 0, 0, 0, 0};
+
+    /* The variable docs/security.md names (KVT_AUTH_ENV inside). */
+    if (token != NULL)
+        CHECK(setenv("KVT_AUTH_TOKEN", token, 1) == 0);
+    else
+        CHECK(unsetenv("KVT_AUTH_TOKEN") == 0);
+    CHECK(peer_start(p, &o) == 0);
+    CHECK(unsetenv("KVT_AUTH_TOKEN") == 0);
+}
+
 void peer_stop(peer_t *p)
 {
     if (p->pid <= 0)

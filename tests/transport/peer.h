@@ -53,6 +53,10 @@ uint64_t pattern_check(const void *buf, uint64_t len, uint64_t seed,
                        uint64_t off);
 
 int peer_start(peer_t *p, const peer_opts_t *o);
+/* peer_start() of a peer serving @transports (default options) with
+ * @token (NULL: none) as its shared secret, through its environment
+ * (KVT_AUTH_TOKEN), which is cleared again here. */
+void peer_start_token(peer_t *p, uint32_t transports, const char *token);
 /* A test program's own commands: set before peer_start(), asked (in the
  * peer, with its engine) for any line the peer does not know; it writes
  * the reply line (no newline) into @out and returns 1, or returns 0. */

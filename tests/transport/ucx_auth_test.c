@@ -280,18 +280,6 @@ static void raw_notify(raw_t *r, uint64_t token, const char *msg)
 
 /* ---- The target ------------------------------------------------------- */
 
-static void target_start(peer_t *p, uint32_t transports, const char *token)
-{
-    peer_opts_t o = {transports, 0, 0, 0, 0};
-
-    if (token != NULL)
-        CHECK(setenv(KVT_AUTH_ENV, token, 1) == 0);
-    else
-        CHECK(unsetenv(KVT_AUTH_ENV) == 0);
-    CHECK(peer_start(p, &o) == 0);
-    CHECK(unsetenv(KVT_AUTH_ENV) == 0);
-}
-
 static unsigned long long refused(peer_t *p)
 {
     const char *r = peer_cmd(p, "refused");
@@ -356,7 +344,7 @@ KVT_TEST(raw_proof_served)
     peer_t p;
     raw_t r;
 
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
     raw_start(&r, &p);
     CHECK_OK(kvt__auth_random(nonce, sizeof(nonce)));
     raw_challenged(&r, 11, nonce);
@@ -389,7 +377,7 @@ KVT_TEST(raw_refusals)
     raw_t r;
 
     memset(zeros, 0, sizeof(zeros));
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
     raw_start(&r, &p);
     CHECK_OK(kvt__auth_random(nonce, sizeof(nonce)));
 
@@ -476,7 +464,7 @@ KVT_TEST(silent_peer_dropped)
     peer_t p;
     raw_t r;
 
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
     raw_start(&r, &p);
     CHECK_OK(kvt__auth_random(nonce, sizeof(nonce)));
     raw_challenged(&r, 21, nonce);
@@ -520,7 +508,7 @@ KVT_TEST(inbound_cap)
     peer_t p;
 
     kvt__ucx_inbound_max_set(2); /* for the target, forked next */
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
     kvt__ucx_inbound_max_set(0);
     for (int i = 0; i < 3; i++)
         e[i] = initiator(NULL);
@@ -566,7 +554,7 @@ KVT_TEST(cap_makes_room)
     raw_t r;
 
     kvt__ucx_inbound_max_set(1);
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, TOKEN);
     kvt__ucx_inbound_max_set(0);
     raw_start(&r, &p);
     CHECK_OK(kvt__auth_random(nonce, sizeof(nonce)));
@@ -632,7 +620,7 @@ KVT_TEST(refused_leave_no_endpoints)
 
     peer_cmd_hook = conns_cmd;
     kvt__ucx_inbound_max_set(1); /* for the target, forked next */
-    target_start(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
+    peer_start_token(&p, KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, NULL);
     kvt__ucx_inbound_max_set(0);
     e0 = initiator(NULL);
     CHECK_OK(kvt_segment_open(e0, p.segment, &s0));
