@@ -38,8 +38,14 @@ typedef struct {
     size_t op[3];
 } family_t;
 
-#define ENG(f) offsetof(kvt_engine_stats_t, f)
-#define TL(f) offsetof(kvt_transport_stats_t, f)
+/* The offset of field @f, which must be a uint64_t or an array of them
+ * (at() reads every value as one): any other type does not compile. */
+#define U64_OFF(type, f)                                                       \
+    _Generic(((type *)0)->f + 0,                                               \
+        uint64_t: offsetof(type, f),                                           \
+        uint64_t *: offsetof(type, f))
+#define ENG(f) U64_OFF(kvt_engine_stats_t, f)
+#define TL(f) U64_OFF(kvt_transport_stats_t, f)
 
 static const char *const op_name[3] = {"write", "read", "notify"};
 
