@@ -206,7 +206,7 @@ void kvt__mem_release_all(kvt_engine_h e);
 
 /* Free every kvt_mem_alloc() allocation (engine teardown). */
 void kvt__alloc_free_all(kvt_engine_h e);
-/* notify.c: free what the notification queue still holds (destroy). */
+/* notify_queue.c: free what the notification queue still holds (destroy). */
 void kvt__notify_free_all(kvt_engine_h e);
 
 /* Fill @d with this engine's segment descriptor (it then owns a malloc'd
