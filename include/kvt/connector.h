@@ -58,9 +58,13 @@ typedef struct kvt_room *kvt_receiver_h;
 
 /* ---- KV layout -------------------------------------------------------- */
 
-/* What a cache holds. K, V and their scales are sharded over tensor
+/* What a cache holds. K, V, KV and their scales are sharded over tensor
  * parallelism by KV heads; latent caches (MLA) and their scales are the
- * same on every rank. */
+ * same on every rank. KV is a layer's keys and values in one cache, each
+ * head's keys and values together in head_bytes per token (as vLLM's CPU
+ * backend stores a block: per head, the block's keys then its values):
+ * it moves as K does, by whole heads, whatever order it has inside a
+ * head. */
 typedef enum {
     KVT_CACHE_K = 0,
     KVT_CACHE_V = 1,
@@ -68,6 +72,7 @@ typedef enum {
     KVT_CACHE_K_SCALE = 3,      /* per-token-head quantisation scales of K */
     KVT_CACHE_V_SCALE = 4,      /* ... of V */
     KVT_CACHE_LATENT_SCALE = 5, /* per-token scales of the latent cache */
+    KVT_CACHE_KV = 6,           /* K and V of a layer together, by head */
 } kvt_cache_kind_t;
 
 /* Order of the bytes inside one block. */

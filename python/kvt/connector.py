@@ -77,6 +77,7 @@ class CacheKind(enum.IntEnum):
     K_SCALE = _kvt.CACHE_K_SCALE
     V_SCALE = _kvt.CACHE_V_SCALE
     LATENT_SCALE = _kvt.CACHE_LATENT_SCALE
+    KV = _kvt.CACHE_KV  # K and V of a layer together, by head
 
 
 class BlockLayout(enum.IntEnum):

@@ -462,6 +462,7 @@ int kvtpy_connector_init(PyObject *m)
         PyModule_AddIntConstant(m, "CACHE_V_SCALE", KVT_CACHE_V_SCALE) < 0 ||
         PyModule_AddIntConstant(m, "CACHE_LATENT_SCALE",
                                 KVT_CACHE_LATENT_SCALE) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_KV", KVT_CACHE_KV) < 0 ||
         PyModule_AddIntConstant(m, "BLOCK_TOKEN_MAJOR", KVT_BLOCK_TOKEN_MAJOR) <
             0 ||
         PyModule_AddIntConstant(m, "BLOCK_HEAD_MAJOR", KVT_BLOCK_HEAD_MAJOR) <

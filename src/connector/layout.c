@@ -11,8 +11,8 @@
 
 const char *kvtc__kind_str(uint32_t kind)
 {
-    static const char *const names[] = {"K",       "V",       "LATENT",
-                                        "K_SCALE", "V_SCALE", "LATENT_SCALE"};
+    static const char *const names[] = {
+        "K", "V", "LATENT", "K_SCALE", "V_SCALE", "LATENT_SCALE", "KV"};
     return kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "unknown";
 }
 
@@ -65,7 +65,7 @@ static kvt_status_t check_cache(const kvtc__cache_t *c, size_t i,
                      "cache %zu: layer %u is out of range (the "
                      "layout has %u layers, draft included)",
                      i, c->layer, nlayers);
-    if (c->kind > KVT_CACHE_LATENT_SCALE)
+    if (c->kind > KVT_CACHE_KV)
         return fault(why, wl, "cache %zu (layer %u): unknown kind %u", i,
                      c->layer, c->kind);
     if (c->block_layout > KVT_BLOCK_HEAD_MAJOR)
@@ -104,8 +104,8 @@ static kvt_status_t check_cache(const kvtc__cache_t *c, size_t i,
     return KVT_OK;
 }
 
-/* Per layer: K and V together, or LATENT; scales only beside what they
- * scale; every kind at most once. @c are the caches of one layer, sorted
+/* Per layer: K and V together, or KV, or LATENT; scales only beside what
+ * they scale; every kind at most once. @c are the caches of one layer, sorted
  * by kind. */
 static kvt_status_t check_layer(const kvtc__cache_t *c, size_t n,
                                 uint32_t layer, char *why, size_t wl)
@@ -121,6 +121,12 @@ static kvt_status_t check_layer(const kvtc__cache_t *c, size_t n,
 #define HAS(k) ((seen & (1u << (k))) != 0)
     if (seen == 0)
         return fault(why, wl, "layer %u has no cache", layer);
+    if (HAS(KVT_CACHE_KV) &&
+        (HAS(KVT_CACHE_K) || HAS(KVT_CACHE_V) || HAS(KVT_CACHE_LATENT)))
+        return fault(why, wl, "layer %u mixes a KV cache with %s", layer,
+                     HAS(KVT_CACHE_K) || HAS(KVT_CACHE_V)
+                         ? "K or V"
+                         : "a LATENT (MLA) cache");
     if (HAS(KVT_CACHE_K) != HAS(KVT_CACHE_V))
         return fault(why, wl, "layer %u has %s without %s", layer,
                      HAS(KVT_CACHE_K) ? "K" : "V",
@@ -130,9 +136,12 @@ static kvt_status_t check_layer(const kvtc__cache_t *c, size_t n,
                      "layer %u mixes a LATENT (MLA) cache with K "
                      "and V",
                      layer);
-    if (!HAS(KVT_CACHE_LATENT) && !HAS(KVT_CACHE_K))
+    if (HAS(KVT_CACHE_KV) && (HAS(KVT_CACHE_K_SCALE) || HAS(KVT_CACHE_V_SCALE)))
+        return fault(why, wl, "layer %u has K or V scales beside a KV cache",
+                     layer);
+    if (!HAS(KVT_CACHE_LATENT) && !HAS(KVT_CACHE_K) && !HAS(KVT_CACHE_KV))
         return fault(why, wl,
-                     "layer %u has scales but neither K/V nor "
+                     "layer %u has scales but neither K/V, KV nor "
                      "LATENT",
                      layer);
     if (HAS(KVT_CACHE_K_SCALE) && !HAS(KVT_CACHE_K))

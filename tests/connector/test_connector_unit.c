@@ -96,6 +96,19 @@ KVT_TEST(layout_validation)
     c[2].kind = KVT_CACHE_K_SCALE;
     c[3].kind = KVT_CACHE_LATENT;
     expect_fault(&l, "K_SCALE without K");
+    /* KV: a layer's keys and values in one cache (vLLM's CPU blocks). */
+    c[2].kind = KVT_CACHE_KV;
+    l.num_caches = 3;
+    CHECK_OK(kvt_kv_layout_check(&l, why, sizeof(why)));
+    c[3] = cache(1, KVT_CACHE_K, pool_a + 3072);
+    l.num_caches = 4;
+    expect_fault(&l, "layer 1 mixes a KV cache with K or V");
+    c[3].kind = KVT_CACHE_V_SCALE;
+    expect_fault(&l, "layer 1 has K or V scales beside a KV cache");
+    c[3].kind = KVT_CACHE_LATENT;
+    expect_fault(&l, "layer 1 mixes a KV cache with a LATENT");
+    c[3].kind = KVT_CACHE_KV + 1;
+    expect_fault(&l, "unknown kind 7");
 }
 
 /* ---- Codec ------------------------------------------------------------- */
