@@ -64,7 +64,7 @@ class CMakeBuild(build_ext):
 # egg_info needs the folder to exist.
 (HERE / "build" / "setuptools").mkdir(parents=True, exist_ok=True)
 
-packages = ["kvt"]
+packages = ["kvt", "kvt.vllm"]
 if os.environ.get("KVT_MOONCAKE_SHIM") == "1":
     packages.append("mooncake")
 
