@@ -156,6 +156,10 @@ class KVArgs:
         self.peer_timeout_ms: int = 0
         self.submit_interval: int = 0
         self.register_ttl_s: int = -1
+        # The engine's transports, by name ("tcp", "shm", "ucx", comma
+        # separated); None: the engine's default (every one built in but
+        # ucx, the best chosen per peer).
+        self.transports: Optional[str] = None
 
     def build_caches(self) -> List[KVCache]:
         if self.caches:
@@ -228,7 +232,8 @@ class KVManager:
             heartbeat_ms=args.heartbeat_ms,
             peer_timeout_ms=args.peer_timeout_ms,
             submit_interval=args.submit_interval,
-            register_ttl_s=args.register_ttl_s)
+            register_ttl_s=args.register_ttl_s,
+            transports=args.transports)
 
     @property
     def session_id(self) -> str:

@@ -101,6 +101,45 @@ static int parse_aux(PyObject *list, kvt_aux_buffer_t **out_p, size_t *n_p)
     return 0;
 }
 
+/*
+ * "tcp,shm" -> KVT_TRANSPORT_TCP | KVT_TRANSPORT_SHM, by the names
+ * kvt_transports() gives. NULL or "" leaves the engine's default (0 here).
+ * -1 with ValueError naming the unknown transport.
+ */
+static int parse_transports(const char *names, uint32_t *bits_p)
+{
+    kvt_transport_info_t t[16];
+    size_t n = 0;
+    uint32_t bits = 0;
+    const char *s = names;
+
+    *bits_p = 0;
+    if (names == NULL || *names == '\0')
+        return 0;
+    if (kvt_transports(t, 16, &n) != KVT_OK)
+        n = 0;
+    while (*s != '\0') {
+        size_t len = strcspn(s, ",");
+        size_t i;
+
+        for (i = 0; i < n && i < 16; i++)
+            if (strlen(t[i].name) == len && strncmp(t[i].name, s, len) == 0)
+                break;
+        if (i == n || i == 16) {
+            PyErr_Format(PyExc_ValueError,
+                         "transports: unknown transport '%.*s' in '%s'",
+                         (int)len, s, names);
+            return -1;
+        }
+        bits |= t[i].id;
+        s += len;
+        if (*s == ',')
+            s++;
+    }
+    *bits_p = bits;
+    return 0;
+}
+
 static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"role",
@@ -121,8 +160,11 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
                              "peer_timeout_ms",
                              "submit_interval",
                              "register_ttl_s",
+                             "transports",
                              NULL};
     const char *role = NULL, *boot = NULL, *host = "127.0.0.1";
+    const char *tls = NULL;
+    uint32_t tl_bits = 0;
     PyObject *caches = NULL, *aux = NULL;
     unsigned int nl = 0, nd = 0, tpr = 0, tps = 1, dpr = 0, dps = 1;
     unsigned long long bto = 0, wto = 0, xto = 0, hb = 0, pto = 0;
@@ -137,10 +179,12 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     char why[256];
     kvt_status_t st;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOI|IOzIIIIsKKKKKIi", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOI|IOzIIIIsKKKKKIiz", kwlist,
                                      &role, &caches, &nl, &nd, &aux, &boot,
                                      &tpr, &tps, &dpr, &dps, &host, &bto, &wto,
-                                     &xto, &hb, &pto, &interval, &ttl))
+                                     &xto, &hb, &pto, &interval, &ttl, &tls))
+        return NULL;
+    if (parse_transports(tls, &tl_bits) < 0)
         return NULL;
     if (strcmp(role, "prefill") != 0 && strcmp(role, "decode") != 0) {
         PyErr_SetString(PyExc_ValueError, "role must be 'prefill' or 'decode'");
@@ -163,6 +207,10 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->role = role[0] == 'p' ? KVT_ROLE_PREFILL : KVT_ROLE_DECODE;
     ep.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST;
     ep.local_host = host;
+    if (tl_bits != 0) {
+        ep.field_mask |= KVT_ENGINE_PARAM_TRANSPORTS;
+        ep.transports = tl_bits;
+    }
     p.field_mask = KVT_CONN_PARAM_ROLE | KVT_CONN_PARAM_ENGINE |
                    KVT_CONN_PARAM_LAYOUT | KVT_CONN_PARAM_TP_RANK |
                    KVT_CONN_PARAM_TP_SIZE | KVT_CONN_PARAM_DP_RANK |

@@ -287,6 +287,8 @@ struct kvt_conn {
     uint32_t tp_rank, tp_size, dp_rank, dp_size;
     kvtc__layout_t lay;
     uint64_t bootstrap_ms, waiting_ms, transfer_ms, heartbeat_ms, peer_ms;
+    /* When the worker's last round began (kvtc__sess_forgive()). */
+    uint64_t t_round;
     uint32_t submit_interval, flags, ttl_s;
     char server[KVTC__NAME_MAX];
     char seg_name[KVTC__NAME_MAX];
@@ -498,6 +500,11 @@ void kvtc__queue_reply(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
 /* Poll control messages and sessions (handshakes, pings, timeouts);
  * returns non-zero while something is in flight. */
 int kvtc__sess_tick(kvt_conn_h c, uint64_t now);
+/* The worker ran no round for gap_ms, far longer than it ever waits:
+ * this process was not running (stopped, or the whole machine stalled).
+ * Time in which it could hear nothing is not held against its peers:
+ * their liveness and message clocks move on by gap_ms. */
+void kvtc__sess_forgive(kvt_conn_h c, uint64_t gap_ms);
 void kvtc__sess_free_all(kvt_conn_h c);
 
 /* ---- peer.c ------------------------------------------------------------ */

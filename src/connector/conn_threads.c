@@ -16,6 +16,9 @@
  * bounds a missed wake-up. */
 #define BUSY_POLL_NS 2000000ull
 #define IDLE_POLL_NS 10000000ull
+/* A gap between rounds this long (a hundred times the longest wait) means
+ * the process was not running: see kvtc__sess_forgive(). */
+#define STALL_MS 1000u
 
 /* ---- The slow thread ----------------------------------------------------- */
 
@@ -206,6 +209,9 @@ static void *worker_main(void *arg)
         uint32_t kicks = atomic_load(&c->kicks);
         int busy;
 
+        if (c->t_round != 0 && kvtc__since(now, c->t_round) > STALL_MS)
+            kvtc__sess_forgive(c, now - c->t_round);
+        c->t_round = now;
         c->work = 0;
         busy = kvtc__sess_tick(c, now);
         /* Every room's submissions queued before the engine's workers

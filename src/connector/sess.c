@@ -261,6 +261,20 @@ void kvtc__queue_reply(kvt_conn_h c, kvtc__sess_t *s, uint8_t type,
     c->replies = q;
 }
 
+void kvtc__sess_forgive(kvt_conn_h c, uint64_t gap_ms)
+{
+    for (kvtc__ctrl_t *m = c->ctrls; m != NULL; m = m->next)
+        m->t_sent += gap_ms;
+    for (kvtc__sess_t *s = c->sessions; s != NULL; s = s->next) {
+        s->t_state += gap_ms;
+        s->t_pong += gap_ms;
+    }
+    KVTC__LOG_I("connector: no round for %" PRIu64 " ms (this process "
+                "was not running); the peers' silence over that time is "
+                "not held against them",
+                gap_ms);
+}
+
 /*
  * Control messages complete when the peer's engine took them; a failure
  * or a message unanswered for the peer timeout kills the session. Then

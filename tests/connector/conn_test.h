@@ -46,6 +46,9 @@ enum {
     F_ABORT_TRANSFERRING,     /* abort_side aborts mid-step */
     F_PREFILL_SILENT,         /* prefill never sends: waiting timeout */
     F_NO_DECODE,              /* no decode rank: bootstrap timeout */
+    F_ALL_PAUSED,             /* every process stopped (SIGSTOP) mid-stream
+                                 for pause_ms, longer than the peer
+                                 timeout, as when a machine stalls */
 };
 
 typedef struct {
@@ -65,6 +68,7 @@ typedef struct {
     double time_limit_s;
     uint32_t room_lo, room_hi; /* prefill serves these rooms (0, 0: all) */
     uint32_t pdp; /* prefill data-parallel groups of P ranks (0: 1) */
+    uint32_t pause_at_ms, pause_ms; /* F_ALL_PAUSED: when, how long */
 } ccfg_t;
 
 static inline ccfg_t ccfg_default(void)
@@ -825,6 +829,16 @@ static inline void ct_run(const ccfg_t *c)
     }
     close(done[1]);
     close(rel[0]);
+    if (c->fault == F_ALL_PAUSED) {
+        usleep(c->pause_at_ms * 1000u);
+        kill(boot, SIGSTOP);
+        for (int i = 0; i < n; i++)
+            kill(pids[i], SIGSTOP);
+        usleep(c->pause_ms * 1000u);
+        for (int i = 0; i < n; i++)
+            kill(pids[i], SIGCONT);
+        kill(boot, SIGCONT);
+    }
     /* Release the ranks once every one that should live has reported. */
     reporters = n - (c->fault == F_PREFILL_DIES_MIDSTREAM ||
                      c->fault == F_DECODE_DIES_MIDSTREAM);

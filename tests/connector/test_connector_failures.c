@@ -47,6 +47,23 @@ KVT_TEST(decode_killed_midstream_tp12)
     ct_run(&c);
 }
 
+/* Every process stopped for longer than the peer timeout (2 s), mid-stream,
+ * as when the machine stalls: on resuming, neither side may take the
+ * other's silence over the pause for a death. Both sides' rooms succeed. */
+KVT_TEST(all_paused_midstream)
+{
+    ccfg_t c = ccfg_default();
+    c.fault = F_ALL_PAUSED;
+    c.layerwise = 1;
+    c.chunks = 1;
+    c.layers = 8;
+    c.layer_sleep_us = 200000;
+    c.pause_at_ms = 900;
+    c.pause_ms = 3500;
+    c.time_limit_s = 20;
+    ct_run(&c);
+}
+
 static void aborted(int side, int fault)
 {
     ccfg_t c = failing(fault);
@@ -211,7 +228,7 @@ KVT_TEST(prefill_restarts)
 
 #define CASE(n) KVT_CASE(n, 60)
 
-KVT_TEST_MAIN(CASE(prefill_killed_midstream),
+KVT_TEST_MAIN(CASE(prefill_killed_midstream), CASE(all_paused_midstream),
               CASE(prefill_killed_midstream_tp21),
               CASE(decode_killed_midstream), CASE(decode_killed_midstream_tp12),
               CASE(decode_abort_bootstrapping), CASE(decode_abort_waiting),

@@ -35,7 +35,9 @@ Options (``kv_connector_extra_config``): ``bootstrap_addr`` (host:port of
 ``kvt metad``; required), ``host`` (the address kvt's engine listens on,
 default 127.0.0.1), ``transfer_timeout_ms``, ``bootstrap_timeout_ms``,
 ``waiting_timeout_ms``, ``peer_timeout_ms``, ``heartbeat_ms`` (kvt's
-defaults when absent), ``metrics_port`` (each rank serves kvt's
+defaults when absent), ``transports`` (kvt's transports by name, "tcp",
+"shm", "ucx", comma separated; default: kvt's choice per peer, same-host
+shm where it can), ``metrics_port`` (each rank serves kvt's
 Prometheus metrics on metrics_port + its tensor-parallel rank).
 """
 
@@ -343,6 +345,7 @@ class _Worker:
                     "heartbeat_ms"):
             if key in self.extra:
                 setattr(args, key, int(self.extra[key]))
+        args.transports = self.extra.get("transports")
         mode = "prefill" if self.is_producer else "decode"
         self.mgr = KVManager(args, mode)
         log.info("kvt connector (%s, tp %d/%d) on %d layers, %s",
