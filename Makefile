@@ -5,7 +5,9 @@
 # itself up first (installs Debian packages when run as root). `make soak`
 # runs the 10-minute soak under random network faults (KVT_SOAK_SECONDS=N
 # to change it), which `make test` leaves out. `make gcc` builds and tests
-# with gcc in build/gcc.
+# with gcc in build/gcc. `make test-frameworks` sets up vLLM and Mooncake
+# in build/fw (scripts/frameworks; downloads from PyPI the first time) and
+# runs vLLM disaggregated through kvt (tests/frameworks; docs/vllm.md).
 
 BUILD   ?= build
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
@@ -35,6 +37,13 @@ test: build
 
 # The soak belongs to CTest's `soak` configuration, so it runs only when
 # asked for by name.
+.PHONY: test-frameworks
+test-frameworks: build
+	KVT_BUILD_DIR=$(BUILD) scripts/frameworks
+	cd tests/frameworks && KVT_BIN=$(abspath $(BUILD))/bin/kvt \
+	    ../../build/fw/bin/python -m pytest -v -p no:cacheprovider \
+	    test_vllm.py
+
 .PHONY: soak
 soak: build
 	ctest --test-dir $(BUILD) -C soak -L soak -V

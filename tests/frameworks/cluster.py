@@ -132,16 +132,19 @@ class Vllm:
 
     def __init__(self, name, kind="plain", role=None, tp=1, extra=None,
                  metrics_port=None, env=None, args=(), like=None,
-                 alias=False):
+                 alias=False, model=MODEL, restarts=0):
         """like: an instance (stopped) whose ports and engine id this one
-        takes over, as a restarted server would. alias: load kvt's
+        takes over, as a restarted server would (with the engine id
+        suffixed by restarts, when given). alias: load kvt's
         connector as Mooncake's wheel names its own,
         mooncake.mooncake_connector_v1.MooncakeConnector."""
         self.alias = alias
         self.name, self.kind, self.role, self.tp = name, kind, role, tp
         self.port = like.port if like else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.engine_id = like.engine_id if like else f"{name}-{self.port}"
+        self.engine_id = (like.engine_id if like else
+                          f"{name}-{self.port}") + (f"-{restarts}"
+                                                    if restarts else "")
         # Mooncake's bootstrap server
         self.boot_port = like.boot_port if like else free_port()
         if like and metrics_port is None:
@@ -160,7 +163,7 @@ class Vllm:
             e["KVT_METRICS_PORT"] = str(metrics_port)
         e.update(env or {})
         argv = [PYTHON, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", MODEL, "--served-model-name", "tiny",
+                "--model", model, "--served-model-name", "tiny",
                 "--dtype", "float32", "--max-model-len", MAX_MODEL_LEN,
                 "--block-size", BLOCK_SIZE, "--enforce-eager",
                 "--seed", "0", "--host", "127.0.0.1", "--port", self.port,

@@ -16,17 +16,30 @@ the initial weights attention is nearly uniform, and outputs repeat one
 token whatever the context). The output projection is scaled so that a
 token's logits lie well apart: greedy decoding then does not hinge on
 the last bits of a float, which differ between a prompt computed in one
-pass and one whose cache was computed elsewhere. Usage: make_model.py DIR
+pass and one whose cache was computed elsewhere.
+
+Usage: make_model.py DIR [--preset tiny|bench]. The "bench" preset is a
+larger model of the same kind for the time-to-first-token table (8 layers,
+hidden 512, 8 query heads, 4 KV heads, head size 64: 16 KiB of KV per
+token), where prefill takes long enough per layer for layer-wise transfer
+to show.
 """
 
+import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 SEED = 20261206
 VOCAB = 2048
 WORDS = 3000
+PRESETS = {
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=32),
+    "bench": dict(hidden_size=512, intermediate_size=1408,
+                  num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=64),
+}
 
 
 def corpus(rng):
@@ -57,15 +70,13 @@ def tokenizer(out):
     return fast
 
 
-def model(out, vocab, bos, eos):
+def model(out, vocab, bos, eos, preset):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=256,
-                      intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=32, max_position_embeddings=4096,
+    cfg = LlamaConfig(vocab_size=vocab, **PRESETS[preset],
+                      max_position_embeddings=4096,
                       bos_token_id=bos, eos_token_id=eos,
                       tie_word_embeddings=False, torch_dtype="float32")
     m = LlamaForCausalLM(cfg)
@@ -80,10 +91,14 @@ def model(out, vocab, bos, eos):
 
 
 def main():
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    args = ap.parse_args()
+    out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(out)
-    model(out, len(tok), tok.bos_token_id, tok.eos_token_id)
+    model(out, len(tok), tok.bos_token_id, tok.eos_token_id, args.preset)
     print(f"model in {out}")
 
 

@@ -30,6 +30,17 @@ BLOCK_LAYER_BYTES = 2 * cluster.BLOCK_SIZE * 2 * 32 * 4
 LAYERS = 4
 # Transfer timeout of the kill tests (kvt's connector and the proxy).
 TRANSFER_TIMEOUT_S = 30
+# kvt's peer timeout here. On this 2-CPU machine (Linux 6.18), with five
+# or six vLLM processes, some of which spin on sched_yield() while busy, a
+# process may not run at all for tens of seconds: an independent process
+# sleeping 100 ms at a time saw gaps of up to 22 s, and a prefill instance
+# logged nothing for 36 s while decode ran (none idle; at most 0.9 s under
+# eight processes spinning on sched_yield() alone). kvt's default of 10 s
+# would take such a pause of one instance for its death. A process that
+# was itself stopped does not count its own pause against its peers
+# (docs/connector.md); the peer that kept running needs the margin. A
+# killed peer is seen at once (its connections close), not by pings.
+PEER_TIMEOUT_MS = 120000
 
 
 def run_prompts(url, prompts=PROMPTS):
@@ -63,33 +74,48 @@ class Pair:
     """A prefill and a decode instance and a proxy between them."""
 
     def __init__(self, tag, kind, flow, ptp=1, dtp=1, extra=None,
-                 alias=False):
+                 alias=False, env=None):
+        self.env = env
         self.tag, self.kind, self.flow = tag, kind, flow
         self.ptp, self.dtp, self.alias = ptp, dtp, alias
         self.metad = Metad(f"{tag}-metad") if kind == "kvt" else None
         self.extra = dict(extra or {})
         if self.metad:
             self.extra["bootstrap_addr"] = self.metad.addr
+            self.extra.setdefault("peer_timeout_ms", PEER_TIMEOUT_MS)
         self.prefill = self._start("prefill", ptp)
         self.decode = Vllm(f"{tag}-decode", kind, "decode", tp=dtp,
                            extra=self.extra, metrics_port=free_port(),
-                           alias=alias)
+                           alias=alias, env=env)
         self.prefill.wait()
         self.decode.wait()
         self.proxy = Proxy(f"{tag}-proxy", self.prefill, self.decode, flow,
                            timeout=TRANSFER_TIMEOUT_S * 2)
 
-    def _start(self, role, tp, like=None):
+    def _start(self, role, tp):
         return Vllm(f"{self.tag}-{role}", self.kind, role, tp=tp,
-                    extra=self.extra,
-                    metrics_port=None if like else free_port(),
-                    like=like, alias=self.alias)
+                    extra=self.extra, metrics_port=free_port(),
+                    alias=self.alias, env=self.env)
 
     def restart_prefill(self):
+        """A new prefill instance on the old one's port. For vLLM's
+        MooncakeConnector it needs a new engine id (vLLM draws a fresh one
+        at every start unless told): decode keeps the engine ids it has
+        looked up, with their transfer engines' ports, and would send a
+        restarted prefill's requests to the dead one's port. The proxy,
+        which names prefill's engine id, restarts with it."""
         old = self.prefill
         old.stop()
-        self.prefill = self._start("prefill", self.ptp, like=old)
+        self.prefill = Vllm(old.name, self.kind, "prefill", tp=self.ptp,
+                            extra=self.extra, like=old, alias=self.alias,
+                            env=self.env,
+                            restarts=1 if self.flow == "mooncake" else 0)
         self.prefill.wait()
+        if self.flow == "mooncake":
+            self.proxy.stop()
+            self.proxy = Proxy(f"{self.tag}-proxy", self.prefill,
+                               self.decode, self.flow,
+                               timeout=TRANSFER_TIMEOUT_S * 2)
 
     def bytes_written(self):
         """KV bytes prefill's kvt engines wrote (every rank)."""
@@ -149,5 +175,103 @@ def test_c_kvt_connector(reference):
         stats = pair.proxy.stats()
         firsts = [s["meta"]["first_block"] for s in stats]
         assert firsts == cached_blocks(PROMPTS, cluster.BLOCK_SIZE)
+    finally:
+        pair.stop()
+
+
+def test_c_prefill_tp2_decode_tp1(reference):
+    """Heterogeneous tensor parallelism: each prefill rank writes its KV
+    head into its slice of decode's heads (kvt's strided writes). Loaded
+    through Mooncake's module path, mooncake.mooncake_connector_v1."""
+    pair = Pair("c-tp21", "kvt", "kvt", ptp=2, dtp=1, alias=True)
+    try:
+        expect_same(run_prompts(pair.proxy.url), reference, "c, tp 2:1")
+        assert pair.bytes_written() == expected_kv_bytes(PROMPTS)
+    finally:
+        pair.stop()
+
+
+def test_c_prefill_tp1_decode_tp2(reference):
+    """The reverse: one prefill rank's heads split between two decode
+    ranks."""
+    pair = Pair("c-tp12", "kvt", "kvt", ptp=1, dtp=2)
+    try:
+        expect_same(run_prompts(pair.proxy.url), reference, "c, tp 1:2")
+        assert pair.bytes_written() == expected_kv_bytes(PROMPTS)
+    finally:
+        pair.stop()
+
+
+def kill_mid_batch(pair, reference, clients=4):
+    """Requests stream from `clients` threads; once a few have completed
+    the prefill instance is killed (its whole process group). Every
+    request must end, the ones cut off with an error at the proxy, within
+    the transfer timeout (plus the time to notice); decode must stay up;
+    and after prefill restarts, requests succeed with the reference's
+    outputs."""
+    long_ones = [i for i, p in enumerate(PROMPTS) if len(p) >= 500]
+    stop = time.monotonic() + 3600
+    done = []  # (index, status, seconds, finished at)
+
+    def client(k):
+        j = k
+        while time.monotonic() < stop:
+            i = long_ones[j % len(long_ones)]
+            j += clients
+            t = time.monotonic()
+            status, out = complete(pair.proxy.url, PROMPTS[i], MAX_TOKENS,
+                                   timeout=TRANSFER_TIMEOUT_S * 4)
+            done.append((i, status, out, time.monotonic() - t,
+                         time.monotonic()))
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futs = [pool.submit(client, k) for k in range(clients)]
+        while len(done) < 3:
+            assert all(not f.done() for f in futs), [f.exception()
+                                                     for f in futs]
+            time.sleep(0.05)
+        killed_at = time.monotonic()
+        pair.prefill.proc.kill()
+        stop = killed_at  # no request starts after the kill
+        for f in futs:
+            f.result(timeout=TRANSFER_TIMEOUT_S * 5)
+    after = [d for d in done if d[4] > killed_at]
+    failed = [d for d in after if d[1] != 200]
+    assert failed, "no request was cut off by the kill"
+    for i, status, out, secs, end in after:
+        assert end - killed_at < TRANSFER_TIMEOUT_S + 15, (
+            f"a request ended {end - killed_at:.1f} s after the kill")
+        if status == 200:
+            assert out == reference[i]
+        else:
+            assert status == 502 and "error" in out, (status, out)
+    for i, status, out, secs, end in done:
+        if end <= killed_at:
+            assert status == 200 and out == reference[i]
+    assert http("GET", pair.decode.url + "/health")[0] == 200
+    pair.restart_prefill()
+    for i in long_ones[:3] + [0, 1]:
+        status, out = complete(pair.proxy.url, PROMPTS[i], MAX_TOKENS)
+        assert status == 200, out
+        assert out == reference[i]
+    return len(failed), len(after)
+
+
+def test_kill_prefill_c(reference):
+    pair = Pair("c-kill", "kvt", "kvt",
+                extra={"transfer_timeout_ms": TRANSFER_TIMEOUT_S * 1000,
+                       "bootstrap_timeout_ms": TRANSFER_TIMEOUT_S * 1000})
+    try:
+        kill_mid_batch(pair, reference)
+    finally:
+        pair.stop()
+
+
+def test_kill_prefill_a(reference):
+    pair = Pair("a-kill", "mooncake-kvt", "mooncake",
+                env={"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT":
+                     str(TRANSFER_TIMEOUT_S)})
+    try:
+        kill_mid_batch(pair, reference)
     finally:
         pair.stop()

@@ -39,7 +39,7 @@ import logging
 import time
 import uuid
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 log = logging.getLogger("kvt.vllm.proxy")
 
@@ -63,8 +63,12 @@ class Proxy:
         self.rr = 0
 
     async def start(self, app):
-        self.session = ClientSession(timeout=ClientTimeout(
-            total=self.timeout))
+        # A connection per request: a kept-alive one that the server has
+        # just closed fails the request sent on it, and a request cannot
+        # safely be sent twice (it would start a second transfer).
+        self.session = ClientSession(
+            timeout=ClientTimeout(total=self.timeout),
+            connector=TCPConnector(force_close=True))
 
     async def stop(self, app):
         await self.session.close()
