@@ -126,9 +126,13 @@ static int parse_transports(const char *names, uint32_t *bits_p)
             if (strlen(t[i].name) == len && strncmp(t[i].name, s, len) == 0)
                 break;
         if (i == n || i == 16) {
+            char name[64];
+
+            /* PyErr_Format() knows no precision. */
+            snprintf(name, sizeof(name), "%.*s", (int)len, s);
             PyErr_Format(PyExc_ValueError,
-                         "transports: unknown transport '%.*s' in '%s'",
-                         (int)len, s, names);
+                         "transports: unknown transport '%s' in '%s'", name,
+                         names);
             return -1;
         }
         bits |= t[i].id;

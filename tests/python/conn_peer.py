@@ -2,12 +2,14 @@
 """A prefill or decode rank for test_connector.py, run as its own process.
 
     conn_peer.py ROLE TP_RANK TP_SIZE BOOTSTRAP MODE ROOMS [--abort] [--mla]
+                 [--kv] [--tcp]
 
 Builds a small paged K/V (or MLA) cache in ctypes memory with a random
 block table, then: prefill fills it with a function of (room, layer, kind,
 token, global head, byte) and sends it (MODE 'whole' or 'layer'); decode
 receives it and checks every byte of every block (and the canary of the
-rest). Exit status 0 when every room ends as expected (Success, or Failed
+rest). --kv: one KV cache per layer (CacheKind.KV), head-major, as vLLM's
+CPU backend keeps it; --tcp: the engine uses tcp only. Exit status 0 when every room ends as expected (Success, or Failed
 with --abort), 1 otherwise.
 """
 
@@ -35,10 +37,19 @@ def main():
     tp_rank, tp_size, rooms = int(tp_rank), int(tp_size), int(rooms)
     abort = "--abort" in sys.argv
     mla = "--mla" in sys.argv
+    kv = "--kv" in sys.argv
     prefill = role == "prefill"
     heads = 1 if mla else HEADS // tp_size
-    kinds = [CacheKind.LATENT] if mla else [CacheKind.K, CacheKind.V]
+    kinds = ([CacheKind.LATENT] if mla else [CacheKind.KV] if kv else
+             [CacheKind.K, CacheKind.V])
+    order = BlockLayout.HEAD_MAJOR if kv else BlockLayout.TOKEN_MAJOR
     block = TOKENS * heads * HEAD_BYTES
+
+    def off(t, h):
+        """A (token, head) piece's place in a block."""
+        if kv:
+            return (h * TOKENS + t) * HEAD_BYTES
+        return (t * heads + h) * HEAD_BYTES
 
     bufs, caches = [], []
     for layer in range(LAYERS):
@@ -48,8 +59,7 @@ def main():
                 ctypes.memset(b, CANARY, len(b))
             bufs.append((layer, kind, b))
             caches.append(KVCache(layer, kind, ctypes.addressof(b), block,
-                                  POOL, TOKENS, heads, HEAD_BYTES,
-                                  BlockLayout.TOKEN_MAJOR))
+                                  POOL, TOKENS, heads, HEAD_BYTES, order))
     aux = (ctypes.c_uint8 * (16 * rooms))()
     if not prefill:
         ctypes.memset(aux, CANARY, len(aux))
@@ -63,6 +73,8 @@ def main():
     args.tp_rank, args.tp_size = tp_rank, tp_size
     args.bootstrap_addr = boot
     args.heartbeat_ms, args.peer_timeout_ms = 100, 2000
+    if "--tcp" in sys.argv:
+        args.transports = "tcp"
     mgr = KVManager(args, DisaggregationMode.PREFILL if prefill else
                     DisaggregationMode.DECODE)
 
@@ -82,9 +94,8 @@ def main():
                 for t in range(TOKENS):
                     for h in range(heads):
                         for x in range(HEAD_BYTES):
-                            b[blk * block + (t * heads + h) * HEAD_BYTES +
-                              x] = value(100 + r, lyr, kind, lb * TOKENS + t,
-                                         gh(h), x)
+                            b[blk * block + off(t, h) + x] = value(
+                                100 + r, lyr, kind, lb * TOKENS + t, gh(h), x)
 
     objs = []
     if prefill:
@@ -145,10 +156,12 @@ def main():
                     ok &= got == bytes([CANARY]) * block
                     continue
                 r, lb = owned[blk]
-                want_b = bytes(
-                    value(100 + r, lyr, kind, lb * TOKENS + t, gh(h), x)
-                    for t in range(TOKENS) for h in range(heads)
-                    for x in range(HEAD_BYTES))
+                want_b = bytearray(block)
+                for t in range(TOKENS):
+                    for h in range(heads):
+                        for x in range(HEAD_BYTES):
+                            want_b[off(t, h) + x] = value(
+                                100 + r, lyr, kind, lb * TOKENS + t, gh(h), x)
                 if got != want_b:
                     print(f"layer {lyr} kind {kind} block {blk} differs",
                           file=sys.stderr)

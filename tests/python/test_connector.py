@@ -125,5 +125,23 @@ def test_mla_dummy_tp21(boot):
     run_ranks(boot, 2, 1, "whole", extra=("--mla",))
 
 
+def test_kv_kind_layerwise_tp21(boot):
+    """One KV cache per layer, head-major (vLLM's CPU blocks), each of
+    two prefill ranks writing its heads into one decode rank's."""
+    run_ranks(boot, 2, 1, "layer", extra=("--kv",))
+
+
+def test_kv_kind_tp12_over_tcp(boot):
+    """The same split the other way, with the engines on tcp only
+    (KVArgs.transports)."""
+    run_ranks(boot, 1, 2, "layer", extra=("--kv", "--tcp"))
+
+
+def test_unknown_transport_is_refused():
+    args, _buf = one_cache_args(transports="tcp,carrier-pigeon")
+    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'"):
+        KVManager(args, DisaggregationMode.DECODE)
+
+
 def test_abort_reaches_prefill(boot):
     run_ranks(boot, 1, 1, "whole", extra=("--abort",))
