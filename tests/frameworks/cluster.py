@@ -41,6 +41,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """The first of n consecutive free ports (a metrics port per rank)."""
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 def http(method, url, body=None, timeout=300.0):
     """(status, parsed JSON or text) of one request."""
     data = None if body is None else json.dumps(body).encode()
@@ -154,7 +173,8 @@ class Vllm:
              "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(self.boot_port),
              "VLLM_CONFIGURE_LOGGING": "1", "PYTHONUNBUFFERED": "1",
              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-             "KVT_LOG": "info", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+             "KVT_LOG": "info", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+             "OMP_NUM_THREADS": "1", "KMP_BLOCKTIME": "0"}
         path = [str(HERE)]
         if kind == "mooncake-real":
             path.insert(0, str(REAL_MOONCAKE))

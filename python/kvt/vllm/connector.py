@@ -35,7 +35,8 @@ Options (``kv_connector_extra_config``): ``bootstrap_addr`` (host:port of
 ``kvt metad``; required), ``host`` (the address kvt's engine listens on,
 default 127.0.0.1), ``transfer_timeout_ms``, ``bootstrap_timeout_ms``,
 ``waiting_timeout_ms``, ``peer_timeout_ms``, ``heartbeat_ms`` (kvt's
-defaults when absent), ``transports`` (kvt's transports by name, "tcp",
+defaults when absent), ``metaserver_timeout_s`` (how long decode's post
+to the proxy may take, default 30; past it the request fails), ``transports`` (kvt's transports by name, "tcp",
 "shm", "ucx", comma separated; default: kvt's choice per peer, same-host
 shm where it can), ``metrics_port`` (each rank serves kvt's
 Prometheus metrics on metrics_port + its tensor-parallel rank).
@@ -320,6 +321,7 @@ class _Worker:
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
         self.engine_id = vllm_config.kv_transfer_config.engine_id
+        self.post_timeout = float(self.extra.get("metaserver_timeout_s", 30))
         self.mgr: Optional[KVManager] = None
         self.rooms: dict[str, _Room] = {}
         self.step: Optional[int] = None
@@ -328,7 +330,12 @@ class _Worker:
         self.lock = threading.Lock()
         port = self.extra.get("metrics_port")
         if port:
-            kvt.metrics_listen(int(port) + self.tp_rank)
+            # Metrics are not worth a rank: a port taken is logged.
+            try:
+                kvt.metrics_listen(int(port) + self.tp_rank)
+            except Exception as e:  # noqa: BLE001 (OSError and kvt's)
+                log.error("kvt metrics on port %d: %s",
+                          int(port) + self.tp_rank, e)
 
     def register(self, kv_caches: dict[str, torch.Tensor]):
         caches = []
@@ -393,18 +400,19 @@ class _Worker:
                         "num_blocks": len(r.block_ids),
                         "session": self.mgr.session_id}
                 threading.Thread(target=self._post, daemon=True,
-                                 args=(r.metaserver, body, rx)).start()
+                                 args=(r.metaserver, body, rx,
+                                       self.post_timeout)).start()
         self._release(meta)
 
     @staticmethod
-    def _post(url, body, rx):
+    def _post(url, body, rx, timeout):
         """Tell the proxy decode is ready; if it cannot be told, nothing
         will be sent: fail the room now rather than at its timeout."""
         try:
             req = urllib.request.Request(
                 url, data=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 resp.read()
         except Exception as e:  # noqa: BLE001 (any failure aborts)
             log.error("transfer %s: metaserver %s: %s",
