@@ -118,6 +118,21 @@ class Proc:
             pass
         self.log.close()
 
+    def cpu_seconds(self):
+        """User + system CPU time of every live process of the group."""
+        total = 0
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.p.pid:  # its process group
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
     def tail(self, n=40):
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()

@@ -84,6 +84,13 @@ def room_of(transfer_id: str) -> int:
     return h & 0x7fffffffffffffff
 
 
+# How long an empty step may wait for an open room to end. Without it
+# vLLM's engine and worker spin at full speed through empty steps while a
+# transfer runs, taking a CPU from the instance that computes the KV
+# when both share a machine.
+IDLE_WAIT_S = 0.005
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -120,6 +127,11 @@ class KvtConnectorMetadata(KVConnectorMetadata):
         # returned True): each worker aborts the room if it is not final
         # and reports the request in finished_sending once it is.
         self.release: list[str] = []
+        # The step runs no token: vLLM steps on, empty, while a request
+        # waits for its KV (decode) or its blocks for their transfer
+        # (prefill); the worker then sleeps a little on an open room
+        # rather than spin (IDLE_WAIT_S).
+        self.idle = False
 
 
 class KvtConnector(KVConnectorBase_V1):
@@ -187,11 +199,14 @@ class KvtConnector(KVConnectorBase_V1):
         self._worker.step_done(self._get_connector_metadata())
 
     def get_finished(self, finished_req_ids: set[str]):
-        r = self._worker.results(finished_req_ids)
+        r = self.get_transfer_results(finished_req_ids)
         return r.finished_sending, r.finished_recving
 
     def get_transfer_results(self, finished_req_ids: set[str]):
-        return self._worker.results(finished_req_ids)
+        meta = (self._get_connector_metadata()
+                if self.has_connector_metadata() else None)
+        return self._worker.results(finished_req_ids,
+                                    meta is not None and meta.idle)
 
     def shutdown(self):
         if self._worker is not None:
@@ -250,6 +265,7 @@ class _Scheduler:
 
     def build(self, so):
         meta, self.meta = self.meta, KvtConnectorMetadata()
+        meta.idle = so.total_num_scheduled_tokens == 0
         if not self.is_producer or not self.sending:
             return meta
         steps = [(r.req_id, r.num_computed_tokens, r.block_ids)
@@ -482,11 +498,16 @@ class _Worker:
 
     # ---- completions ----------------------------------------------------
 
-    def results(self, finished_req_ids):
+    def results(self, finished_req_ids, idle=False):
         """Final rooms. Decode reports each request loaded (or failed) once;
         prefill reports a request sent once the scheduler has released it
         (its blocks were kept for the transfer) and its room is final."""
         out = KVConnectorTransferResults()
+        if idle:
+            for st in self.rooms.values():
+                if st.room.poll() not in (KVPoll.Success, KVPoll.Failed):
+                    st.room.wait(IDLE_WAIT_S)  # sleeps without the GIL
+                    break
         for rid, st in list(self.rooms.items()):
             state = st.room.poll()
             if state not in (KVPoll.Success, KVPoll.Failed):
