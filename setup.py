@@ -60,13 +60,17 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built, out)
 
 
-# setuptools' own files go under build/setuptools (out of CMake's way);
-# egg_info needs the folder to exist.
-(HERE / "build" / "setuptools").mkdir(parents=True, exist_ok=True)
-
 packages = ["kvt", "kvt.vllm"]
 if os.environ.get("KVT_MOONCAKE_SHIM") == "1":
     packages.append("mooncake")
+
+# setuptools' own files go under build/setuptools (out of CMake's way),
+# a folder for each set of packages: setuptools reuses what it finds in
+# build/lib, so a build with the mooncake package would leave it in the
+# next build without. egg_info needs the folder to exist.
+SETUPTOOLS_DIR = "build/setuptools" + ("-shim" if "mooncake" in packages
+                                       else "")
+(HERE / SETUPTOOLS_DIR).mkdir(parents=True, exist_ok=True)
 
 setup(
     version=version(),
@@ -76,7 +80,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     options={"bdist_wheel": {"py_limited_api": "cp311"},
              # Out of the way of CMake's build/ (its intermediate files).
-             "build": {"build_base": "build/setuptools"},
-             "egg_info": {"egg_base": "build/setuptools"}},
+             "build": {"build_base": SETUPTOOLS_DIR},
+             "egg_info": {"egg_base": SETUPTOOLS_DIR}},
     zip_safe=False,
 )
