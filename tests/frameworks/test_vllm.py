@@ -216,11 +216,12 @@ def test_c_prefill_tp1_decode_tp2(reference):
         pair.stop()
 
 
-def kill_mid_batch(pair, reference, clients=4):
+def kill_mid_batch(pair, reference, bound_s, clients=4):
     """Requests stream from `clients` threads; once a few have completed
     the prefill instance is killed (its whole process group). Every
     request must end, the ones cut off with an error at the proxy, within
-    the transfer timeout (plus the time to notice); decode must stay up;
+    bound_s of the kill (the transfer timeout, plus the time to notice);
+    decode must stay up;
     and after prefill restarts, requests succeed with the reference's
     outputs."""
     long_ones = [i for i, p in enumerate(PROMPTS) if len(p) >= 500]
@@ -253,8 +254,9 @@ def kill_mid_batch(pair, reference, clients=4):
     failed = [d for d in after if d[1] != 200]
     assert failed, "no request was cut off by the kill"
     for i, status, out, secs, end in after:
-        assert end - killed_at < TRANSFER_TIMEOUT_S + 15, (
-            f"a request ended {end - killed_at:.1f} s after the kill")
+        assert end - killed_at < bound_s, (
+            f"a request ended {end - killed_at:.1f} s after the kill "
+            f"(bound {bound_s} s)")
         if status == 200:
             assert out == reference[i]
         else:
@@ -277,17 +279,21 @@ def test_kill_prefill_c(reference):
                        "bootstrap_timeout_ms": TRANSFER_TIMEOUT_S * 1000},
                 proxy_timeout=TRANSFER_TIMEOUT_S * 2)
     try:
-        kill_mid_batch(pair, reference)
+        kill_mid_batch(pair, reference, TRANSFER_TIMEOUT_S + 15)
     finally:
         pair.stop()
 
 
 def test_kill_prefill_a(reference):
+    """vLLM's MooncakeConnector on decode waits for a dead prefill's
+    answer up to VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 s (its zmq
+    receive timeout, mooncake_connector.py): the proxy's own timeout,
+    twice the transfer timeout, ends those requests first."""
     pair = Pair("a-kill", "mooncake-kvt", "mooncake",
                 env={"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT":
                      str(TRANSFER_TIMEOUT_S)},
                 proxy_timeout=TRANSFER_TIMEOUT_S * 2)
     try:
-        kill_mid_batch(pair, reference)
+        kill_mid_batch(pair, reference, TRANSFER_TIMEOUT_S * 2 + 15)
     finally:
         pair.stop()
