@@ -42,7 +42,7 @@ test-frameworks: build
 	KVT_BUILD_DIR=$(BUILD) scripts/frameworks
 	cd tests/frameworks && KVT_BIN=$(abspath $(BUILD))/bin/kvt \
 	    ../../build/fw/bin/python -m pytest -v -p no:cacheprovider \
-	    test_vllm.py
+	    test_connector_parts.py test_vllm.py
 
 .PHONY: soak
 soak: build

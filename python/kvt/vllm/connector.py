@@ -313,10 +313,9 @@ class _Scheduler:
 
 
 class _Room:
-    def __init__(self, room, transfer_id, block_ids=None):
+    def __init__(self, room, transfer_id):
         self.room = room
         self.transfer_id = transfer_id
-        self.block_ids = block_ids  # decode: the receiving blocks
         self.sent = 0  # prefill: blocks attached so far
         self.last_sent = False
         self.released = False
@@ -407,7 +406,7 @@ class _Worker:
             room = room_of(r.transfer_id)
             rx = KVReceiver(self.mgr, self.extra["bootstrap_addr"], room)
             rx.init(r.block_ids, prefix_blocks=r.first_block)
-            st = _Room(rx, r.transfer_id, r.block_ids)
+            st = _Room(rx, r.transfer_id)
             self.rooms[r.req_id] = st
             if r.metaserver and self.tp_rank == 0:
                 body = {"transfer_id": r.transfer_id, "room": room,
