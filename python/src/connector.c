@@ -9,6 +9,8 @@
  */
 #include "kvtpy.h"
 
+#include <stdio.h>
+
 #include <kvt/connector.h>
 
 /* Raise the kvt.Error subclass that fits a kvt status. */

@@ -338,6 +338,13 @@ static PyMethodDef engine_methods[] = {
     XNONE(get_metrics_text,
           "get_metrics_text() -> the engine's metrics as Prometheus text "
           "(kvt extension)"),
+    XFAST(_post,
+          "_post(target, op, local_addrs, remote_addrs, lengths, notifs=()) "
+          "-> kvt.Post (the NIXL agent's transfers; kvt.nixl)"),
+    XFAST(_notify_send_raw,
+          "_notify_send_raw(target, payload) -> 0 or a negative kvt status"),
+    XFAST(_notify_recv_raw,
+          "_notify_recv_raw(timeout_ms=0) -> list of (sender, payload)"),
     FAST(send_probe,
          "send_probe(peer_server_name) -> 0 if the peer answers, else -1"),
     {NULL, NULL, 0, NULL},

@@ -161,6 +161,17 @@ PyObject *kvtpy_room_wrap(kvtpy_conn_t *owner, struct kvt_room *room);
 /* connector_boot.c: the BootstrapServer type. */
 extern PyType_Spec kvtpy_boot_spec;
 
+/* ---- post.c: kvt.Post, the NIXL agent's transfers --------------------- */
+
+/* Add the Post type to the module. */
+int kvtpy_post_init(PyObject *m);
+PyObject *kvtpy_m__post(PyObject *self, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m__notify_send_raw(PyObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m__notify_recv_raw(PyObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs, PyObject *kwnames);
+
 /* ---- engine*.c and transfer.c: kvt.TransferEngine --------------------- */
 
 /* Synchronous calls of up to KVTPY_POOL_CAP descriptors use pooled

@@ -485,7 +485,8 @@ PyMODINIT_FUNC PyInit__kvt(void)
             goto err;
         }
     }
-    if (kvtpy_connector_init(m) < 0 || kvtpy_logbridge_init(m) < 0)
+    if (kvtpy_connector_init(m) < 0 || kvtpy_logbridge_init(m) < 0 ||
+        kvtpy_post_init(m) < 0)
         goto err;
     if (PyModule_AddIntConstant(m, "NOTIFY_MAX", KVT_NOTIFY_MAX) < 0 ||
         PyModule_AddIntConstant(m, "VERSION_MAJOR", KVT_VERSION_MAJOR) < 0 ||
