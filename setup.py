@@ -2,12 +2,13 @@
 """Build and install kvt's Python packages: the kvt package with its C
 extension (kvt._kvt, built by CMake against the CPython limited API, so
 one abi3 wheel serves every CPython >= 3.11) and, when asked, the
-``mooncake`` compatibility package.
+``mooncake`` and ``nixl`` compatibility packages.
 
 The ``mooncake`` package is installed only with KVT_MOONCAKE_SHIM=1 in
-the environment, so that installing kvt never shadows (or overwrites) a
-real Mooncake installation; without it, kvt.TransferEngine is the same
-class. KVT_BUILD_DIR names an existing CMake build tree to take the
+the environment, and the ``nixl`` package only with KVT_NIXL_SHIM=1, so
+that installing kvt never shadows (or overwrites) a real Mooncake or
+NIXL installation; without them, kvt.TransferEngine and kvt.nixl are
+the same code. KVT_BUILD_DIR names an existing CMake build tree to take the
 extension from instead of building one; CMAKE_ARGS adds options.
 """
 
@@ -60,16 +61,18 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built, out)
 
 
-packages = ["kvt", "kvt.vllm"]
+packages = ["kvt", "kvt.vllm", "kvt.nixl"]
 if os.environ.get("KVT_MOONCAKE_SHIM") == "1":
     packages.append("mooncake")
+if os.environ.get("KVT_NIXL_SHIM") == "1":
+    packages.append("nixl")
 
 # setuptools' own files go under build/setuptools (out of CMake's way),
 # a folder for each set of packages: setuptools reuses what it finds in
 # build/lib, so a build with the mooncake package would leave it in the
 # next build without. egg_info needs the folder to exist.
-SETUPTOOLS_DIR = "build/setuptools" + ("-shim" if "mooncake" in packages
-                                       else "")
+SETUPTOOLS_DIR = "build/setuptools" + "".join(
+    "-" + p for p in ("mooncake", "nixl") if p in packages)
 (HERE / SETUPTOOLS_DIR).mkdir(parents=True, exist_ok=True)
 
 setup(

@@ -27,6 +27,7 @@ MODEL = FW / "model"
 LOGS = FW / "logs"
 PYTHON = FW / "bin" / "python"
 REAL_MOONCAKE = FW / "mooncake-real"
+REAL_NIXL = FW / "nixl-real"
 HERE = Path(__file__).resolve().parent
 KVT_BIN = Path(os.environ.get("KVT_BIN", ROOT / "build" / "bin" / "kvt"))
 
@@ -193,6 +194,14 @@ class Vllm:
         path = [str(HERE)]
         if kind == "mooncake-real":
             path.insert(0, str(REAL_MOONCAKE))
+        if kind == "nixl-real":
+            path.insert(0, str(REAL_NIXL))
+        if kind.startswith("nixl"):
+            # vLLM's NixlConnector handshakes over its own side channel.
+            self.side_port = like.side_port if like else free_port()
+            e["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_port)
+            e["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+            e["KVT_NIXL_HOST"] = "127.0.0.1"
         e["PYTHONPATH"] = os.pathsep.join(path)
         if metrics_port and kind != "kvt":
             e["KVT_METRICS_PORT"] = str(metrics_port)
@@ -212,6 +221,13 @@ class Vllm:
 
     def _kv_config(self, extra):
         role = "kv_producer" if self.role == "prefill" else "kv_consumer"
+        if self.kind.startswith("nixl"):
+            # vLLM's NixlConnector: on kvt's nixl package (installed in
+            # build/fw) or on NIXL's wheel (build/fw/nixl-real first on
+            # the path). The KV cache is host memory on the CPU build.
+            return {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                    "kv_buffer_device": "cpu", "engine_id": self.engine_id,
+                    "kv_connector_extra_config": dict(extra)}
         if self.kind == "kvt" and self.alias:
             cfg = {"kv_connector": "MooncakeConnector",
                    "kv_connector_module_path":

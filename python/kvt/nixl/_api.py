@@ -137,6 +137,14 @@ def _encode_notif(name, msg_id, msg):
                  for i in range(n))
 
 
+def _name(n):
+    """An agent name as str (NIXL takes bytes too: add_remote_agent
+    returns them)."""
+    if isinstance(n, (bytes, bytearray)):
+        return bytes(n).decode()
+    return n
+
+
 def _as_msg(m):
     if isinstance(m, str):
         return m.encode()
@@ -550,6 +558,7 @@ class nixl_agent:
             raise nixlNotSupportedError("kvt moves DRAM and VRAM only, not %s"
                                         % descs.getType().name)
         rows = descs._rows
+        agent_name = _name(agent_name)
         if agent_name in ("", "NIXL_INIT_AGENT"):
             self._check_local(rows, what)
             return rows, None
@@ -754,6 +763,7 @@ class nixl_agent:
     def check_remote_xfer_done(self, remote_agent_name, lookup_tag,
                                backends=[], tag_is_prefix=True):
         self.update_notifs()
+        remote_agent_name = _name(remote_agent_name)
         tag = _as_msg(lookup_tag)
         with self._lock:
             msgs = self.notifs.get(remote_agent_name, [])
@@ -804,11 +814,13 @@ class nixl_agent:
         return name.encode()
 
     def remove_remote_agent(self, agent):
+        agent = _name(agent)
         with self._lock:
             if self._remotes.pop(agent, None) is None:
                 raise nixlNotFoundError("no remote agent %r" % agent)
 
     def _remote_segment(self, name):
+        name = _name(name)
         if name == self.name:
             return self._segment
         with self._lock:
@@ -818,6 +830,7 @@ class nixl_agent:
         return r.segment
 
     def check_remote_metadata(self, agent, descs=None):
+        agent = _name(agent)
         with self._lock:
             r = self._remotes.get(agent)
         if r is None or r.segment is None:
@@ -868,6 +881,7 @@ class nixl_agent:
 
     def fetch_remote_metadata(self, remote_agent, ip_addr="",
                               port=DEFAULT_COMM_PORT, label=""):
+        remote_agent = _name(remote_agent)
         if ip_addr:
             def fetch():
                 blob = _meta.request(ip_addr, port, b"F",

@@ -4,7 +4,7 @@
     python -m kvt.vllm.proxy --port 8000 --flow kvt \\
         --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
 
-Two flows:
+Three flows:
 
 - ``mooncake`` (vLLM's MooncakeConnector, on Mooncake or on kvt's
   drop-in): the request goes to prefill with ``max_tokens`` 1 and
@@ -12,6 +12,11 @@ Two flows:
   to decode with ``{"do_remote_prefill": true, "transfer_id": T,
   "remote_engine_id": ..., "remote_bootstrap_addr": ...}`` (the prefill
   instance's engine id and Mooncake bootstrap server, given here).
+- ``nixl`` (vLLM's NixlConnector, on NIXL or on kvt's ``nixl``): the
+  request goes to prefill with ``max_tokens`` 1 and
+  ``{"do_remote_decode": true}``; prefill's answer carries the
+  ``kv_transfer_params`` (its engine id, block ids, side channel) that
+  go with the request to decode, which reads the blocks.
 - ``kvt`` (kvt.vllm.KvtConnector, layer-wise): the request goes to decode
   first with ``{"do_remote_prefill": true, "transfer_id": T,
   "metaserver": URL}``; decode's worker posts its room to URL (this
@@ -114,6 +119,8 @@ class Proxy:
         try:
             if self.args.flow == "mooncake":
                 out = await self._mooncake(body, tid, st)
+            elif self.args.flow == "nixl":
+                out = await self._nixl(body, tid, st)
             else:
                 out = await self._layerwise(body, tid, st)
         except ProxyError as e:
@@ -143,6 +150,28 @@ class Proxy:
             "do_remote_prefill": True, "transfer_id": tid,
             "remote_engine_id": self.args.prefill_engine_id,
             "remote_bootstrap_addr": self.args.prefill_bootstrap}
+        out = await self._post("decode", self.decode + "/v1/completions", d)
+        st["decode_done"] = time.monotonic()
+        return out
+
+    async def _nixl(self, body, tid, st):
+        st["prefill_sent"] = time.monotonic()
+        p = self._prefill_body(body, tid)
+        p["kv_transfer_params"] = {"do_remote_decode": True,
+                                   "do_remote_prefill": False,
+                                   "remote_engine_id": None,
+                                   "remote_block_ids": None,
+                                   "remote_host": None,
+                                   "remote_port": None}
+        pre = await self._post("prefill", self.prefill + "/v1/completions",
+                               p)
+        st["prefill_done"] = time.monotonic()
+        params = pre.get("kv_transfer_params")
+        if not params:
+            raise ProxyError("prefill", "no kv_transfer_params in its answer "
+                             "(is it running vLLM's NixlConnector?)")
+        d = dict(body)
+        d["kv_transfer_params"] = params
         out = await self._post("decode", self.decode + "/v1/completions", d)
         st["decode_done"] = time.monotonic()
         return out
@@ -209,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--prefill", required=True, help="prefill base URL")
     ap.add_argument("--decode", required=True, help="decode base URL")
-    ap.add_argument("--flow", choices=("mooncake", "kvt"), default="kvt")
+    ap.add_argument("--flow", choices=("mooncake", "nixl", "kvt"), default="kvt")
     ap.add_argument("--prefill-engine-id",
                     help="mooncake flow: prefill's kv_transfer_config "
                     "engine_id")
