@@ -8,7 +8,9 @@ token.
 - c: kvt's KvtConnector (layer-wise, kvt metad for rendezvous), also
   with prefill TP 2 and decode TP 1 (through the module path
   mooncake.mooncake_connector_v1) and the reverse;
-- a prefill instance killed in the middle of a batch, for a and c.
+- d: vLLM's NixlConnector (decode reads prefill's blocks) with
+  nixl = kvt's drop-in, and e: the same on NIXL's own wheel (UCX);
+- a prefill instance killed in the middle of a batch, for a, c and d.
 
 Run by `make test-frameworks` (scripts/frameworks sets up build/fw).
 """
@@ -119,13 +121,19 @@ class Pair:
         self.prefill = Vllm(old.name, self.kind, "prefill", tp=self.ptp,
                             extra=self.extra, like=old, alias=self.alias,
                             env=self.env,
-                            restarts=1 if self.flow == "mooncake" else 0)
+                            restarts=1 if self.flow in ("mooncake", "nixl")
+                            else 0)
         self.prefill.wait()
-        if self.flow == "mooncake":
+        if self.flow in ("mooncake", "nixl"):
             self.proxy.stop()
             self.proxy = Proxy(f"{self.tag}-proxy", self.prefill,
                                self.decode, self.flow,
                                timeout=self.proxy_timeout)
+
+    def bytes_read(self):
+        """KV bytes decode's kvt engine read (NixlConnector pulls)."""
+        return metric(self.decode.metrics_port, "kvt_transfer_bytes_total",
+                      op="read")
 
     def bytes_written(self):
         """KV bytes prefill's kvt engines wrote (every rank)."""
@@ -170,6 +178,26 @@ def test_b_mooncake_connector_on_mooncake(reference):
     pair = Pair("b", "mooncake-real", "mooncake")
     try:
         expect_same(run_prompts(pair.proxy.url), reference, "b")
+    finally:
+        pair.stop()
+
+
+def test_d_nixl_connector_on_kvt(reference):
+    pair = Pair("d", "nixl-kvt", "nixl")
+    try:
+        expect_same(run_prompts(pair.proxy.url), reference, "d")
+        moved = pair.bytes_read()
+        assert moved == expected_kv_bytes(PROMPTS), (
+            f"kvt read {moved} bytes of KV, expected "
+            f"{expected_kv_bytes(PROMPTS)}")
+    finally:
+        pair.stop()
+
+
+def test_e_nixl_connector_on_nixl(reference):
+    pair = Pair("e", "nixl-real", "nixl")
+    try:
+        expect_same(run_prompts(pair.proxy.url), reference, "e")
     finally:
         pair.stop()
 
@@ -295,5 +323,33 @@ def test_kill_prefill_a(reference):
                 proxy_timeout=TRANSFER_TIMEOUT_S * 2)
     try:
         kill_mid_batch(pair, reference, TRANSFER_TIMEOUT_S * 2 + 15)
+    finally:
+        pair.stop()
+
+
+def test_kill_prefill_d(reference):
+    """vLLM's NixlConnector on kvt's nixl: decode's reads of a killed
+    prefill's blocks fail as soon as kvt sees the connection close
+    (nixlRemoteDisconnectError from check_xfer_state), and vLLM fails those
+    requests; the proxy ends requests whose prefill died with 502."""
+    pair = Pair("d-kill", "nixl-kvt", "nixl",
+                env={"KVT_TRANSFER_TIMEOUT": str(TRANSFER_TIMEOUT_S)},
+                proxy_timeout=TRANSFER_TIMEOUT_S * 2)
+    try:
+        kill_mid_batch(pair, reference, TRANSFER_TIMEOUT_S + 15)
+    finally:
+        pair.stop()
+
+
+@pytest.mark.skipif(os.environ.get("KVT_FW_TP12") != "1",
+                    reason="opt-in (KVT_FW_TP12=1): on 2 CPUs a decode "
+                    "instance of tp 2 starves the other processes for "
+                    "tens of seconds (docs/vllm.md)")
+def test_d_prefill_tp1_decode_tp2(reference):
+    """vLLM's NixlConnector on kvt's nixl, decode TP 2 reading from
+    prefill TP 1 (each decode rank reads its heads' part of the blocks)."""
+    pair = Pair("d-tp12", "nixl-kvt", "nixl", ptp=1, dtp=2)
+    try:
+        expect_same(run_prompts(pair.proxy.url), reference, "d, tp 1:2")
     finally:
         pair.stop()
