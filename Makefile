@@ -43,6 +43,17 @@ test-frameworks: build
 	cd tests/frameworks && KVT_BIN=$(abspath $(BUILD))/bin/kvt \
 	    ../../build/fw/bin/python -m pytest -v -p no:cacheprovider \
 	    test_connector_parts.py test_vllm.py
+	# NIXL's agent API: the same suite against kvt's nixl (kvt's choice of
+	# transport, then tcp) and NIXL's wheel (UCX over tcp, then over
+	# shared memory with tcp for its control messages).
+	cd tests/nixl && export KVT_NIXL_HOST=127.0.0.1 && \
+	    ../../build/fw/bin/python -m pytest -q -p no:cacheprovider . && \
+	    KVT_NIXL_PROTOCOL=tcp ../../build/fw/bin/python -m pytest -q \
+	        -p no:cacheprovider . && \
+	    PYTHONPATH=../../build/fw/nixl-real UCX_TLS=tcp \
+	        ../../build/fw/bin/python -m pytest -q -p no:cacheprovider . && \
+	    PYTHONPATH=../../build/fw/nixl-real UCX_TLS=shm,tcp \
+	        ../../build/fw/bin/python -m pytest -q -p no:cacheprovider .
 
 .PHONY: soak
 soak: build

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``nixl.logging`` on kvt: the agent logs to the "kvt.nixl" logger."""
+"""``nixl.logging`` on kvt: the agent logs to the "nixl" logger."""
 
 import logging as _logging
 
 
 def get_logger(name="nixl"):
-    """The logger NIXL callers ask for; kvt's agent logs to kvt.nixl."""
+    """The logger NIXL callers ask for."""
     return _logging.getLogger(name)

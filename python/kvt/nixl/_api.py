@@ -18,6 +18,8 @@ import socket
 import struct
 import sys
 import threading
+import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -44,7 +46,8 @@ from ._bindings import (
     nixl_thread_sync_t,
 )
 
-log = logging.getLogger("kvt.nixl")
+# NIXL callers watch the "nixl" logger (nixl.logging); kvt logs there.
+log = logging.getLogger("nixl")
 
 # Backend names a caller may ask for: kvt serves them all with its own
 # transports (tcp, same-host shm, UCX), chosen per peer.
@@ -307,6 +310,9 @@ class nixl_agent:
         self._abandoned = []
         self._listener = None
         self._etcd = None
+        self._watched = {}  # remote name -> etcd key it was fetched from
+        self._watcher = None
+        self._closed = False
 
         wanted = list(SERVED_BACKENDS) if instantiate_all and not nixl_conf \
             else list(conf.backends)
@@ -377,6 +383,10 @@ class nixl_agent:
         if descs is None:
             raise nixlInvalidParamError("no registration descriptors")
         mem = descs.getType()
+        if not self.backends:
+            raise nixlNotFoundError("no backend to register memory with "
+                                    "(none of %s was served)"
+                                    % (self._conf.backends,))
         if mem not in _MOVABLE:
             raise nixlNotSupportedError(
                 "kvt moves DRAM and VRAM only, not %s" % mem.name)
@@ -611,6 +621,9 @@ class nixl_agent:
                                         "agent %r" % local_xfer_side._remote)
         li = np.asarray(local_indices, dtype=np.int64).reshape(-1)
         ri = np.asarray(remote_indices, dtype=np.int64).reshape(-1)
+        if li.size == 0 or li.size != ri.size:
+            raise nixlInvalidParamError(
+                "%d local and %d remote indices" % (li.size, ri.size))
         nl, nr = local_xfer_side._rows.shape[0], remote_xfer_side._rows.shape[0]
         if li.size and (li.min() < 0 or li.max() >= nl) or \
                 ri.size and (ri.min() < 0 or ri.max() >= nr):
@@ -796,12 +809,25 @@ class nixl_agent:
 
     def get_partial_agent_metadata(self, descs, inc_conn_info=False,
                                    backends=[]):
+        with self._lock:
+            regs = dict(self._regs)
+        picked = []
+        for i in range(descs.descCount()):
+            a, n = int(descs._rows[i, 0]), int(descs._rows[i, 1])
+            r = regs.get(a)
+            if r is None or r[1] != n:
+                raise nixlNotFoundError(
+                    "partial metadata: (%#x, %d) is not a region registered "
+                    "with this agent (descriptors as registered are needed)"
+                    % (a, n))
+            picked.append(r)
         return _meta.encode(self.name,
-                            self._segment if inc_conn_info else None,
-                            self._regions(descs._rows))
+                            self._segment if inc_conn_info else None, picked)
 
     def add_remote_agent(self, metadata):
         name, seg, regions = _meta.decode(metadata)
+        if name == self.name:
+            raise nixlInvalidParamError("that is this agent's own metadata")
         with self._lock:
             r = self._remotes.get(name)
             if r is None:
@@ -892,16 +918,35 @@ class nixl_agent:
         elif self._etcd is not None:
             etcd = self._etcd
 
+            key = etcd.key(remote_agent, label)
+
             def fetch():
-                blob = etcd.get(etcd.key(remote_agent, label))
+                deadline = time.monotonic() + _meta.NET_TIMEOUT
+                blob = etcd.get(key)
+                while blob is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    blob = etcd.get(key)
                 if blob is None:
                     raise nixlNotFoundError("no metadata of %r in etcd"
                                             % remote_agent)
                 self.add_remote_agent(blob)
+                self._watch(remote_agent, key)
             self._background("fetch-metadata", fetch)
         else:
             raise nixlInvalidParamError("no peer address and no etcd "
                                         "(NIXL_ETCD_ENDPOINTS)")
+
+    def _watch(self, name, key):
+        """Forget @name once its etcd key is deleted (its owner invalidated
+        it): one thread per agent polls the watched keys every 100 ms."""
+        with self._lock:
+            self._watched[name] = key
+            if self._watcher is not None:
+                return
+            self._watcher = threading.Thread(
+                target=_watch_loop, args=(weakref.ref(self), self._etcd),
+                daemon=True, name="kvt-nixl-etcd-watch")
+            self._watcher.start()
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
         if ip_addr:
@@ -922,6 +967,7 @@ class nixl_agent:
     def close(self):
         """Stop the listener and wait for abandoned transfers; the engine
         goes with the agent."""
+        self._closed = True
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -936,6 +982,33 @@ class nixl_agent:
                 self._listener.close()
         except Exception:
             pass
+
+
+def _watch_loop(ref, etcd):
+    while True:
+        time.sleep(0.1)
+        agent = ref()
+        if agent is None or agent._closed:
+            return
+        with agent._lock:
+            watched = dict(agent._watched)
+        del agent
+        gone = []
+        for name, key in watched.items():
+            try:
+                if etcd.get(key) is None:
+                    gone.append(name)
+            except nixlBackendError:
+                pass  # etcd unreachable for now: keep what is known
+        agent = ref()
+        if agent is None:
+            return
+        with agent._lock:
+            for name in gone:
+                if agent._watched.get(name) == watched[name]:
+                    del agent._watched[name]
+                    agent._remotes.pop(name, None)
+        del agent
 
 
 def _merge(la, ra, ln):

@@ -215,6 +215,18 @@ class _DList:
     def print(self):
         print(repr(self))
 
+    def __eq__(self, other):
+        return (type(other) is type(self) and self._mem == other._mem and
+                np.array_equal(self._rows, other._rows) and
+                self._extra() == other._extra())
+
+    def __hash__(self):
+        return hash((type(self).__name__, int(self._mem),
+                     self._rows.tobytes()))
+
+    def _extra(self):
+        return None
+
     def __repr__(self):
         return "%s(%s, %d descriptors)" % (type(self).__name__,
                                            self._mem.name,
@@ -277,6 +289,9 @@ class nixlRegDList(_DList):
         super().remDesc(index)
         del self._meta[int(index)]
 
+    def _extra(self):
+        return self._meta
+
     def clear(self):
         super().clear()
         self._meta = []
@@ -295,6 +310,9 @@ class nixlRemoteDList(_DList):
     def __getitem__(self, i):
         r = self._rows[i]
         return (int(r[0]), int(r[1]), int(r[2]), self._agents[i])
+
+    def _extra(self):
+        return self._agents
 
 
 def _as_bytes(v):

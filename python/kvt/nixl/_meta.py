@@ -28,7 +28,8 @@ import urllib.request
 
 from . import _bindings as B
 
-log = logging.getLogger("kvt.nixl")
+# NIXL callers watch the "nixl" logger (nixl.logging); kvt logs there.
+log = logging.getLogger("nixl")
 
 MAGIC = b"KVTNIXL"
 VERSION = 1
