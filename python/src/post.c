@@ -50,8 +50,10 @@ typedef struct post_core {
     uint64_t post_ns;    /* time spent submitting */
     uint64_t done_ns;    /* monotonic time it went final; under lock */
     uint64_t total_bytes;
-    uint64_t ndesc;         /* data descriptors submitted */
-    struct post_core *next; /* post thread's queue */
+    uint64_t ndesc;     /* data descriptors submitted */
+    kvt_batch_h nbatch; /* READ: the notifications, once dispatched */
+    struct post_core *next, *prev; /* the queue of notifications to send */
+    int queued;                    /* on that queue; under q_lock */
 } post_core_t;
 
 typedef struct {
@@ -79,34 +81,95 @@ static void core_finish(post_core_t *c, kvt_status_t st)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* ---- The post thread: notifications that follow reads ------------------- */
+/* ---- Notifications that follow reads ------------------------------------- */
 
+/*
+ * A READ's data batch going idle (successfully) queues its post here. The
+ * notifications then go out in a second batch of NOTIFY descriptors,
+ * submitted (never blocking) by whichever comes first: the post thread,
+ * woken by the queue, or a thread asking for the post's state (an
+ * application polling check_xfer_state() saves the thread wake-up). The
+ * second batch going idle makes the post final.
+ */
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_cond = PTHREAD_COND_INITIALIZER;
 static post_core_t *q_head, *q_tail;
 static int q_started;
+
+/* Unlink @c; under q_lock. */
+static void q_unlink(post_core_t *c)
+{
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        q_head = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    else
+        q_tail = c->prev;
+    c->next = c->prev = NULL;
+    c->queued = 0;
+}
+
+/* The notification batch's idle callback. */
+static void notif_idle(kvt_batch_h b, void *arg)
+{
+    core_finish(arg, kvt_batch_query(b, NULL));
+}
+
+/* Submit the notifications of a post taken off the queue. */
+static void notify_dispatch(post_core_t *c)
+{
+    kvt_xfer_desc_t *d = calloc(c->nnotif, sizeof(*d));
+    kvt_status_t st = KVT_ERR_NO_MEMORY;
+
+    if (d != NULL) {
+        for (size_t i = 0; i < c->nnotif; i++) {
+            d[i].opcode = KVT_OP_NOTIFY;
+            d[i].segment = c->seg;
+            d[i].local_addr = c->notif[i];
+            d[i].length = c->notif_len[i];
+        }
+        st = kvt_batch_create(c->engine, c->nnotif, &c->nbatch);
+        if (st == KVT_OK)
+            st = kvt_batch_set_idle_cb(c->nbatch, notif_idle, c);
+        /* Refused as a whole only (nothing submitted, no callback):
+         * per-descriptor failures reach notif_idle. */
+        if (st == KVT_OK)
+            st = kvt_batch_submit(c->nbatch, d, c->nnotif);
+        free(d);
+    }
+    if (st != KVT_OK)
+        core_finish(c, st);
+}
+
+/* Take @c off the queue if it is still there; 1 when this caller did. */
+static int q_take(post_core_t *c)
+{
+    int took = 0;
+
+    pthread_mutex_lock(&q_lock);
+    if (c->queued) {
+        q_unlink(c);
+        took = 1;
+    }
+    pthread_mutex_unlock(&q_lock);
+    return took;
+}
 
 static void *post_thread(void *arg)
 {
     (void)arg;
     for (;;) {
         post_core_t *c;
-        kvt_status_t st;
 
         pthread_mutex_lock(&q_lock);
         while (q_head == NULL)
             pthread_cond_wait(&q_cond, &q_lock);
         c = q_head;
-        q_head = c->next;
-        if (q_head == NULL)
-            q_tail = NULL;
+        q_unlink(c);
         pthread_mutex_unlock(&q_lock);
-
-        st = kvt_batch_query(c->batch, NULL);
-        for (size_t i = 0; st == KVT_OK && i < c->nnotif; i++)
-            st = kvt_notify_send(c->engine, c->seg, c->notif[i],
-                                 c->notif_len[i]);
-        core_finish(c, st);
+        notify_dispatch(c);
     }
     return NULL;
 }
@@ -131,7 +194,7 @@ static int post_thread_start(void)
     return rc;
 }
 
-/* The batch's idle callback: must not block or call into kvt beyond
+/* The data batch's idle callback: must not block or call into kvt beyond
  * kvt_batch_query() on this batch. */
 static void post_idle(kvt_batch_h b, void *arg)
 {
@@ -143,11 +206,13 @@ static void post_idle(kvt_batch_h b, void *arg)
         pthread_mutex_unlock(&c->lock);
         pthread_mutex_lock(&q_lock);
         c->next = NULL;
+        c->prev = q_tail;
         if (q_tail != NULL)
             q_tail->next = c;
         else
             q_head = c;
         q_tail = c;
+        c->queued = 1;
         pthread_cond_signal(&q_cond);
         pthread_mutex_unlock(&q_lock);
         return;
@@ -157,6 +222,10 @@ static void post_idle(kvt_batch_h b, void *arg)
 
 static void core_free(post_core_t *c)
 {
+    if (c->nbatch != NULL) {
+        kvt_batch_set_idle_cb(c->nbatch, NULL, NULL);
+        kvt_batch_free(c->nbatch);
+    }
     if (c->batch != NULL) {
         kvt_batch_set_idle_cb(c->batch, NULL, NULL);
         kvt_batch_free(c->batch);
@@ -477,13 +546,23 @@ static PyObject *post_state(PyObject *self, PyObject *unused)
 {
     post_core_t *c = need_core(self);
     long v;
+    int phase;
 
     (void)unused;
     if (c == NULL)
         return NULL;
     pthread_mutex_lock(&c->lock);
-    v = c->phase == POST_FINAL ? (long)c->status : 1;
+    phase = c->phase;
+    v = phase == POST_FINAL ? (long)c->status : 1;
     pthread_mutex_unlock(&c->lock);
+    /* Reads done, notifications not sent yet: send them from here rather
+     * than wait for the post thread to wake up (never blocks). */
+    if (phase == POST_NOTIFYING && q_take(c)) {
+        notify_dispatch(c);
+        pthread_mutex_lock(&c->lock);
+        v = c->phase == POST_FINAL ? (long)c->status : 1;
+        pthread_mutex_unlock(&c->lock);
+    }
     return PyLong_FromLong(v);
 }
 
