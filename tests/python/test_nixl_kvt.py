@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvt's own promises for its NIXL agent (kvt.nixl), beyond what the
+black-box suite in tests/nixl checks against NIXL itself: refusals that
+NIXL words otherwise (docs/nixl.md), notifications in fragments, no
+notification after a failed READ, many threads on one agent, and the
+arguments of TransferEngine._post()."""
+
+import os
+import threading
+import time
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+os.environ.setdefault("KVT_NIXL_HOST", "127.0.0.1")
+
+import kvt  # noqa: E402
+from kvt.nixl import _bindings as nb  # noqa: E402
+from kvt.nixl import _meta  # noqa: E402
+from kvt.nixl import nixl_agent, nixl_agent_config  # noqa: E402
+
+KiB = 1024
+_names = iter(range(1 << 30))
+
+
+def agent(prefix="a", **kw):
+    return nixl_agent(f"{prefix}-{os.getpid()}-{next(_names)}",
+                      nixl_agent_config(**kw))
+
+
+def pair(size=64 * KiB):
+    """Two agents that know each other, each with a registered buffer."""
+    a, b = agent("a"), agent("b")
+    abuf = np.zeros(size, dtype=np.uint8)
+    bbuf = np.zeros(size, dtype=np.uint8)
+    a.register_memory([(abuf.ctypes.data, size, 0, "")], "DRAM")
+    b.register_memory([(bbuf.ctypes.data, size, 0, "")], "DRAM")
+    a.add_remote_agent(b.get_agent_metadata())
+    b.add_remote_agent(a.get_agent_metadata())
+    return a, abuf, b, bbuf
+
+
+def wait_state(ag, h, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = ag.check_xfer_state(h)
+        if st == "DONE":
+            return st
+        assert time.monotonic() < deadline, "transfer not done in time"
+        time.sleep(0.001)
+
+
+def collect(ag, name, count, timeout=10.0):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += ag.get_new_notifs().get(name, [])
+        time.sleep(0.002)
+    return got
+
+
+@pytest.mark.parametrize("mem", ["FILE", "BLOCK", "OBJ"])
+def test_storage_memory_types_are_not_supported(mem):
+    a = agent()
+    with pytest.raises(nb.nixlNotSupportedError):
+        a.register_memory([(0x1000, 4096, 0, "")], mem)
+    with pytest.raises(nb.nixlNotSupportedError):
+        a.prep_xfer_dlist("", [(0x1000, 4096, 0)], mem)
+
+
+def test_foreign_and_future_metadata_are_refused():
+    a = agent()
+    with pytest.raises(nb.nixlInvalidParamError, match="not kvt's"):
+        a.add_remote_agent(b"\x00NIXL-binary-metadata")
+    blob = bytearray(agent().get_agent_metadata())
+    blob[len(_meta.MAGIC)] = _meta.VERSION + 1
+    with pytest.raises(nb.nixlMismatchError, match="version"):
+        a.add_remote_agent(bytes(blob))
+
+
+def test_notifications_in_fragments_up_to_one_mib():
+    a, _, b, _ = pair()
+    msgs = [bytes(range(256)) * (n // 256) for n in (4 * KiB, 64 * KiB,
+                                                     1 << 20)]
+    for m in msgs:
+        a.send_notif(b.name, m)
+    assert collect(b, a.name, len(msgs)) == msgs
+    with pytest.raises(nb.nixlInvalidParamError):
+        a.send_notif(b.name, b"x" * ((1 << 20) + 1))
+
+
+def test_no_notification_after_a_failed_read():
+    """The reader asks for a range the peer has since deregistered: the
+    READ fails at the peer (kvt's access check), and the notification that
+    would tell the peer its memory was read is never sent."""
+    a, abuf, b, bbuf = pair()
+    local = a.prep_xfer_dlist("", [(abuf.ctypes.data, KiB, 0)], "DRAM")
+    far = a.prep_xfer_dlist(b.name, [(bbuf.ctypes.data, KiB, 0)], "DRAM")
+    b.deregister_memory(b.get_reg_descs([(bbuf.ctypes.data, bbuf.nbytes, 0,
+                                          "")], "DRAM"))
+    h = a.make_prepped_xfer("READ", local, [0], far, [0], b"read-done")
+    a.transfer(h)
+    deadline = time.monotonic() + 10
+    with pytest.raises(nb.nixlNotFoundError):
+        while a.check_xfer_state(h) == "PROC":
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    time.sleep(0.2)
+    assert b.get_new_notifs() == {}
+
+
+def test_many_threads_on_one_agent():
+    """Four threads post WRITEs with notifications through one agent; every
+    byte and every notification arrives."""
+    threads, per = 4, 50
+    a, abuf, b, bbuf = pair(size=threads * per * KiB)
+    for i in range(abuf.size // KiB):
+        abuf[i * KiB:(i + 1) * KiB] = i % 251
+    errors = []
+
+    def run(t):
+        try:
+            for k in range(per):
+                off = (t * per + k) * KiB
+                h = a.initialize_xfer(
+                    "WRITE",
+                    a.get_xfer_descs([(abuf.ctypes.data + off, KiB, 0)],
+                                     "DRAM"),
+                    a.get_xfer_descs([(bbuf.ctypes.data + off, KiB, 0)],
+                                     "DRAM"),
+                    b.name, b"w%d-%d" % (t, k))
+                a.transfer(h)
+                wait_state(a, h)
+                a.release_xfer_handle(h)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    got = collect(b, a.name, threads * per)
+    assert sorted(got) == sorted(b"w%d-%d" % (t, k) for t in range(threads)
+                                 for k in range(per))
+    assert np.array_equal(abuf, bbuf)
+
+
+def test_post_arguments():
+    e = kvt.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    u = np.zeros(2, dtype=np.uint64)
+    with pytest.raises(TypeError, match="64-bit"):
+        e._post("127.0.0.1:1", 0, np.zeros(2, dtype=np.uint32), u, u)
+    with pytest.raises(ValueError, match="differ in length"):
+        e._post("127.0.0.1:1", 0, u, u, np.zeros(3, dtype=np.uint64))
+    with pytest.raises(ValueError, match="READ or WRITE"):
+        e._post("127.0.0.1:1", 2, u, u, u)
+    with pytest.raises(ValueError, match="over"):
+        e._post("127.0.0.1:1", 1, u, u, u, (b"x" * (kvt.NOTIFY_MAX + 1),))
