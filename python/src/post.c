@@ -2,26 +2,26 @@
 /*
  * kvt.Post: one posted transfer of the NIXL agent (kvt.nixl), made by
  * TransferEngine._post(). It owns a kvt batch holding the transfer's
- * descriptors and the notifications to deliver once it is done:
+ * descriptors, and the notifications to deliver once it has succeeded.
  *
- *  - WRITE: the notifications are NOTIFY descriptors in the same batch,
- *    after the writes; kvt delivers each after every write before it has
- *    landed, so the batch going idle means everything is done.
- *  - READ: a notification must reach the peer that was read from after
- *    its memory has been read, which only the reader knows. The batch's
- *    idle callback hands the post to the module's post thread, which
- *    sends the notifications (kvt_notify_send()) if every read
- *    succeeded, then marks the post final.
+ * A notification must reach the peer only after its memory was read (a
+ * READ: vLLM's prefill frees its blocks on it) or written (a WRITE), and
+ * only if that succeeded, which only this side knows. So the data batch's
+ * idle callback queues the post, and the notifications go out in a second
+ * batch of NOTIFY descriptors once every descriptor succeeded; a failed
+ * transfer sends none. A transfer without data sends its notifications
+ * in its one batch.
  *
  * The descriptors are built in C from three uint64 buffers (numpy arrays
  * or anything with the buffer protocol), so a batch of thousands of
  * descriptors costs no Python loop.
  *
  * Lifetime: a Post holds a strong reference to its TransferEngine, so the
- * engine (and the batch inside it) lives at least as long. Its dealloc
- * waits until the post is final (every descriptor is bounded by the
- * transfer timeout, and each notification send too), then frees the batch.
- * The post thread never touches a Python object.
+ * engine (and the batches inside it) lives at least as long. Its dealloc
+ * and release() wait until the post is final (every descriptor is bounded
+ * by the transfer timeout), no thread submits its notifications and no
+ * thread waits in wait(), then free the batches. The post thread never
+ * touches a Python object.
  */
 #define PY_SSIZE_T_CLEAN
 #include "kvtpy.h"
@@ -51,7 +51,9 @@ typedef struct post_core {
     uint64_t done_ns;    /* monotonic time it went final; under lock */
     uint64_t total_bytes;
     uint64_t ndesc;     /* data descriptors submitted */
-    kvt_batch_h nbatch; /* READ: the notifications, once dispatched */
+    kvt_batch_h nbatch; /* the notifications, once dispatched */
+    int dispatching;    /* a thread is submitting nbatch; under lock */
+    int users;          /* threads in wait() without the GIL; under lock */
     struct post_core *next, *prev; /* the queue of notifications to send */
     int queued;                    /* on that queue; under q_lock */
 } post_core_t;
@@ -84,7 +86,7 @@ static void core_finish(post_core_t *c, kvt_status_t st)
 /* ---- Notifications that follow reads ------------------------------------- */
 
 /*
- * A READ's data batch going idle (successfully) queues its post here. The
+ * A data batch going idle (successfully) queues its post here. The
  * notifications then go out in a second batch of NOTIFY descriptors,
  * submitted (never blocking) by whichever comes first: the post thread,
  * woken by the queue, or a thread asking for the post's state (an
@@ -141,6 +143,12 @@ static void notify_dispatch(post_core_t *c)
     }
     if (st != KVT_OK)
         core_finish(c, st);
+    /* The batch may have gone idle, and the post final, inside the
+     * submission: only now may a waiter free it. */
+    pthread_mutex_lock(&c->lock);
+    c->dispatching = 0;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* Take @c off the queue if it is still there; 1 when this caller did. */
@@ -203,6 +211,7 @@ static void post_idle(kvt_batch_h b, void *arg)
     if (c->nnotif > 0 && !c->notif_sent && kvt_batch_query(b, NULL) == KVT_OK) {
         pthread_mutex_lock(&c->lock);
         c->phase = POST_NOTIFYING;
+        c->dispatching = 1; /* until notify_dispatch() has submitted */
         pthread_mutex_unlock(&c->lock);
         pthread_mutex_lock(&q_lock);
         c->next = NULL;
@@ -256,7 +265,7 @@ static int core_wait(post_core_t *c, int64_t timeout_ms)
         }
     }
     pthread_mutex_lock(&c->lock);
-    while (c->phase != POST_FINAL) {
+    while (c->phase != POST_FINAL || c->dispatching) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->cond, &c->lock);
         } else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) ==
@@ -264,9 +273,19 @@ static int core_wait(post_core_t *c, int64_t timeout_ms)
             break;
         }
     }
-    final = c->phase == POST_FINAL;
+    final = c->phase == POST_FINAL && !c->dispatching;
     pthread_mutex_unlock(&c->lock);
     return final;
+}
+
+/* Wait until the post is final, nobody submits its notifications and no
+ * other thread waits on it: then it may be freed. Without the GIL. */
+static void core_quiesce(post_core_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->phase != POST_FINAL || c->dispatching || c->users > 0)
+        pthread_cond_wait(&c->cond, &c->lock);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- Building the descriptors ------------------------------------------- */
@@ -391,9 +410,8 @@ static kvt_status_t core_submit(post_core_t *c, const char *target,
         k++;
     }
     c->ndesc = k;
-    /* After writes, or when nothing was read: in the batch itself. */
-    if (c->op == KVT_OP_WRITE || k == 0)
-        nn = c->nnotif;
+    if (k == 0)
+        nn = c->nnotif; /* nothing to follow: in the batch itself */
     for (size_t i = 0; i < nn; i++, k++) {
         d[k].opcode = KVT_OP_NOTIFY;
         d[k].segment = c->seg;
@@ -475,7 +493,14 @@ PyObject *kvtpy_m__post(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         goto out;
     }
     pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     c->phase = POST_FINAL;
     c->engine = e->engine;
     c->op = (uint32_t)op;
@@ -575,9 +600,17 @@ static PyObject *post_wait(PyObject *self, PyObject *args)
 
     if (c == NULL || !PyArg_ParseTuple(args, "|L", &tmo))
         return NULL;
+    /* release() from another thread must not free @c meanwhile. */
+    pthread_mutex_lock(&c->lock);
+    c->users++;
+    pthread_mutex_unlock(&c->lock);
     Py_BEGIN_ALLOW_THREADS
     core_wait(c, tmo);
     Py_END_ALLOW_THREADS
+    pthread_mutex_lock(&c->lock);
+    c->users--;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
     return post_state(self, NULL);
 }
 
@@ -610,7 +643,7 @@ static void post_drop(post_obj_t *p)
     if (c == NULL)
         return;
     Py_BEGIN_ALLOW_THREADS
-    core_wait(c, -1);
+    core_quiesce(c);
     core_free(c);
     Py_END_ALLOW_THREADS
 }
@@ -663,8 +696,21 @@ static PyType_Spec post_spec = {
     .slots = post_slots,
 };
 
+/* A child of fork() has no post thread: start afresh there. */
+static void q_atfork_child(void)
+{
+    pthread_mutex_init(&q_lock, NULL);
+    pthread_cond_init(&q_cond, NULL);
+    q_head = q_tail = NULL;
+    q_started = 0;
+}
+
 int kvtpy_post_init(PyObject *m)
 {
+    static int atfork_done;
+
+    if (!atfork_done && pthread_atfork(NULL, NULL, q_atfork_child) == 0)
+        atfork_done = 1;
     post_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &post_spec, NULL);
     if (post_type == NULL)
         return -1;

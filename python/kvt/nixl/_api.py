@@ -74,6 +74,8 @@ _ERRORS = {
     -6: nixlNotAllowedError,       # KVT_ERR_EXISTS
     -7: nixlNotFoundError,         # KVT_ERR_NOT_REGISTERED
     -8: nixlNotFoundError,         # KVT_ERR_ACCESS
+    -9: nixlRemoteDisconnectError,  # KVT_ERR_IO (no means to reach it)
+    -10: nixlRemoteDisconnectError,  # KVT_ERR_TIMEDOUT (UCX: ep timeout)
     -11: nixlRemoteDisconnectError,  # KVT_ERR_UNREACHABLE
     -12: nixlRemoteDisconnectError,  # KVT_ERR_CONN_LOST
     -15: nixlCancelledError,       # KVT_ERR_CANCELED
@@ -135,6 +137,7 @@ def _encode_notif(name, msg_id, msg):
         raise nixlInvalidParamError(
             "notification of %d bytes is over %d" % (len(msg), NOTIF_MAX))
     n = max(1, -(-len(msg) // room))
+    msg_id &= 0xffffffff
     return tuple(struct.pack(">2sBBHIHH", b"\xa7N", 1, 0, len(nb), msg_id, i,
                              n) + nb + msg[i * room:(i + 1) * room]
                  for i in range(n))
@@ -248,19 +251,25 @@ class _Remote:
         self._index()
 
     def merge(self, segment, regions):
+        """Full metadata (with the segment) replaces what was known, as
+        the peer may have re-registered; partial metadata adds to it."""
+        new = {} if segment is not None else dict(self.regions)
+        for r in regions:
+            new[r[0]] = r
         if segment is not None:
             self.segment = segment
-        for r in regions:
-            self.regions[r[0]] = r
+        self.regions = new
         self._index()
 
     def _index(self):
         rs = sorted(self.regions.values())
-        self.starts = np.array([r[0] for r in rs], dtype=np.uint64)
-        self.ends = np.array([r[0] + r[1] for r in rs], dtype=np.uint64)
+        # One tuple, replaced whole: readers take it without the lock.
+        self.index = (np.array([r[0] for r in rs], dtype=np.uint64),
+                      np.array([r[0] + r[1] for r in rs], dtype=np.uint64))
 
     def covers(self, rows):
-        return _covered(self.starts, self.ends, rows)
+        starts, ends = self.index
+        return _covered(starts, ends, rows)
 
 
 def _covered(starts, ends, rows):
@@ -273,7 +282,8 @@ def _covered(starts, ends, rows):
     i = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
     ok = i >= 0
     j = np.where(ok, i, 0)
-    return bool(np.all(ok & (addr + ln <= ends[j])))
+    # ln <= end - addr: addr + ln could wrap around 2^64.
+    return bool(np.all(ok & (addr < ends[j]) & (ln <= ends[j] - addr)))
 
 
 class nixl_agent:
@@ -294,7 +304,11 @@ class nixl_agent:
         self.name = agent_name
         self._conf = conf
         self._lock = threading.RLock()
-        self._msg_ids = itertools.count(1)
+        # Message ids start at random: a sender restarted on the same
+        # address must not continue another's fragments.
+        self._msg_ids = itertools.count(int.from_bytes(os.urandom(4),
+                                                       "little"))
+        self._poll_lock = threading.Lock()
         self.notifs = {}
         self.backends = {}
         self.backend_mems = {}
@@ -304,8 +318,8 @@ class nixl_agent:
         self.nixl_ops = dict(_OPS)
         self._remotes = {}
         self._regs = {}  # addr -> (addr, len, dev, mem)
-        self._reg_starts = np.zeros(0, dtype=np.uint64)
-        self._reg_ends = np.zeros(0, dtype=np.uint64)
+        self._reg_index = (np.zeros(0, dtype=np.uint64),
+                           np.zeros(0, dtype=np.uint64))
         self._partial = {}  # (segment, name, msg id) -> [fragments]
         self._abandoned = []
         self._listener = None
@@ -375,8 +389,9 @@ class nixl_agent:
 
     def _reindex_regs(self):
         rs = sorted(self._regs.values())
-        self._reg_starts = np.array([r[0] for r in rs], dtype=np.uint64)
-        self._reg_ends = np.array([r[0] + r[1] for r in rs], dtype=np.uint64)
+        self._reg_index = (np.array([r[0] for r in rs], dtype=np.uint64),
+                           np.array([r[0] + r[1] for r in rs],
+                                    dtype=np.uint64))
 
     def register_memory(self, reg_list, mem_type=None, backends=[]):
         descs = self.get_reg_descs(reg_list, mem_type)
@@ -545,8 +560,7 @@ class nixl_agent:
     # ---- preparing transfers ------------------------------------------------
 
     def _check_local(self, rows, what):
-        with self._lock:
-            starts, ends = self._reg_starts, self._reg_ends
+        starts, ends = self._reg_index
         if not _covered(starts, ends, rows):
             raise nixlNotFoundError("%s: a local descriptor is not inside "
                                     "memory registered with this agent" % what)
@@ -603,7 +617,16 @@ class nixl_agent:
         if not np.array_equal(lrows[:, 1], rrows[:, 1]):
             raise nixlInvalidParamError("local and remote descriptor lengths "
                                         "differ")
-        la, ra, ln = _merge(lrows[:, 0], rrows[:, 0], lrows[:, 1])
+        lreg = np.searchsorted(self._reg_index[0], lrows[:, 0], side="right")
+        if remote == self.name:
+            rreg = np.searchsorted(self._reg_index[0], rrows[:, 0],
+                                   side="right")
+        else:
+            with self._lock:
+                r = self._remotes.get(remote)
+            starts = r.index[0] if r is not None else np.zeros(0, np.uint64)
+            rreg = np.searchsorted(starts, rrows[:, 0], side="right")
+        la, ra, ln = _merge(lrows[:, 0], rrows[:, 0], lrows[:, 1], lreg, rreg)
         return nixl_xfer_handle(self, int(_OPS[op]), la, ra, ln, remote,
                                 _as_msg(notif))
 
@@ -657,9 +680,9 @@ class nixl_agent:
             self._abandoned.append(post)
 
     def transfer(self, handle, notif_msg=b""):
-        if handle._released:
-            raise nixlInvalidParamError("transfer handle was released")
         with handle._lock:
+            if handle._released:
+                raise nixlInvalidParamError("transfer handle was released")
             if handle._post is not None and handle._post.state() == 1:
                 raise nixlRepostActiveError("the transfer is still active")
             msg = _as_msg(notif_msg) if notif_msg else handle._notif
@@ -690,8 +713,13 @@ class nixl_agent:
     def check_xfer_state(self, handle):
         post = handle._post
         if post is None:
+            if handle._released:
+                raise nixlInvalidParamError("transfer handle was released")
             raise nixlBind.nixlNotPostedError("the transfer was never posted")
-        st = post.state()
+        try:
+            st = post.state()
+        except kvt.StateError:
+            raise nixlInvalidParamError("transfer handle was released")
         if st == 0:
             return "DONE"
         if st == 1:
@@ -712,17 +740,24 @@ class nixl_agent:
         return next(iter(self.backends), "UCX")
 
     def _release_xfer(self, handle):
-        if handle._released:
-            return
-        handle._released = True
-        post, handle._post = handle._post, None
+        with handle._lock:
+            if handle._released:
+                return
+            post = handle._post
+            if post is not None and post.state() == 1:
+                # NIXL cancels, or raises and keeps the handle when it
+                # cannot. kvt cannot recall bytes in flight: the caller
+                # must keep the memory until the transfer ends (vLLM keeps
+                # the handle and its blocks, and retries).
+                raise nixlBackendError(
+                    "the transfer is still active and kvt cannot cancel "
+                    "bytes in flight; release it once check_xfer_state is "
+                    "not PROC (each transfer is bounded by the transfer "
+                    "timeout)")
+            handle._released = True
+            handle._post = None
         if post is not None:
-            if post.state() == 1:
-                # kvt cannot recall bytes in flight: the batch is freed once
-                # it is final (bounded by the transfer timeout).
-                self._abandon(post)
-            else:
-                post.release()
+            post.release()
 
     def release_xfer_handle(self, handle):
         self._release_xfer(handle)
@@ -733,7 +768,12 @@ class nixl_agent:
     # ---- notifications -------------------------------------------------------
 
     def _poll_notifs(self):
-        """New complete notifications, {agent: [bytes]}, in arrival order."""
+        """New complete notifications, {agent: [bytes]}, in arrival order.
+        One thread at a time: fragments are taken in order."""
+        with self._poll_lock:
+            return self._poll_notifs_locked()
+
+    def _poll_notifs_locked(self):
         out = {}
         for seg, payload in self._engine._notify_recv_raw(0):
             if len(payload) < 14 or payload[:2] != b"\xa7N":
@@ -748,18 +788,22 @@ class nixl_agent:
                 out.setdefault(name, []).append(data)
                 continue
             key = (seg, name, mid)
-            with self._lock:
-                parts = self._partial.get(key, [])
-                if idx != len(parts):
-                    log.warning("notification %d from %s lost a fragment; "
-                                "dropped", mid, name)
-                    self._partial.pop(key, None)
-                    continue
-                parts.append(data)
-                if len(parts) < n:
-                    self._partial[key] = parts
-                    continue
+            nparts, parts = self._partial.get(key, (n, []))
+            if idx != len(parts) or n != nparts or \
+                    n * NOTIFY_MAX > 2 * NOTIF_MAX:
+                log.warning("notification %d from %s lost a fragment or "
+                            "is malformed; dropped", mid, name)
                 self._partial.pop(key, None)
+                continue
+            parts.append(data)
+            if len(parts) < n:
+                self._partial[key] = (n, parts)
+                # A sender that died mid-message leaves its fragments: keep
+                # a bounded number of unfinished messages.
+                while len(self._partial) > 64:
+                    self._partial.pop(next(iter(self._partial)))
+                continue
+            self._partial.pop(key, None)
             out.setdefault(name, []).append(b"".join(parts))
         return out
 
@@ -842,6 +886,7 @@ class nixl_agent:
     def remove_remote_agent(self, agent):
         agent = _name(agent)
         with self._lock:
+            self._watched.pop(agent, None)
             if self._remotes.pop(agent, None) is None:
                 raise nixlNotFoundError("no remote agent %r" % agent)
 
@@ -1011,14 +1056,18 @@ def _watch_loop(ref, etcd):
         del agent
 
 
-def _merge(la, ra, ln):
-    """Merge runs of descriptors contiguous on both sides."""
+def _merge(la, ra, ln, lreg, rreg):
+    """Merge runs of descriptors contiguous on both sides and inside one
+    registered region on each (@lreg, @rreg: the region of each)."""
     la = np.ascontiguousarray(la, dtype=np.uint64)
     ra = np.ascontiguousarray(ra, dtype=np.uint64)
     ln = np.ascontiguousarray(ln, dtype=np.uint64)
     if la.size <= 1:
         return la, ra, ln
-    brk = (la[1:] != la[:-1] + ln[:-1]) | (ra[1:] != ra[:-1] + ln[:-1])
+    lend, rend = la[:-1] + ln[:-1], ra[:-1] + ln[:-1]
+    brk = ((la[1:] != lend) | (ra[1:] != rend) | (lend < la[:-1]) |
+           (rend < ra[:-1]) | (lreg[1:] != lreg[:-1]) |
+           (rreg[1:] != rreg[:-1]))
     starts = np.flatnonzero(np.concatenate(([True], brk)))
     if starts.size == la.size:
         return la, ra, ln

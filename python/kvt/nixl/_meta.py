@@ -64,11 +64,19 @@ def decode(blob):
             % (ver, VERSION))
     try:
         body = json.loads(blob[len(MAGIC) + 1:])
-        name = str(body["name"])
+        name = body["name"]
         seg = body["segment"]
         regions = [tuple(int(x) for x in r) for r in body["regions"]]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError,
+            RecursionError) as e:
         raise B.nixlInvalidParamError("corrupt kvt NIXL metadata: %s" % e)
+    if not isinstance(name, str) or not name:
+        raise B.nixlInvalidParamError("corrupt kvt NIXL metadata: name")
+    for r in regions:
+        if len(r) != 4 or not all(0 <= x < 1 << 64 for x in r) or \
+                r[0] + r[1] > 1 << 64:
+            raise B.nixlInvalidParamError("corrupt kvt NIXL metadata: "
+                                          "region %r" % (r,))
     if seg is not None and not isinstance(seg, str):
         raise B.nixlInvalidParamError("corrupt kvt NIXL metadata: segment")
     return name, seg, regions
@@ -128,12 +136,9 @@ class Listener:
             with conn:
                 try:
                     self._serve(conn)
-                except (OSError, ConnectionError, ValueError) as e:
-                    log.warning("nixl listener: bad request: %s", e)
-                except B.nixlInvalidParamError as e:
-                    log.warning("nixl listener: refused metadata: %s", e)
-                except B.nixlMismatchError as e:
-                    log.warning("nixl listener: refused metadata: %s", e)
+                except Exception as e:  # noqa: BLE001 (one request's end)
+                    log.warning("nixl listener: request refused: %s: %s",
+                                type(e).__name__, e)
 
     def _serve(self, conn):
         conn.settimeout(NET_TIMEOUT)
