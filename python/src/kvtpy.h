@@ -167,6 +167,7 @@ extern PyType_Spec kvtpy_boot_spec;
 int kvtpy_post_init(PyObject *m);
 PyObject *kvtpy_m__post(PyObject *self, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames);
+/* notify_raw.c: raw notification payloads (kvt.nixl). */
 PyObject *kvtpy_m__notify_send_raw(PyObject *self, PyObject *const *args,
                                    Py_ssize_t nargs, PyObject *kwnames);
 PyObject *kvtpy_m__notify_recv_raw(PyObject *self, PyObject *const *args,

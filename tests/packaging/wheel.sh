@@ -4,7 +4,8 @@
 # Debian's setuptools; the extension taken from this build tree), installed
 # into a fresh virtual environment, then used from two processes of that
 # environment: one writes bytes into the other's memory, which checks them.
-# Without KVT_MOONCAKE_SHIM=1 the wheel has no mooncake package.
+# Without KVT_MOONCAKE_SHIM=1 the wheel has no mooncake package, and
+# without KVT_NIXL_SHIM=1 no nixl package.
 #   wheel.sh BUILD_DIR SOURCE_DIR PYTHON
 set -eu
 BUILD=$1
@@ -31,6 +32,11 @@ assert kvt.__file__.startswith('$TMP/venv/'), kvt.__file__
 try:
     import mooncake
     sys.exit('mooncake installed without KVT_MOONCAKE_SHIM=1')
+except ImportError:
+    pass
+try:
+    import nixl
+    sys.exit('nixl installed without KVT_NIXL_SHIM=1')
 except ImportError:
     pass
 print(kvt.__version__)"
