@@ -455,92 +455,56 @@ class nixl_agent:
     # ---- descriptor lists ---------------------------------------------------
 
     def get_xfer_descs(self, descs, mem_type=None):
-        if isinstance(descs, nixlXferDList):
-            return descs
-        if isinstance(descs, nixlRegDList):
-            log.error("RegList type detected for transfer, please use "
-                      "XferList")
-            return None
-        if _is_tensor(descs):
-            if not descs.is_contiguous():
-                log.error("Please use a list of contiguous Tensors")
-                return None
-            r = _tensor_rows([descs])
-            return nixlXferDList(self.nixl_mems[r[1]], r[0])
-        if isinstance(descs, np.ndarray):
-            if mem_type is None:
-                log.error("Please specify a mem type if not using Tensors")
-                return None
-            if descs.ndim != 2 or descs.shape[1] != 3:
-                log.error("Nx3 shape required for transfer descriptor list "
-                          "from numpy array")
-                return None
-            return nixlXferDList(self.nixl_mems[mem_type], descs)
-        if len(descs) == 0:
-            if mem_type is None:
-                return None
-            return nixlXferDList(self.nixl_mems[mem_type], [])
-        if isinstance(descs[0], tuple):
-            if mem_type is None:
-                log.error("Please specify a mem type if not using Tensors")
-                return None
-            mem = self.nixl_mems[mem_type]
-            if len(descs[0]) != 3:
-                log.error("3-tuple list needed for transfer")
-                return None
-            try:
-                return nixlXferDList(mem, descs)
-            except ValueError as e:
-                log.error("bad transfer descriptors: %s", e)
-                return None
-        if _is_tensor(descs[0]):
-            r = _tensor_rows(descs)
-            return None if r is None else nixlXferDList(self.nixl_mems[r[1]],
-                                                        r[0])
-        return None
+        return self._descs(descs, mem_type, nixlXferDList, nixlRegDList, 3,
+                           "transfer")
 
     def get_reg_descs(self, descs, mem_type=None):
-        if isinstance(descs, nixlRegDList):
+        return self._descs(descs, mem_type, nixlRegDList, nixlXferDList, 4,
+                           "registration")
+
+    def _descs(self, descs, mem_type, cls, other, width, what):
+        """A @cls list from any of NIXL's inputs (a list of @width-tuples,
+        an N x 3 array, a tensor, a list of tensors), or None with an error
+        log, as NIXL does; an unknown memory type raises KeyError."""
+        if isinstance(descs, cls):
             return descs
-        if isinstance(descs, nixlXferDList):
-            log.error("XferList type detected for registration, please use "
-                      "RegList")
+        if isinstance(descs, other):
+            log.error("%s type detected for %s, please use %s",
+                      other.__name__, what, cls.__name__)
             return None
         if _is_tensor(descs):
             if not descs.is_contiguous():
                 log.error("Please use a list of contiguous Tensors")
                 return None
-            r = _tensor_rows([descs])
-            return nixlRegDList(self.nixl_mems[r[1]], r[0])
-        if isinstance(descs, np.ndarray):
+            descs = [descs]
+        elif isinstance(descs, np.ndarray):
             if mem_type is None:
                 log.error("Please specify a mem type if not using Tensors")
                 return None
             if descs.ndim != 2 or descs.shape[1] != 3:
-                log.error("Nx3 shape required for transfer descriptor list "
-                          "from numpy array")
+                log.error("Nx3 shape required for %s descriptor list from "
+                          "numpy array", what)
                 return None
-            return nixlRegDList(self.nixl_mems[mem_type], descs)
+            return cls(self.nixl_mems[mem_type], descs)
         if len(descs) == 0:
             return None if mem_type is None else \
-                nixlRegDList(self.nixl_mems[mem_type], [])
+                cls(self.nixl_mems[mem_type], [])
         if isinstance(descs[0], tuple):
             if mem_type is None:
                 log.error("Please specify a mem type if not using Tensors")
                 return None
             mem = self.nixl_mems[mem_type]
-            if len(descs[0]) != 4:
-                log.error("4-tuple list needed for registration")
+            if len(descs[0]) != width:
+                log.error("%d-tuple list needed for %s", width, what)
                 return None
             try:
-                return nixlRegDList(mem, descs)
+                return cls(mem, descs)
             except ValueError as e:
-                log.error("bad registration descriptors: %s", e)
+                log.error("bad %s descriptors: %s", what, e)
                 return None
         if _is_tensor(descs[0]):
             r = _tensor_rows(descs)
-            return None if r is None else nixlRegDList(self.nixl_mems[r[1]],
-                                                       r[0])
+            return None if r is None else cls(self.nixl_mems[r[1]], r[0])
         return None
 
     def get_remote_descs(self, descs, mem_type=None):
