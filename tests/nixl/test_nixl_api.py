@@ -640,7 +640,10 @@ def test_telemetry_times_are_monotonic_microseconds(local, peer):
     t = local.agent.get_xfer_telemetry(handle)
     assert t.totalBytes == PEER_SIZE and t.descCount == 1
     assert before <= t.startTime <= after
-    assert 0 <= t.postDuration <= t.xferDuration
+    # Both run from startTime. postDuration is not always the smaller: a
+    # transfer that completes inside the post (NIXL's UCX over shared
+    # memory) can be stamped done before the post returns.
+    assert 0 <= t.postDuration <= after - before
     # 32 MiB take well over 100 us to copy; in ns it would exceed the wall.
     assert 100 <= t.xferDuration <= after - before
     local.agent.release_xfer_handle(handle)
