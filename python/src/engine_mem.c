@@ -228,8 +228,11 @@ PyObject *kvtpy_m_allocate_managed_buffer(PyObject *self, PyObject *arg)
 
     if (kvtpy_need_engine(e) < 0 || kvtpy_u64(arg, "length", &len) < 0)
         return NULL;
+    /* Mooncake gives a buffer for length 0 too (its smallest slab); so
+     * does kvt, of one byte (a page). */
     Py_BEGIN_ALLOW_THREADS
-    st = kvt_mem_alloc(e->engine, (size_t)len, KVT_ACCESS_REMOTE_RW, &p);
+    st = kvt_mem_alloc(e->engine, len ? (size_t)len : 1, KVT_ACCESS_REMOTE_RW,
+                       &p);
     Py_END_ALLOW_THREADS
     if (st != KVT_OK) {
         kvtpy_log("error", "allocate_managed_buffer(%llu): %s (%s)",

@@ -29,6 +29,12 @@ typedef struct {
     PyObject *msg;
 } notify_obj;
 
+/* What field_bytes() below can send: str, bytes or another bytes-like. */
+static int is_text(PyObject *v)
+{
+    return PyUnicode_Check(v) || PyBytes_Check(v) || PyObject_CheckBuffer(v);
+}
+
 static int notify_init(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"name", "msg", NULL};
@@ -38,6 +44,13 @@ static int notify_init(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:TransferNotify", kwlist,
                                      &name, &msg))
         return -1;
+    /* Refused here, as Mooncake's constructor refuses them, rather than
+     * at the first send. */
+    if ((name != NULL && !is_text(name)) || (msg != NULL && !is_text(msg))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "TransferNotify: name and msg must be str or bytes");
+        return -1;
+    }
     if (name == NULL)
         name = PyUnicode_FromString("");
     else

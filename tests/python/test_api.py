@@ -83,6 +83,11 @@ def test_mooncake_names():
     n.msg = "changed"
     assert n.msg == "changed"
     assert (me.TransferNotify().name, me.TransferNotify().msg) == ("", "")
+    # Fields that cannot be sent are refused when built, as in Mooncake.
+    for bad in ((1, "m"), ("n", None), (None,)):
+        with pytest.raises(TypeError, match="str or bytes"):
+            me.TransferNotify(*bad)
+    assert me.TransferNotify(b"n", memoryview(b"m")).name == b"n"
     assert kvt.status_str(-8).startswith("remote peer refused")
     for name in ("initialize", "initialize_ext", "get_rpc_port",
                  "register_memory", "unregister_memory",
@@ -257,7 +262,11 @@ def test_managed_buffer_and_bytes(engine):
         engine.read_bytes_from_buffer(0, 1)
     assert engine.free_managed_buffer(addr, 3 * MiB) == 0
     assert engine.free_managed_buffer(addr, 3 * MiB) < 0
-    assert engine.allocate_managed_buffer(0) == 0
+    # Length 0 gives a buffer too, as Mooncake's buddy allocator does.
+    empty = engine.allocate_managed_buffer(0)
+    assert empty != 0
+    assert engine.write_bytes_to_buffer(empty, b"z", 1) == 0
+    assert engine.free_managed_buffer(empty, 0) == 0
 
 
 def test_argument_errors(engine):
