@@ -250,6 +250,55 @@ KVT_API kvt_status_t kvt_batch_reset(kvt_batch_h batch);
  */
 KVT_API kvt_status_t kvt_batch_free(kvt_batch_h batch);
 
+/* ---- Transfers ordered on a CUDA stream -------------------------------- */
+
+/*
+ * Called once when a stream-ordered transfer (kvt_transfer_on_stream()) is
+ * over, with its @arg: @status is KVT_OK when every descriptor completed,
+ * else the first failure (a status of kvt_batch_entry()), or
+ * KVT_ERR_CANCELED when its engine was being destroyed.
+ */
+typedef void (*kvt_stream_done_cb_t)(kvt_status_t status, void *arg);
+
+/*
+ * kvt_transfer_on_stream() - transfers in the order of a CUDA stream.
+ *
+ * Queues on @stream (the application's CUstream; NULL: the legacy default
+ * stream of the calling thread's current context) the submission of the
+ * @count descriptors: they are submitted once all the work queued on the
+ * stream before this call has finished, and the work queued on it after
+ * this call starts only once every one of them is final. A kernel that
+ * fills a KV block, this call, then a kernel that reuses the buffer thus
+ * run in that order without the host waiting for any of them.
+ *
+ * @descs are copied during the call; their memory rules are those of
+ * kvt_batch_submit(), from the moment the stream reaches the transfer
+ * until it is final. A kvt thread submits and follows them (a host
+ * function may make no CUDA call, and moving device memory makes some);
+ * the driver's thread that runs the stream's host functions, and with it
+ * the stream, waits meanwhile. Each transfer is bounded by the engine's
+ * transfer timeout, so the stream always resumes.
+ *
+ * @done (may be NULL) is called once with @arg when the transfer is over,
+ * on the driver's thread, before the stream resumes: it must not block
+ * and must make no CUDA call. A transfer the stream reaches while or
+ * after its engine is destroyed is not submitted and ends with
+ * KVT_ERR_CANCELED (the call is still made, so the engine may go while
+ * work is queued). @done is never called when this call fails.
+ *
+ * Thread-safe. Does not block. Returns KVT_OK (queued),
+ * KVT_ERR_INVALID_PARAM (NULL engine or @descs, @count 0 or over 1<<20),
+ * KVT_ERR_NO_MEMORY, KVT_ERR_CLOSED (the engine is being destroyed),
+ * KVT_ERR_NOT_SUPPORTED (no CUDA driver, or one without host functions)
+ * or KVT_ERR_IO (the driver refused, e.g. the NULL stream with no current
+ * context); the last two are logged with the driver's reason.
+ */
+KVT_API kvt_status_t kvt_transfer_on_stream(kvt_engine_h engine,
+                                            const kvt_xfer_desc_t *descs,
+                                            size_t count, void *stream,
+                                            kvt_stream_done_cb_t done,
+                                            void *arg);
+
 /* ---- Notifications ----------------------------------------------------- */
 
 /* A received notification. */

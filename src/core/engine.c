@@ -433,6 +433,8 @@ void kvt_engine_destroy(kvt_engine_h e)
         return;
     kvt__stats_unlist(e); /* off /metrics before anything goes */
     atomic_store(&e->stopping, 1);
+    /* No transfer ordered on a CUDA stream starts from here on. */
+    kvt__streams_close(e);
     /* Withdraw from the metadata backend first, so that peers stop
      * finding this engine. */
     publish_stop(e);
@@ -452,6 +454,7 @@ void kvt_engine_destroy(kvt_engine_h e)
         free(b);
     }
     kvt__alloc_free_all(e);
+    kvt__streams_release(e);
     pthread_mutex_destroy(&e->alloc_lock);
     kvt__notify_free_all(e);
     pthread_cond_destroy(&e->pub_cond);

@@ -140,7 +140,19 @@ struct kvt_engine {
     _Atomic int stopping;
 
     kvt__stats_t stats; /* stats.c */
+
+    /* Transfers ordered on CUDA streams (stream.c); NULL until the first. */
+    struct kvt__streams *_Atomic streams;
 };
+
+/*
+ * Stream-ordered transfers (stream.c), in kvt_engine_destroy(): close
+ * first (no more submissions; those the streams reach from then on end
+ * with KVT_ERR_CANCELED), release last (the engine's reference; what the
+ * streams have still queued keeps its own).
+ */
+void kvt__streams_close(kvt_engine_h e);
+void kvt__streams_release(kvt_engine_h e);
 
 /* ---- Segments (segment.c) ----------------------------------------------- */
 

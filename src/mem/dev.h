@@ -54,6 +54,18 @@ void kvt__dev_host_free(void *p);
 int kvt__dev_usable(void);
 
 /*
+ * Run @fn(@arg) in the order of an application's CUDA stream @stream (a
+ * CUstream; NULL: the legacy default stream of the calling thread's
+ * current context): once the work queued on it before has finished, and
+ * before any work queued after starts (cuLaunchHostFunc). @fn runs on a
+ * thread of the driver and must make no CUDA call. Returns 0, or -1 with
+ * *why_p set (no driver, the driver refused: a static or thread-local
+ * string).
+ */
+int kvt__dev_host_fn(void *stream, void (*fn)(void *), void *arg,
+                     const char **why_p);
+
+/*
  * Same-host sharing. export() gives what another process on this host
  * needs to reach the device allocation holding [addr, +len) on @device
  * (*base_p, *size_p: the allocation's range), with one sharing per

@@ -87,3 +87,11 @@ void kvt__dev_ipc_close(void *ptr, int device)
 {
     (void)ptr, (void)device;
 }
+
+int kvt__dev_host_fn(void *stream, void (*fn)(void *), void *arg,
+                     const char **why_p)
+{
+    (void)stream, (void)fn, (void)arg;
+    *why_p = "kvt is built without CUDA";
+    return -1;
+}

@@ -384,6 +384,28 @@ KVT_TEST(memory)
         ap.kind = KVT_MEM_CUDA;
         COVER(kvt_mem_alloc_ex, KVT_ERR_NOT_SUPPORTED,
               kvt_mem_alloc_ex(e, 4096, &ap, &m));
+        {
+            kvt_xfer_desc_t d = {0};
+            d.opcode = KVT_OP_WRITE;
+            d.local_addr = &d;
+            d.length = 8;
+            COVER(kvt_transfer_on_stream, KVT_ERR_NOT_SUPPORTED,
+                  kvt_transfer_on_stream(e, &d, 1, NULL, NULL, NULL));
+            COVER(kvt_transfer_on_stream, KVT_ERR_INVALID_PARAM,
+                  kvt_transfer_on_stream(NULL, &d, 1, NULL, NULL, NULL));
+            COVER(kvt_transfer_on_stream, KVT_ERR_INVALID_PARAM,
+                  kvt_transfer_on_stream(e, NULL, 1, NULL, NULL, NULL));
+            COVER(kvt_transfer_on_stream, KVT_ERR_INVALID_PARAM,
+                  kvt_transfer_on_stream(e, &d, 0, NULL, NULL, NULL));
+            UNCOVERED(kvt_transfer_on_stream, KVT_OK,
+                      "needs a driver: tests/cuda/test_cuda_stream.c");
+            UNCOVERED(kvt_transfer_on_stream, KVT_ERR_IO,
+                      "a driver refusing: test_cuda_stream refusals");
+            UNCOVERED(kvt_transfer_on_stream, KVT_ERR_NO_MEMORY,
+                      "allocation failure");
+            UNCOVERED(kvt_transfer_on_stream, KVT_ERR_CLOSED,
+                      "a call racing the engine's destruction");
+        }
     }
 
     UNCOVERED(kvt_mem_register, KVT_ERR_NO_MEMORY, "allocation failure");

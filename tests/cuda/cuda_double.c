@@ -21,6 +21,10 @@
  * KVT_CUDA_DOUBLE_DEVICES sets the number of devices (default 2; 0: none).
  * KVT_CUDA_DOUBLE_NO_IPC=1 refuses to export IPC handles (as the driver
  * does for memory of the virtual-memory API).
+ * Host functions (cuLaunchHostFunc) run in their stream's order on its
+ * thread, and the stream's later work waits for them to return; as the
+ * driver's documentation requires, a host function must not call the
+ * driver: every call made from one fails with CUDA_ERROR_NOT_PERMITTED.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -48,6 +52,7 @@
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now);
 EXPORT long kvt_cuda_double_ipc_opens(void);
 EXPORT long kvt_cuda_double_ipc_live(void);
+EXPORT long kvt_cuda_double_host_fn_refusals(void);
 #define MAX_ALLOCS 4096
 
 typedef struct {
@@ -77,6 +82,8 @@ typedef struct op {
     struct stream *s;
     int is_event;
     struct event *ev;
+    CUhostFn fn; /* a host function (cuLaunchHostFunc) and its argument */
+    void *fn_arg;
     void *dst;
     const void *src;
     size_t width, height, dpitch, spitch;
@@ -112,6 +119,18 @@ static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, ipc_opens;
 static stream_t null_stream;
 static __thread int cur_dev = -1;
+/* Set while this thread runs a host function: the driver refuses calls
+ * made from one (CUDA_ERROR_NOT_PERMITTED). */
+static __thread int in_host_fn;
+static _Atomic long host_fn_refusals;
+
+#define NO_CALL_FROM_HOST_FN()                                                 \
+    do {                                                                       \
+        if (in_host_fn) {                                                      \
+            host_fn_refusals++;                                                \
+            return CUDA_ERROR_NOT_PERMITTED;                                   \
+        }                                                                      \
+    } while (0)
 
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now)
 {
@@ -126,6 +145,12 @@ EXPORT long kvt_cuda_double_ipc_opens(void)
 }
 
 /* Imports open now. */
+/* How many driver calls made from inside a host function were refused. */
+EXPORT long kvt_cuda_double_host_fn_refusals(void)
+{
+    return host_fn_refusals;
+}
+
 EXPORT long kvt_cuda_double_ipc_live(void)
 {
     long n = 0;
@@ -208,6 +233,10 @@ static void *copy_main(void *arg)
         pthread_mutex_unlock(&lock);
         if (o->is_event) {
             o->ev->state = atomic_exchange(&s->failed, 0) ? 2 : 1;
+        } else if (o->fn != NULL) {
+            in_host_fn = 1;
+            o->fn(o->fn_arg);
+            in_host_fn = 0;
         } else {
             long n = ++copies;
             if (delay_us > 0) {
@@ -372,6 +401,9 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
     case CUDA_ERROR_NO_DEVICE:
         *s = "no CUDA-capable device is detected";
         break;
+    case CUDA_ERROR_NOT_PERMITTED:
+        *s = "operation not permitted";
+        break;
     default:
         *s = "unknown error (test double)";
         break;
@@ -395,6 +427,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
+    NO_CALL_FROM_HOST_FN();
     if (d < 0 || d >= ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     *c = (CUcontext)(uintptr_t)(0x1000 + d);
@@ -410,6 +443,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c)
 {
     uintptr_t v = (uintptr_t)c;
 
+    NO_CALL_FROM_HOST_FN();
     if (c == NULL) {
         cur_dev = -1;
         return CUDA_SUCCESS;
@@ -471,6 +505,7 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
     void *view = MAP_FAILED, *shadow = MAP_FAILED;
     int fd;
 
+    NO_CALL_FROM_HOST_FN();
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (size == 0)
@@ -499,6 +534,7 @@ EXPORT CUresult cuMemFree(CUdeviceptr p)
 {
     alloc_t a;
 
+    NO_CALL_FROM_HOST_FN();
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
     pthread_mutex_lock(&lock);
@@ -522,6 +558,7 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
 {
     void *m;
 
+    NO_CALL_FROM_HOST_FN();
     (void)flags;
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -543,6 +580,7 @@ EXPORT CUresult cuMemFreeHost(void *p)
 {
     alloc_t a;
 
+    NO_CALL_FROM_HOST_FN();
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     a = take((uintptr_t)p, 0);
@@ -558,6 +596,7 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n,
 {
     alloc_t a = {0}, *f;
 
+    NO_CALL_FROM_HOST_FN();
     pthread_mutex_lock(&lock);
     f = find((uintptr_t)ptr, 1);
     if (f != NULL)
@@ -596,6 +635,7 @@ EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
     CUresult r = CUDA_ERROR_NOT_FOUND;
     alloc_t *a;
 
+    NO_CALL_FROM_HOST_FN();
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a context */
     pthread_mutex_lock(&lock);
@@ -618,6 +658,7 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
 {
     uint8_t *d = where((uintptr_t)dst, n), *sr = where((uintptr_t)src, n);
 
+    NO_CALL_FROM_HOST_FN();
     if (d == NULL || sr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     if (n == 0)
@@ -631,6 +672,7 @@ EXPORT CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream s)
     size_t sspan, dspan;
     uint8_t *d, *sr;
 
+    NO_CALL_FROM_HOST_FN();
     if (c->Height == 0 || c->WidthInBytes == 0)
         return CUDA_SUCCESS;
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
@@ -660,6 +702,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
     struct stat sb;
     alloc_t *a;
 
+    NO_CALL_FROM_HOST_FN();
     if (no_ipc) /* as the driver for memory of the virtual-memory API */
         return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
@@ -687,6 +730,7 @@ EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
     void *view = MAP_FAILED, *shadow = MAP_FAILED;
     int fd;
 
+    NO_CALL_FROM_HOST_FN();
     (void)flags;
     memcpy(&x, h.reserved, sizeof(x));
     if (cur_dev < 0)
@@ -736,6 +780,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
     alloc_t a = {0};
 
+    NO_CALL_FROM_HOST_FN();
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
@@ -764,6 +809,7 @@ EXPORT CUresult cuStreamCreate(CUstream *hs, unsigned int flags)
 {
     stream_t *s;
 
+    NO_CALL_FROM_HOST_FN();
     (void)flags;
     if (cur_dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -783,6 +829,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream hs)
     stream_t *s = hs != NULL ? (stream_t *)hs : &null_stream;
     uint64_t want = s->queued;
 
+    NO_CALL_FROM_HOST_FN();
     pthread_mutex_lock(&lock);
     while (s->done < want)
         pthread_cond_wait(&done_cond, &lock);
@@ -833,8 +880,10 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
 EXPORT CUresult cuEventRecord(CUevent e, CUstream hs)
 {
     event_t *ev = (event_t *)e;
-    op_t *o = calloc(1, sizeof(*o));
+    op_t *o;
 
+    NO_CALL_FROM_HOST_FN();
+    o = calloc(1, sizeof(*o));
     if (o == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     ev->state = 0;
@@ -855,11 +904,31 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     event_t *ev = (event_t *)e;
 
+    NO_CALL_FROM_HOST_FN();
     pthread_mutex_lock(&lock);
     while (ev->state == 0)
         pthread_cond_wait(&done_cond, &lock);
     pthread_mutex_unlock(&lock);
     return event_result(e);
+}
+
+/* As the driver: @fn runs once the stream's earlier work is done, and
+ * the stream's later work starts after it returns. */
+EXPORT CUresult cuLaunchHostFunc(CUstream hs, CUhostFn fn, void *arg)
+{
+    op_t *o;
+
+    NO_CALL_FROM_HOST_FN();
+    if (fn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hs == NULL && cur_dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT; /* the NULL stream's context */
+    o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->fn = fn;
+    o->fn_arg = arg;
+    return enqueue(o, hs);
 }
 
 EXPORT CUresult cuEventDestroy(CUevent e)

@@ -83,6 +83,7 @@ static void load(void)
     sym(h, "cuIpcOpenMemHandle_v2", &drv.IpcOpenMemHandle, 1);
     sym(h, "cuIpcCloseMemHandle", &drv.IpcCloseMemHandle, 1);
     sym(h, "cuMemcpy2DAsync_v2", &drv.Memcpy2DAsync, 1);
+    sym(h, "cuLaunchHostFunc", &drv.LaunchHostFunc, 1);
     sym(h, "cuMemAlloc_v2", &drv.MemAlloc, 1);
     sym(h, "cuMemFree_v2", &drv.MemFree, 1);
     r = drv.Init(0);
@@ -594,6 +595,38 @@ int kvt__dev_copy2d(kvt__dstream_t *s, void *dst, size_t dpitch,
 int kvt__dev_usable(void)
 {
     return kvt__cuda() != NULL;
+}
+
+/*
+ * The stream is the application's, in whatever context it belongs to (the
+ * NULL stream: the calling thread's current context), so no context is
+ * entered here: the driver finds it from the stream.
+ */
+int kvt__dev_host_fn(void *stream, void (*fn)(void *), void *arg,
+                     const char **why_p)
+{
+    static _Thread_local char buf[160];
+    const kvt__cuda_drv_t *d = kvt__cuda();
+    CUresult r;
+
+    if (d == NULL) {
+        *why_p = kvt__cuda_why();
+        return -1;
+    }
+    if (d->LaunchHostFunc == NULL) {
+        *why_p = "the CUDA driver has no cuLaunchHostFunc";
+        return -1;
+    }
+    r = d->LaunchHostFunc((CUstream)stream, fn, arg);
+    if (r != CUDA_SUCCESS) {
+        snprintf(buf, sizeof(buf), "cuLaunchHostFunc: %s%s", kvt__cuda_err(r),
+                 r == CUDA_ERROR_INVALID_CONTEXT && stream == NULL
+                     ? " (the NULL stream needs a current context)"
+                     : "");
+        *why_p = buf;
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- Same-host sharing (mem/dev.h) -------------------------------------- */

@@ -43,6 +43,9 @@ typedef struct {
     CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
     CUresult (*IpcCloseMemHandle)(CUdeviceptr);
     CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+    /* Optional (NULL when absent): host functions in a stream's order
+     * (transfers ordered on an application's stream). */
+    CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
     /* Optional (NULL when absent): allocation, for tools and tests. */
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
