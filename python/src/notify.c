@@ -174,6 +174,10 @@ int kvtpy_notify_encode(PyObject *notify, char *buf, size_t *len_p)
     Py_ssize_t nlen, mlen;
     int rc = -1;
 
+    if (!PyObject_TypeCheck(notify, kvtpy_notify_type)) {
+        PyErr_SetString(PyExc_TypeError, "notify must be a TransferNotify");
+        goto out;
+    }
     name = field_bytes(notify, "name");
     if (name == NULL)
         goto out;

@@ -286,6 +286,11 @@ def test_argument_errors(engine):
         engine.batch_transfer_sync_write("127.0.0.1:1", 5, [0], [1])
     with pytest.raises(TypeError):
         engine.get_batch_transfer_status(3)
+    # notify must be a TransferNotify (a str is not), as in Mooncake.
+    for call in (engine.transfer_sync, engine.batch_transfer_sync):
+        one = (1, 0, 1) if call == engine.transfer_sync else ([1], [0], [1])
+        with pytest.raises(TypeError, match="TransferNotify"):
+            call("127.0.0.1:1", *one, kvt.TransferOpcode.Write, "x")
     with pytest.raises(ValueError, match="too long"):
         engine.send_notify("127.0.0.1:1",
                            kvt.TransferNotify("n", "x" * 5000))
@@ -340,3 +345,61 @@ def test_subclasses():
     del e, n
     import gc
     gc.collect()
+
+
+# What Mooncake's wheel (mooncake-transfer-engine-non-cuda 0.3.13.post1,
+# dir() of mooncake.engine and of its TransferEngine) defines, and the
+# stream-ordered calls of its CUDA build; kvt serves or refuses each.
+MOONCAKE_MODULE_NAMES = [
+    "CoroRPCInterface", "InnerTransferEngine", "Read", "ReceivedData",
+    "ReceivedTensor", "RpcInterface", "SUPPORT_CUDA", "SUPPORT_EFA",
+    "SUPPORT_HIP", "SUPPORT_INTRA_NVLINK", "SUPPORT_MNNVL", "SUPPORT_MUSA",
+    "SharedSegment", "TransferEngine", "TransferNotify", "TransferOpcode",
+    "Write", "create_rpc_client", "create_rpc_server"]
+MOONCAKE_ENGINE_METHODS = [
+    "allocate_managed_buffer", "batch_register_memory",
+    "batch_transfer_async", "batch_transfer_async_read",
+    "batch_transfer_async_write", "batch_transfer_sync",
+    "batch_transfer_sync_read", "batch_transfer_sync_write",
+    "batch_unregister_memory", "free_managed_buffer",
+    "get_batch_transfer_status", "get_engine", "get_engine_ptr",
+    "get_first_buffer_address", "get_local_topology", "get_notifies",
+    "get_rpc_port", "initialize", "initialize_ext", "read_bytes_from_buffer",
+    "register_memory", "send_probe", "transfer_check_status",
+    "transfer_submit_write", "transfer_sync", "transfer_sync_read",
+    "transfer_sync_write", "unregister_memory", "warmup_efa_segment",
+    "write_bytes_to_buffer",
+    "transfer_write_on_cuda", "transfer_read_on_cuda",
+    "batch_transfer_write_on_cuda", "batch_transfer_read_on_cuda"]
+
+
+def test_every_mooncake_name_is_there():
+    me = mooncake.engine
+    assert sorted(me.__all__) == sorted(MOONCAKE_MODULE_NAMES)
+    for name in MOONCAKE_MODULE_NAMES:
+        assert hasattr(me, name), name
+    for name in MOONCAKE_ENGINE_METHODS:
+        assert callable(getattr(me.TransferEngine, name)), name
+
+
+def test_refused_mooncake_names_say_why():
+    me = mooncake.engine
+    for cls in (me.RpcInterface, me.CoroRPCInterface, me.ReceivedData,
+                me.ReceivedTensor, me.InnerTransferEngine, me.SharedSegment):
+        with pytest.raises(kvt.NotSupportedError, match=cls.__name__):
+            cls()
+    for f in (me.create_rpc_client, me.create_rpc_server):
+        with pytest.raises(kvt.NotSupportedError, match="not part of kvt"):
+            f(0, 1)
+    assert me.SharedSegment.supported() is False
+    with pytest.raises(kvt.NotSupportedError):
+        me.SharedSegment.create("x", 4096, 1, 0)
+    with pytest.raises(kvt.NotSupportedError, match="get_engine_ptr"):
+        me.TransferEngine().get_engine()
+
+
+def test_topology_without_initialize():
+    import json
+    t = json.loads(mooncake.engine.TransferEngine().get_local_topology())
+    assert any(k.startswith("cpu:") for k in t)
+    assert all(v == [[], []] for v in t.values())
