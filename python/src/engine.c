@@ -207,6 +207,9 @@ static void engine_dealloc(PyObject *obj)
     kvt_engine_destroy(self->engine);
     Py_END_ALLOW_THREADS
     self->engine = NULL;
+    /* Transfers still queued on streams keep the state alive. */
+    kvtpy_cuda_state_unref(self->cuda);
+    self->cuda = NULL;
     kvtpy_ids_fini(&self->ids);
     pthread_mutex_destroy(&self->pool_lock);
     tp_free(obj);
@@ -347,6 +350,33 @@ static PyMethodDef engine_methods[] = {
           "_notify_recv_raw(timeout_ms=0) -> list of (sender, payload)"),
     FAST(send_probe,
          "send_probe(peer_server_name) -> 0 if the peer answers, else -1"),
+    XFAST(transfer_write_on_cuda,
+          "transfer_write_on_cuda(target_hostname, buffer, "
+          "peer_buffer_address, length, stream_ptr=0, transport_hint='') -> "
+          "None\n\nThe write starts once the work queued on the CUDA stream "
+          "before it is done; the stream's later work waits for it."),
+    XFAST(transfer_read_on_cuda,
+          "transfer_read_on_cuda(target_hostname, buffer, "
+          "peer_buffer_address, length, stream_ptr=0, transport_hint='') -> "
+          "None\n\nAs transfer_write_on_cuda, reading."),
+    XFAST(batch_transfer_write_on_cuda,
+          "batch_transfer_write_on_cuda(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, stream_ptr=0, transport_hint='')"
+          " -> None"),
+    XFAST(batch_transfer_read_on_cuda,
+          "batch_transfer_read_on_cuda(target_hostname, buffers, "
+          "peer_buffer_addresses, lengths, stream_ptr=0, transport_hint='')"
+          " -> None"),
+    XNONE(get_engine_ptr,
+          "get_engine_ptr() -> the address of kvt's engine (a kvt_engine_h;"
+          " 0 before initialize)"),
+    XNONE(get_engine, "get_engine(): refused (Mooncake's C++ engine object)"),
+    XFAST(get_local_topology,
+          "get_local_topology(device_name=None) -> JSON: for each location "
+          "(cpu:N, cuda:N), [preferred NICs, other NICs]"),
+    XFAST(warmup_efa_segment,
+          "warmup_efa_segment(segment_name) -> 0 or -1\n\nOpens the segment "
+          "(handshake and connections) ahead of the first transfer."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -165,8 +165,8 @@ extern PyType_Spec kvtpy_boot_spec;
 
 /* Add the Post type to the module. */
 int kvtpy_post_init(PyObject *m);
-PyObject *kvtpy_m__post(PyObject *self, PyObject *const *args,
-                        Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m__post(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames);
 /* notify_raw.c: raw notification payloads (kvt.nixl). */
 PyObject *kvtpy_m__notify_send_raw(PyObject *self, PyObject *const *args,
                                    Py_ssize_t nargs, PyObject *kwnames);
@@ -192,9 +192,69 @@ typedef struct {
     kvtpy_ids_t ids;
     /* Set, with the GIL held, while initialize() creates the engine. */
     int initializing;
+    /* Stream-ordered transfers (transfer_cuda.c); NULL until the first. */
+    struct kvtpy_cuda_state *cuda;
 } kvtpy_engine_t;
 
 PyTypeObject *kvtpy_engine_type_create(PyObject *module);
+
+/* ---- transfer.c: the descriptors of Mooncake-style calls ---------------- */
+
+/*
+ * The descriptors of a transfer request, built with the GIL held and used
+ * without it (their segments set once the target is open). Small requests
+ * live in the inline array. Zero-length pieces are dropped (kvt refuses
+ * them, Mooncake completes them), so n may be 0.
+ */
+typedef struct {
+    kvt_xfer_desc_t inline_d[8];
+    kvt_xfer_desc_t *d;
+    size_t n;
+} descs_t;
+
+void kvtpy_descs_fini(descs_t *ds);
+/*
+ * Build descriptors of opcode @op from three parallel lists. Returns 0; 1
+ * when the list lengths differ (logged: Mooncake returns a failure code
+ * for that, it does not raise); -1 with an exception set for wrong types.
+ */
+int kvtpy_descs_from_lists(descs_t *ds, const char *fname, uint32_t op,
+                           PyObject *bufs, PyObject *peers, PyObject *lens);
+/* One descriptor from one buffer, peer address and length: 0, or -1 with
+ * an exception set. */
+int kvtpy_descs_from_one(descs_t *ds, uint32_t op, PyObject *buf,
+                         PyObject *peer, PyObject *len);
+/* The transport hint selects a transport in Mooncake's TENT backend and is
+ * ignored by its classic one; kvt chooses per peer, so it is accepted and
+ * checked for type only: 0, or -1 with TypeError set. */
+int kvtpy_check_hint(PyObject *hint);
+
+/* ---- engine_info.c ------------------------------------------------------ */
+
+PyObject *kvtpy_m_get_engine_ptr(PyObject *self, PyObject *unused);
+PyObject *kvtpy_m_get_engine(PyObject *self, PyObject *unused);
+PyObject *kvtpy_m_warmup_efa_segment(PyObject *self, PyObject *const *args,
+                                     Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m_get_local_topology(PyObject *self, PyObject *const *args,
+                                     Py_ssize_t nargs, PyObject *kwnames);
+
+/* ---- transfer_cuda.c: Mooncake's *_on_cuda calls ------------------------ */
+
+struct kvtpy_cuda_state;
+/* Drop the engine object's reference (NULL: nothing). */
+void kvtpy_cuda_state_unref(struct kvtpy_cuda_state *cs);
+PyObject *kvtpy_m_transfer_write_on_cuda(PyObject *self, PyObject *const *args,
+                                         Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m_transfer_read_on_cuda(PyObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs, PyObject *kwnames);
+PyObject *kvtpy_m_batch_transfer_write_on_cuda(PyObject *self,
+                                               PyObject *const *args,
+                                               Py_ssize_t nargs,
+                                               PyObject *kwnames);
+PyObject *kvtpy_m_batch_transfer_read_on_cuda(PyObject *self,
+                                              PyObject *const *args,
+                                              Py_ssize_t nargs,
+                                              PyObject *kwnames);
 
 /* 0 when initialized, else -1 with kvt.StateError set. */
 int kvtpy_need_engine(kvtpy_engine_t *self);

@@ -74,10 +74,7 @@ static int opcode_of(PyObject *o, uint32_t *op)
     return 0;
 }
 
-/* The transport hint selects a transport in Mooncake's TENT backend and is
- * ignored by its classic one; kvt chooses per peer, so it is accepted and
- * checked for type only. */
-static int check_hint(PyObject *hint)
+int kvtpy_check_hint(PyObject *hint)
 {
     if (hint == NULL || hint == Py_None || PyUnicode_Check(hint))
         return 0;
@@ -85,17 +82,7 @@ static int check_hint(PyObject *hint)
     return -1;
 }
 
-/*
- * The descriptors of a transfer request, built with the GIL held and used
- * without it. Small requests live in the inline array.
- */
-typedef struct {
-    kvt_xfer_desc_t inline_d[8];
-    kvt_xfer_desc_t *d;
-    size_t n;
-} descs_t;
-
-static void descs_fini(descs_t *ds)
+void kvtpy_descs_fini(descs_t *ds)
 {
     if (ds->d != ds->inline_d)
         free(ds->d);
@@ -118,13 +105,8 @@ static void descs_add(descs_t *ds, uint32_t op, uint64_t local, uint64_t remote,
     d->length = len;
 }
 
-/*
- * Build descriptors from three parallel lists. Returns 0; 1 when the list
- * lengths differ (logged: Mooncake returns a failure code for that, it
- * does not raise); -1 with an exception set for wrong types.
- */
-static int descs_from_lists(descs_t *ds, const char *fname, uint32_t op,
-                            PyObject *bufs, PyObject *peers, PyObject *lens)
+int kvtpy_descs_from_lists(descs_t *ds, const char *fname, uint32_t op,
+                           PyObject *bufs, PyObject *peers, PyObject *lens)
 {
     Py_ssize_t nb, np, nl;
 
@@ -159,7 +141,7 @@ static int descs_from_lists(descs_t *ds, const char *fname, uint32_t op,
         if (kvtpy_u64_item(bufs, i, "buffers[i]", &b) < 0 ||
             kvtpy_u64_item(peers, i, "peer_buffer_addresses[i]", &p) < 0 ||
             kvtpy_u64_item(lens, i, "lengths[i]", &l) < 0) {
-            descs_fini(ds);
+            kvtpy_descs_fini(ds);
             ds->d = ds->inline_d;
             return -1;
         }
@@ -168,8 +150,8 @@ static int descs_from_lists(descs_t *ds, const char *fname, uint32_t op,
     return 0;
 }
 
-static int descs_from_one(descs_t *ds, uint32_t op, PyObject *buf,
-                          PyObject *peer, PyObject *len)
+int kvtpy_descs_from_one(descs_t *ds, uint32_t op, PyObject *buf,
+                         PyObject *peer, PyObject *len)
 {
     uint64_t b, p, l;
 
@@ -300,9 +282,9 @@ static PyObject *sync_one(kvtpy_engine_t *self, const char *fname, uint32_t op,
     descs_t ds;
 
     if (kvtpy_args(fname, args, nargs, kwnames, one_params, 4, 5, a) < 0 ||
-        check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
+        kvtpy_check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
         return NULL;
-    if (descs_from_one(&ds, op, a[1], a[2], a[3]) < 0)
+    if (kvtpy_descs_from_one(&ds, op, a[1], a[2], a[3]) < 0)
         return NULL;
     return sync_common(self, fname, a[0], &ds, NULL);
 }
@@ -330,10 +312,10 @@ PyObject *kvtpy_m_transfer_sync(PyObject *self, PyObject *const *args,
 
     if (kvtpy_args("transfer_sync", args, nargs, kwnames, one_op_params, 5, 7,
                    a) < 0 ||
-        opcode_of(a[4], &op) < 0 || check_hint(a[6]) < 0 ||
+        opcode_of(a[4], &op) < 0 || kvtpy_check_hint(a[6]) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
-    if (descs_from_one(&ds, op, a[1], a[2], a[3]) < 0)
+    if (kvtpy_descs_from_one(&ds, op, a[1], a[2], a[3]) < 0)
         return NULL;
     return sync_common((kvtpy_engine_t *)self, "transfer_sync", a[0], &ds,
                        a[5]);
@@ -347,13 +329,13 @@ static PyObject *sync_batch(kvtpy_engine_t *self, const char *fname,
     descs_t ds;
     int rc;
 
-    rc = descs_from_lists(&ds, fname, op, bufs, peers, lens);
+    rc = kvtpy_descs_from_lists(&ds, fname, op, bufs, peers, lens);
     if (rc < 0)
         return NULL;
     if (rc > 0)
         return kvtpy_int(-1);
     r = sync_common(self, fname, target, &ds, notify);
-    descs_fini(&ds);
+    kvtpy_descs_fini(&ds);
     return r;
 }
 
@@ -364,7 +346,7 @@ static PyObject *batch_sync_rw(kvtpy_engine_t *self, const char *fname,
     PyObject *a[5];
 
     if (kvtpy_args(fname, args, nargs, kwnames, batch_params, 4, 5, a) < 0 ||
-        check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
+        kvtpy_check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
         return NULL;
     return sync_batch(self, fname, op, a[0], a[1], a[2], a[3], NULL);
 }
@@ -393,7 +375,7 @@ PyObject *kvtpy_m_batch_transfer_sync(PyObject *self, PyObject *const *args,
 
     if (kvtpy_args("batch_transfer_sync", args, nargs, kwnames, batch_op_params,
                    5, 7, a) < 0 ||
-        opcode_of(a[4], &op) < 0 || check_hint(a[6]) < 0 ||
+        opcode_of(a[4], &op) < 0 || kvtpy_check_hint(a[6]) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
     return sync_batch((kvtpy_engine_t *)self, "batch_transfer_sync", op, a[0],
@@ -474,13 +456,13 @@ static PyObject *async_batch(kvtpy_engine_t *self, const char *fname,
     descs_t ds;
     int rc;
 
-    rc = descs_from_lists(&ds, fname, op, bufs, peers, lens);
+    rc = kvtpy_descs_from_lists(&ds, fname, op, bufs, peers, lens);
     if (rc < 0)
         return NULL;
     if (rc > 0)
         return PyLong_FromUnsignedLongLong(0);
     r = async_common(self, fname, target, &ds);
-    descs_fini(&ds);
+    kvtpy_descs_fini(&ds);
     return r;
 }
 
@@ -491,7 +473,7 @@ static PyObject *async_rw(kvtpy_engine_t *self, const char *fname, uint32_t op,
     PyObject *a[5];
 
     if (kvtpy_args(fname, args, nargs, kwnames, batch_params, 4, 5, a) < 0 ||
-        check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
+        kvtpy_check_hint(a[4]) < 0 || kvtpy_need_engine(self) < 0)
         return NULL;
     return async_batch(self, fname, op, a[0], a[1], a[2], a[3]);
 }
@@ -521,7 +503,7 @@ PyObject *kvtpy_m_batch_transfer_async(PyObject *self, PyObject *const *args,
 
     if (kvtpy_args("batch_transfer_async", args, nargs, kwnames,
                    async_op_params, 5, 6, a) < 0 ||
-        opcode_of(a[4], &op) < 0 || check_hint(a[5]) < 0 ||
+        opcode_of(a[4], &op) < 0 || kvtpy_check_hint(a[5]) < 0 ||
         kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
     return async_batch((kvtpy_engine_t *)self, "batch_transfer_async", op, a[0],
@@ -536,9 +518,10 @@ PyObject *kvtpy_m_transfer_submit_write(PyObject *self, PyObject *const *args,
 
     if (kvtpy_args("transfer_submit_write", args, nargs, kwnames, one_params, 4,
                    5, a) < 0 ||
-        check_hint(a[4]) < 0 || kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
+        kvtpy_check_hint(a[4]) < 0 ||
+        kvtpy_need_engine((kvtpy_engine_t *)self) < 0)
         return NULL;
-    if (descs_from_one(&ds, KVT_OP_WRITE, a[1], a[2], a[3]) < 0)
+    if (kvtpy_descs_from_one(&ds, KVT_OP_WRITE, a[1], a[2], a[3]) < 0)
         return NULL;
     return async_common((kvtpy_engine_t *)self, "transfer_submit_write", a[0],
                         &ds);
