@@ -42,7 +42,7 @@ test-frameworks: build
 	KVT_BUILD_DIR=$(BUILD) scripts/frameworks
 	cd tests/frameworks && KVT_BIN=$(abspath $(BUILD))/bin/kvt \
 	    ../../build/fw/bin/python -m pytest -v -p no:cacheprovider \
-	    test_connector_parts.py test_vllm.py
+	    test_connector_parts.py test_mooncake_compat.py test_vllm.py
 	# NIXL's agent API: the same suite against kvt's nixl (kvt's choice of
 	# transport, then tcp) and NIXL's wheel (UCX over tcp, then over
 	# shared memory with tcp for its control messages).
