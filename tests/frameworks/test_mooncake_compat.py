@@ -760,8 +760,6 @@ def test_first_buffer_address(mod, pair):
     assert a.ev("e.get_first_buffer_address(seg) == rb") is True
     b.ex("low = anon(4096); high = anon(4096)")
     low, high = sorted([b.ev("low"), b.ev("high")])
-    lowest = min(low, pair.rb)
-    assert lowest == low or lowest == pair.rb
     assert b.ev(f"e.register_memory({high}, 4096)") == 0
     assert b.ev(f"e.register_memory({low}, 4096)") == 0
     got = a.ev("e.get_first_buffer_address(seg)")
