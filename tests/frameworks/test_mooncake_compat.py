@@ -167,6 +167,26 @@ DIFF = {
     "dead_peer_first": Diff(
         0, "cached", "get_first_buffer_address fetches the descriptor "
         "afresh in kvt; the wheel answers from its cache"),
+    "get_engine": Diff(
+        Raised("NotSupportedError"), "InnerTransferEngine",
+        "get_engine returns Mooncake's C++ engine object, which kvt does "
+        "not have (get_engine_ptr gives kvt's kvt_engine_h)"),
+    "warmup_unreachable": Diff(
+        -1, 0, "warmup_efa_segment: kvt opens the segment (handshake and "
+        "connections ahead of the first transfer) and says when it "
+        "cannot; the wheel without EFA does nothing and returns 0"),
+    "on_cuda": Diff(
+        True, False, "the *_on_cuda calls: the non-CUDA wheel is built "
+        "without them; kvt has them in every build (refused at run time "
+        "without a CUDA driver)"),
+    "rpc_refused": Diff(
+        Raised("NotSupportedError"), "RpcInterface",
+        "Mooncake's tensor RPC (its collective and expert-parallel "
+        "libraries' channel) is not in kvt: the names exist, making one "
+        "raises"),
+    "shared_segment": Diff(
+        False, True, "SharedSegment.supported(): kvt has no rank-shared "
+        "memory segment"),
 }
 
 
@@ -822,3 +842,38 @@ def test_peer_dies(mod, pair):
     assert a.ev("e.get_notifies()") == []
     # The survivor still serves and initiates.
     assert a.ev(f"e.send_probe({a.segment!r})") == 0
+
+
+# ---- the calls of 2026 -----------------------------------------------------
+
+def test_calls_of_2026(mod, pair):
+    """get_engine_ptr, get_local_topology, warmup_efa_segment, get_engine,
+    the *_on_cuda calls and the module's other names, on both."""
+    a = pair.a
+    ptr = a.ev("e.get_engine_ptr()")
+    assert isinstance(ptr, int) and ptr > 0
+    assert a.ev("e.get_engine_ptr()") == ptr
+    nodes = sorted(n for n in os.listdir("/sys/devices/system/node")
+                   if n.startswith("node") and n[4:].isdigit())
+    text = "{\n" + ",\n".join(
+        '\t"cpu:%s" : \n\t[\n\t\t[],\n\t\t[]\n\t]' % n[4:]
+        for n in sorted(nodes, key=lambda n: "cpu:" + n[4:])) + "\n}\n"
+    # No RDMA NIC, no GPU here: the same text on both, filter or not.
+    assert a.ev("e.get_local_topology()") == text
+    assert a.ev("e.get_local_topology('mlx5_0')") == text
+    assert a.ev("e.get_local_topology(device_name=None)") == text
+    assert a.ev("m.TransferEngine().get_local_topology()") == text
+    assert a.ev("e.warmup_efa_segment(seg)") == 0
+    assert a.ev("e.warmup_efa_segment(segment_name=seg)") == 0
+    assert a.ev("e.warmup_efa_segment('127.0.0.1:1')") == \
+        want(mod, "warmup_unreachable")
+    assert a.ev("e.warmup_efa_segment(1)") == TYPE
+    got = a.ev("type(e.get_engine()).__name__")
+    assert got == want(mod, "get_engine")
+    assert a.ev("[hasattr(e, n) for n in ('transfer_write_on_cuda', "
+                "'transfer_read_on_cuda', 'batch_transfer_write_on_cuda', "
+                "'batch_transfer_read_on_cuda')]") == \
+        [want(mod, "on_cuda")] * 4
+    assert a.ev("type(m.create_rpc_client()).__name__") == \
+        want(mod, "rpc_refused")
+    assert a.ev("m.SharedSegment.supported()") == want(mod, "shared_segment")
