@@ -271,13 +271,16 @@ typedef void (*kvt_stream_done_cb_t)(kvt_status_t status, void *arg);
  * fills a KV block, this call, then a kernel that reuses the buffer thus
  * run in that order without the host waiting for any of them.
  *
- * @descs are copied during the call; their memory rules are those of
+ * @descs are copied during the call, and so are the messages of NOTIFY
+ * descriptors; the memory rules of the others are those of
  * kvt_batch_submit(), from the moment the stream reaches the transfer
  * until it is final. A kvt thread submits and follows them (a host
  * function may make no CUDA call, and moving device memory makes some);
  * the driver's thread that runs the stream's host functions, and with it
- * the stream, waits meanwhile. Each transfer is bounded by the engine's
- * transfer timeout, so the stream always resumes.
+ * the stream, waits meanwhile. The driver may run the host functions of
+ * every stream on that one thread: transfers ordered on different
+ * streams may then run one after the other. Each transfer is bounded by
+ * the engine's transfer timeout, so the stream always resumes.
  *
  * @done (may be NULL) is called once with @arg when the transfer is over,
  * on the driver's thread, before the stream resumes: it must not block
@@ -286,9 +289,11 @@ typedef void (*kvt_stream_done_cb_t)(kvt_status_t status, void *arg);
  * KVT_ERR_CANCELED (the call is still made, so the engine may go while
  * work is queued). @done is never called when this call fails.
  *
- * Thread-safe. Does not block. Returns KVT_OK (queued),
+ * Thread-safe, but like every call on an engine it must not race the
+ * engine's kvt_engine_destroy(). Does not block. Returns KVT_OK (queued),
  * KVT_ERR_INVALID_PARAM (NULL engine or @descs, @count 0 or over 1<<20),
- * KVT_ERR_NO_MEMORY, KVT_ERR_CLOSED (the engine is being destroyed),
+ * KVT_ERR_NO_MEMORY, KVT_ERR_CLOSED (the engine's destruction has begun:
+ * a best-effort answer for a caller that lost that race, not a licence),
  * KVT_ERR_NOT_SUPPORTED (no CUDA driver, or one without host functions)
  * or KVT_ERR_IO (the driver refused, e.g. the NULL stream with no current
  * context); the last two are logged with the driver's reason.

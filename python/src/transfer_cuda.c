@@ -27,6 +27,7 @@ struct kvtpy_cuda_state {
     _Atomic unsigned refs;
     _Atomic uint64_t failed;  /* transfers that failed so far */
     _Atomic int first_status; /* the first failure not yet raised */
+    _Atomic int last_status;  /* the latest failure */
     uint64_t raised;          /* failures raised so far; with the GIL */
 };
 
@@ -44,6 +45,7 @@ static void on_done(kvt_status_t st, void *arg)
     int none = 0;
 
     if (st != KVT_OK) {
+        atomic_store(&cs->last_status, (int)st);
         atomic_compare_exchange_strong(&cs->first_status, &none, (int)st);
         atomic_fetch_add(&cs->failed, 1);
         kvt_log_printf(KVT_LOG_LEVEL_ERROR, __FILE__, __LINE__,
@@ -106,7 +108,11 @@ static PyObject *on_cuda(kvtpy_engine_t *self, const char *fname,
                  "failed; nothing was queued; the first",
                  fname, (unsigned long long)(failed - cs->raised));
         cs->raised = failed;
-        return kvtpy_raise(first != 0 ? first : KVT_ERR_IO, what);
+        /* A failure counted after the last raise whose status came too
+         * late to be the first: the latest is its status. */
+        if (first == 0)
+            first = atomic_load(&cs->last_status);
+        return kvtpy_raise(first, what);
     }
     Py_BEGIN_ALLOW_THREADS
     st = kvt_segment_open(self->engine, name, &seg);

@@ -13,9 +13,10 @@
  *
  * The stream thread creates a batch per job, sets its idle call (which
  * marks the job over and wakes its host function) and submits it; it
- * never waits for a transfer, so jobs of several streams run at once.
- * A batch is freed by the stream thread once the host function has
- * returned.
+ * never waits for a transfer. (The driver may run the host functions of
+ * all streams on one thread of its own: then a job holds the others'
+ * host functions back until it is over, whatever kvt does.) A batch is
+ * freed by the stream thread once the host function has returned.
  *
  * Lifetimes: the per-engine state (kvt__streams_t) is reference counted:
  * one reference for the engine, one per job not yet freed. A job stays
@@ -252,6 +253,8 @@ kvt_status_t kvt_transfer_on_stream(kvt_engine_h e,
 {
     kvt__streams_t *ss;
     const char *why = NULL;
+    size_t msgs = 0;
+    char *msg;
     job_t *j;
 
     if (e == NULL || descs == NULL || count == 0 || count > (1u << 20))
@@ -259,12 +262,28 @@ kvt_status_t kvt_transfer_on_stream(kvt_engine_h e,
     if (atomic_load(&e->stopping))
         return KVT_ERR_CLOSED;
     ss = streams_of(e);
-    j = calloc(1, sizeof(*j) + count * sizeof(descs[0]));
+    /* Notification messages are copied with the descriptors: they are
+     * read at submission, once the stream gets there. */
+    for (size_t i = 0; i < count; i++)
+        if (descs[i].opcode == KVT_OP_NOTIFY &&
+            descs[i].length <= KVT_NOTIFY_MAX && descs[i].local_addr != NULL)
+            msgs += descs[i].length;
+    j = calloc(1, sizeof(*j) + count * sizeof(descs[0]) + msgs);
     if (ss == NULL || j == NULL) {
         free(j);
         return KVT_ERR_NO_MEMORY;
     }
     memcpy(j->descs, descs, count * sizeof(descs[0]));
+    msg = (char *)&j->descs[count];
+    for (size_t i = 0; i < count; i++) {
+        kvt_xfer_desc_t *d = &j->descs[i];
+        if (d->opcode == KVT_OP_NOTIFY && d->length <= KVT_NOTIFY_MAX &&
+            d->local_addr != NULL) {
+            memcpy(msg, d->local_addr, d->length);
+            d->local_addr = msg;
+            msg += d->length;
+        }
+    }
     j->count = count;
     j->ss = ss;
     j->done = done;

@@ -12,10 +12,12 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvt_test.h"
 #include "transport/peer.h"
@@ -296,6 +298,66 @@ KVT_TEST(engine_gone_first)
     teardown(&f);
 }
 
+/*
+ * Writes and their notification, queued behind a gate: the notification's
+ * message is copied by the call (the caller's buffer is reused before the
+ * stream gets there), and the peer receives it after the writes landed.
+ */
+KVT_TEST(notify_copied)
+{
+    kvt_xfer_desc_t d[2];
+    done_t done = {0};
+    char msg[32];
+    const char *r;
+    fixture_t f;
+
+    setup(&f, KVT_TRANSPORT_TCP);
+    gate_open = 0;
+    CHECK(cu.LaunchHostFunc(f.st, gate, NULL) == CUDA_SUCCESS);
+    pattern_fill(f.host, LEN, 7, 0);
+    snprintf(msg, sizeof(msg), "layer-31-done");
+    d[0] = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
+    d[1] = xd(KVT_OP_NOTIFY, f.seg, msg, 0, strlen(msg));
+    CHECK_OK(kvt_transfer_on_stream(f.e, d, 2, f.st, on_done, &done));
+    memset(msg, 'X', sizeof(msg) - 1);
+    pthread_mutex_lock(&gate_lock);
+    gate_open = 1;
+    pthread_cond_broadcast(&gate_cond);
+    pthread_mutex_unlock(&gate_lock);
+    CHECK(cu.StreamSynchronize(f.st) == CUDA_SUCCESS);
+    CHECK(done.calls == 1 && done.status == KVT_OK);
+    r = peer_cmd(&f.p, "notify 5000 %llu %u 7",
+                 (unsigned long long)f.p.main_addr, LEN);
+    CHECK(strcmp(r, "layer-31-done 0") == 0);
+    teardown(&f);
+}
+
+/*
+ * The engine is destroyed while its stream-ordered transfer is in flight
+ * (the peer stopped): the transfer ends with KVT_ERR_CANCELED and the
+ * stream goes on, long before the transfer timeout.
+ */
+KVT_TEST(engine_gone_while_running)
+{
+    kvt_xfer_desc_t d;
+    done_t done = {0};
+    fixture_t f;
+
+    setup(&f, KVT_TRANSPORT_TCP);
+    peer_kill(&f.p, SIGSTOP);
+    d = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
+    CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, f.st, on_done, &done));
+    usleep(200 * 1000); /* reached and submitted: the peer cannot answer */
+    CHECK(done.calls == 0);
+    kvt_engine_destroy(f.e);
+    f.e = NULL;
+    CHECK(cu.StreamSynchronize(f.st) == CUDA_SUCCESS);
+    CHECK(done.calls == 1);
+    CHECK(done.status == KVT_ERR_CANCELED);
+    peer_kill(&f.p, SIGCONT);
+    teardown(&f);
+}
+
 static void *no_context(void *arg)
 {
     kvt_engine_h e = arg;
@@ -352,13 +414,75 @@ KVT_TEST(null_stream)
     teardown(&f);
 }
 
+/*
+ * The legacy NULL stream held by a stream-ordered transfer whose target is
+ * device memory of this same process, over shm, staged (the double
+ * refuses to share device memory): the target's thread copies each piece
+ * into its device memory while the host function holds the NULL stream. Those
+ * copies must not queue behind it (they did on the NULL stream: the
+ * transfer then waited for itself until the transfer timeout).
+ */
+KVT_TEST(null_stream_into_own_device)
+{
+    kvt_engine_params_t ep = {0};
+    kvt_engine_h tgt, ini;
+    kvt_segment_t seg;
+    kvt_xfer_desc_t d;
+    done_t done = {0};
+    CUdeviceptr dev;
+    uint8_t *host = malloc(LEN), *out = malloc(LEN);
+
+    /* Device memory not shared: the target's own thread copies each piece
+     * into it (each case runs in a process of its own, which loads the
+     * double here first). */
+    setenv("KVT_CUDA_DOUBLE_NO_IPC", "1", 1);
+    double_open();
+    if (no_driver)
+        SKIP("needs the driver");
+    CHECK(host != NULL && out != NULL);
+    ep.field_mask =
+        KVT_ENGINE_PARAM_TRANSPORTS | KVT_ENGINE_PARAM_TRANSFER_TIMEOUT;
+    ep.transports = KVT_TRANSPORT_SHM;
+    ep.transfer_timeout_ms = 5000;
+    CHECK_OK(kvt_engine_create(&ep, &tgt));
+    CHECK_OK(kvt_engine_create(&ep, &ini));
+    CHECK(cu.MemAlloc(&dev, LEN) == CUDA_SUCCESS);
+    CHECK_OK(kvt_mem_register(tgt, (void *)(uintptr_t)dev, LEN,
+                              KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_mem_register(ini, host, LEN, KVT_ACCESS_REMOTE_RW));
+    CHECK_OK(kvt_segment_open(ini, kvt_engine_segment_name(tgt), &seg));
+    CHECK(strcmp(seg_transport(ini, seg), "shm") == 0);
+    pattern_fill(host, LEN, 6, 0);
+    d = xd(KVT_OP_WRITE, seg, host, dev, LEN);
+    CHECK_OK(kvt_transfer_on_stream(ini, &d, 1, NULL, on_done, &done));
+    CHECK(cu.StreamSynchronize(NULL) == CUDA_SUCCESS);
+    CHECK(done.calls == 1);
+    CHECK(done.status == KVT_OK);
+    CHECK(cu.MemcpyAsync((CUdeviceptr)(uintptr_t)out, dev, LEN, NULL) ==
+          CUDA_SUCCESS);
+    CHECK(cu.StreamSynchronize(NULL) == CUDA_SUCCESS);
+    CHECK(pattern_check(out, LEN, 6, 0) == 0);
+    kvt_engine_destroy(ini);
+    kvt_engine_destroy(tgt);
+    cu.MemFree(dev);
+    free(host);
+    free(out);
+}
+
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
-        KVT_CASE(write_in_order_tcp, 60), KVT_CASE(write_in_order_shm, 60),
-        KVT_CASE(read_in_order_tcp, 60),  KVT_CASE(read_in_order_shm, 60),
-        KVT_CASE(failure_reported, 60),   KVT_CASE(engine_gone_first, 60),
-        KVT_CASE(refusals, 30),           KVT_CASE(null_stream, 60)};
+        KVT_CASE(write_in_order_tcp, 60),
+        KVT_CASE(write_in_order_shm, 60),
+        KVT_CASE(read_in_order_tcp, 60),
+        KVT_CASE(read_in_order_shm, 60),
+        KVT_CASE(failure_reported, 60),
+        KVT_CASE(engine_gone_first, 60),
+        KVT_CASE(refusals, 30),
+        KVT_CASE(null_stream, 60),
+        KVT_CASE(null_stream_into_own_device, 60),
+        KVT_CASE(notify_copied, 60),
+        KVT_CASE(engine_gone_while_running, 60)};
 
     if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
         no_driver = 1;

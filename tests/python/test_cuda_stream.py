@@ -10,6 +10,7 @@ bytes. The double is both the test's driver (ctypes) and kvt's
 """
 import ctypes
 import os
+import threading
 
 import pytest
 
@@ -175,11 +176,15 @@ def test_engine_dropped_with_work_queued(cuda):
     assert tgt.register_memory(ctypes.addressof(host), LEN) == 0
     p = ctypes.create_string_buffer(pattern(5), LEN)
     s = cuda.stream()
-    for _ in range(20):  # 20 delayed copies ahead of the transfer
-        cuda.copy(dev, ctypes.addressof(p), LEN, s)
+    cuda.copy(dev, ctypes.addressof(p), LEN, s)
+    # A gate ahead of the transfer: the stream waits there until opened.
+    opened = threading.Event()
+    gate = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: opened.wait())
+    assert cuda.lib.cuLaunchHostFunc(ctypes.c_void_p(s), gate, None) == 0
     ini.transfer_write_on_cuda("127.0.0.1:%d" % tgt.get_rpc_port(), dev,
                                ctypes.addressof(host), LEN, s)
     del ini
+    opened.set()
     cuda.sync(s)
     assert host.raw == bytes(LEN)
 

@@ -343,12 +343,47 @@ static void cuda_free(void *addr, size_t len, int32_t device)
     kvt__cuda_leave(prev);
 }
 
+/*
+ * Streams for cuda_copy(), per device: non-blocking, so that a copy never
+ * waits for the application's work on its blocking streams (the legacy
+ * NULL stream does), nor for a host function holding one of them (a
+ * stream-ordered transfer into this process would then wait for itself).
+ * A few are kept for reuse; the device's context is current in callers.
+ */
+#define COPY_STREAMS 4
+static pthread_mutex_t copy_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUstream copy_streams[MAX_DEVICES][COPY_STREAMS];
+static int ncopy_streams[MAX_DEVICES];
+
+static CUresult copy_stream_get(const kvt__cuda_drv_t *d, int dev, CUstream *s)
+{
+    pthread_mutex_lock(&copy_lock);
+    *s =
+        ncopy_streams[dev] > 0 ? copy_streams[dev][--ncopy_streams[dev]] : NULL;
+    pthread_mutex_unlock(&copy_lock);
+    return *s != NULL ? CUDA_SUCCESS
+                      : d->StreamCreate(s, CU_STREAM_NON_BLOCKING);
+}
+
+static void copy_stream_put(const kvt__cuda_drv_t *d, int dev, CUstream s)
+{
+    pthread_mutex_lock(&copy_lock);
+    if (ncopy_streams[dev] < COPY_STREAMS) {
+        copy_streams[dev][ncopy_streams[dev]++] = s;
+        s = NULL;
+    }
+    pthread_mutex_unlock(&copy_lock);
+    if (s != NULL)
+        d->StreamDestroy(s);
+}
+
 static int cuda_copy(void *dst, const void *src, size_t len)
 {
     const kvt__cuda_drv_t *d;
     int32_t dd = -1, sd = -1;
     int cd, cs;
     CUcontext prev;
+    CUstream st;
     CUresult r;
 
     if (!driver_present())
@@ -367,12 +402,22 @@ static int cuda_copy(void *dst, const void *src, size_t len)
         return -1; /* runs past its allocation: logged */
     if (cd == 0 && cs == 0)
         return 0;
-    if (kvt__cuda_enter(cd > 0 ? dd : sd, &prev) != 0)
+    if (cd == 0)
+        dd = sd; /* the device whose context copies */
+    if (kvt__cuda_enter(dd, &prev) != 0)
         return -1;
-    r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
-                       len, NULL);
-    if (r == CUDA_SUCCESS)
-        r = d->StreamSynchronize(NULL);
+    r = copy_stream_get(d, dd, &st);
+    if (r == CUDA_SUCCESS) {
+        r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                           (CUdeviceptr)(uintptr_t)src, len, st);
+        if (r == CUDA_SUCCESS)
+            r = d->StreamSynchronize(st);
+        /* A stream whose copy failed is not reused. */
+        if (r == CUDA_SUCCESS)
+            copy_stream_put(d, dd, st);
+        else
+            d->StreamDestroy(st);
+    }
     kvt__cuda_leave(prev);
     if (r != CUDA_SUCCESS) {
         KVT_LOG_E("copy: %zu bytes to %p from %p: %s", len, dst, src,
