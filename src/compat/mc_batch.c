@@ -196,9 +196,12 @@ static int submit(const char *call, transfer_engine_t engine, batch_id_t id,
                          call, i, r->opcode);
             goto out;
         }
-        if (kvtmc__segment(e, r->target_id, &d[i].segment) != KVT_OK) {
-            KVTMC__LOG_E("%s: task %zu: invalid target segment id %d", call, i,
-                         (int)r->target_id);
+        if (i > 0 && r->target_id == entries[i - 1].target_id) {
+            d[i].segment = d[i - 1].segment; /* looked up once per run */
+        } else if (kvtmc__segment(e, r->target_id, &d[i].segment) != KVT_OK) {
+            KVTMC__LOG_E("%s: task %zu: target segment id %d is unknown, "
+                         "closed, or cannot be reached",
+                         call, i, (int)r->target_id);
             goto out;
         }
         d[i].opcode = r->opcode == OPCODE_READ ? KVT_OP_READ : KVT_OP_WRITE;

@@ -96,8 +96,10 @@ int kvtmc__err(kvt_status_t st);
 int kvtmc__status_code(kvt_status_t st);
 
 /* The kvt segment of @id (LOCAL_SEGMENT opens this engine's own, once)
- * into *seg_p. Returns KVT_OK, KVT_ERR_NOT_FOUND (unknown or closed id),
- * or what opening the own segment returned. */
+ * into *seg_p: an id whose kvt segment was dropped after its session
+ * failed is opened again by name (may block for a handshake). Returns
+ * KVT_OK, KVT_ERR_NOT_FOUND (unknown or closed id), or what opening
+ * returned. */
 kvt_status_t kvtmc__segment(kvtmc_engine_t *e, int64_t id,
                             kvt_segment_t *seg_p);
 

@@ -16,15 +16,38 @@ kvt_status_t kvtmc__segment(kvtmc_engine_t *e, int64_t id, kvt_segment_t *seg_p)
     kvt_segment_t seg = 0, self;
     kvt_status_t st = KVT_ERR_NOT_FOUND;
 
+    char name[512];
+
+    name[0] = '\0';
     pthread_rwlock_rdlock(&e->seg_lock);
     if (id == LOCAL_SEGMENT && e->self != 0) {
         seg = e->self;
         st = KVT_OK;
     } else if (id >= 1 && (size_t)id <= e->nsegs && e->segs[id - 1].open) {
         seg = e->segs[id - 1].seg;
+        snprintf(name, sizeof(name), "%s", e->segs[id - 1].name);
         st = KVT_OK;
     }
     pthread_rwlock_unlock(&e->seg_lock);
+    if (st == KVT_OK && name[0] != '\0') {
+        /* kvt drops a segment whose session failed; Mooncake's ids stay
+         * valid across reconnections. kvt's open is a lookup by name while
+         * the segment lives, and a new handshake once it was dropped. */
+        kvt_segment_t now;
+        st = kvt_segment_open(e->kvt, name, &now);
+        if (st != KVT_OK) {
+            KVTMC__LOG_E("segment %lld (%s): cannot reopen it: %s",
+                         (long long)id, name, kvt_status_name(st));
+            goto out;
+        }
+        if (now != seg) {
+            pthread_rwlock_wrlock(&e->seg_lock);
+            if (e->segs[id - 1].open)
+                e->segs[id - 1].seg = now;
+            pthread_rwlock_unlock(&e->seg_lock);
+            seg = now;
+        }
+    }
     if (st == KVT_OK || id != LOCAL_SEGMENT)
         goto out;
     /* The engine's own segment: kvt reaches it as any peer (shm or tcp

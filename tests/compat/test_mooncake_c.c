@@ -13,11 +13,14 @@
  *
  * Exit 0 pass, 1 fail, 77 skip (no library at that path).
  */
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -206,6 +209,65 @@ static int target(int to_init, int from_init)
     return 0;
 }
 
+/* A port free on 127.0.0.1 just now. */
+static int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+    CHECK(fd >= 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/*
+ * A segment id outlives its peer's restart: a peer on a fixed port
+ * (MC_LEGACY_RPC_PORT_BINDING) goes away and comes back; the id opened
+ * before reaches the new one (a first write may fail while the old
+ * session's end is found), as Mooncake's reconnecting ids do.
+ */
+static void peer_restarts(void *e, unsigned char *src)
+{
+    unsigned char *dst = calloc(1, SMALL);
+    char name[64];
+    segment_id_t id;
+    int port = free_port(), done = 0;
+    void *t;
+
+    CHECK(dst != NULL);
+    setenv("MC_LEGACY_RPC_PORT_BINDING", "1", 1);
+    snprintf(name, sizeof(name), "127.0.0.1:%d", port);
+    t = mc.createTransferEngine("P2PHANDSHAKE", name, "127.0.0.1",
+                                (uint64_t)port, 0);
+    CHECK(t != NULL);
+    CHECK_EQ(mc.registerLocalMemory(t, dst, SMALL, "cpu:0", 1), 0);
+    id = mc.openSegment(e, name);
+    CHECK(id >= 1);
+    mc.destroyTransferEngine(t);
+    t = mc.createTransferEngine("P2PHANDSHAKE", name, "127.0.0.1",
+                                (uint64_t)port, 0);
+    CHECK(t != NULL);
+    unsetenv("MC_LEGACY_RPC_PORT_BINDING");
+    CHECK_EQ(mc.registerLocalMemory(t, dst, SMALL, "cpu:0", 1), 0);
+    for (int tries = 0; tries < 3 && !done; tries++) {
+        struct transfer_request r = {OPCODE_WRITE, src, id,
+                                     (uint64_t)(uintptr_t)dst, SMALL};
+        batch_id_t b = mc.allocateBatchID(e, 1);
+        CHECK_EQ(mc.submitTransfer(e, b, &r, 1), MC_STATUS_OK);
+        done = wait_task(e, b, 0, NULL) == STATUS_COMPLETED;
+        CHECK_EQ(mc.freeBatchID(e, b), MC_STATUS_OK);
+    }
+    CHECK(done);
+    CHECK(memcmp(dst, src, SMALL) == 0);
+    mc.destroyTransferEngine(t);
+    free(dst);
+}
+
 static void initiator(int from_target, int to_target)
 {
     unsigned char *big = malloc(BIG), *own = malloc(SMALL);
@@ -390,6 +452,8 @@ static void initiator(int from_target, int to_target)
         CHECK_EQ(mc.closeSegment(e, peer), MC_ERR_INVALID_ARGUMENT);
         CHECK(mc.openSegment(e, h.name) > peer);
     }
+
+    peer_restarts(e, small[0]);
 
     CHECK_EQ(mc.unregisterLocalMemory(e, big), 0);
     CHECK_EQ(mc.unregisterLocalMemory(e, big), MC_ERR_ADDRESS_NOT_REGISTERED);

@@ -24,9 +24,11 @@
  * Threads: every call may be made from any thread concurrently, on the
  * same engine and on the same batch id, except destroyTransferEngine(),
  * which must not race with any other call on that engine. A batch id is
- * checked before use: an unknown or freed one is an error, not a crash;
- * so is an engine handle: one this library did not create, or has
- * destroyed, is refused without being dereferenced.
+ * checked before use: an unknown or freed one is an error, not a crash
+ * (ids carry a generation). An engine handle is looked up in the table of
+ * live engines before use, so one this library did not create, or has
+ * destroyed, is refused without being dereferenced, unless a later engine
+ * was given the same address (handles are pointers, as in Mooncake).
  *
  * docs/integration.md ("C API") lists how each call maps onto kvt and
  * where kvt differs from Mooncake.
@@ -132,6 +134,8 @@ typedef void *transport_t;
 #define MC_ERR_METADATA (-200)
 #define MC_ERR_ENDPOINT (-201)
 #define MC_ERR_CONTEXT (-202)
+#define MC_ERR_NUMA (-300)
+#define MC_ERR_CLOCK (-301)
 #define MC_ERR_MEMORY (-302)
 #define MC_ERR_NOT_IMPLEMENTED (-303)
 
@@ -141,6 +145,18 @@ typedef void *transport_t;
 #define MC_STATUS_TOO_MANY_REQUESTS (2)
 #define MC_STATUS_ADDRESS_NOT_REGISTERED (3)
 #define MC_STATUS_BATCH_BUSY (4)
+#define MC_STATUS_DEVICE_NOT_FOUND (6)
+#define MC_STATUS_ADDRESS_OVERLAPPED (7)
+#define MC_STATUS_NOT_SUPPORTED_TRANSPORT (8)
+#define MC_STATUS_DNS (101)
+#define MC_STATUS_SOCKET (102)
+#define MC_STATUS_MALFORMED_JSON (103)
+#define MC_STATUS_REJECT_HANDSHAKE (104)
+#define MC_STATUS_METADATA (200)
+#define MC_STATUS_ENDPOINT (201)
+#define MC_STATUS_CONTEXT (202)
+#define MC_STATUS_NUMA (300)
+#define MC_STATUS_CLOCK (301)
 #define MC_STATUS_MEMORY (302)
 #define MC_STATUS_NOT_IMPLEMENTED (999)
 
