@@ -552,6 +552,9 @@ def report(a, configs, rows, results, info):
                     "mooncake": med["Mooncake"], "ratio": ratio,
                     "better": "lower" if m in LOWER_BETTER else "higher",
                     "verified": ver, "blocks_checked": checked,
+                    **({"kvt_init_target": part["kvt"],
+                        "mooncake_init_target": part["Mooncake"]}
+                       if m == "cpu_per_gb" else {}),
                     "kvt_steal_pct": statistics.median(
                         r["steal_pct"] for r in got["kvt"]),
                     "rounds": a.rounds, "seconds": a.seconds,
