@@ -457,9 +457,16 @@ def driver(a):
     envs = {"kvt": dict(base, PYTHONPATH=a.kvt_python), "Mooncake": base}
     kids = []
 
-    def stop(*_):
+    def cleanup():
+        # A second Ctrl-C (timeout forwards one too) must not cut this
+        # short; the children also die with this process (PDEATHSIG).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         for k in kids:
             k.kill()
+
+    def stop(*_):
+        cleanup()
         raise SystemExit(130)
 
     signal.signal(signal.SIGTERM, stop)
@@ -500,12 +507,14 @@ def driver(a):
             for k in ini.values():
                 k.close()
     except (KeyboardInterrupt, RuntimeError) as e:
-        for k in kids:
-            k.kill()
-        print(f"anchors: {e or 'interrupted'}", file=sys.stderr)
+        cleanup()
+        print(f"anchors: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 1
-    report(a, configs, rows, results, info)
-    return 0
+    bad = report(a, configs, rows, results, info)
+    if bad:
+        print(f"anchors: bytes did not check out in {', '.join(bad)}",
+              file=sys.stderr)
+    return 1 if bad else 0
 
 
 def report(a, configs, rows, results, info):
@@ -568,6 +577,8 @@ def report(a, configs, rows, results, info):
         with open(a.json, "w") as f:
             for ln in lines:
                 f.write(json.dumps(ln) + "\n")
+    return sorted({f"{ln['config']} {ln['row']}" for ln in lines
+                   if not ln["verified"]})
 
 
 def main():
