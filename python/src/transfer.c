@@ -15,6 +15,9 @@
  */
 #include "kvtpy.h"
 
+#include <stdatomic.h>
+#include <time.h>
+
 /*
  * Sleep until every descriptor of @b is final; the batch's status. Every
  * descriptor is bounded by the transfer timeout, so this ends.
@@ -183,6 +186,74 @@ typedef struct {
 } sync_req_t;
 
 /*
+ * How long a synchronous call of at most SPIN_BYTES polls its batch before
+ * it sleeps: KVT_SYNC_SPIN_US microseconds (default 50; 0: never). A small
+ * synchronous transfer is all round trip, and a sleeping caller adds its
+ * own wake-up to it (about 29 us on the development VMs, half the round
+ * trip: docs/benchmarks.md, "kvt beside Mooncake's wheel"); Mooncake's
+ * synchronous calls poll for as long as they take. Larger transfers sleep
+ * at once: the CPU is better left to the copies.
+ */
+#define SPIN_BYTES (64u << 10)
+#define SPIN_DEFAULT_US 50
+
+static int64_t spin_ns(void)
+{
+    static _Atomic int64_t ns = -1;
+    int64_t v = atomic_load_explicit(&ns, memory_order_relaxed);
+    const char *e;
+
+    if (v >= 0)
+        return v;
+    e = getenv("KVT_SYNC_SPIN_US");
+    v = SPIN_DEFAULT_US;
+    if (e != NULL && *e != '\0') {
+        char *end;
+        long us = strtol(e, &end, 10);
+        if (*end == '\0' && us >= 0 && us <= 1000000)
+            v = us;
+    }
+    v *= 1000;
+    atomic_store_explicit(&ns, v, memory_order_relaxed);
+    return v;
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Submit and wait, polling first when the transfer is small and goes over
+ * the network (over shm the calling thread copies it itself). */
+static kvt_status_t submit_wait(kvt_engine_h e, kvt_segment_t seg,
+                                kvt_batch_h b, descs_t *ds)
+{
+    int64_t spin = spin_ns(), end;
+    const char *t = NULL;
+    uint64_t bytes = 0;
+    kvt_status_t st;
+
+    for (size_t i = 0; i < ds->n; i++)
+        bytes += ds->d[i].length;
+    if (spin == 0 || bytes > SPIN_BYTES ||
+        (kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_HOST, &t) ==
+             KVT_OK &&
+         strcmp(t, "shm") == 0))
+        /* The calling thread may read its own responses. */
+        return kvt_batch_submit_wait(b, ds->d, ds->n, -1);
+    st = kvt_batch_submit(b, ds->d, ds->n);
+    if (st != KVT_OK)
+        return st;
+    end = mono_ns() + spin;
+    do {
+        st = kvt_batch_query(b, NULL);
+    } while (st == KVT_INPROGRESS && mono_ns() < end);
+    return st == KVT_INPROGRESS ? kvt_batch_wait(b, -1) : st;
+}
+
+/*
  * Open the target, run the descriptors to completion and, when they all
  * succeeded, send the notification. Runs without the GIL. Every step is
  * bounded: opening by the connect timeout, each descriptor by the
@@ -206,9 +277,7 @@ static void run_sync(kvtpy_engine_t *self, sync_req_t *r)
             r->st = KVT_ERR_NO_MEMORY;
             return;
         }
-        /* Submitted and waited for in one call: the calling thread may
-         * read its own responses (kvt_batch_submit_wait()). */
-        r->st = kvt_batch_submit_wait(b, r->ds->d, r->ds->n, -1);
+        r->st = submit_wait(self->engine, seg, b, r->ds);
         pool_put(self, b, r->ds->n);
         if (r->st != KVT_OK)
             return;

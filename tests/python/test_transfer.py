@@ -272,3 +272,38 @@ def test_get_notifies(engine, peer):
     assert [(n.name, n.msg) for n in got] == \
         [(f"n{i}", "m" * i) for i in range(40)]
     assert engine.get_notifies() == []
+
+
+@pytest.mark.parametrize("spin", ["0", "50", "bogus"])
+def test_small_sync_calls_with_and_without_polling(peer, spin):
+    """Small synchronous transfers over tcp poll their batch before they
+    sleep (KVT_SYNC_SPIN_US, default 50 us; 0 never polls; a value that is
+    not a number keeps the default): the bytes and the failures are the
+    same either way."""
+    import os
+    import subprocess
+    import sys
+    dst = peer.info["reg"] + 64
+    code = f"""
+import ctypes
+from mooncake.engine import TransferEngine
+e = TransferEngine()
+assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+buf = ctypes.create_string_buffer(b"spin-" + b"x" * 4091, 4096)
+assert e.register_memory(ctypes.addressof(buf), 4096) == 0
+for n in (1, 100, 4096):
+    assert e.transfer_sync_write({peer.segment!r}, ctypes.addressof(buf),
+                                 {dst}, n) == 0
+back = ctypes.create_string_buffer(4096)
+assert e.register_memory(ctypes.addressof(back), 4096) == 0
+assert e.transfer_sync_read({peer.segment!r}, ctypes.addressof(back),
+                            {dst}, 4096) == 0
+assert back.raw == buf.raw
+# Past the peer's memory: refused by the target, -1 in both modes.
+assert e.transfer_sync_write({peer.segment!r}, ctypes.addressof(buf),
+                             8, 4096) == -1
+"""
+    env = dict(os.environ, KVT_SYNC_SPIN_US=spin)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                   timeout=60)
+    assert peer.read(dst, 4096) == b"spin-" + b"x" * 4091
