@@ -174,12 +174,29 @@ def test_a_mooncake_connector_on_kvt(reference):
         pair.stop()
 
 
+def on_the_reference(way, kind, proxy_flow, reference):
+    """A way that runs on the reference library (Mooncake's or NIXL's
+    wheel), not on kvt: a failed run is run once more on fresh instances,
+    as the Makefile does for NIXL's wheel, so that the reference's own
+    hiccups do not fail kvt's tests (on these 2-CPU machines vLLM's NIXL
+    handshake, a 5 s zmq timeout in vLLM, has expired once with NIXL's
+    wheel); a second failure fails."""
+    for attempt in (1, 2):
+        pair = Pair(way, kind, proxy_flow)
+        try:
+            expect_same(run_prompts(pair.proxy.url), reference, way)
+            return
+        except AssertionError as e:
+            if attempt == 2:
+                raise
+            print(f"way {way} on the reference failed once ({e}); "
+                  f"once more")
+        finally:
+            pair.stop()
+
+
 def test_b_mooncake_connector_on_mooncake(reference):
-    pair = Pair("b", "mooncake-real", "mooncake")
-    try:
-        expect_same(run_prompts(pair.proxy.url), reference, "b")
-    finally:
-        pair.stop()
+    on_the_reference("b", "mooncake-real", "mooncake", reference)
 
 
 def test_d_nixl_connector_on_kvt(reference):
@@ -195,11 +212,7 @@ def test_d_nixl_connector_on_kvt(reference):
 
 
 def test_e_nixl_connector_on_nixl(reference):
-    pair = Pair("e", "nixl-real", "nixl")
-    try:
-        expect_same(run_prompts(pair.proxy.url), reference, "e")
-    finally:
-        pair.stop()
+    on_the_reference("e", "nixl-real", "nixl", reference)
 
 
 def test_c_kvt_connector(reference):
