@@ -15,47 +15,11 @@
 #include <string.h>
 
 #include "devmem.h"
+#include "double.h"
 #include "kvt_test.h"
 #include "transport/peer.h"
 
 static int no_driver;
-
-static struct {
-    CUresult (*Init)(unsigned int);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
-    CUresult (*MemFreeHost)(void *);
-} cu;
-
-/* The double, opened by this test itself (the same instance kvt loads,
- * unless kvt is told to load none). */
-static void double_open(void)
-{
-    const char *path = getenv("KVT_TEST_CUDA_DOUBLE");
-    void *h;
-
-    if (path == NULL)
-        SKIP("KVT_TEST_CUDA_DOUBLE is not set");
-    h = dlopen(path, RTLD_NOW);
-    CHECK(h != NULL);
-#define S(f, n)                                                                \
-    do {                                                                       \
-        *(void **)&cu.f = dlsym(h, n);                                         \
-        CHECK(cu.f != NULL);                                                   \
-    } while (0)
-    S(Init, "cuInit");
-    S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    S(CtxSetCurrent, "cuCtxSetCurrent");
-    S(MemAlloc, "cuMemAlloc_v2");
-    S(MemFree, "cuMemFree_v2");
-    S(MemHostAlloc, "cuMemHostAlloc");
-    S(MemFreeHost, "cuMemFreeHost");
-#undef S
-    CHECK(cu.Init(0) == CUDA_SUCCESS);
-}
 
 static CUdeviceptr dev_alloc(int dev, size_t len)
 {

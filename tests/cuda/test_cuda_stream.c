@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "double.h"
 #include "kvt_test.h"
 #include "transport/peer.h"
 
@@ -26,48 +27,12 @@
 
 static int no_driver;
 
-static struct {
-    CUresult (*Init)(unsigned int);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-    CUresult (*StreamCreate)(CUstream *, unsigned int);
-    CUresult (*StreamSynchronize)(CUstream);
-    CUresult (*StreamDestroy)(CUstream);
-    CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
-    long (*refusals)(void);
-} cu;
-
-static void double_open(void)
+/* The double, with device 0's context current on this thread. */
+static void double_ready(void)
 {
-    const char *path = getenv("KVT_TEST_CUDA_DOUBLE");
     CUcontext c;
-    void *h;
 
-    if (path == NULL)
-        SKIP("KVT_TEST_CUDA_DOUBLE is not set");
-    h = dlopen(path, RTLD_NOW);
-    CHECK(h != NULL);
-#define S(f, n)                                                                \
-    do {                                                                       \
-        *(void **)&cu.f = dlsym(h, n);                                         \
-        CHECK(cu.f != NULL);                                                   \
-    } while (0)
-    S(Init, "cuInit");
-    S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    S(CtxSetCurrent, "cuCtxSetCurrent");
-    S(MemAlloc, "cuMemAlloc_v2");
-    S(MemFree, "cuMemFree_v2");
-    S(MemcpyAsync, "cuMemcpyAsync");
-    S(StreamCreate, "cuStreamCreate");
-    S(StreamSynchronize, "cuStreamSynchronize");
-    S(StreamDestroy, "cuStreamDestroy_v2");
-    S(LaunchHostFunc, "cuLaunchHostFunc");
-    S(refusals, "kvt_cuda_double_host_fn_refusals");
-#undef S
-    CHECK(cu.Init(0) == CUDA_SUCCESS);
+    double_open();
     CHECK(cu.DevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS);
     CHECK(cu.CtxSetCurrent(c) == CUDA_SUCCESS);
 }
@@ -88,7 +53,7 @@ static void setup(fixture_t *f, uint32_t transport)
     peer_opts_t o = {transport, 0, 0, 0, 0};
     kvt_engine_params_t ep = {0};
 
-    double_open();
+    double_ready();
     if (no_driver)
         SKIP("needs the driver");
     CHECK(peer_start(&f->p, &o) == 0);
@@ -167,7 +132,7 @@ static void write_in_order(uint32_t transport)
 
     CHECK(p1 != NULL && p2 != NULL);
     setup(&f, transport);
-    refused = cu.refusals();
+    refused = cu.host_fn_refusals();
     pattern_fill(p1, LEN, 1, 0);
     pattern_fill(p2, LEN, 2, 0);
     for (int i = 0; i < 4; i++)
@@ -183,7 +148,7 @@ static void write_in_order(uint32_t transport)
     CHECK(done.status == KVT_OK);
     host_xfer(&f, KVT_OP_READ, f.p.main_addr);
     CHECK(pattern_check(f.host, LEN, 1, 0) == 0);
-    CHECK(cu.refusals() == refused);
+    CHECK(cu.host_fn_refusals() == refused);
     teardown(&f);
     free(p1);
     free(p2);
@@ -213,7 +178,7 @@ static void read_in_order(uint32_t transport)
 
     CHECK(out != NULL);
     setup(&f, transport);
-    refused = cu.refusals();
+    refused = cu.host_fn_refusals();
     pattern_fill(f.host, LEN, 3, 0);
     host_xfer(&f, KVT_OP_WRITE, f.p.main_addr);
     memset(out, 0, LEN);
@@ -224,7 +189,7 @@ static void read_in_order(uint32_t transport)
     CHECK(cu.StreamSynchronize(f.st) == CUDA_SUCCESS);
     CHECK(done.calls == 1 && done.status == KVT_OK);
     CHECK(pattern_check(out, LEN, 3, 0) == 0);
-    CHECK(cu.refusals() == refused);
+    CHECK(cu.host_fn_refusals() == refused);
     teardown(&f);
     free(out);
 }
@@ -376,7 +341,7 @@ KVT_TEST(refusals)
     pthread_t t;
     void *r;
 
-    double_open();
+    double_ready();
     CHECK_OK(kvt_engine_create(&ep, &e));
     CHECK(kvt_transfer_on_stream(NULL, &d, 1, NULL, NULL, NULL) ==
           KVT_ERR_INVALID_PARAM);
@@ -436,7 +401,7 @@ KVT_TEST(null_stream_into_own_device)
      * into it (each case runs in a process of its own, which loads the
      * double here first). */
     setenv("KVT_CUDA_DOUBLE_NO_IPC", "1", 1);
-    double_open();
+    double_ready();
     if (no_driver)
         SKIP("needs the driver");
     CHECK(host != NULL && out != NULL);
