@@ -119,14 +119,44 @@ static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, ipc_opens;
 static stream_t null_stream;
 static __thread int cur_dev = -1;
-/* Set while this thread runs a host function: the driver refuses calls
- * made from one (CUDA_ERROR_NOT_PERMITTED). */
-static __thread int in_host_fn;
+/* The threads running a host function now, by thread id: the driver
+ * refuses calls made from one (CUDA_ERROR_NOT_PERMITTED). Not a
+ * thread-local flag: a dlopen()ed library's thread-local storage in a
+ * thread still running at exit (the NULL stream's) crashes
+ * LeakSanitizer's scan of the threads. */
+#define FN_THREADS 64
+static _Atomic pid_t fn_tids[FN_THREADS];
 static _Atomic long host_fn_refusals;
+
+static int in_host_fn(void)
+{
+    pid_t me = (pid_t)syscall(SYS_gettid);
+
+    for (int i = 0; i < FN_THREADS; i++)
+        if (fn_tids[i] == me)
+            return 1;
+    return 0;
+}
+
+/* Run @o's host function, its thread listed meanwhile. */
+static void run_host_fn(op_t *o)
+{
+    pid_t me = (pid_t)syscall(SYS_gettid), none;
+    int slot = -1;
+
+    for (int i = 0; i < FN_THREADS && slot < 0; i++) {
+        none = 0;
+        if (atomic_compare_exchange_strong(&fn_tids[i], &none, me))
+            slot = i;
+    }
+    o->fn(o->fn_arg);
+    if (slot >= 0)
+        fn_tids[slot] = 0;
+}
 
 #define NO_CALL_FROM_HOST_FN()                                                 \
     do {                                                                       \
-        if (in_host_fn) {                                                      \
+        if (in_host_fn()) {                                                    \
             host_fn_refusals++;                                                \
             return CUDA_ERROR_NOT_PERMITTED;                                   \
         }                                                                      \
@@ -234,9 +264,7 @@ static void *copy_main(void *arg)
         if (o->is_event) {
             o->ev->state = atomic_exchange(&s->failed, 0) ? 2 : 1;
         } else if (o->fn != NULL) {
-            in_host_fn = 1;
-            o->fn(o->fn_arg);
-            in_host_fn = 0;
+            run_host_fn(o);
         } else {
             long n = ++copies;
             if (delay_us > 0) {
