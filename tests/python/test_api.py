@@ -403,3 +403,24 @@ def test_topology_without_initialize():
     t = json.loads(mooncake.engine.TransferEngine().get_local_topology())
     assert any(k.startswith("cpu:") for k in t)
     assert all(v == [[], []] for v in t.values())
+
+
+def test_on_cuda_refused_without_a_stream_to_order_on():
+    """Without a CUDA driver (or, on a GPU host, with no context current
+    for the NULL stream) nothing can be ordered: RuntimeError, as where
+    Mooncake's cudaLaunchHostFunc fails, and nothing is queued."""
+    e = mooncake.engine.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    buf = ctypes.create_string_buffer(4096)
+    assert e.register_memory(ctypes.addressof(buf), 4096) == 0
+    me = "127.0.0.1:%d" % e.get_rpc_port()
+    for call in (lambda: e.transfer_write_on_cuda(
+                     me, ctypes.addressof(buf), ctypes.addressof(buf), 8),
+                 lambda: e.batch_transfer_read_on_cuda(
+                     me, [ctypes.addressof(buf)], [ctypes.addressof(buf)],
+                     [8], 0)):
+        with pytest.raises(RuntimeError, match="cannot order"):
+            call()
+    # Only zero-length pieces: nothing to order, no driver needed.
+    assert e.transfer_write_on_cuda(me, ctypes.addressof(buf),
+                                    ctypes.addressof(buf), 0) is None
