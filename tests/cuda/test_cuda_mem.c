@@ -173,10 +173,11 @@ KVT_TEST(alloc_device)
     kvt_engine_destroy(e);
 }
 
-static void (*fail_copy)(long);
+static void (*refuse_copy)(long);
 
-/* kvt_mem_copy() between host and device memory, and a copy that fails on
- * the device. */
+/* kvt_mem_copy() between host and device memory, and a copy the driver
+ * refuses when it is queued (an error at issue time: one that fails on the
+ * device loses the context, tests/cuda/test_cuda_driver.c). */
 KVT_TEST(mem_copy)
 {
     enum { LEN = 1 << 20 };
@@ -197,9 +198,9 @@ KVT_TEST(mem_copy)
     CHECK(memcmp(a, b, LEN) == 0);
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
-    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
-    CHECK(fail_copy != NULL);
-    fail_copy(1);
+    *(void **)&refuse_copy = dlsym(h, "kvt_cuda_double_refuse_copy");
+    CHECK(refuse_copy != NULL);
+    refuse_copy(1);
     CHECK_ST(kvt_mem_copy(b, (void *)d0, LEN), KVT_ERR_IO);
     CHECK_OK(kvt_mem_copy(b, (void *)d0, LEN));
     CHECK(memcmp(a, b, LEN) == 0);
@@ -399,9 +400,9 @@ KVT_TEST(same_host_host_only)
 }
 
 /*
- * A copy failing on the device: out of device memory (a write's staging
- * copy) and into it (a read's); the descriptor fails with KVT_ERR_IO and
- * the next one on the same connection succeeds.
+ * A copy the driver refuses when it is queued: out of device memory (a
+ * write's staging copy) and into it (a read's); the descriptor fails with
+ * KVT_ERR_IO and the next one on the same connection succeeds.
  */
 static void copy_fails(uint32_t transport)
 {
@@ -414,18 +415,18 @@ static void copy_fails(uint32_t transport)
     dev_pair(&x, transport, LEN, 0);
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
-    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
-    CHECK(fail_copy != NULL);
+    *(void **)&refuse_copy = dlsym(h, "kvt_cuda_double_refuse_copy");
+    CHECK(refuse_copy != NULL);
     pattern_fill(host, LEN, 5, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
     d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
-    fail_copy(1); /* the write's copy out of device memory */
+    refuse_copy(1); /* the write's copy out of device memory */
     CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
     CHECK_OK(run1(x.e, &d, 1));
     CHECK(peer_cmd(&x.p, "check %llu %llu 5", (unsigned long long)x.p.main_addr,
                    (unsigned long long)LEN) != NULL);
     d.opcode = KVT_OP_READ;
-    fail_copy(1); /* the read's first copy into device memory */
+    refuse_copy(1); /* the read's first copy into device memory */
     CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
     CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
     CHECK_OK(run1(x.e, &d, 1));
@@ -437,7 +438,7 @@ static void copy_fails(uint32_t transport)
 
 /*
  * Over tcp the device copies of the frames behind the head of the send
- * queue run ahead while it is sent. One of those failing fails its own
+ * queue run ahead while it is sent. One of those refused fails its own
  * descriptor only (zeros were sent for it); every other block lands.
  */
 KVT_TEST(copy_ahead_fails)
@@ -456,8 +457,8 @@ KVT_TEST(copy_ahead_fails)
     g_slice = 0;
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
-    *(void **)&fail_copy = dlsym(h, "kvt_cuda_double_fail_copy");
-    CHECK(fail_copy != NULL);
+    *(void **)&refuse_copy = dlsym(h, "kvt_cuda_double_refuse_copy");
+    CHECK(refuse_copy != NULL);
     /* Every other block there, so that no two frames merge; block i
      * holds the pattern of where it goes. */
     for (int i = 0; i < N; i++)
@@ -466,7 +467,7 @@ KVT_TEST(copy_ahead_fails)
     for (int i = 0; i < N; i++)
         d[i] = xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
                   x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
-    fail_copy(5);
+    refuse_copy(5);
     CHECK_OK(kvt_batch_create(x.e, N, &b));
     CHECK_OK(kvt_batch_submit(b, d, N));
     CHECK(kvt_batch_wait(b, 30000) != KVT_INPROGRESS);
