@@ -171,7 +171,7 @@ struct shm_session {
     _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
     uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
     unsigned nnomap;
-    /* The target's device regions opened here (shm_dev.c), under map_lock as
+    /* The target's device regions opened here (shm_ipc.c), under map_lock as
      * the mappings are, and the refused ones until the next snapshot. */
     ipc_t *ipcs;
     size_t nipcs, icap;
@@ -284,6 +284,10 @@ struct kvt__shm_bounce {
 };
 struct kvt__shm_dstream *kvt__shm_dstream_get(kvt__shm_t *shm, int dev);
 void kvt__shm_dstream_put(kvt__shm_t *shm, struct kvt__shm_dstream *d);
+void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p);
+kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p);
+
+/* shm_ipc.c */
 const ipc_t *kvt__shm_ipc_find(shm_session_t *s, uint32_t serial);
 int kvt__shm_ipc_refused(shm_session_t *s, uint32_t serial);
 kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,
@@ -291,8 +295,6 @@ kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,
 void kvt__shm_ipcs_reconcile_locked(shm_session_t *s);
 void kvt__shm_ipcs_release(shm_session_t *s);
 void kvt__shm_dev_refused(shm_session_t *s, const char *why);
-void kvt__shm_dev_issue(shm_session_t *s, job_t *j, rw_plan_t *p);
-kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p);
 
 /* shm_job.c: the snapshot region holding [lo, hi) with @access, or NULL. */
 const kvt__shm_region_t *kvt__shm_region_find(const kvt__shm_chan_t *ch,
