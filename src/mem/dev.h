@@ -19,6 +19,9 @@
 
 typedef struct kvt__dstream kvt__dstream_t;
 
+/* Devices kvt numbers (0..KVT__DEV_MAX-1); a driver's others are not used. */
+#define KVT__DEV_MAX 64
+
 /* A stream on device @device; NULL when none can be made (logged). */
 kvt__dstream_t *kvt__dev_stream_new(int device);
 /* Waits for what is queued, then frees it. NULL is ignored. */
@@ -50,8 +53,17 @@ void *kvt__dev_host_alloc(size_t len, int device);
 void kvt__dev_host_free(void *p);
 
 /* Whether device memory can be moved here: a driver with devices
- * (loading it on first use). */
+ * (loading and initialising it on first use: call it only once device
+ * memory is in play, never at engine creation). kvt__dev_why() says why
+ * not (static or thread-local text). */
 int kvt__dev_usable(void);
+const char *kvt__dev_why(void);
+
+/* Device @device's UUID (0, or -1), and the device of this process with
+ * @uuid (-1 when none): processes on one host may number the devices
+ * differently (CUDA_VISIBLE_DEVICES). */
+int kvt__dev_uuid(int device, uint8_t uuid[16]);
+int kvt__dev_of_uuid(const uint8_t uuid[16]);
 
 /*
  * Run @fn(@arg) in the order of an application's CUDA stream @stream (a

@@ -146,7 +146,8 @@ typedef struct tcp_frame {
     uint32_t *lseg_dev1;
     void *stage;
     uint64_t stage_len;
-    int stage_dev;
+    int stage_dev;   /* the device of its device segments (the first's) */
+    int stage_mixed; /* they are on several devices */
     _Atomic int dev_failed;
     kvt__tcp_t *stage_tcp;
     /* Copied ahead (kvt__tcp_frame_prefetch()): on this stream of its
@@ -201,9 +202,7 @@ typedef struct {
  * into a pinned buffer of the frame before it is queued.
  */
 #define STAGE_CHUNKS 4
-#define TCP_DEV_STREAMS                                                        \
-    16 /* devices with a stream of their own; the rest                         \
-          share the last */
+#define TCP_DEV_STREAMS KVT__DEV_MAX /* a stream per device */
 #define STAGE_CHUNK (256u * 1024u)
 
 typedef struct mem_stage mem_stage_t;

@@ -35,11 +35,17 @@
 #define TX_AHEAD 2    /* device WRITE frames copied ahead of the head */
 
 struct mem_stage {
-    kvt__dstream_t *ds;
-    uint8_t *buf;  /* STAGE_CHUNKS * STAGE_CHUNK, pinned */
-    unsigned cur;  /* the chunk being filled */
-    uint64_t fill; /* bytes in it */
-    uint64_t dst;  /* where its first byte goes */
+    kvt__dstream_t *ds; /* the stream of the device copied to now (dev) */
+    int dev;
+    /* A stream per device the connection copied to, kept until it
+     * closes: pieces for several devices each go through their own
+     * device's context. */
+    kvt__dstream_t *_Atomic by_dev[KVT__DEV_MAX];
+    int switch_failed; /* a copy on the previous device's stream failed */
+    uint8_t *buf;      /* STAGE_CHUNKS * STAGE_CHUNK, pinned */
+    unsigned cur;      /* the chunk being filled */
+    uint64_t fill;     /* bytes in it */
+    uint64_t dst;      /* where its first byte goes */
     uint8_t busy[STAGE_CHUNKS];
     int queued; /* copies queued for the frame being received */
     int failed;
@@ -139,8 +145,8 @@ static void frame_prefetch(tcp_conn_t *c, tcp_tx_t *t)
             continue;
         n++;
         if (f->stage != NULL || f->stage_ds != NULL ||
-            atomic_load(&f->dev_failed))
-            continue;
+            atomic_load(&f->dev_failed) || f->stage_mixed)
+            continue; /* several devices: staged at the head */
         if (c->tx_ds == NULL) {
             c->tx_ds = kvt__dev_stream_new(f->stage_dev);
             c->tx_ds_dev = f->stage_dev;
@@ -202,47 +208,96 @@ void kvt__tcp_tx_quiesce(tcp_conn_t *c, tcp_tx_t *list)
  */
 void kvt__tcp_frame_stage(kvt__tcp_t *tcp, tcp_frame_t *f)
 {
+    uint8_t used[KVT__DEV_MAX] = {0};
+    uint64_t off = 0;
     int rc = 0;
-    /* The stream of the frame's device (its copies under its context). */
-    struct kvt__dstream **ts =
-        &tcp->tx_stream[f->stage_dev < TCP_DEV_STREAMS ? f->stage_dev
-                                                       : TCP_DEV_STREAMS - 1];
 
     f->stage = kvt__tcp_stage_get(tcp, f->stage_len, f->stage_dev);
     f->stage_tcp = tcp;
+    if (f->stage == NULL)
+        rc = -1;
     pthread_mutex_lock(&tcp->dev_lock);
-    if (*ts == NULL && f->stage != NULL)
-        *ts = kvt__dev_stream_new(f->stage_dev);
-    if (*ts == NULL || f->stage == NULL)
-        rc = -1;
-    if (rc == 0)
-        rc = stage_queue(*ts, f);
-    if (*ts != NULL && kvt__dev_sync(*ts) != 0)
-        rc = -1;
+    /* Each segment on the stream of its own device (its copies under its
+     * context), then every stream used waited for. */
+    for (uint32_t k = 0; rc == 0 && k < f->nlsegs; k++) {
+        struct kvt__dstream **ts;
+        int dev = (int)f->lseg_dev1[k] - 1;
+        if (f->lseg_dev1[k] == 0)
+            continue;
+        ts = &tcp->tx_stream[dev];
+        if (*ts == NULL)
+            *ts = kvt__dev_stream_new(dev);
+        if (*ts == NULL)
+            rc = -1;
+        else
+            rc = kvt__dev_copy(*ts, (uint8_t *)f->stage + off,
+                               f->lsegs[k].iov_base, f->lsegs[k].iov_len);
+        used[dev] = 1;
+        off += f->lsegs[k].iov_len;
+    }
+    for (unsigned d = 0; d < KVT__DEV_MAX; d++)
+        if (used[d] && tcp->tx_stream[d] != NULL &&
+            kvt__dev_sync(tcp->tx_stream[d]) != 0)
+            rc = -1;
     pthread_mutex_unlock(&tcp->dev_lock);
     stage_point(tcp, f, rc == 0);
 }
 
 /* ---- Receiving ---------------------------------------------------------- */
 
+/* Leave the current device's stream for another: everything queued on it
+ * is waited for (the ring's markers are the stream's), a failure kept for
+ * the frame. */
+static void stage_switch(mem_stage_t *m)
+{
+    for (unsigned i = 0; i < STAGE_CHUNKS; i++)
+        if (m->busy[i] && kvt__dev_mark_wait(m->ds, i) != 0)
+            m->switch_failed = 1;
+    memset(m->busy, 0, sizeof(m->busy));
+    if (kvt__dev_sync(m->ds) != 0)
+        m->switch_failed = 1;
+}
+
+/* The connection's staging for copies to and from device @dev, on its
+ * stream; NULL when there is none (logged). */
 static mem_stage_t *stage_of(tcp_conn_t *c, int dev)
 {
     mem_stage_t *m = atomic_load(&c->stage);
+    kvt__dstream_t *ds;
 
-    if (m != NULL)
-        return m->ds != NULL && m->buf != NULL ? m : NULL;
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
+    if (m == NULL) {
+        m = calloc(1, sizeof(*m));
+        if (m == NULL)
+            return NULL;
+        m->dev = -1;
+        m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK, dev);
+        atomic_store(&c->stage, m); /* complete before others see it */
+        atomic_store(&c->w->tcp->dev_staged, 1);
+        if (m->buf == NULL)
+            KVT_LOG_E("tcp: no staging for device memory on a connection "
+                      "with %s; its device pieces fail",
+                      c->who);
+    }
+    if (m->buf == NULL || dev < 0 || dev >= KVT__DEV_MAX)
         return NULL;
-    m->ds = kvt__dev_stream_new(dev);
-    m->buf = kvt__dev_host_alloc((size_t)STAGE_CHUNKS * STAGE_CHUNK, dev);
-    atomic_store(&c->stage, m); /* complete before others see it */
-    atomic_store(&c->w->tcp->dev_staged, 1);
-    if (m->ds == NULL || m->buf == NULL)
-        KVT_LOG_E("tcp: no staging for device memory on a connection with "
-                  "%s; its device pieces fail",
-                  c->who);
-    return m->ds != NULL && m->buf != NULL ? m : NULL;
+    if (m->ds != NULL && m->dev == dev)
+        return m;
+    ds = atomic_load(&m->by_dev[dev]);
+    if (ds == NULL) {
+        ds = kvt__dev_stream_new(dev);
+        if (ds == NULL) {
+            KVT_LOG_E("tcp: no stream on cuda:%d for a connection with %s; "
+                      "its device pieces fail",
+                      dev, c->who);
+            return NULL;
+        }
+        atomic_store(&m->by_dev[dev], ds);
+    }
+    if (m->ds != NULL)
+        stage_switch(m);
+    m->ds = ds;
+    m->dev = dev;
+    return m;
 }
 
 static void flush_chunk(mem_stage_t *m)
@@ -328,7 +383,7 @@ int kvt__tcp_rx_dev_finish(tcp_conn_t *c)
     if (m == NULL || !m->queued)
         return 0;
     flush_chunk(m);
-    failed = m->failed;
+    failed = m->failed || m->switch_failed;
     /* Each chunk's marker reports a copy before it that failed. */
     for (unsigned i = 0; i < STAGE_CHUNKS; i++)
         if (m->busy[i] && kvt__dev_mark_wait(m->ds, i) != 0)
@@ -338,6 +393,7 @@ int kvt__tcp_rx_dev_finish(tcp_conn_t *c)
     memset(m->busy, 0, sizeof(m->busy));
     m->queued = 0;
     m->failed = 0;
+    m->switch_failed = 0;
     if (failed)
         for (uint32_t s = 0; s < c->rx_nsegs; s++)
             if (c->rx_segs[s].dev1 != 0 &&
@@ -374,10 +430,11 @@ int kvt__tcp_dev_read_sync(tcp_conn_t *c)
     if (m == NULL || m->ds == NULL)
         return -1;
     rc = kvt__dev_mark(m->ds, READ_MARK) != 0 ||
-                 kvt__dev_mark_wait(m->ds, READ_MARK) != 0
+                 kvt__dev_mark_wait(m->ds, READ_MARK) != 0 || m->switch_failed
              ? -1
              : 0;
     m->queued = 0;
+    m->switch_failed = 0;
     return rc;
 }
 
@@ -394,6 +451,7 @@ void kvt__tcp_dev_quiesce(tcp_conn_t *c)
     m->fill = 0;
     m->queued = 0;
     m->failed = 0;
+    m->switch_failed = 0;
 }
 
 /* The current segment's region left the registry while part of a chunk
@@ -415,7 +473,8 @@ void kvt__tcp_conn_stage_free(tcp_conn_t *c)
 
     if (m == NULL)
         return;
-    kvt__dev_stream_free(m->ds); /* waits for what is queued */
+    for (unsigned i = 0; i < KVT__DEV_MAX; i++)
+        kvt__dev_stream_free(m->by_dev[i]); /* waits for what is queued */
     kvt__dev_host_free(m->buf);
     free(m);
 }
@@ -436,8 +495,11 @@ void kvt__tcp_mem_changed(kvt__tl_t *tl)
     pthread_mutex_lock(&tcp->in_lock);
     for (tcp_conn_t *c = tcp->inbound; c != NULL; c = c->inext) {
         mem_stage_t *m = atomic_load(&c->stage);
-        if (m != NULL && m->ds != NULL)
-            kvt__dev_sync(m->ds);
+        for (unsigned i = 0; m != NULL && i < KVT__DEV_MAX; i++) {
+            kvt__dstream_t *ds = atomic_load(&m->by_dev[i]);
+            if (ds != NULL)
+                kvt__dev_sync(ds);
+        }
     }
     pthread_mutex_unlock(&tcp->in_lock);
 }

@@ -51,8 +51,11 @@ static kvt_status_t frame_dev(tcp_frame_t *f, const pspec_t *ps, size_t np)
         for (uint32_t k = f->piece_seg[i]; k < f->piece_seg[i + 1]; k++) {
             dev1[k] = ps[i].ldev1;
             if (ps[i].ldev1 != 0) {
+                if (f->stage_len > 0 && f->stage_dev != (int)ps[i].ldev1 - 1)
+                    f->stage_mixed = 1;
+                else
+                    f->stage_dev = (int)ps[i].ldev1 - 1;
                 f->stage_len += f->lsegs[k].iov_len;
-                f->stage_dev = (int)ps[i].ldev1 - 1;
             }
         }
     }
