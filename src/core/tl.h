@@ -280,6 +280,11 @@ enum {
     /* Runs only when the engine's transports name it (not by default,
      * nor with KVT_TRANSPORT_ALL). */
     KVT__TL_EXPLICIT = 1u << 2,
+    /* Moves device memory, on either side, through this process's device
+     * driver (same-host sharing opens the peer's memory here): a pair with
+     * device memory is served only where the driver loads, asked when such
+     * a pair is first needed (mem/dev.h), never at engine creation. */
+    KVT__TL_DEV_DRIVER = 1u << 3,
 };
 
 typedef struct {

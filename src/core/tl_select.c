@@ -20,6 +20,7 @@
 
 #include "core/engine_int.h"
 #include "core/tl.h"
+#include "mem/dev.h"
 #include "util/log.h"
 
 unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
@@ -42,6 +43,10 @@ unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
             ok = 0; /* another host: nothing to say either */
         else if (kvt__segdesc_tl(d, ops->id) == NULL)
             ok = 0, w = "the peer does not offer it";
+        else if ((ops->caps.flags & KVT__TL_DEV_DRIVER) &&
+                 (local != KVT_MEM_HOST || remote != KVT_MEM_HOST) &&
+                 !kvt__dev_usable())
+            ok = 0, w = kvt__dev_why(); /* no device driver here */
         else
             ok = ops->reachable == NULL || ops->reachable(e->tl[i], d, &w);
         if (!ok) {

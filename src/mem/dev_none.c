@@ -95,3 +95,21 @@ int kvt__dev_host_fn(void *stream, void (*fn)(void *), void *arg,
     *why_p = "kvt is built without CUDA";
     return -1;
 }
+
+const char *kvt__dev_why(void)
+{
+    return "this kvt was built without device memory";
+}
+
+int kvt__dev_uuid(int device, uint8_t uuid[16])
+{
+    (void)device;
+    (void)uuid;
+    return -1;
+}
+
+int kvt__dev_of_uuid(const uint8_t uuid[16])
+{
+    (void)uuid;
+    return -1;
+}

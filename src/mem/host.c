@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The host memory domain: what the process can read and write itself,
- * detected before any other domain (a device driver is asked only about
- * what the process cannot read); any device number for host memory
+ * detected after the device domains (which answer at no cost in a
+ * process their driver is not loaded in, and in microseconds otherwise);
+ * any device number for host memory
  * ("cpu:0" in Mooncake's locations) is taken as none.
  *
  * A range is host memory only when the process has it mapped, readable,
@@ -119,8 +120,7 @@ static int readable(const void *addr, size_t len)
     return ok;
 }
 
-/* Host memory is what the process can read: asked first, so that host
- * registrations never ask a device driver (device memory is never
+/* Host memory is what the process can read (device memory is never
  * readable: drivers reserve its addresses without access). */
 static int host_detect(const void *addr, size_t len, int32_t *device_p)
 {

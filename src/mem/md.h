@@ -10,8 +10,9 @@
  *
  * A domain answers two questions about a range at registration: whether
  * the range is its memory (detect(), for a caller that does not say; the
- * host domain answers first, claiming what the process can read, so that
- * device drivers are asked only about the rest), and whether a
+ * device domains answer first, each only once its driver is in the
+ * process, then the host domain claims what the process can read), and
+ * whether a
  * range the caller says is its memory really is (check()). The transports
  * that move a kind say so in their capabilities (core/tl.h); the
  * registry records each region's kind and device.

@@ -517,7 +517,7 @@ KVT_TRANSPORT_REGISTER(shm, {
     .id = KVT_TRANSPORT_SHM,
     .caps = {.local_mem = SHM_MEM,
              .remote_mem = SHM_MEM,
-             .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED,
+             .flags = KVT__TL_SAME_HOST | KVT__TL_STRIDED | KVT__TL_DEV_DRIVER,
              .priority = 100},
     .create = kvt__shm_create,
     .stop = kvt__shm_stop,

@@ -459,11 +459,8 @@ kvt_status_t kvt__shm_create(kvt_engine_h e, kvt__tl_t **tl_p)
     pthread_cond_init(&shm->pool_cond, NULL);
     /* Device memory, both ways, only where a driver with devices is
      * found: the initiator opens the target's memory through it, even
-     * from host memory (without one, tcp carries such transfers). */
-    if (!kvt__dev_usable()) {
-        shm->base.local_mem &= ~KVT__MEM_BIT(KVT_MEM_CUDA);
-        shm->base.remote_mem &= ~KVT__MEM_BIT(KVT_MEM_CUDA);
-    }
+     * from host memory (without one, tcp carries such transfers). Asked
+     * when such a pair is first needed (KVT__TL_DEV_DRIVER), not here. */
     nl = kvt__shm_sock_name(sa.sun_path, shm->cfg->host_id, (uint32_t)getpid(),
                             shm->cfg->port);
     memcpy(shm->sock_name, sa.sun_path, nl);
