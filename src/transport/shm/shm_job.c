@@ -85,7 +85,7 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
     uint64_t end = g->raddr + (g->count - 1) * g->rstride + g->len;
 
     if (r == NULL) {
-        int stage = 0;
+        int stage = 0, miss = 0;
         if (!pieces_on_device(ch, n, g, access)) {
             dev_stream_of(p, g, -1);
             p->how[i] = HOW_BOUNCE;
@@ -93,8 +93,9 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
             return;
         }
         /* Each piece reachable here (shm_dev.c resolves them one by one):
-         * its device region opened, its host region mapped; else the
-         * segment goes through the staging slots. */
+         * its device region opened (every one missing is asked for), its
+         * host region mapped; else the segment goes through the staging
+         * slots. */
         for (uint32_t q = 0; q < g->count && !stage; q++) {
             uint64_t a = g->raddr + q * g->rstride;
             const kvt__shm_region_t *x =
@@ -103,14 +104,19 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
                 stage =
                     x->map_id == 0 || kvt__shm_map_find(s, x->map_id) == NULL;
             } else if (kvt__shm_ipc_find(s, x->serial) == NULL) {
-                if (!kvt__shm_ipc_refused(s, x->serial) && !final) {
-                    p->want_ipc = x->serial;
-                    p->want_ipc_addr = x->start;
-                    p->need++;
-                    return;
+                if (final || kvt__shm_ipc_refused(s, x->serial)) {
+                    kvt__shm_dev_refused(s, "its device memory could not be "
+                                            "opened");
+                    stage = 1;
+                } else {
+                    kvt__shm_ipc_want(p, x->serial, x->start);
+                    miss = 1;
                 }
-                stage = 1;
             }
+        }
+        if (!stage && miss) {
+            p->need++;
+            return;
         }
         if (stage) {
             p->how[i] = HOW_STAGE;
@@ -135,8 +141,7 @@ static void dev_plan(shm_session_t *s, const kvt__shm_chan_t *ch, uint32_t n,
             return;
         }
         if (x == NULL && !final && !kvt__shm_ipc_refused(s, r->serial)) {
-            p->want_ipc = r->serial;
-            p->want_ipc_addr = r->start;
+            kvt__shm_ipc_want(p, r->serial, r->start);
             p->need++;
             return;
         }
@@ -218,7 +223,8 @@ static int rw_begin(shm_session_t *s, job_t *j, rw_plan_t *p, int try,
         pthread_rwlock_rdlock(&s->map_lock);
     }
     p->ncma = p->nmap = p->nstage = p->want_map = 0;
-    p->ndev = p->nbounce = p->need = p->want_ipc = 0;
+    p->ndev = p->nbounce = p->need = p->nwant = 0;
+    p->map_seq = atomic_load(&s->map_seq);
     p->ds = NULL;
     n = ch->nregions < KVT_SHM_MAX_REGIONS ? ch->nregions : KVT_SHM_MAX_REGIONS;
     for (uint32_t i = 0; i < j->nsegs; i++) {
@@ -365,17 +371,17 @@ static int rw_rest(shm_session_t *s, job_t *j, rw_plan_t *p, int defer)
     return rw_finish(s, j, p, defer);
 }
 
-/* Ask for what a job begun with rw_begin() needs (p->need). Fails the
- * job and the session when the target does not answer by the job's
- * deadline or the socket broke: -1. */
-static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
+/* Ask for what a job begun with rw_begin() needs (p->need): every
+ * device region it lacks in one exchange, and a mapping. Fails the job
+ * and the session when the target does not answer by the job's deadline
+ * or the socket broke: -1. */
+static int rw_fetch(shm_session_t *s, job_t *j, rw_plan_t *p)
 {
     kvt_status_t st = KVT_OK;
 
     kvt__shm_copier_waits(1); /* the target answers */
-    if (p->want_ipc != 0)
-        st =
-            kvt__shm_ipc_request(s, p->want_ipc, p->want_ipc_addr, j->deadline);
+    if (p->nwant > 0)
+        st = kvt__shm_ipc_fetch(s, p->want, p->nwant, p->map_seq, j->deadline);
     if (st == KVT_OK && p->want_map != 0)
         kvt__shm_map_request(s, p->want_map);
     kvt__shm_copier_waits(0);
@@ -395,14 +401,15 @@ static int rw_fetch(shm_session_t *s, job_t *j, const rw_plan_t *p)
 #define RUN_MAX 8
 #define RUN_BYTES (4u * 1024u * 1024u)
 
-/* Tries of a job that needs openings or mappings (each try gets one of
- * each, or their refusal) before the rest fails or is bounced. */
+/* Tries of a job that needs openings or mappings (each try gets every
+ * opening it lacks, up to IPC_WANT_MAX, and one mapping, or their
+ * refusal) before the rest is staged or bounced. */
 #define NEED_TRIES 8
 
 /* Run a READ or WRITE job alone; as rw_finish(). */
 static int rw_run(shm_session_t *s, job_t *j, int defer)
 {
-    rw_plan_t p; /* 17 KiB */
+    rw_plan_t p; /* 21 KiB */
 
     for (unsigned t = 0;; t++) {
         if (rw_begin(s, j, &p, 0, t + 1 >= NEED_TRIES) != 0)
@@ -448,7 +455,7 @@ int kvt__shm_seg_siblings(const seg_t *a, const seg_t *b)
 void kvt__shm_job_run_pair(shm_session_t *s, job_t *j, shm_session_t *s2,
                            job_t *j2)
 {
-    rw_plan_t p[2]; /* 34 KiB */
+    rw_plan_t p[2]; /* 42 KiB */
     int r2;
 
     if (rw_begin(s, j, &p[0], 0, 0) != 0) {
@@ -634,7 +641,7 @@ static job_t *run_next(shm_session_t *s, const job_t *first, uint64_t room,
  */
 static int run_more(shm_session_t *s, job_t *j)
 {
-    rw_plan_t p; /* 17 KiB */
+    rw_plan_t p; /* 21 KiB */
 
     if (rw_begin(s, j, &p, 1, 0) != 0)
         return -1;

@@ -52,8 +52,9 @@
  * Locks. Order: pool_lock -> session lock. map_lock (writer-preferring)
  * is held for reading across the copies of a job and for writing while
  * mappings change; sock_lock serialises requests on the socket and is
- * held only across one bounded request. No lock is held while waiting for
- * the lease, and the lease is never held while waiting for the target.
+ * held only across one bounded request (or exchange). No lock is held while
+ * waiting for the lease, and the lease is never held while waiting for the
+ * target.
  */
 #include <pthread.h>
 #include <stdalign.h>
@@ -132,13 +133,32 @@ typedef struct {
 } map_t;
 
 /* A device allocation of the target, opened here through the driver's
- * sharing, for the device region registered as @serial. */
+ * sharing (shm_ipc.c): once, however many of its regions are linked to
+ * it. */
 typedef struct {
-    uint32_t serial;
-    int dev;            /* the context it was opened under */
     uint64_t base, len; /* the allocation, in the target */
     uint8_t *local;     /* its base here */
+    int dev;            /* the context it was opened under; -1: none (an
+                           engine of this process: its addresses) */
+    uint32_t links;     /* regions linked to it */
 } ipc_t;
+
+/* A device region of the target (registration @serial, from @start
+ * there), linked to the opening of the allocation at @base there. */
+typedef struct {
+    uint32_t serial;
+    uint64_t start;
+    uint64_t base;
+} ipc_link_t;
+
+/* A device region whose opening a job asks for (rw_plan_t). */
+typedef struct {
+    uint64_t start;
+    uint32_t serial;
+} ipc_want_t;
+
+/* The openings a job asks for in one exchange, at most (shm_ipc.c). */
+#define IPC_WANT_MAX 256u
 
 struct shm_session {
     kvt__session_t base;
@@ -171,12 +191,18 @@ struct shm_session {
     _Atomic uint64_t map_seq;  /* snapshot the mappings were checked against */
     uint32_t nomap[NOMAP_MAX]; /* refused requests, until the next one */
     unsigned nnomap;
-    /* The target's device regions opened here (shm_ipc.c), under map_lock as
-     * the mappings are, and the refused ones until the next snapshot. */
+    /* The target's device allocations opened here (shm_ipc.c), sorted by
+     * their base there; the device regions linked to them, sorted by
+     * serial; the refused regions until the next snapshot (past NOMAP_MAX
+     * of them, @noipc_over: every region not linked). Under map_lock, as
+     * the mappings are. */
     ipc_t *ipcs;
     size_t nipcs, icap;
+    ipc_link_t *links;
+    size_t nlinks, lcap;
     uint32_t noipc[NOMAP_MAX];
     unsigned nnoipc;
+    int noipc_over;
     _Atomic int dev_said; /* a device transfer was refused: said once */
 
     pthread_mutex_t sock_lock;
@@ -215,11 +241,11 @@ typedef struct {
     uint32_t ncma, nmap, nstage, want_map;
     kvt_status_t st; /* of the attached copies (rw_release) */
     /* Device copies: segments by the device and through the bounce
-     * buffer, and those waiting for an opening or a mapping (need) that
-     * is asked for (want_ipc, the region's serial and start) before the
-     * job is tried again. */
-    uint32_t ndev, nbounce, need, want_ipc;
-    uint64_t want_ipc_addr;
+     * buffer, and those waiting for an opening or a mapping (need),
+     * asked for (the device regions in want, the snapshot they were seen
+     * in map_seq) before the job is tried again. */
+    uint32_t ndev, nbounce, need, nwant;
+    uint64_t map_seq;
     int sdev;                    /* the device of the job's stream */
     int dfail;                   /* a device copy could not be queued */
     struct kvt__shm_dstream *ds; /* the job's stream, once issued */
@@ -227,6 +253,7 @@ typedef struct {
     uint8_t *loc[JOB_SEGS];
     uint8_t *dloc[JOB_SEGS]; /* HOW_DEV: the target's side here; NULL:
                                 resolved piece by piece */
+    ipc_want_t want[IPC_WANT_MAX];
 } rw_plan_t;
 
 /* ---- Across the files of the initiator side -------------------------- */
@@ -290,8 +317,21 @@ kvt_status_t kvt__shm_dev_finish(shm_session_t *s, job_t *j, rw_plan_t *p);
 /* shm_ipc.c */
 const ipc_t *kvt__shm_ipc_find(shm_session_t *s, uint32_t serial);
 int kvt__shm_ipc_refused(shm_session_t *s, uint32_t serial);
-kvt_status_t kvt__shm_ipc_request(shm_session_t *s, uint32_t serial,
-                                  uint64_t start, uint64_t deadline);
+/* Add device region @serial (from @start) to the openings @p asks for;
+ * past IPC_WANT_MAX of them it waits for the job's next try. */
+void kvt__shm_ipc_want(rw_plan_t *p, uint32_t serial, uint64_t start);
+/*
+ * Ask the target for the allocations holding the device regions of
+ * @want[0..n) (sorted here) that are neither open nor refused, in one
+ * exchange, and open each allocation not open yet, outside the lease
+ * (the target answers from its service thread); nothing is asked when
+ * the snapshot is no longer @seq, the one they were seen in. KVT_OK
+ * once answered (opened or refused), KVT_ERR_TIMEDOUT when the answers
+ * did not all come by @deadline (a stopped target), KVT_ERR_CONN_LOST
+ * when the socket broke.
+ */
+kvt_status_t kvt__shm_ipc_fetch(shm_session_t *s, ipc_want_t *want, uint32_t n,
+                                uint64_t seq, uint64_t deadline);
 void kvt__shm_ipcs_reconcile_locked(shm_session_t *s);
 void kvt__shm_ipcs_release(shm_session_t *s);
 void kvt__shm_dev_refused(shm_session_t *s, const char *why);
