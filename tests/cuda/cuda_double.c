@@ -155,7 +155,7 @@ static unsigned nresvs;
 static stream_t *streams; /* under lock */
 static int started, ndev = 2, no_ipc, fork_ok;
 static int phys[MAX_DEV]; /* ordinal -> physical device */
-static pid_t init_pid;    /* the process that called cuInit() */
+static _Atomic pid_t init_pid; /* the process that called cuInit() */
 static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, refuse_at, ipc_opens, inits;
 static _Atomic long retains[MAX_DEV], cross_copies;
