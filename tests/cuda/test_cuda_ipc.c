@@ -217,6 +217,10 @@ typedef struct {
     uint64_t ra[NREG];
 } fixture_t;
 
+/* This process numbers the two devices the other way round from the
+ * target (CUDA_VISIBLE_DEVICES=1,0 here, 0,1 there). */
+static int g_swapped;
+
 static void setup(fixture_t *f, unsigned n, int split, int refused,
                   uint64_t timeout_ms)
 {
@@ -225,7 +229,10 @@ static void setup(fixture_t *f, unsigned n, int split, int refused,
     void *h;
 
     CHECK(n <= NREG);
+    if (g_swapped)
+        setenv("KVT_CUDA_DOUBLE_VISIBLE", "1,0", 1); /* read by cuInit */
     double_open();
+    unsetenv("KVT_CUDA_DOUBLE_VISIBLE"); /* not the peer's */
     h = dlopen(getenv("KVT_TEST_CUDA_DOUBLE"), RTLD_NOW);
     CHECK(h != NULL);
     *(void **)&ipc_opens = dlsym(h, "kvt_cuda_double_ipc_opens");
@@ -372,7 +379,20 @@ KVT_TEST(many_refused)
     many_regions(160, 0, 1);
 }
 
+/*
+ * The target's device 0 is this process's device 1: its allocations are
+ * opened under the device its answer names by UUID (under ordinal 0 the
+ * double refuses them, as a driver without peer access does), none is
+ * staged.
+ */
+KVT_TEST(devices_numbered_otherwise)
+{
+    g_swapped = 1;
+    many_regions(16, 0, 0);
+}
+
 KVT_TEST_MAIN(KVT_CASE(many_allocations, 60),
               KVT_CASE(many_regions_one_allocation, 60),
               KVT_CASE(many_refused, 60), KVT_CASE(more_than_one_exchange, 60),
-              KVT_CASE(stopped_target_times_out, 60))
+              KVT_CASE(stopped_target_times_out, 60),
+              KVT_CASE(devices_numbered_otherwise, 60))

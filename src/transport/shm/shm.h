@@ -157,10 +157,15 @@ enum {
                               addr (its start), seq */
     KVT_SHM_IPC_ACK = 7,   /* target: status, id, seq, addr and length (the
                               allocation holding the region), pid (its
-                              device), handle; on failure, name says why */
+                              device's ordinal there), name (its device's
+                              UUID, KVT_SHM_UUID_BYTES; all zero: none),
+                              handle; on failure, name says why */
     KVT_SHM_CHALLENGE = 8, /* target: pid, handle = its nonce and MAC */
     KVT_SHM_AUTH = 9,      /* initiator: handle = its MAC */
 };
+
+/* Bytes of a device UUID in an IPC answer's name. */
+#define KVT_SHM_UUID_BYTES 16
 
 typedef struct {
     uint32_t magic;

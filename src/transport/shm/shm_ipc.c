@@ -34,6 +34,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,32 @@ static void refuse(xchg_t *x, ans_t *an, const char *why)
     }
 }
 
+/* The UUID an IPC answer carries (shm.h): present when not all zero. */
+static int ack_has_uuid(const kvt__shm_msg_t *a)
+{
+    for (unsigned i = 0; i < KVT_SHM_UUID_BYTES; i++)
+        if (a->name[i] != 0)
+            return 1;
+    return 0;
+}
+
+/* The device of this process an IPC answer names by UUID, or -1 (none
+ * sent, or not a device of this process: logged once). */
+static int ack_device(const kvt__shm_msg_t *a)
+{
+    static _Atomic int said;
+    int dev;
+
+    if (!ack_has_uuid(a))
+        return -1;
+    dev = kvt__dev_of_uuid((const uint8_t *)a->name);
+    if (dev < 0 && !atomic_exchange(&said, 1))
+        KVT_LOG_W("shm: a same-host target's device memory is on a device "
+                  "this process does not see (CUDA_VISIBLE_DEVICES?); "
+                  "opening it under its ordinal");
+    return dev;
+}
+
 /*
  * Take answer @a to request @i: link it to an opening of its allocation
  * (in the session's table, or made for an earlier answer of this
@@ -251,11 +278,15 @@ static void take_answer(shm_session_t *s, xchg_t *x, uint32_t i,
         an->state = ANS_OPENED;
         return;
     }
-    /* Under the context of the device that holds it, or else the first
-     * device (the numbering may differ between processes). */
-    an->dev = (int)a->pid;
+    /* Under the context of the device that holds it: found by its UUID,
+     * as the two processes may number the devices differently
+     * (CUDA_VISIBLE_DEVICES); else, from a target that sends none, by
+     * the target's ordinal, and then the first device. */
+    an->dev = ack_device(a);
+    if (an->dev < 0)
+        an->dev = (int)a->pid;
     ok = kvt__dev_ipc_open(a->handle, an->dev, &local, &why) == 0;
-    if (!ok && an->dev != 0) {
+    if (!ok && an->dev != 0 && !ack_has_uuid(a)) {
         an->dev = 0;
         ok = kvt__dev_ipc_open(a->handle, 0, &local, &why) == 0;
     }

@@ -166,6 +166,10 @@ static int serve_ipc(kvt__shm_t *shm, shm_tchan_t *c, const kvt__shm_msg_t *req)
             m.addr = base;
             m.length = size;
             m.pid = (uint32_t)r->device;
+            /* The device by UUID too: the initiator may number it
+             * otherwise. */
+            if (kvt__dev_uuid(r->device, (uint8_t *)m.name) != 0)
+                memset(m.name, 0, KVT_SHM_UUID_BYTES);
         } else {
             m.status = KVT_ERR_NOT_SUPPORTED;
             if (!atomic_exchange(&shm->ipc_said, 1))
