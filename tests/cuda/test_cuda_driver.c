@@ -25,6 +25,7 @@
 #include "double.h"
 #include "kvt_test.h"
 #include <kvt/log.h>
+#include "mem/cuda/cuda_drv.h"
 #include "mem/dev.h"
 
 static void *dbl;
@@ -132,21 +133,30 @@ KVT_TEST(fork_after_engine)
     pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        kvt_mem_params_t mp = {0};
-        kvt_engine_h ce;
-        void *m = NULL;
+        /* No thread is started here: a sanitizer may not follow a fork
+         * of a threaded process with new threads. */
+        kvt_mem_domain_info_t d[8];
+        size_t n = 0, k;
         void *h = dlopen(lib, RTLD_NOW);
         CUresult (*init)(unsigned) =
             h ? (CUresult(*)(unsigned))(uintptr_t)dlsym(h, "cuInit") : NULL;
         if (init == NULL || init(0) != CUDA_SUCCESS)
             _exit(2);
-        ce = engine(0);
-        mp.field_mask = KVT_MEM_PARAM_KIND | KVT_MEM_PARAM_DEVICE;
-        mp.kind = KVT_MEM_CUDA;
-        mp.device = 0;
-        if (kvt_mem_alloc_ex(ce, 1 << 20, &mp, &m) != KVT_OK)
+        /* kvt here too: the driver is usable, and device memory is
+         * told apart. */
+        if (kvt_mem_domains(d, 8, &n) != KVT_OK)
             _exit(3);
-        kvt_engine_destroy(ce);
+        for (k = 0; k < n && d[k].kind != KVT_MEM_CUDA; k++)
+            ;
+        if (k == n || !d[k].available)
+            _exit(4);
+        double_open();
+        {
+            int32_t dev = -1;
+            CUdeviceptr p = dev_alloc(1, 1 << 20);
+            if (kvt__cuda_classify((void *)p, 1 << 20, &dev) != 1 || dev != 1)
+                _exit(5);
+        }
         _exit(0);
     }
     CHECK(waitpid(pid, &status, 0) == pid);
