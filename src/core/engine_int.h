@@ -251,10 +251,15 @@ kvt__session_t *kvt__seg_route(kvt__seg_t *seg, unsigned lkind, uint64_t raddr,
  * offered by the peer, capable of both kinds, and reachable. Their
  * indices go to @order (room for KVT__TL_MAX); returns how many. Those
  * left out for a reason worth telling get it in @why[index] (else NULL).
+ * @ask_driver: a transport that moves device memory through this
+ * process's driver (KVT__TL_DEV_DRIVER) serves a pair with device memory
+ * only where the driver loads, asked now (loading it); 0 takes it as
+ * able (for pairs not in use yet: where the driver turns out unusable,
+ * such a transport falls back to the peer's staging).
  */
 unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
                         kvt_mem_kind_t local, kvt_mem_kind_t remote,
-                        unsigned *order, const char **why);
+                        int ask_driver, unsigned *order, const char **why);
 
 /* Add this engine's transport sections to its descriptor @d. */
 kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d);

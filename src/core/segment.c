@@ -24,6 +24,7 @@
 #include "core/engine_int.h"
 #include "meta/meta.h"
 #include "core/tl.h"
+#include "mem/dev.h"
 #include "util/log.h"
 
 #define SLOTS_MAX (1u << 30)
@@ -529,7 +530,13 @@ kvt_status_t kvt_segment_transport(kvt_engine_h e, kvt_segment_t segment,
     g = kvt__seg_get(e, segment);
     if (g == NULL)
         return KVT_ERR_NOT_FOUND;
-    if (g->route[local][remote] != NULL)
+    /* Device memory here through a transport that needs this process's
+     * driver (chosen before it was asked: a pair not in use yet) is not
+     * served where the driver is unusable. */
+    if (g->route[local][remote] != NULL &&
+        !(local != KVT_MEM_HOST &&
+          (g->route[local][remote]->tl->ops->caps.flags & KVT__TL_DEV_DRIVER) &&
+          !kvt__dev_usable()))
         *name_p = g->route[local][remote]->ops->name;
     else
         st = KVT_ERR_NOT_SUPPORTED;

@@ -25,7 +25,7 @@
 
 unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
                         kvt_mem_kind_t local, kvt_mem_kind_t remote,
-                        unsigned *order, const char **why)
+                        int ask_driver, unsigned *order, const char **why)
 {
     unsigned n = 0;
 
@@ -43,7 +43,7 @@ unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
             ok = 0; /* another host: nothing to say either */
         else if (kvt__segdesc_tl(d, ops->id) == NULL)
             ok = 0, w = "the peer does not offer it";
-        else if ((ops->caps.flags & KVT__TL_DEV_DRIVER) &&
+        else if (ask_driver && (ops->caps.flags & KVT__TL_DEV_DRIVER) &&
                  (local != KVT_MEM_HOST || remote != KVT_MEM_HOST) &&
                  !kvt__dev_usable())
             ok = 0, w = kvt__dev_why(); /* no device driver here */
@@ -108,7 +108,7 @@ static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
     kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
 
     *st_p = KVT_ERR_NOT_SUPPORTED;
-    n = kvt__tl_select(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r,
+    n = kvt__tl_select(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r, 1,
                        order, why);
     for (unsigned k = 0; k < n; k++) {
         kvt__tl_t *tl = e->tl[order[k]];
@@ -142,15 +142,16 @@ static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
     return NULL;
 }
 
-/* Whether transport @i of @e can serve (@l, @r) to the peer of @seg. */
+/* Whether transport @i of @e can serve (@l, @r) to the peer of @seg
+ * (@ask_driver: as kvt__tl_select()). */
 static int serves(kvt_engine_h e, kvt__seg_t *seg, unsigned i, unsigned l,
-                  unsigned r)
+                  unsigned r, int ask_driver)
 {
     unsigned order[KVT__TL_MAX], n;
     const char *why[KVT__TL_MAX];
 
     n = kvt__tl_select(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r,
-                       order, why);
+                       ask_driver, order, why);
     for (unsigned k = 0; k < n; k++)
         if (order[k] == i)
             return 1;
@@ -182,7 +183,7 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
         for (unsigned l = 0; all && l < KVT_MEM_KINDS; l++)
             for (unsigned r = 0; all && r < KVT_MEM_KINDS; r++)
                 if ((lk & KVT__MEM_BIT(l)) && (rk & KVT__MEM_BIT(r)))
-                    all = serves(e, seg, i, l, r);
+                    all = serves(e, seg, i, l, r, 1);
         if (all && (best < 0 || e->tl[i]->ops->caps.priority >
                                     e->tl[best]->ops->caps.priority))
             best = (int)i;
@@ -201,7 +202,11 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
     }
     for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
         for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
-            seg->route[l][r] = serves(e, seg, (unsigned)best, l, r) ? s : NULL;
+            seg->route[l][r] =
+                serves(e, seg, (unsigned)best, l, r,
+                       (lk & KVT__MEM_BIT(l)) && (rk & KVT__MEM_BIT(r)))
+                    ? s
+                    : NULL;
     KVT_LOG_I("segment %s: using %s (device memory in use)", seg->name,
               e->tl[best]->ops->name);
     return 1;
@@ -263,7 +268,7 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
                 for (unsigned k = 0; k < seg->nsess; k++)
                     if (seg->route[l][r] == NULL &&
                         !atomic_load(&seg->sess[k]->dead) &&
-                        serves(e, seg, seg->sess[k]->tl->index, l, r))
+                        serves(e, seg, seg->sess[k]->tl->index, l, r, 0))
                         seg->route[l][r] = seg->sess[k];
     return KVT_OK;
 }
