@@ -96,7 +96,7 @@ static int covered(uintptr_t lo, uintptr_t hi)
 }
 
 /* Whether [addr, +len) is mapped readable from end to end (1), quietly. */
-static int readable(const void *addr, size_t len)
+int kvt__host_readable(const void *addr, size_t len)
 {
     uintptr_t lo = (uintptr_t)addr, hi = lo + len;
     static int said;
@@ -125,13 +125,13 @@ static int readable(const void *addr, size_t len)
 static int host_detect(const void *addr, size_t len, int32_t *device_p)
 {
     *device_p = -1;
-    return readable(addr, len);
+    return kvt__host_readable(addr, len);
 }
 
 static kvt_status_t host_check(const void *addr, size_t len, int32_t device)
 {
     (void)device;
-    if (!readable(addr, len)) {
+    if (!kvt__host_readable(addr, len)) {
         KVT_LOG_E("register: [%p, +%zu) is not host memory this process can "
                   "read (device memory of a driver this kvt did not find, "
                   "or unmapped)",

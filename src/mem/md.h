@@ -62,6 +62,10 @@ kvt_status_t kvt__md_resolve(const void *addr, size_t len, kvt_mem_kind_t kind,
                              int32_t device, kvt_mem_kind_t *kind_p,
                              int32_t *device_p);
 
+/* Whether [addr, +len) is mapped readable in this process from end to end
+ * (host memory; mem/host.c). */
+int kvt__host_readable(const void *addr, size_t len);
+
 /* The domains built in; NULL past the last. */
 const kvt__md_ops_t *kvt__md_registered(size_t i);
 

@@ -47,6 +47,7 @@ EXPORT long kvt_cuda_double_host_fn_refusals(void);
 EXPORT long kvt_cuda_double_ctx_retains(int dev);
 EXPORT long kvt_cuda_double_cross_device_copies(void);
 EXPORT long kvt_cuda_double_inits(void);
+EXPORT long kvt_cuda_double_lost_calls(void);
 
 #define MAX_DEV 64
 
@@ -81,8 +82,8 @@ typedef struct {
     uint8_t *shadow; /* what copies touch */
     size_t size;
     int kind;
-    int dev;  /* K_HOST: -1 */
-    int fd;   /* K_DEVICE, K_POOL: its memfd */
+    int dev; /* K_HOST: -1 */
+    int fd;  /* K_DEVICE, K_POOL: its memfd */
     /* Opened from another process's IPC handle: that process and the
      * memfd's inode, and how many opens it has. */
     int imported, refs;
@@ -109,8 +110,8 @@ typedef struct op {
     struct event *ev;
     CUhostFn fn; /* a host function (cuLaunchHostFunc) and its argument */
     void *fn_arg;
-    int fault;    /* touches unmapped device memory: a sticky fault */
-    int fail;     /* an injected failure (kvt_cuda_double_fail_copy) */
+    int fault; /* touches unmapped device memory: a sticky fault */
+    int fail;  /* an injected failure (kvt_cuda_double_fail_copy) */
     void *dst;
     const void *src;
     size_t width, height, dpitch, spitch;
@@ -152,13 +153,14 @@ static alloc_t *allocs;
 static size_t nallocs, acap;
 static resv_t *resvs[1024]; /* reservations; under lock */
 static unsigned nresvs;
-static stream_t *streams; /* under lock */
+static stream_t *streams;   /* under lock */
+static stream_t *graveyard; /* destroyed streams (under lock) */
 static int started, ndev = 2, no_ipc, fork_ok;
-static int phys[MAX_DEV]; /* ordinal -> physical device */
+static int phys[MAX_DEV];      /* ordinal -> physical device */
 static _Atomic pid_t init_pid; /* the process that called cuInit() */
 static unsigned delay_us = 20;
 static _Atomic long copies, fail_at, refuse_at, ipc_opens, inits;
-static _Atomic long retains[MAX_DEV], cross_copies;
+static _Atomic long retains[MAX_DEV], cross_copies, lost_calls;
 static _Atomic int sticky[MAX_DEV]; /* CUresult: the context is lost */
 static stream_t null_streams[MAX_DEV];
 static __thread int cur_dev = -1;
@@ -226,8 +228,10 @@ static CUresult entry(void)
     do {                                                                       \
         if (cur_dev < 0)                                                       \
             return CUDA_ERROR_INVALID_CONTEXT;                                 \
-        if (sticky[cur_dev] != 0)                                              \
+        if (sticky[cur_dev] != 0) {                                            \
+            lost_calls++;                                                      \
             return (CUresult)sticky[cur_dev];                                  \
+        }                                                                      \
     } while (0)
 
 EXPORT void kvt_cuda_double_fail_copy(long nth_from_now)
@@ -270,6 +274,12 @@ EXPORT long kvt_cuda_double_ctx_retains(int dev)
 EXPORT long kvt_cuda_double_cross_device_copies(void)
 {
     return cross_copies;
+}
+
+/* Calls made under a lost context (refused with its sticky error). */
+EXPORT long kvt_cuda_double_lost_calls(void)
+{
+    return lost_calls;
 }
 
 /* Successful cuInit() calls in this process. */
@@ -449,7 +459,8 @@ static void run_op(stream_t *s, op_t *o)
     }
     if (o->fault || o->fail || sticky[s->dev] != 0) {
         /* As the driver: a fault on the device loses the context. */
-        int r = o->fault ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_LAUNCH_FAILED,
+        int r = o->fault ? CUDA_ERROR_ILLEGAL_ADDRESS
+                         : CUDA_ERROR_LAUNCH_FAILED,
             none = 0;
         if (o->fault || o->fail)
             atomic_compare_exchange_strong(&sticky[s->dev], &none, r);
@@ -565,14 +576,16 @@ static CUresult enqueue(op_t *o, stream_t *s)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     for (stream_t *t = streams; t != NULL; t = t->next) {
-        int orders = s->is_null ? (t != s && t->blocking && t->dev == s->dev)
-                                : (s->blocking && t->is_null && t->dev == s->dev);
+        int orders = s->is_null
+                         ? (t != s && t->blocking && t->dev == s->dev)
+                         : (s->blocking && t->is_null && t->dev == s->dev);
         if (!orders || t->done >= t->queued)
             continue;
         if (o->nwait == cap) {
             unsigned nc = cap ? 2 * cap : 4;
             void *a = realloc(o->wait_s, nc * sizeof(*o->wait_s));
-            void *b = a ? realloc(o->wait_seq, nc * sizeof(*o->wait_seq)) : NULL;
+            void *b =
+                a ? realloc(o->wait_seq, nc * sizeof(*o->wait_seq)) : NULL;
             if (a != NULL)
                 o->wait_s = a;
             if (b == NULL)
@@ -794,8 +807,8 @@ static int map_twice(int fd, size_t len, off_t off, void *at, void *sat,
 {
     int fx = at != NULL ? MAP_FIXED : 0, sfx = sat != NULL ? MAP_FIXED : 0;
     void *view = mmap(at, len, PROT_NONE, MAP_SHARED | fx, fd, off);
-    void *shadow = mmap(sat, len, PROT_READ | PROT_WRITE, MAP_SHARED | sfx, fd,
-                        off);
+    void *shadow =
+        mmap(sat, len, PROT_READ | PROT_WRITE, MAP_SHARED | sfx, fd, off);
 
     if (view == MAP_FAILED || shadow == MAP_FAILED) {
         if (view != MAP_FAILED && at == NULL)
@@ -968,9 +981,9 @@ EXPORT CUresult cuMemFreeHost(void *p)
 
 #define GRANULE ((size_t)2 << 20)
 
-EXPORT CUresult cuMemGetAllocationGranularity(
-    size_t *g, const CUmemAllocationProp *prop,
-    CUmemAllocationGranularity_flags option)
+EXPORT CUresult
+cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                              CUmemAllocationGranularity_flags option)
 {
     ENTER();
     (void)prop;
@@ -1210,19 +1223,14 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n,
             *(int *)data[i] = known;
             break;
         /* As the driver: the range is the mappable address range (a
-         * reservation, for the virtual-memory API), the mapping the
-         * backing allocation. */
+         * reservation, for the virtual-memory API); the mapping is
+         * cuMemGetAddressRange()'s. The mapping attributes are not among
+         * those the reference lists for this call: refused. */
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
             *(CUdeviceptr *)data[i] = (CUdeviceptr)rbase;
             break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
             *(size_t *)data[i] = rsize;
-            break;
-        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-            *(CUdeviceptr *)data[i] = (CUdeviceptr)a.view;
-            break;
-        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-            *(size_t *)data[i] = a.size;
             break;
         default:
             return CUDA_ERROR_INVALID_VALUE;
@@ -1520,7 +1528,12 @@ EXPORT CUresult cuStreamDestroy(CUstream hs)
     pthread_mutex_unlock(&lock);
     if (joined)
         pthread_join(s->thread, NULL);
-    free(s);
+    /* Kept, not freed: work queued on the NULL stream before may still
+     * look at how far this stream got. */
+    pthread_mutex_lock(&lock);
+    s->next = graveyard;
+    graveyard = s;
+    pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 

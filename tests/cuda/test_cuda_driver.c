@@ -129,6 +129,23 @@ KVT_TEST(fork_after_engine)
         SKIP("KVT_TEST_CUDA_DOUBLE is not set");
     e = engine(0); /* every transport built: tcp, shm, ucx */
     CHECK_OK(kvt_mem_register(e, buf, 1 << 20, KVT_ACCESS_REMOTE_RW));
+    /* Host memory moved over tcp and shm, and engines and connections
+     * torn down: none of it loads the driver either. */
+    for (uint32_t t = KVT_TRANSPORT_TCP; t <= KVT_TRANSPORT_SHM; t <<= 1) {
+        uint8_t *src = malloc(1 << 16);
+        kvt_engine_h i = engine(t);
+        kvt_segment_t seg;
+        kvt_xfer_desc_t d;
+        memset(src, 3, 1 << 16);
+        CHECK_OK(kvt_mem_register(i, src, 1 << 16, KVT_ACCESS_REMOTE_RW));
+        CHECK_OK(kvt_segment_open(i, kvt_engine_segment_name(e), &seg));
+        d = xd(KVT_OP_WRITE, seg, src, (uint64_t)(uintptr_t)buf, 1 << 16);
+        CHECK_OK(run(i, &d, 1));
+        CHECK(buf[100] == 3);
+        CHECK_OK(kvt_segment_close(i, seg));
+        kvt_engine_destroy(i);
+        free(src);
+    }
     CHECK(dlopen(lib, RTLD_NOW | RTLD_NOLOAD) == NULL); /* never loaded */
     pid = fork();
     CHECK(pid >= 0);
@@ -458,6 +475,9 @@ KVT_TEST(lost_context)
 {
     void (*fail_copy)(long) =
         (void (*)(long))(uintptr_t)sym("kvt_cuda_double_fail_copy");
+    long (*lost_calls)(void) =
+        (long (*)(void))(uintptr_t)sym("kvt_cuda_double_lost_calls");
+    long calls;
     enum { LEN = 1 << 20 };
     uint8_t *hs = malloc(LEN), *ht = calloc(1, LEN);
     kvt_mem_domain_info_t dom[8];
@@ -484,11 +504,18 @@ KVT_TEST(lost_context)
     CHECK_OK(run(i, &d, 1));
     fail_copy(1);
     CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
+    /* From now on kvt refuses the device itself: no call reaches the
+     * driver under the lost context (the double counts them). */
+    calls = lost_calls();
     t0 = now_s();
     CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
     d.opcode = KVT_OP_READ;
     CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
+    CHECK_ST(kvt_mem_copy(hs, (void *)dv, 4096), KVT_ERR_IO);
     CHECK(now_s() - t0 < 2.0);
+    printf("driver calls under the lost context after kvt knew: %ld\n",
+           lost_calls() - calls);
+    CHECK(lost_calls() == calls);
     CHECK(lost_lines == 1);
     CHECK_OK(kvt_mem_domains(dom, 8, &n));
     for (size_t k = 0; k < n; k++)

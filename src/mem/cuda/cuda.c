@@ -179,6 +179,10 @@ static int sticky(CUresult r)
     case CUDA_ERROR_INVALID_ADDRESS_SPACE:
     case CUDA_ERROR_INVALID_PC:
     case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_CONTAINED:
+    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
+    case CUDA_ERROR_MPS_CLIENT_TERMINATED:
+    case CUDA_ERROR_EXTERNAL_DEVICE:
         return 1;
     default:
         return 0;
@@ -252,11 +256,18 @@ int kvt__cuda_enter_any(CUcontext *prev_p)
     *prev_p = NULL;
     if (d == NULL)
         return -1;
-    if (d->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
-        *prev_p = cur;
-        return 0; /* the caller's own */
-    }
     pthread_mutex_lock(&ctx_lock);
+    if (d->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
+        int ok = 1; /* the caller's own, unless it is a lost one */
+        for (int i = 0; i < d->ndevices; i++)
+            if (ctxs[i] == cur && lost[i] != 0)
+                ok = 0;
+        if (ok) {
+            pthread_mutex_unlock(&ctx_lock);
+            *prev_p = cur;
+            return 0;
+        }
+    }
     for (int i = 0; i < d->ndevices && dev < 0; i++)
         if (ctxs[i] != NULL && lost[i] == 0)
             dev = i;
@@ -280,37 +291,43 @@ int kvt__cuda_classify(const void *addr, size_t len, int32_t *dev_p)
     return kvt__cuda_classify_range(addr, len, dev_p, &base, &size);
 }
 
-/* The mapping holding @p (*base_p, *size_p): 1 when device memory of
- * device @dev, mapped (memory of the virtual-memory API is mapped in
- * pieces of a reservation); 0 when not. Drivers before the mapping
- * attributes answer the allocation's range. */
+/*
+ * The mapping holding @p (*base_p, *size_p) and the address range it was
+ * mapped in (*range_p): 1 when @p is mapped device memory of device @dev,
+ * 0 when not. The mapping comes from cuMemGetAddressRange(), which the
+ * reference names for the mapped region (the attributes' range is the
+ * mappable range, a whole reservation for the virtual-memory API); it
+ * needs a context: @dev's primary one, entered for the call.
+ */
 static int mapping_of(const kvt__cuda_drv_t *d, CUdeviceptr p, int dev,
-                      CUdeviceptr *base_p, size_t *size_p)
+                      CUdeviceptr *base_p, size_t *size_p, CUdeviceptr *range_p)
 {
-    CUpointer_attribute at[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                 CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                 CU_POINTER_ATTRIBUTE_MAPPED,
-                                 CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-                                 CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+    CUpointer_attribute at[5] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_MAPPED};
     unsigned int type = 0;
     int ordinal = -1, managed = 0, mapped = 0;
-    void *vals[6] = {&type, &ordinal, &managed, &mapped, base_p, size_p};
+    void *vals[5] = {&type, &ordinal, &managed, range_p, &mapped};
+    CUcontext prev;
+    CUresult r;
 
     *base_p = 0;
     *size_p = 0;
-    if (d->PointerGetAttributes(6, at, vals, p) != CUDA_SUCCESS) {
-        /* An older driver: the allocation's range. */
-        at[3] = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
-        at[4] = CU_POINTER_ATTRIBUTE_RANGE_SIZE;
-        vals[3] = base_p;
-        vals[4] = size_p;
+    *range_p = 0;
+    if (d->PointerGetAttributes(5, at, vals, p) != CUDA_SUCCESS) {
+        /* A driver before the MAPPED attribute (CUDA 10.2): the range
+         * below answers for what is mapped. */
         mapped = 1;
-        if (d->PointerGetAttributes(5, at, vals, p) != CUDA_SUCCESS)
+        if (d->PointerGetAttributes(4, at, vals, p) != CUDA_SUCCESS)
             return 0;
     }
-    return type == CU_MEMORYTYPE_DEVICE && !managed && mapped &&
-           (dev < 0 || ordinal == dev) && *size_p > 0 && p >= *base_p &&
+    if (type != CU_MEMORYTYPE_DEVICE || managed || !mapped || ordinal != dev ||
+        d->MemGetAddressRange == NULL || kvt__cuda_enter(dev, &prev) != 0)
+        return 0;
+    r = d->MemGetAddressRange(base_p, size_p, p);
+    kvt__cuda_leave(prev);
+    return r == CUDA_SUCCESS && *size_p > 0 && p >= *base_p &&
            p - *base_p < *size_p;
 }
 
@@ -327,6 +344,7 @@ int kvt__cuda_classify_range(const void *addr, size_t len, int32_t *dev_p,
     unsigned int type = 0;
     int ordinal = -1, managed = 0;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, end = p + len, at_p, mb = 0;
+    CUdeviceptr range = 0, next_range = 0;
     size_t ms = 0;
     void *vals[3] = {&type, &ordinal, &managed};
 
@@ -338,22 +356,24 @@ int kvt__cuda_classify_range(const void *addr, size_t len, int32_t *dev_p,
     if (d->PointerGetAttributes(3, at, vals, p) != CUDA_SUCCESS ||
         type != CU_MEMORYTYPE_DEVICE || managed)
         return 0;
-    if (end < p || len == 0 || !mapping_of(d, p, ordinal, &mb, &ms)) {
+    if (end < p || len == 0 || !mapping_of(d, p, ordinal, &mb, &ms, &range)) {
         KVT_LOG_E("cuda: [%p, +%zu) starts in device memory that is not "
                   "mapped",
                   addr, len);
         return -1;
     }
     *base_p = (uint64_t)mb;
-    /* Mapped from end to end: the mappings that follow each other (the
-     * virtual-memory API maps a reservation in pieces; PyTorch's
-     * expandable segments grow so). A copy into a hole would be a fault
-     * on the device that loses the context. */
+    /* Mapped from end to end: within one allocation, or across the
+     * mappings that follow each other in one reservation of the
+     * virtual-memory API (PyTorch's expandable segments grow so); never
+     * across two allocations, which one copy cannot span. A copy into a
+     * hole would be a fault on the device that loses the context. */
     for (at_p = mb + ms; at_p < end; at_p = mb + ms) {
-        if (!mapping_of(d, at_p, ordinal, &mb, &ms) || mb != at_p) {
+        if (!mapping_of(d, at_p, ordinal, &mb, &ms, &next_range) ||
+            mb != at_p || next_range != range) {
             KVT_LOG_E("cuda: [%p, +%zu) starts in device memory but runs "
-                      "past its mapping into [0x%llx, ...), which is not "
-                      "mapped memory of cuda:%d",
+                      "past its allocation into [0x%llx, ...), which is not "
+                      "mapped in the same range of cuda:%d",
                       addr, len, (unsigned long long)at_p, ordinal);
             return -1;
         }

@@ -46,7 +46,8 @@ kvt__dstream_t *kvt__dev_stream_new(int device)
         return NULL;
     }
     s->dev = device;
-    r = d->StreamCreate(&s->st, CU_STREAM_NON_BLOCKING);
+    r = kvt__cuda_check(device,
+                        d->StreamCreate(&s->st, CU_STREAM_NON_BLOCKING));
     for (unsigned i = 0; r == CUDA_SUCCESS && i < KVT__DEV_MARKS; i++)
         r = d->EventCreate(&s->ev[i], CU_EVENT_DISABLE_TIMING);
     kvt__cuda_leave(prev);
@@ -60,12 +61,15 @@ kvt__dstream_t *kvt__dev_stream_new(int device)
 
 void kvt__dev_stream_free(kvt__dstream_t *s)
 {
-    const kvt__cuda_drv_t *d = kvt__cuda();
+    const kvt__cuda_drv_t *d;
     CUcontext prev;
 
-    if (s == NULL || d == NULL)
+    /* Nothing to free never asks for the driver (a host-only engine's
+     * teardown must not load it). */
+    if (s == NULL)
         return;
-    if (kvt__cuda_enter(s->dev, &prev) == 0) {
+    d = kvt__cuda();
+    if (d != NULL && kvt__cuda_enter(s->dev, &prev) == 0) {
         if (s->st != NULL) {
             d->StreamSynchronize(s->st);
             d->StreamDestroy(s->st);
@@ -166,12 +170,16 @@ void *kvt__dev_host_alloc(size_t len, int device)
 
 void kvt__dev_host_free(void *p)
 {
-    const kvt__cuda_drv_t *d = kvt__cuda();
+    const kvt__cuda_drv_t *d;
     CUcontext prev;
 
     /* Portable pinned memory: any device's context frees it, one that is
-     * there already (none is made for it on a device nobody uses). */
-    if (p == NULL || d == NULL || kvt__cuda_enter_any(&prev) != 0)
+     * there already (none is made for it on a device nobody uses). NULL
+     * never asks for the driver. */
+    if (p == NULL)
+        return;
+    d = kvt__cuda();
+    if (d == NULL || kvt__cuda_enter_any(&prev) != 0)
         return;
     d->MemFreeHost(p);
     kvt__cuda_leave(prev);

@@ -21,15 +21,19 @@
 #define MAX_DEVICES 64
 
 /*
- * Whether the driver is in the process already: device memory cannot
- * exist before it is, so registrations in a process that never loaded it
- * do not pay for loading and initialising it (nor leave a forked child
- * without CUDA).
+ * Whether the driver is in the process already, and initialised: device
+ * memory cannot exist before, so registrations in a process that never
+ * initialised it do not pay for loading and initialising it (nor leave a
+ * child it forks without CUDA, which a cuInit() here would). Asked with
+ * cuCtxGetCurrent(), which answers CUDA_ERROR_NOT_INITIALIZED before
+ * cuInit() (and in a child forked after it).
  */
 static int driver_present(void)
 {
-    static _Atomic int present; /* once loaded, it stays */
+    static _Atomic int present; /* once initialised, it stays */
     const char *lib = getenv("KVT_CUDA_LIBRARY");
+    CUresult (*cur)(CUcontext *);
+    CUcontext c = NULL;
     void *h;
 
     if (present)
@@ -38,9 +42,11 @@ static int driver_present(void)
                RTLD_NOW | RTLD_NOLOAD);
     if (h == NULL)
         return 0;
+    *(void **)&cur = dlsym(h, "cuCtxGetCurrent");
+    if (cur != NULL && cur(&c) != CUDA_ERROR_NOT_INITIALIZED)
+        present = 1;
     dlclose(h);
-    present = 1;
-    return 1;
+    return present;
 }
 
 static int cuda_detect(const void *addr, size_t len, int32_t *device_p)
@@ -199,11 +205,15 @@ static int cuda_copy(void *dst, const void *src, size_t len)
     if (!driver_present())
         return 0;
     if ((d = kvt__cuda()) == NULL) {
-        /* The application's driver is loaded, kvt's could not be: either
-         * range may be device memory, which host code must not touch. */
-        KVT_LOG_E("copy: the CUDA driver is loaded but kvt cannot use it: "
-                  "%s",
-                  kvt__cuda_why());
+        /* The application's driver is there, kvt cannot use it (a child
+         * forked after the driver was initialised, say): host memory is
+         * copied as such; anything else may be device memory, which host
+         * code must not touch. */
+        if (kvt__host_readable(dst, len) && kvt__host_readable(src, len))
+            return 0;
+        KVT_LOG_E("copy: [%p, +%zu) or [%p, +%zu) is not host memory, and "
+                  "kvt cannot use the CUDA driver: %s",
+                  dst, len, src, len, kvt__cuda_why());
         return -1;
     }
     cd = kvt__cuda_classify(dst, len, &dd);
