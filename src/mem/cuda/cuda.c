@@ -209,14 +209,15 @@ int kvt__cuda_lost(int dev)
     return dev >= 0 && dev < MAX_DEVICES ? lost[dev] : 0;
 }
 
-int kvt__cuda_enter(int dev, CUcontext *prev_p)
+static int enter(int dev, CUcontext *prev_p, int even_lost)
 {
     const kvt__cuda_drv_t *d = kvt__cuda();
     CUcontext c, cur = NULL;
     CUresult r;
 
     *prev_p = NULL;
-    if (d == NULL || dev < 0 || dev >= d->ndevices || lost[dev] != 0)
+    if (d == NULL || dev < 0 || dev >= d->ndevices ||
+        (lost[dev] != 0 && !even_lost))
         return -1;
     pthread_mutex_lock(&ctx_lock);
     c = ctxs[dev];
@@ -245,6 +246,16 @@ int kvt__cuda_enter(int dev, CUcontext *prev_p)
         return -1;
     }
     return 0;
+}
+
+int kvt__cuda_enter(int dev, CUcontext *prev_p)
+{
+    return enter(dev, prev_p, 0);
+}
+
+int kvt__cuda_enter_teardown(int dev, CUcontext *prev_p)
+{
+    return enter(dev, prev_p, 1);
 }
 
 int kvt__cuda_enter_any(CUcontext *prev_p)

@@ -69,9 +69,12 @@ void kvt__dev_stream_free(kvt__dstream_t *s)
     if (s == NULL)
         return;
     d = kvt__cuda();
-    if (d != NULL && kvt__cuda_enter(s->dev, &prev) == 0) {
+    /* A lost device's too: the driver releases them even then (nothing
+     * queued there runs any more: no wait). */
+    if (d != NULL && kvt__cuda_enter_teardown(s->dev, &prev) == 0) {
         if (s->st != NULL) {
-            d->StreamSynchronize(s->st);
+            if (!kvt__cuda_lost(s->dev))
+                d->StreamSynchronize(s->st);
             d->StreamDestroy(s->st);
         }
         for (unsigned i = 0; i < KVT__DEV_MARKS; i++)

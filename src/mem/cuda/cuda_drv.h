@@ -82,6 +82,9 @@ const char *kvt__cuda_err(CUresult r);
  */
 int kvt__cuda_enter(int dev, CUcontext *prev_p);
 void kvt__cuda_leave(CUcontext prev);
+/* As kvt__cuda_enter(), a lost device's too: for releasing what kvt
+ * holds there (streams, events), which the driver frees even then. */
+int kvt__cuda_enter_teardown(int dev, CUcontext *prev_p);
 /* A context for calls that any one serves (freeing portable pinned
  * memory): the caller's current one, else one kvt already holds; never
  * a new one (a process using device 1 gets no context on device 0).
