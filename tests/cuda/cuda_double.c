@@ -860,15 +860,11 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t size)
     return alloc_device(p, size, K_DEVICE);
 }
 
-/* Managed memory: the host reaches it (one read-write mapping). */
-EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size,
-                                  unsigned int flags)
+/* Memory the host reaches (one read-write mapping), listed as @kind. */
+static CUresult alloc_host(void **p, size_t size, int kind, int dev)
 {
     void *m;
 
-    ENTER();
-    NEED_CTX();
-    (void)flags;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -878,14 +874,29 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size,
     if (record((alloc_t){.view = (uintptr_t)m,
                          .shadow = m,
                          .size = size,
-                         .kind = K_MANAGED,
-                         .dev = cur_dev,
+                         .kind = kind,
+                         .dev = dev,
                          .fd = -1}) != 0) {
         munmap(m, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *p = (CUdeviceptr)(uintptr_t)m;
+    *p = m;
     return CUDA_SUCCESS;
+}
+
+/* Managed memory: the host reaches it. */
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size,
+                                  unsigned int flags)
+{
+    void *m = NULL;
+    CUresult r;
+
+    ENTER();
+    NEED_CTX();
+    (void)flags;
+    r = alloc_host(&m, size, K_MANAGED, cur_dev);
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return r;
 }
 
 static void free_alloc(alloc_t a)
@@ -940,28 +951,10 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream hs)
 
 EXPORT CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
 {
-    void *m;
-
     ENTER();
     NEED_CTX();
     (void)flags;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-             -1, 0);
-    if (m == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (record((alloc_t){.view = (uintptr_t)m,
-                         .shadow = m,
-                         .size = size,
-                         .kind = K_HOST,
-                         .dev = -1,
-                         .fd = -1}) != 0) {
-        munmap(m, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *p = m;
-    return CUDA_SUCCESS;
+    return alloc_host(p, size, K_HOST, -1);
 }
 
 EXPORT CUresult cuMemFreeHost(void *p)

@@ -24,6 +24,7 @@
 
 #include "double.h"
 #include "kvt_test.h"
+#include "xfer_test.h"
 #include <kvt/log.h>
 #include "mem/cuda/cuda_drv.h"
 #include "mem/dev.h"
@@ -75,32 +76,6 @@ static kvt_engine_h engine(uint32_t transports)
     return e;
 }
 
-static kvt_status_t run(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
-{
-    kvt_batch_h b;
-    kvt_status_t st;
-
-    CHECK_OK(kvt_batch_create(e, n, &b));
-    CHECK_OK(kvt_batch_submit(b, d, n));
-    st = kvt_batch_wait(b, 20000);
-    CHECK(st != KVT_INPROGRESS);
-    CHECK_OK(kvt_batch_free(b));
-    return st;
-}
-
-static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
-                          uint64_t remote, uint64_t len)
-{
-    kvt_xfer_desc_t d = {0};
-
-    d.opcode = op;
-    d.segment = seg;
-    d.local_addr = local;
-    d.remote_addr = remote;
-    d.length = len;
-    return d;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -139,8 +114,9 @@ KVT_TEST(fork_after_engine)
         memset(src, 3, 1 << 16);
         CHECK_OK(kvt_mem_register(i, src, 1 << 16, KVT_ACCESS_REMOTE_RW));
         CHECK_OK(kvt_segment_open(i, kvt_engine_segment_name(e), &seg));
-        d = xd(KVT_OP_WRITE, seg, src, (uint64_t)(uintptr_t)buf, 1 << 16);
-        CHECK_OK(run(i, &d, 1));
+        d = kvt_test_xd(KVT_OP_WRITE, seg, src, (uint64_t)(uintptr_t)buf,
+                        1 << 16);
+        CHECK_OK(kvt_test_xfer(i, &d, 1));
         CHECK(buf[100] == 3);
         CHECK_OK(kvt_segment_close(i, seg));
         kvt_engine_destroy(i);
@@ -425,16 +401,16 @@ KVT_TEST(devices_apart)
     CHECK_OK(kvt_mem_copy((void *)i17, src + LEN, LEN));
     CHECK_OK(kvt_segment_open(i, kvt_engine_segment_name(t), &seg));
     /* Writes from both devices to both devices, one connection. */
-    d[0] = xd(KVT_OP_WRITE, seg, (void *)i1, t17, LEN);
-    d[1] = xd(KVT_OP_WRITE, seg, (void *)i17, t1, LEN);
-    CHECK_OK(run(i, d, 2));
+    d[0] = kvt_test_xd(KVT_OP_WRITE, seg, (void *)i1, t17, LEN);
+    d[1] = kvt_test_xd(KVT_OP_WRITE, seg, (void *)i17, t1, LEN);
+    CHECK_OK(kvt_test_xfer(i, d, 2));
     CHECK_OK(kvt_mem_copy(back, (void *)t17, LEN));
     CHECK_OK(kvt_mem_copy(back + LEN, (void *)t1, LEN));
     CHECK(memcmp(back, src, 2 * LEN) == 0);
     /* Reads back, crossed again. */
-    d[2] = xd(KVT_OP_READ, seg, (void *)i1, t1, LEN);
-    d[3] = xd(KVT_OP_READ, seg, (void *)i17, t17, LEN);
-    CHECK_OK(run(i, d + 2, 2));
+    d[2] = kvt_test_xd(KVT_OP_READ, seg, (void *)i1, t1, LEN);
+    d[3] = kvt_test_xd(KVT_OP_READ, seg, (void *)i17, t17, LEN);
+    CHECK_OK(kvt_test_xfer(i, d + 2, 2));
     CHECK_OK(kvt_mem_copy(back, (void *)i17, LEN));
     CHECK(memcmp(back, src, LEN) == 0);
     CHECK_OK(kvt_mem_copy(back, (void *)i1, LEN));
@@ -500,17 +476,18 @@ KVT_TEST(lost_context)
     CHECK_OK(kvt_mem_register(i, hs, LEN, KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_mem_register(i, (void *)dv, LEN, KVT_ACCESS_REMOTE_RW));
     CHECK_OK(kvt_segment_open(i, kvt_engine_segment_name(t), &seg));
-    d = xd(KVT_OP_WRITE, seg, (void *)dv, (uint64_t)(uintptr_t)ht, LEN);
-    CHECK_OK(run(i, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, seg, (void *)dv, (uint64_t)(uintptr_t)ht,
+                    LEN);
+    CHECK_OK(kvt_test_xfer(i, &d, 1));
     fail_copy(1);
-    CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
+    CHECK_ST(kvt_test_xfer(i, &d, 1), KVT_ERR_IO);
     /* From now on kvt refuses the device itself: no call reaches the
      * driver under the lost context (the double counts them). */
     calls = lost_calls();
     t0 = now_s();
-    CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
+    CHECK_ST(kvt_test_xfer(i, &d, 1), KVT_ERR_IO);
     d.opcode = KVT_OP_READ;
-    CHECK_ST(run(i, &d, 1), KVT_ERR_IO);
+    CHECK_ST(kvt_test_xfer(i, &d, 1), KVT_ERR_IO);
     CHECK_ST(kvt_mem_copy(hs, (void *)dv, 4096), KVT_ERR_IO);
     CHECK(now_s() - t0 < 2.0);
     printf("driver calls under the lost context after kvt knew: %ld\n",
@@ -524,8 +501,8 @@ KVT_TEST(lost_context)
             named = 1;
     CHECK(named);
     /* Host memory is not affected. */
-    d = xd(KVT_OP_WRITE, seg, hs, (uint64_t)(uintptr_t)ht, LEN);
-    CHECK_OK(run(i, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, seg, hs, (uint64_t)(uintptr_t)ht, LEN);
+    CHECK_OK(kvt_test_xfer(i, &d, 1));
     CHECK(memcmp(hs, ht, LEN) == 0);
     kvt_log_set_handler(NULL, NULL);
     CHECK_OK(kvt_segment_close(i, seg));

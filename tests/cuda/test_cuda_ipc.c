@@ -25,6 +25,7 @@
 #include "devmem.h"
 #include "double.h"
 #include "kvt_test.h"
+#include "xfer_test.h"
 #include "transport/peer.h"
 
 /* The target's regions, at most (160, as vLLM registers for 80 layers;
@@ -141,32 +142,6 @@ static void log_cb(void *arg, kvt_log_level_t level, const char *file, int line,
 
 static long (*ipc_opens)(void), (*ipc_live)(void);
 
-static kvt_status_t run(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
-{
-    kvt_batch_h b;
-    kvt_status_t st;
-
-    CHECK_OK(kvt_batch_create(e, n, &b));
-    CHECK_OK(kvt_batch_submit(b, d, n));
-    st = kvt_batch_wait(b, 30000);
-    CHECK(st != KVT_INPROGRESS);
-    CHECK_OK(kvt_batch_free(b));
-    return st;
-}
-
-static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
-                          uint64_t remote, uint64_t len)
-{
-    kvt_xfer_desc_t d = {0};
-
-    d.opcode = op;
-    d.segment = seg;
-    d.local_addr = local;
-    d.remote_addr = remote;
-    d.length = len;
-    return d;
-}
-
 /* A peer's reply "0" (a status, or no bytes wrong). */
 static int zero(const char *r)
 {
@@ -193,11 +168,11 @@ static void batch_all(peer_t *p, kvt_engine_h e, kvt_segment_t seg,
     CHECK(devmem_copy(dev, host, (size_t)n * RLEN) == 0);
     for (unsigned i = 0; i < n; i++) {
         uint8_t *l = dev + (size_t)i * RLEN;
-        d[i] = xd(KVT_OP_WRITE, seg, l, ra[i], HALF);
-        d[n + i] = xd(KVT_OP_READ, seg, l + HALF, ra[i] + HALF, HALF);
+        d[i] = kvt_test_xd(KVT_OP_WRITE, seg, l, ra[i], HALF);
+        d[n + i] = kvt_test_xd(KVT_OP_READ, seg, l + HALF, ra[i] + HALF, HALF);
     }
     t0 = kvt_test_now();
-    CHECK_OK(run(e, d, 2 * n));
+    CHECK_OK(kvt_test_xfer(e, d, 2 * n));
     *ms_p = (kvt_test_now() - t0) * 1e3;
     CHECK(zero(peer_cmd(p, "dcheck 0 %d 200", HALF)));
     CHECK(devmem_copy(host, dev, (size_t)n * RLEN) == 0);
@@ -318,8 +293,9 @@ static void many_regions(unsigned n, int split, int refused)
      * refusals: the last region is asked for once more. */
     CHECK(zero(peer_cmd(&f.p, "dunreg 0 %u", n / 2)));
     {
-        kvt_xfer_desc_t d = xd(KVT_OP_WRITE, f.seg, f.dev, f.ra[n - 1], HALF);
-        CHECK_OK(run(f.e, &d, 1));
+        kvt_xfer_desc_t d =
+            kvt_test_xd(KVT_OP_WRITE, f.seg, f.dev, f.ra[n - 1], HALF);
+        CHECK_OK(kvt_test_xfer(f.e, &d, 1));
     }
     CHECK(ipc_live() == (refused ? 0 : split ? 1 : (long)n / 2));
     CHECK(n_asks == xchgs + refused && n_asked == (long)n + refused);
@@ -328,8 +304,9 @@ static void many_regions(unsigned n, int split, int refused)
      * look at the new snapshot). */
     CHECK(zero(peer_cmd(&f.p, "dunreg %u %u", n / 2, n)));
     {
-        kvt_xfer_desc_t d = xd(KVT_OP_WRITE, f.seg, f.dev, f.p.wo_addr, HALF);
-        CHECK_OK(run(f.e, &d, 1));
+        kvt_xfer_desc_t d =
+            kvt_test_xd(KVT_OP_WRITE, f.seg, f.dev, f.p.wo_addr, HALF);
+        CHECK_OK(kvt_test_xfer(f.e, &d, 1));
     }
     CHECK(ipc_live() == 0);
 
@@ -354,10 +331,11 @@ KVT_TEST(stopped_target_times_out)
 
     setup(&f, 160, 0, 0, 500);
     for (unsigned i = 0; i < 160; i++)
-        d[i] = xd(KVT_OP_WRITE, f.seg, f.dev + (size_t)i * RLEN, f.ra[i], HALF);
+        d[i] = kvt_test_xd(KVT_OP_WRITE, f.seg, f.dev + (size_t)i * RLEN,
+                           f.ra[i], HALF);
     peer_kill(&f.p, SIGSTOP);
     t0 = kvt_test_now();
-    CHECK_ST(run(f.e, d, 160), KVT_ERR_TIMEDOUT);
+    CHECK_ST(kvt_test_xfer(f.e, d, 160), KVT_ERR_TIMEDOUT);
     printf("timed out after %.0f ms\n", (kvt_test_now() - t0) * 1e3);
     CHECK(n_asks == 0 && n_opened == 0 && ipc_live() == 0);
     peer_kill(&f.p, SIGCONT);

@@ -17,6 +17,7 @@
 #include "devmem.h"
 #include "double.h"
 #include "kvt_test.h"
+#include "xfer_test.h"
 #include "transport/peer.h"
 
 static int no_driver;
@@ -243,32 +244,6 @@ KVT_TEST(no_driver_refuses)
 
 /* ---- Moving device memory (a peer in another process) ------------------- */
 
-static kvt_status_t run1(kvt_engine_h e, const kvt_xfer_desc_t *d, size_t n)
-{
-    kvt_batch_h b;
-    kvt_status_t st;
-
-    CHECK_OK(kvt_batch_create(e, n, &b));
-    CHECK_OK(kvt_batch_submit(b, d, n));
-    st = kvt_batch_wait(b, 30000);
-    CHECK(st != KVT_INPROGRESS);
-    CHECK_OK(kvt_batch_free(b));
-    return st;
-}
-
-static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
-                          uint64_t remote, uint64_t len)
-{
-    kvt_xfer_desc_t d = {0};
-
-    d.opcode = op;
-    d.segment = seg;
-    d.local_addr = local;
-    d.remote_addr = remote;
-    d.length = len;
-    return d;
-}
-
 /*
  * A peer with its main region in device memory, and an engine here with
  * @len bytes of device memory registered and the peer's segment open
@@ -353,16 +328,16 @@ KVT_TEST(same_host_device_routes)
     /* Device to device through the peer: fill ours, write, notify. */
     pattern_fill(host, LEN, 21, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
-    d[0] = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
-    d[1] = xd(KVT_OP_NOTIFY, x.seg, "done", 0, 4);
-    CHECK_OK(run1(x.e, d, 2));
+    d[0] = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    d[1] = kvt_test_xd(KVT_OP_NOTIFY, x.seg, "done", 0, 4);
+    CHECK_OK(kvt_test_xfer(x.e, d, 2));
     r = peer_cmd(&x.p, "notify 5000 %llu %llu 21",
                  (unsigned long long)x.p.main_addr, (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "done 0") == 0);
     /* And back: read the peer's device memory into ours. */
     CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
-    d[0] = xd(KVT_OP_READ, x.seg, x.dev, x.p.main_addr, LEN);
-    CHECK_OK(run1(x.e, d, 1));
+    d[0] = kvt_test_xd(KVT_OP_READ, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(kvt_test_xfer(x.e, d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 21, 0) == 0);
     dev_pair_end(&x);
@@ -419,17 +394,17 @@ static void copy_fails(uint32_t transport)
     CHECK(refuse_copy != NULL);
     pattern_fill(host, LEN, 5, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
-    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
     refuse_copy(1); /* the write's copy out of device memory */
-    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_ST(kvt_test_xfer(x.e, &d, 1), KVT_ERR_IO);
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(peer_cmd(&x.p, "check %llu %llu 5", (unsigned long long)x.p.main_addr,
                    (unsigned long long)LEN) != NULL);
     d.opcode = KVT_OP_READ;
     refuse_copy(1); /* the read's first copy into device memory */
-    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_IO);
+    CHECK_ST(kvt_test_xfer(x.e, &d, 1), KVT_ERR_IO);
     CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 5, 0) == 0);
     dev_pair_end(&x);
@@ -465,8 +440,9 @@ KVT_TEST(copy_ahead_fails)
         pattern_fill(host + (size_t)i * BLK, BLK, 7, (uint64_t)i * 2 * BLK);
     CHECK(devmem_copy(x.dev, host, (size_t)N * BLK) == 0);
     for (int i = 0; i < N; i++)
-        d[i] = xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
-                  x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
+        d[i] =
+            kvt_test_xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
+                        x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
     refuse_copy(5);
     CHECK_OK(kvt_batch_create(x.e, N, &b));
     CHECK_OK(kvt_batch_submit(b, d, N));
@@ -527,8 +503,8 @@ static void unregister_load(uint32_t transport)
 
     dev_pair(&x, transport, BLK, 1);
     for (int i = 0; i < N; i++)
-        d[i] = xd(KVT_OP_WRITE, x.seg, x.dev,
-                  x.p.main_addr + (uint64_t)i * BLK % span, BLK);
+        d[i] = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev,
+                           x.p.main_addr + (uint64_t)i * BLK % span, BLK);
     CHECK_OK(kvt_batch_create(x.e, N, &b));
     /* Each round: writes under way, the target unregisters and
      * overwrites; nothing of the writes may show afterwards. The moment
@@ -613,8 +589,8 @@ KVT_TEST(ipc_cached)
     for (int i = 0; i < 16; i++) {
         pattern_fill(host, LEN, 40 + (uint64_t)i, 0);
         CHECK(devmem_copy(x.dev, host, LEN) == 0);
-        d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
-        CHECK_OK(run1(x.e, &d, 1));
+        d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+        CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     }
     CHECK(ipc_opens() == opens + 1);
     CHECK(ipc_live() == 1);
@@ -628,7 +604,7 @@ KVT_TEST(ipc_cached)
     CHECK(r != NULL && atoi(r) == KVT_OK);
     pattern_fill(host, LEN, 60, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(ipc_opens() == opens + 2);
     CHECK(ipc_live() == 1);
     r = peer_cmd(&x.p, "check %llu %llu 60", (unsigned long long)x.p.main_addr,
@@ -659,14 +635,14 @@ static void host_there(int peer_mem)
     /* Contiguous, past the bounce buffer's size. */
     pattern_fill(host, LEN, 81, 0);
     CHECK(devmem_copy(x.dev, host, LEN) == 0);
-    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
-    CHECK_OK(run1(x.e, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     r = peer_cmd(&x.p, "check %llu %llu 81", (unsigned long long)x.p.main_addr,
                  (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "0") == 0);
     CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
     d.opcode = KVT_OP_READ;
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 81, 0) == 0);
     /* Strided: N pieces of PIECE bytes every STRIDE here, packed there;
@@ -676,18 +652,18 @@ static void host_there(int peer_mem)
     CHECK(r != NULL);
     pattern_fill(orig, LEN, 82, 0);
     CHECK(devmem_copy(x.dev, orig, LEN) == 0);
-    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
     d.count = N;
     d.local_stride = STRIDE;
     d.remote_stride = PIECE;
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     d.opcode = KVT_OP_READ;
     d.local_addr = (uint8_t *)x.dev + LEN / 2;
     d.local_stride = PIECE;
     d.remote_stride = 0;
     d.count = 1;
     d.length = (uint64_t)N * PIECE;
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     for (int k = 0; k < N; k++)
         CHECK(memcmp(host + LEN / 2 + (size_t)k * PIECE,
@@ -731,14 +707,14 @@ KVT_TEST(host_to_device)
     CHECK_OK(kvt_segment_transport(e, seg, KVT_MEM_HOST, KVT_MEM_CUDA, &name));
     CHECK(strcmp(name, "shm") == 0);
     pattern_fill(host, LEN, 83, 0);
-    d = xd(KVT_OP_WRITE, seg, host, p.main_addr, LEN);
-    CHECK_OK(run1(e, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, seg, host, p.main_addr, LEN);
+    CHECK_OK(kvt_test_xfer(e, &d, 1));
     r = peer_cmd(&p, "check %llu %llu 83", (unsigned long long)p.main_addr,
                  (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "0") == 0);
     memset(host, 0, LEN);
     d.opcode = KVT_OP_READ;
-    CHECK_OK(run1(e, &d, 1));
+    CHECK_OK(kvt_test_xfer(e, &d, 1));
     CHECK(pattern_check(host, LEN, 83, 0) == 0);
     kvt_engine_destroy(e);
     peer_stop(&p);
@@ -768,26 +744,26 @@ KVT_TEST(ipc_refused_stages)
     /* Device memory here, contiguous, both ways. */
     pattern_fill(orig, LEN, 91, 0);
     CHECK(devmem_copy(x.dev, orig, LEN) == 0);
-    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
-    CHECK_OK(run1(x.e, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, LEN);
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     r = peer_cmd(&x.p, "check %llu %llu 91", (unsigned long long)x.p.main_addr,
                  (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "0") == 0);
     CHECK(devmem_copy(x.dev, memset(host, 0, LEN), LEN) == 0);
     d.opcode = KVT_OP_READ;
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     CHECK(pattern_check(host, LEN, 91, 0) == 0);
     /* Strided pieces here, packed there, and read back packed. */
     pattern_fill(orig, LEN, 92, 0);
     CHECK(devmem_copy(x.dev, orig, LEN) == 0);
-    d = xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, x.dev, x.p.main_addr, PIECE);
     d.count = N;
     d.local_stride = STRIDE;
-    CHECK_OK(run1(x.e, &d, 1));
-    d = xd(KVT_OP_READ, x.seg, (uint8_t *)x.dev + LEN / 2 + 4096, x.p.main_addr,
-           (uint64_t)N * PIECE);
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
+    d = kvt_test_xd(KVT_OP_READ, x.seg, (uint8_t *)x.dev + LEN / 2 + 4096,
+                    x.p.main_addr, (uint64_t)N * PIECE);
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(devmem_copy(host, x.dev, LEN) == 0);
     for (int k = 0; k < N; k++)
         CHECK(memcmp(host + LEN / 2 + 4096 + (size_t)k * PIECE,
@@ -795,18 +771,18 @@ KVT_TEST(ipc_refused_stages)
     /* Host memory here. */
     CHECK_OK(kvt_mem_register(x.e, hbuf, LEN, KVT_ACCESS_REMOTE_RW));
     pattern_fill(hbuf, LEN, 93, 0);
-    d = xd(KVT_OP_WRITE, x.seg, hbuf, x.p.main_addr, LEN);
-    CHECK_OK(run1(x.e, &d, 1));
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, hbuf, x.p.main_addr, LEN);
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     r = peer_cmd(&x.p, "check %llu %llu 93", (unsigned long long)x.p.main_addr,
                  (unsigned long long)LEN);
     CHECK(r != NULL && strcmp(r, "0") == 0);
     memset(hbuf, 0, LEN);
     d.opcode = KVT_OP_READ;
-    CHECK_OK(run1(x.e, &d, 1));
+    CHECK_OK(kvt_test_xfer(x.e, &d, 1));
     CHECK(pattern_check(hbuf, LEN, 93, 0) == 0);
     /* Outside the peer's registry: refused by the target's own check. */
-    d = xd(KVT_OP_WRITE, x.seg, hbuf, x.p.guard_addr, 4096);
-    CHECK_ST(run1(x.e, &d, 1), KVT_ERR_ACCESS);
+    d = kvt_test_xd(KVT_OP_WRITE, x.seg, hbuf, x.p.guard_addr, 4096);
+    CHECK_ST(kvt_test_xfer(x.e, &d, 1), KVT_ERR_ACCESS);
     CHECK(ipc_live() == 0);
     dev_pair_end(&x);
     free(host);
@@ -834,8 +810,9 @@ KVT_TEST(peer_killed_mid_copy)
     /* Every other block there: each its own device copy (500 us each in
      * the double), about two seconds of copies in all. */
     for (int i = 0; i < N; i++)
-        d[i] = xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
-                  x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
+        d[i] =
+            kvt_test_xd(KVT_OP_WRITE, x.seg, (uint8_t *)x.dev + (size_t)i * BLK,
+                        x.p.main_addr + (uint64_t)i * 2 * BLK, BLK);
     CHECK_OK(kvt_batch_create(x.e, N, &b));
     CHECK_OK(kvt_batch_submit(b, d, N));
     usleep(100000);
@@ -849,8 +826,8 @@ KVT_TEST(peer_killed_mid_copy)
     CHECK_OK(kvt_batch_free(b));
     CHECK(peer_start(&p2, &o) == 0);
     CHECK_OK(kvt_segment_open(x.e, p2.segment, &seg2));
-    d[0] = xd(KVT_OP_WRITE, seg2, x.dev, p2.main_addr, BLK);
-    CHECK_OK(run1(x.e, d, 1));
+    d[0] = kvt_test_xd(KVT_OP_WRITE, seg2, x.dev, p2.main_addr, BLK);
+    CHECK_OK(kvt_test_xfer(x.e, d, 1));
     peer_stop(&p2);
     dev_pair_end(&x);
     free(d);

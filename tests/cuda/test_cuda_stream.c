@@ -21,6 +21,7 @@
 
 #include "double.h"
 #include "kvt_test.h"
+#include "xfer_test.h"
 #include "transport/peer.h"
 
 #define LEN (1u << 20)
@@ -79,23 +80,10 @@ static void teardown(fixture_t *f)
     free(f->host);
 }
 
-static kvt_xfer_desc_t xd(uint32_t op, kvt_segment_t seg, void *local,
-                          uint64_t remote, uint64_t len)
-{
-    kvt_xfer_desc_t d = {0};
-
-    d.opcode = op;
-    d.segment = seg;
-    d.local_addr = local;
-    d.remote_addr = remote;
-    d.length = len;
-    return d;
-}
-
 /* A synchronous transfer between the host buffer and the peer. */
 static void host_xfer(fixture_t *f, uint32_t op, uint64_t remote)
 {
-    kvt_xfer_desc_t d = xd(op, f->seg, f->host, remote, LEN);
+    kvt_xfer_desc_t d = kvt_test_xd(op, f->seg, f->host, remote, LEN);
     kvt_batch_h b;
 
     CHECK_OK(kvt_batch_create(f->e, 1, &b));
@@ -136,8 +124,9 @@ static void write_in_order(uint32_t transport)
     pattern_fill(p1, LEN, 1, 0);
     pattern_fill(p2, LEN, 2, 0);
     for (int i = 0; i < 4; i++)
-        d[i] = xd(KVT_OP_WRITE, f.seg, (void *)(uintptr_t)(f.dev + i * LEN / 4),
-                  f.p.main_addr + i * LEN / 4, LEN / 4);
+        d[i] = kvt_test_xd(KVT_OP_WRITE, f.seg,
+                           (void *)(uintptr_t)(f.dev + i * LEN / 4),
+                           f.p.main_addr + i * LEN / 4, LEN / 4);
     CHECK(cu.MemcpyAsync(f.dev, (CUdeviceptr)(uintptr_t)p1, LEN, f.st) ==
           CUDA_SUCCESS);
     CHECK_OK(kvt_transfer_on_stream(f.e, d, 4, f.st, on_done, &done));
@@ -182,7 +171,8 @@ static void read_in_order(uint32_t transport)
     pattern_fill(f.host, LEN, 3, 0);
     host_xfer(&f, KVT_OP_WRITE, f.p.main_addr);
     memset(out, 0, LEN);
-    d = xd(KVT_OP_READ, f.seg, (void *)(uintptr_t)f.dev, f.p.main_addr, LEN);
+    d = kvt_test_xd(KVT_OP_READ, f.seg, (void *)(uintptr_t)f.dev, f.p.main_addr,
+                    LEN);
     CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, f.st, on_done, &done));
     CHECK(cu.MemcpyAsync((CUdeviceptr)(uintptr_t)out, f.dev, LEN, f.st) ==
           CUDA_SUCCESS);
@@ -212,7 +202,7 @@ KVT_TEST(failure_reported)
     fixture_t f;
 
     setup(&f, KVT_TRANSPORT_TCP);
-    d = xd(KVT_OP_WRITE, f.seg, f.host, f.p.guard_addr, 4096);
+    d = kvt_test_xd(KVT_OP_WRITE, f.seg, f.host, f.p.guard_addr, 4096);
     CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, f.st, on_done, &done));
     CHECK(cu.StreamSynchronize(f.st) == CUDA_SUCCESS);
     CHECK(done.calls == 1);
@@ -248,7 +238,7 @@ KVT_TEST(engine_gone_first)
     setup(&f, KVT_TRANSPORT_TCP);
     gate_open = 0;
     CHECK(cu.LaunchHostFunc(f.st, gate, NULL) == CUDA_SUCCESS);
-    d = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, 4096);
+    d = kvt_test_xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, 4096);
     CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, f.st, on_done, &done));
     kvt_engine_destroy(f.e);
     f.e = NULL;
@@ -281,8 +271,8 @@ KVT_TEST(notify_copied)
     CHECK(cu.LaunchHostFunc(f.st, gate, NULL) == CUDA_SUCCESS);
     pattern_fill(f.host, LEN, 7, 0);
     snprintf(msg, sizeof(msg), "layer-31-done");
-    d[0] = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
-    d[1] = xd(KVT_OP_NOTIFY, f.seg, msg, 0, strlen(msg));
+    d[0] = kvt_test_xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
+    d[1] = kvt_test_xd(KVT_OP_NOTIFY, f.seg, msg, 0, strlen(msg));
     CHECK_OK(kvt_transfer_on_stream(f.e, d, 2, f.st, on_done, &done));
     memset(msg, 'X', sizeof(msg) - 1);
     pthread_mutex_lock(&gate_lock);
@@ -310,7 +300,7 @@ KVT_TEST(engine_gone_while_running)
 
     setup(&f, KVT_TRANSPORT_TCP);
     peer_kill(&f.p, SIGSTOP);
-    d = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
+    d = kvt_test_xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
     CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, f.st, on_done, &done));
     usleep(200 * 1000); /* reached and submitted: the peer cannot answer */
     CHECK(done.calls == 0);
@@ -326,7 +316,7 @@ KVT_TEST(engine_gone_while_running)
 static void *no_context(void *arg)
 {
     kvt_engine_h e = arg;
-    kvt_xfer_desc_t d = xd(KVT_OP_WRITE, 1, &d, 0, 8);
+    kvt_xfer_desc_t d = kvt_test_xd(KVT_OP_WRITE, 1, &d, 0, 8);
 
     /* A new thread has no current context: the NULL stream has none. */
     return (void *)(intptr_t)kvt_transfer_on_stream(e, &d, 1, NULL, NULL, NULL);
@@ -335,7 +325,7 @@ static void *no_context(void *arg)
 /* What the call refuses, and the NULL stream. */
 KVT_TEST(refusals)
 {
-    kvt_xfer_desc_t d = xd(KVT_OP_WRITE, 1, &d, 0, 8);
+    kvt_xfer_desc_t d = kvt_test_xd(KVT_OP_WRITE, 1, &d, 0, 8);
     kvt_engine_params_t ep = {0};
     kvt_engine_h e;
     pthread_t t;
@@ -369,7 +359,7 @@ KVT_TEST(null_stream)
 
     setup(&f, KVT_TRANSPORT_TCP);
     pattern_fill(f.host, LEN, 4, 0);
-    d = xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
+    d = kvt_test_xd(KVT_OP_WRITE, f.seg, f.host, f.p.main_addr, LEN);
     CHECK_OK(kvt_transfer_on_stream(f.e, &d, 1, NULL, on_done, &done));
     CHECK(cu.StreamSynchronize(NULL) == CUDA_SUCCESS);
     CHECK(done.calls == 1 && done.status == KVT_OK);
@@ -418,7 +408,7 @@ KVT_TEST(null_stream_into_own_device)
     CHECK_OK(kvt_segment_open(ini, kvt_engine_segment_name(tgt), &seg));
     CHECK(strcmp(seg_transport(ini, seg), "shm") == 0);
     pattern_fill(host, LEN, 6, 0);
-    d = xd(KVT_OP_WRITE, seg, host, dev, LEN);
+    d = kvt_test_xd(KVT_OP_WRITE, seg, host, dev, LEN);
     CHECK_OK(kvt_transfer_on_stream(ini, &d, 1, NULL, on_done, &done));
     CHECK(cu.StreamSynchronize(NULL) == CUDA_SUCCESS);
     CHECK(done.calls == 1);
