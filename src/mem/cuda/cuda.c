@@ -23,8 +23,6 @@
 #include <unistd.h>
 
 #include "mem/cuda/cuda_drv.h"
-#include "mem/dev.h"
-#include "mem/md.h"
 #include "util/log.h"
 
 #define MAX_DEVICES 64

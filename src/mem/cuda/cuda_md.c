@@ -9,7 +9,6 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,7 +14,6 @@
  * when nothing of its session does, follows the device copies before it.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "transport/shm/shm_sess.h"
 
