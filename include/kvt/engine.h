@@ -437,9 +437,13 @@ typedef struct {
  * published in the metadata backend), KVT_ERR_TIMEDOUT, KVT_ERR_CONN_LOST
  * (the peer closed during the handshake), KVT_ERR_VERSION (another major
  * protocol version, on either side), KVT_ERR_PROTOCOL (an answer that is
- * not the protocol), KVT_ERR_ACCESS or KVT_ERR_BUSY (the peer refused this
- * engine; KVT_ERR_BUSY also while it is still closing what is left of this
- * engine's failed session to it: try again), KVT_ERR_NOT_SUPPORTED (no
+ * not the protocol), KVT_ERR_AUTH (authentication failed: this engine's
+ * auth token is missing, or not the peer's, or the peer has one and this
+ * engine none; the log says which side), KVT_ERR_ACCESS (over shm: this
+ * process may not attach to the peer's), KVT_ERR_BUSY (the peer refused
+ * this engine; also while it is still closing what is left of this
+ * engine's failed session to it: try again),
+ * KVT_ERR_NOT_SUPPORTED (no
  * transport both engines run serves it), KVT_ERR_IO (a transport could not set
  * the session up, or the metadata backend failed), KVT_ERR_NO_SPACE (2^30
  * segments open), KVT_ERR_CLOSED (the engine is being destroyed),
@@ -459,8 +463,9 @@ KVT_API kvt_status_t kvt_segment_open(kvt_engine_h engine, const char *name,
  * (NULL @count_p, or NULL @regions with @max > 0); with @refresh also the
  * failures of fetching it, those of kvt_segment_open()'s fetch
  * (KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_CONN_LOST,
- * KVT_ERR_VERSION, KVT_ERR_PROTOCOL, KVT_ERR_ACCESS, KVT_ERR_BUSY,
- * KVT_ERR_NO_MEMORY); the cached descriptor is kept then. Thread-safe.
+ * KVT_ERR_VERSION, KVT_ERR_PROTOCOL, KVT_ERR_AUTH, KVT_ERR_ACCESS,
+ * KVT_ERR_BUSY, KVT_ERR_NO_MEMORY); the cached descriptor is kept then.
+ * Thread-safe.
  */
 KVT_API kvt_status_t kvt_segment_regions(kvt_engine_h engine,
                                          kvt_segment_t segment, int refresh,

@@ -138,7 +138,7 @@ KVT_API void kvt_bootc_destroy(kvt_bootc_h client);
  * or with "http://"): engine rank @engine_rank of @tp_total ranks in
  * @dp_size groups, reachable at @ip:@port, expiring after @ttl_s seconds
  * (0: never). Returns KVT_OK, KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT,
- * KVT_ERR_ACCESS (the server needs an auth token this client lacks or
+ * KVT_ERR_AUTH (the server needs an auth token this client lacks or
  * does not share: KVT_AUTH_TOKEN, docs/security.md), KVT_ERR_IO (the
  * server refused it otherwise), KVT_ERR_NOT_SUPPORTED.
  */

@@ -36,7 +36,9 @@ extern "C" {
     XX(ERR_NO_SPACE, -16, "no space left")                                     \
     XX(ERR_AGAIN, -17, "nothing available, try again")                         \
     XX(ERR_CLOSED, -18, "engine or handle is shutting down")                   \
-    XX(ERR_OVERFLOW, -19, "value or buffer too large")
+    XX(ERR_OVERFLOW, -19, "value or buffer too large")                         \
+    XX(ERR_AUTH, -20,                                                          \
+       "authentication failed: the auth token is missing or not the peer's")
 
 typedef enum {
 #define KVT__STATUS_ENUM(name, value, msg) KVT_##name = value,

@@ -93,6 +93,7 @@ int kvtmc__err(kvt_status_t st)
         return MC_ERR_MALFORMED_JSON;
     case KVT_ERR_VERSION:
     case KVT_ERR_ACCESS:
+    case KVT_ERR_AUTH:
         return MC_ERR_REJECT_HANDSHAKE;
     case KVT_ERR_NOT_FOUND:
         return MC_ERR_METADATA;

@@ -63,11 +63,14 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
         rb[h.body_len] = '\0';
     }
     if (h.type == KVT_WIRE_ERROR) {
-        /* The peer's reason, when it is one a refusal can have. */
+        /* The peer's reason, when it is one a refusal can have. Access
+         * refused during the handshake is authentication refused (the
+         * wire says KVT_ERR_ACCESS, as peers before KVT_ERR_AUTH do). */
         st = h.status == KVT_ERR_VERSION || h.status == KVT_ERR_NOT_SUPPORTED ||
-                     h.status == KVT_ERR_ACCESS || h.status == KVT_ERR_BUSY
+                     h.status == KVT_ERR_BUSY || h.status == KVT_ERR_AUTH
                  ? h.status
-                 : KVT_ERR_PROTOCOL;
+             : h.status == KVT_ERR_ACCESS ? KVT_ERR_AUTH
+                                          : KVT_ERR_PROTOCOL;
         KVT_LOG_E("peer %s refused the connection (%s): %.200s", peer,
                   kvt_status_name(st),
                   rb ? (const char *)rb : kvt_status_str(st));
@@ -78,7 +81,7 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
         KVT_LOG_E("authentication failed: segment %s does not authenticate "
                   "(no auth token set there); refusing it",
                   peer);
-        st = KVT_ERR_ACCESS;
+        st = KVT_ERR_AUTH;
         goto err_free;
     }
     if (h.type != expect || (h.payload_len != 0 && payload_p == NULL)) {
@@ -123,7 +126,7 @@ err:
 /*
  * Answer the target's AUTH_CHALLENGE (*body_p, which this replaces with
  * the HELLO_ACK's body) once it has proved the token: send AUTH and read
- * HELLO_ACK. KVT_ERR_ACCESS (logged) when the target proved nothing or
+ * HELLO_ACK. KVT_ERR_AUTH (logged) when the target proved nothing or
  * refused our proof.
  */
 static kvt_status_t prove(kvt_engine_h e, int fd, const char *name,
@@ -136,11 +139,12 @@ static kvt_status_t prove(kvt_engine_h e, int fd, const char *name,
 
     free(*body_p);
     *body_p = NULL;
-    if (st == KVT_ERR_ACCESS)
+    if (st == KVT_ERR_ACCESS) {
         KVT_LOG_E("authentication failed: segment %s did not prove the auth "
                   "token (another token?); refusing it",
                   name);
-    else if (st != KVT_OK)
+        st = KVT_ERR_AUTH;
+    } else if (st != KVT_OK)
         KVT_LOG_E("segment %s sent a malformed AUTH_CHALLENGE", name);
     if (st == KVT_OK)
         st = call(fd, KVT_WIRE_AUTH, mac, sizeof(mac), KVT_WIRE_HELLO_ACK,

@@ -109,7 +109,7 @@ kvt_status_t kvt_bootc_register(struct kvt_bootc *c, const char *server,
                  r.code == 401 ? " (KVT_AUTH_TOKEN missing or not the "
                                  "server's)"
                                : "");
-        st = r.code == 401 ? KVT_ERR_ACCESS : KVT_ERR_IO;
+        st = r.code == 401 ? KVT_ERR_AUTH : KVT_ERR_IO;
     }
     kvt__curl_resp_free(&r);
     return st;

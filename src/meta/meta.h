@@ -147,8 +147,9 @@ uint32_t kvt__meta_ttl_s(const kvt__meta_t *m);
  * NUL-terminated string of 1..KVT_META_KEY_MAX bytes; @value may hold any
  * bytes and is copied. Returns KVT_OK, KVT_ERR_INVALID_PARAM, KVT_ERR_OVERFLOW
  * (value larger than KVT_META_VALUE_MAX or refused by the server as too
- * large), KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_ACCESS (http:
- * the server wants an auth token this client lacks or does not share),
+ * large), KVT_ERR_UNREACHABLE, KVT_ERR_TIMEDOUT, KVT_ERR_AUTH (http:
+ * the server wants an auth token this client lacks or does not share;
+ * redis: the password refused), KVT_ERR_ACCESS (redis: a command refused),
  * KVT_ERR_IO (the server answered with an error; logged),
  * KVT_ERR_PROTOCOL (the answer is malformed or beyond the client's bounds,
  * such as a redis array of more than KVT_REDIS_ARRAY_MAX elements; logged),

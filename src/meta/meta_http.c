@@ -88,7 +88,7 @@ static kvt_status_t bad_code(const char *method, const char *key,
                   "refused (401): this engine's auth token is missing or "
                   "not the server's",
                   method, key);
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     KVT_LOG_W("http metadata: %s key '%s' answered %ld: %.200s", method, key,
               r->code, r->body ? (const char *)r->body : "");

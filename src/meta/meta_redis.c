@@ -114,6 +114,8 @@ static kvt_status_t ensure(kvt__meta_t *m, redis_be_t *b)
         else
             rep = redisCommand(c, "AUTH %s", m->uri.password);
         st = expect_ok(m, c, "AUTH", rep, errno);
+        if (st == KVT_ERR_ACCESS)
+            st = KVT_ERR_AUTH; /* the password refused */
         if (st != KVT_OK)
             goto err_ctx;
     }

@@ -146,7 +146,7 @@ KVT_TEST(no_token_open)
 }
 
 /* kvt's http backend signs with its token: the right one stores, another
- * or none is refused with KVT_ERR_ACCESS and stores nothing. The
+ * or none is refused with KVT_ERR_AUTH and stores nothing. The
  * bootstrap client signs with KVT_AUTH_TOKEN. */
 KVT_TEST(clients_sign)
 {
@@ -166,11 +166,11 @@ KVT_TEST(clients_sign)
     mp.field_mask = KVT__META_PARAM_AUTH;
     CHECK_OK(kvt__auth_init(&mp.auth, "wrong"));
     CHECK_OK(kvt__meta_create(uri, &mp, &m));
-    CHECK_ST(kvt__meta_put(m, "k", "bad", 3), KVT_ERR_ACCESS);
+    CHECK_ST(kvt__meta_put(m, "k", "bad", 3), KVT_ERR_AUTH);
     kvt__meta_destroy(m);
     CHECK_OK(kvt__auth_init(&mp.auth, NULL));
     CHECK_OK(kvt__meta_create(uri, &mp, &m));
-    CHECK_ST(kvt__meta_put(m, "k", "bad", 3), KVT_ERR_ACCESS);
+    CHECK_ST(kvt__meta_put(m, "k", "bad", 3), KVT_ERR_AUTH);
     CHECK_ST(kvt__meta_get(m, "k", &v, &n), KVT_ERR_NOT_FOUND);
     kvt__meta_destroy(m);
     CHECK_OK(kvt__auth_init(&mp.auth, TOKEN));
@@ -187,7 +187,7 @@ KVT_TEST(clients_sign)
     CHECK_OK(kvt_bootc_create(&bc));
     st = kvt_bootc_register(bc, uri, "10.0.0.2", 9000, 1, 1, 0, 0, 3000, why,
                             sizeof(why));
-    CHECK_ST(st, KVT_ERR_ACCESS);
+    CHECK_ST(st, KVT_ERR_AUTH);
     CHECK(strstr(why, "KVT_AUTH_TOKEN") != NULL);
     kvt_bootc_destroy(bc);
     CHECK(setenv(KVT_AUTH_ENV, TOKEN, 1) == 0);

@@ -3,7 +3,7 @@
  * Authentication by a shared secret (docs/security.md), against a target
  * engine in a child process: with the right token every operation works
  * over tcp and over shm; without one, with a wrong one, or with one the
- * target does not have, the descriptor fetch fails with KVT_ERR_ACCESS
+ * target does not have, the descriptor fetch fails with KVT_ERR_AUTH
  * and says why. Raw peers that skip the proof and send WRITE, READ,
  * NOTIFY or SEG_QUERY right behind their HELLO, or that answer the
  * challenge with a wrong MAC, get ERROR/KVT_ERR_ACCESS and nothing else:
@@ -140,7 +140,7 @@ KVT_TEST(right_token_ucx)
     right_token(KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX, "ucx");
 }
 
-/* Every mismatch is refused at the descriptor fetch with KVT_ERR_ACCESS
+/* Every mismatch is refused at the descriptor fetch with KVT_ERR_AUTH
  * and a log line naming the reason, on both sides; nothing reaches the
  * target's memory or queue. */
 static void mismatch(uint32_t transports)
@@ -163,8 +163,8 @@ static void mismatch(uint32_t transports)
 
         target_start(&p, transports, cases[i].target);
         e = initiator(transports, cases[i].initiator);
-        CHECK_ST(kvt_segment_open(e, p.segment, &seg), KVT_ERR_ACCESS);
-        CHECK_ST(kvt_segment_open(e, p.segment, &seg), KVT_ERR_ACCESS);
+        CHECK_ST(kvt_segment_open(e, p.segment, &seg), KVT_ERR_AUTH);
+        CHECK_ST(kvt_segment_open(e, p.segment, &seg), KVT_ERR_AUTH);
         target_untouched(&p);
         kvt_engine_destroy(e);
         peer_stop(&p);

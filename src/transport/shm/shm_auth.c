@@ -120,7 +120,7 @@ kvt_status_t kvt__shm_auth_initiator(const kvt__shm_t *shm, int sock,
     if (chal->type != KVT_SHM_CHALLENGE) {
         *why = "authentication failed: the peer does not authenticate "
                "(no auth token set there)";
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     snprintf(t.name_i, sizeof(t.name_i), "%s", hello->name);
     t.pid_i = hello->pid;
@@ -133,7 +133,7 @@ kvt_status_t kvt__shm_auth_initiator(const kvt__shm_t *shm, int sock,
                        KVT_AUTH_MAC_LEN)) {
         *why = "authentication failed: the peer did not prove the auth "
                "token (another token?)";
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     kvt__shm_msg_init(&m, KVT_SHM_AUTH);
     mac_of(a, INITIATOR_LABEL, &t, name_t, m.handle);

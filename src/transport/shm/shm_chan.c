@@ -267,7 +267,7 @@ kvt_status_t kvt__shm_chan_connect(shm_session_t *s, const kvt__segdesc_t *d,
                "(auth token missing or different)";
         if (memfd >= 0)
             close(memfd);
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     if (m.type != KVT_SHM_HELLO_ACK) {
         *why = "no answer to the shm handshake";

@@ -557,7 +557,7 @@ void kvt__ucx_inbound_close_all(ucx_worker_t *wk)
 /*
  * Initiator: a HELLO_ACK for @s. 1 when the session is open, 0 when it
  * waits for the next one (AUTH was sent), else why it was refused
- * (logged): KVT_ERR_ACCESS when authentication failed, KVT_ERR_BUSY when
+ * (logged): KVT_ERR_AUTH when authentication failed, KVT_ERR_BUSY when
  * the target serves its most initiators already.
  */
 static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
@@ -575,19 +575,19 @@ static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
         KVT_LOG_E("ucx: authentication failed: segment %s refused this "
                   "engine (auth token missing or different)",
                   s->base.name);
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     if (ev->value & UCX_ACK_STALE)
         s->stale = 1; /* its descriptor predates a change */
     if (!cfg->auth.on)
-        return ev->len == 0 ? 1 : KVT_ERR_ACCESS;
+        return ev->len == 0 ? 1 : KVT_ERR_AUTH;
     if (s->auth_sent)
-        return (ev->value & UCX_ACK_AUTHED) ? 1 : KVT_ERR_ACCESS;
+        return (ev->value & UCX_ACK_AUTHED) ? 1 : KVT_ERR_AUTH;
     if (ev->len != UCX_NONCE_LEN + UCX_MAC_LEN) {
         KVT_LOG_E("ucx: authentication failed: segment %s does not "
                   "authenticate (no auth token set there)",
                   s->base.name);
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     kvt__ucx_auth_mac(cfg, 1, wk->addr, wk->addr_len, s->peer_addr,
                       s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
@@ -595,14 +595,14 @@ static int hello_ack(ucx_worker_t *wk, ucx_session_t *s, ucx_event_t *ev)
         KVT_LOG_E("ucx: authentication failed: segment %s did not prove the "
                   "auth token (another token?)",
                   s->base.name);
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     }
     kvt__ucx_auth_mac(cfg, 0, wk->addr, wk->addr_len, s->peer_addr,
                       s->peer_addr_len, s->nonce, ev->data, s->desc_gen, mac);
     s->auth_sent = 1;
     if (kvt__ucx_am_send(s->conn->ep, UCX_AM_AUTH, s->token, 0, mac,
                          sizeof(mac), NULL) != KVT_OK)
-        return KVT_ERR_ACCESS;
+        return KVT_ERR_AUTH;
     return 0;
 }
 
