@@ -10,6 +10,7 @@ on kvt unchanged. See docs/python.md for the call-by-call mapping.
 
 from kvt._kvt import (
     AccessError,
+    AuthError,
     BusyError,
     CanceledError,
     Error,
@@ -41,6 +42,7 @@ __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = [
     "AccessError",
+    "AuthError",
     "BusyError",
     "CanceledError",
     "Error",

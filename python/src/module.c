@@ -293,6 +293,7 @@ enum {
     EXC_PROTOCOL,
     EXC_CANCELED,
     EXC_BUSY,
+    EXC_AUTH, /* an AccessError */
     EXC_N
 };
 
@@ -316,6 +317,8 @@ static const struct {
     {"ProtocolError", "KVT_ERR_PROTOCOL, VERSION."},
     {"CanceledError", "KVT_ERR_CANCELED, CLOSED."},
     {"BusyError", "KVT_ERR_BUSY, AGAIN."},
+    {"AuthError", "Authentication failed (the auth token missing or not the "
+                  "peer's): KVT_ERR_AUTH. An AccessError."},
 };
 
 static int exc_family(kvt_status_t st)
@@ -335,6 +338,8 @@ static int exc_family(kvt_status_t st)
         return EXC_RESOURCE;
     case KVT_ERR_ACCESS:
         return EXC_ACCESS;
+    case KVT_ERR_AUTH:
+        return EXC_AUTH;
     case KVT_ERR_TIMEDOUT:
         return EXC_TIMEOUT;
     case KVT_ERR_UNREACHABLE:
@@ -403,6 +408,7 @@ static int exc_init(PyObject *m)
         NULL,
         NULL,
         NULL,
+        NULL, /* AuthError: under AccessError, below */
     };
     char qual[64];
 
@@ -411,6 +417,8 @@ static int exc_init(PyObject *m)
         snprintf(qual, sizeof(qual), "kvt.%s", exc_info[i].name);
         if (i == EXC_ERROR)
             bases = Py_BuildValue("(O)", PyExc_Exception);
+        else if (i == EXC_AUTH)
+            bases = Py_BuildValue("(O)", exc[EXC_ACCESS]);
         else if (builtin[i] != NULL)
             bases = Py_BuildValue("(OO)", exc[EXC_ERROR], builtin[i]);
         else

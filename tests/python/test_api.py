@@ -89,6 +89,7 @@ def test_mooncake_names():
             me.TransferNotify(*bad)
     assert me.TransferNotify(b"n", memoryview(b"m")).name == b"n"
     assert kvt.status_str(-8).startswith("remote peer refused")
+    assert kvt.status_str(-20).startswith("authentication failed")
     for name in ("initialize", "initialize_ext", "get_rpc_port",
                  "register_memory", "unregister_memory",
                  "batch_register_memory", "batch_unregister_memory",
@@ -424,3 +425,21 @@ def test_on_cuda_refused_without_a_stream_to_order_on():
     # Only zero-length pieces: nothing to order, no driver needed.
     assert e.transfer_write_on_cuda(me, ctypes.addressof(buf),
                                     ctypes.addressof(buf), 0) is None
+
+
+def test_token_mismatch_is_authentication(monkeypatch, caplog):
+    """Engines with different auth tokens: the initiator's call says
+    authentication failed (KVT_ERR_AUTH), not that access to memory was
+    refused; and AuthError is an AccessError (a PermissionError)."""
+    monkeypatch.setenv("KVT_AUTH_TOKEN", "the-target-token")
+    target = new_engine()
+    monkeypatch.setenv("KVT_AUTH_TOKEN", "another-token")
+    initiator = new_engine()
+    name = "127.0.0.1:%d" % target.get_rpc_port()
+    with caplog.at_level(logging.INFO, logger="kvt"):
+        assert initiator.send_probe(name) == -1
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("KVT_ERR_AUTH" in line for line in lines), lines
+    assert not any("KVT_ERR_ACCESS" in line for line in lines), lines
+    assert issubclass(kvt.AuthError, kvt.AccessError)
+    assert issubclass(kvt.AuthError, PermissionError)

@@ -80,6 +80,7 @@ _ERRORS = {
     -12: nixlRemoteDisconnectError,  # KVT_ERR_CONN_LOST
     -15: nixlCancelledError,       # KVT_ERR_CANCELED
     -18: nixlCancelledError,       # KVT_ERR_CLOSED
+    -20: nixlNotAllowedError,      # KVT_ERR_AUTH
 }
 _warned_backend = False
 
