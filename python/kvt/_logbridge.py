@@ -3,7 +3,10 @@
 
 The C library logs from its own threads; it queues each line without
 touching Python, and the thread started here (``kvt-log``) passes the lines
-to the logger, with the C file and line as the record's place. Lines the
+to the logger, with the C file and line as the record's place. A call of
+the binding that logs about a failure first passes on what is queued, on
+its own thread: the cause, logged by the C library, comes before the
+binding's line and before the call returns. Lines the
 queue could not hold while Python was not draining are counted and
 reported. ``KVT_PYTHON_LOGGING=0`` leaves kvt's lines on stderr, as the
 C library writes them without a binding. ``KVT_LOG`` still decides which
@@ -27,6 +30,17 @@ _lock = threading.Lock()
 _thread = None
 
 
+def _hand(lines):
+    """Pass (level, file, line, msg) tuples to the logger "kvt"."""
+    for level, file, line, msg in lines:
+        lvl = _LEVELS.get(level, logging.ERROR)
+        if not _logger.isEnabledFor(lvl):
+            continue
+        record = _logger.makeRecord(_logger.name, lvl, file, line, msg,
+                                    None, None, func="kvt")
+        _logger.handle(record)
+
+
 def _pump():
     while True:
         # Woken by each line and by stop(); the timeout only bounds a
@@ -34,13 +48,12 @@ def _pump():
         lines = _kvt._log_next(60.0)
         if lines is None:
             return
-        for level, file, line, msg in lines:
-            lvl = _LEVELS.get(level, logging.ERROR)
-            if not _logger.isEnabledFor(lvl):
-                continue
-            record = _logger.makeRecord(_logger.name, lvl, file, line, msg,
-                                        None, None, func="kvt")
-            _logger.handle(record)
+        try:
+            _hand(lines)
+        finally:
+            # A call failing meanwhile waits for this batch before it
+            # passes on the lines after it (kvtpy_logbridge_flush()).
+            _kvt._log_handed()
 
 
 def start():

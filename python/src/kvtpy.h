@@ -61,6 +61,12 @@ const char *kvtpy_cstr(PyObject *o, const char *what);
 
 /* Add _log_capture, _log_next and _log_emit to the module. */
 int kvtpy_logbridge_init(PyObject *m);
+/* Pass kvt's C log lines queued so far to the logger "kvt" now, on the
+ * calling thread (GIL held), after the batch the log thread holds: so
+ * that a failure's cause, logged by the C library, is out before the
+ * binding's own line about it and before the call returns. Errors are
+ * swallowed. */
+void kvtpy_logbridge_flush(void);
 
 /* ---- notify.c: TransferNotify and the notification payload -------------- */
 

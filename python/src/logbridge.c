@@ -39,6 +39,10 @@ static unsigned logq_head;    /* next to hand over */
 static unsigned logq_len;     /* lines queued */
 static uint64_t logq_dropped; /* lines dropped since the last report */
 static int logq_on;           /* the handler is installed */
+/* A batch _log_next() handed over and the pump has not passed on yet
+ * (_log_handed() clears it): a caller flushing waits for it, so that lines
+ * reach the logger in the order kvt logged them. */
+static int logq_pending;
 
 static void logq_child(void)
 {
@@ -155,6 +159,7 @@ static PyObject *log_next(PyObject *mod, PyObject *arg)
         logq_dropped = 0;
         stopped = !logq_on;
     }
+    logq_pending = n > 0 || dropped > 0;
     pthread_mutex_unlock(&logq_mu);
     Py_END_ALLOW_THREADS
 
@@ -190,6 +195,70 @@ static PyObject *log_next(PyObject *mod, PyObject *arg)
     return list;
 }
 
+/* _log_handed() -> None: the pump passed on the batch _log_next() gave. */
+static PyObject *log_handed(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    pthread_mutex_lock(&logq_mu);
+    logq_pending = 0;
+    pthread_cond_broadcast(&logq_cv);
+    pthread_mutex_unlock(&logq_mu);
+    Py_RETURN_NONE;
+}
+
+void kvtpy_logbridge_flush(void)
+{
+    PyObject *mod, *list, *r;
+    logq_line_t *out;
+    unsigned n = 0;
+    struct timespec dl;
+
+    if (logq == NULL)
+        return;
+    out = malloc(LOGQ_CAP * sizeof(*out));
+    if (out == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_nsec += 200 * 1000000L; /* a pump that does not pass it on */
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&logq_mu);
+    while (logq_on && logq_pending)
+        if (pthread_cond_timedwait(&logq_cv, &logq_mu, &dl) == ETIMEDOUT)
+            break;
+    while (logq_on && logq_len > 0) {
+        out[n++] = logq[logq_head];
+        logq_head = (logq_head + 1) % LOGQ_CAP;
+        logq_len--;
+    }
+    pthread_mutex_unlock(&logq_mu);
+    Py_END_ALLOW_THREADS
+    list = n > 0 ? PyList_New(0) : NULL;
+    for (unsigned i = 0; list != NULL && i < n; i++) {
+        PyObject *t = Py_BuildValue(
+            "(isiN)", out[i].level, out[i].file, out[i].line,
+            PyUnicode_DecodeUTF8(out[i].msg, (Py_ssize_t)strlen(out[i].msg),
+                                 "replace"));
+        if (t == NULL || PyList_Append(list, t) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    free(out);
+    if (list == NULL)
+        return;
+    mod = PyImport_ImportModule("kvt._logbridge");
+    r = mod != NULL ? PyObject_CallMethod(mod, "_hand", "O", list) : NULL;
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(mod);
+    Py_DECREF(list);
+}
+
 /* _log_emit(level, msg) -> None: log @msg through the C library at @level,
  * as kvt itself would (for tests of the bridge). */
 static PyObject *log_emit(PyObject *mod, PyObject *args)
@@ -217,6 +286,8 @@ static PyMethodDef logbridge_methods[] = {
     {"_log_next", log_next, METH_O,
      "_log_next(timeout) -> [(level, file, line, msg)], [] on timeout, "
      "None once capture is off and nothing is left."},
+    {"_log_handed", log_handed, METH_NOARGS,
+     "_log_handed(): the batch of the last _log_next() was passed on."},
     {"_log_emit", log_emit, METH_VARARGS,
      "_log_emit(level, msg): log a line through kvt's C log."},
     {NULL, NULL, 0, NULL},

@@ -25,6 +25,8 @@ void kvtpy_log(const char *level, const char *fmt, ...)
         return;
     /* Logging must not eat an exception the caller is about to raise. */
     PyErr_Fetch(&type, &value, &tb);
+    /* The C library's lines first: the cause before this line about it. */
+    kvtpy_logbridge_flush();
     msg = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
     if (msg != NULL) {
         r = PyObject_CallMethod(kvtpy_logger, level, "O", msg);

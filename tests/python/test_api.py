@@ -443,3 +443,19 @@ def test_token_mismatch_is_authentication(monkeypatch, caplog):
     assert not any("KVT_ERR_ACCESS" in line for line in lines), lines
     assert issubclass(kvt.AuthError, kvt.AccessError)
     assert issubclass(kvt.AuthError, PermissionError)
+
+
+def test_cause_logged_before_the_call_returns(monkeypatch, caplog):
+    """A failure's cause, logged by the C library on its way out, reaches
+    the logger before the call returns, and before the binding's own line
+    about the failure."""
+    monkeypatch.setenv("KVT_METADATA_TTL", "1")  # out of 2..3600 s
+    e = kvt.TransferEngine()
+    with caplog.at_level(logging.INFO, logger="kvt"):
+        assert e.initialize("127.0.0.1", "http://127.0.0.1:1/metadata",
+                            "tcp", "") == -1
+        lines = [r.getMessage() for r in caplog.records]  # no waiting
+    cause = [i for i, m in enumerate(lines) if "ttl 2..3600 s" in m]
+    summary = [i for i, m in enumerate(lines) if m.startswith("initialize")]
+    assert cause and summary, lines
+    assert cause[0] < summary[0], lines
