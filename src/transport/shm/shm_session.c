@@ -352,25 +352,31 @@ void kvt__shm_session_kill(kvt__session_t *base, kvt_status_t why)
 {
     shm_session_t *s = (shm_session_t *)base;
     int32_t zero = 0;
-    int release_now = 0;
+    int release_now = 0, idle;
     job_t *list, *parked;
 
     if (!atomic_compare_exchange_strong(&base->dead, &zero, why))
         return;
     kvt__session_evict(base);
-    if (why != KVT_ERR_CANCELED)
-        KVT_LOG_W("shm session to %s failed: %s", base->name,
-                  kvt_status_str(why));
     pthread_mutex_lock(&s->lock);
     list = s->head;
     s->head = s->tail = NULL;
     parked = s->parked;
     s->parked = NULL;
+    idle = list == NULL && parked == NULL && s->inflight == 0;
     if (s->inflight == 0 && !s->released) {
         s->released = 1;
         release_now = 1;
     }
     pthread_mutex_unlock(&s->lock);
+    /* A peer gone while nothing was in flight (it exited, or destroyed
+     * its engine) left in order: nothing failed. */
+    if (why == KVT_ERR_CONN_LOST && idle)
+        KVT_LOG_I("shm session to %s: the peer left, nothing in flight",
+                  base->name);
+    else if (why != KVT_ERR_CANCELED)
+        KVT_LOG_W("shm session to %s failed: %s", base->name,
+                  kvt_status_str(why));
     kvt__shm_session_unhold(s);
     kvt__shm_fail_list(list, why);
     kvt__shm_parked_end(s, parked, why); /* the last one releases */

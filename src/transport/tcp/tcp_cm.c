@@ -142,7 +142,7 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
 {
     tcp_frame_t *list;
     tcp_tx_t *t, *tn;
-    int fd;
+    int fd, idle;
 
     pthread_mutex_lock(&c->tx_lock);
     if (c->dead) {
@@ -157,6 +157,7 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
     }
     c->dead = 1;
     t = c->txq_head;
+    idle = t == NULL;
     c->txq_head = c->txq_tail = NULL;
     kvt__tcp_tx_quiesce(c, t); /* copies ahead into the frames' buffers */
     pthread_mutex_unlock(&c->tx_lock);
@@ -168,11 +169,19 @@ void kvt__tcp_conn_fail(tcp_conn_t *c, kvt_status_t st)
     list = c->out_head;
     c->out_head = c->out_tail = NULL;
     pthread_mutex_unlock(&c->out_lock);
+    idle = idle && list == NULL;
 
     worker_detach(c->w, c);
     if (c->outbound) {
         tcp_session_t *s = c->sess;
-        if (st != KVT_ERR_CANCELED)
+        /* A peer that closes while nothing is in flight on the
+         * connection (it exited, or destroyed its engine) closed it in
+         * order: nothing failed, and the next transfer opens afresh. */
+        if (st == KVT_ERR_CONN_LOST && idle)
+            KVT_LOG_I("connection %u to %s closed by the peer, nothing in "
+                      "flight",
+                      c->index, s->base.name);
+        else if (st != KVT_ERR_CANCELED)
             KVT_LOG_W("connection %u to %s failed: %s", c->index, s->base.name,
                       kvt_status_str(st));
         c->rx_dead = 1;
