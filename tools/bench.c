@@ -57,6 +57,16 @@ static void usage(void)
            "[--verify] [--depth=N]\n"
            "options for both: [--workers=N] [--conns=N] "
            "[--memory=host|cuda] [--device=N]\n"
+           "defaults: --local=127.0.0.1 --buffer-size=1G --buffer=managed "
+           "--protocol=auto\n"
+           "          --op=write --block-size=64K --batch-size=128 "
+           "--threads=1 --duration=5\n"
+           "          --depth=1 --memory=host; --pattern=scatter below "
+           "64K blocks, else contig\n"
+           "--buffer=managed registers kvt_mem_alloc() memory (mapped by "
+           "same-host peers);\n"
+           "malloc registers plain memory (reached by cross-memory "
+           "attach).\n"
            "Sizes take K/M/G suffixes (powers of 1024).\n");
 }
 
@@ -446,12 +456,12 @@ static double first_pass(kvt_engine_h e, const worker_t *ws, unsigned n,
             unsigned k = 0;
             for (; k < MAXD && off < wset; k++, off += PIECE) {
                 uint64_t len = wset - off < PIECE ? wset - off : PIECE;
-                d[k] = (kvt_xfer_desc_t){
-                    .opcode = reading ? KVT_OP_READ : KVT_OP_WRITE,
-                    .segment = ws[t].seg,
-                    .local_addr = ws[t].local + off,
-                    .remote_addr = ws[t].remote + off,
-                    .length = len};
+                d[k] = (kvt_xfer_desc_t){.opcode = reading ? KVT_OP_READ
+                                                           : KVT_OP_WRITE,
+                                         .segment = ws[t].seg,
+                                         .local_addr = ws[t].local + off,
+                                         .remote_addr = ws[t].remote + off,
+                                         .length = len};
             }
             st = kvt_batch_submit_wait(b, d, k, 60000);
             bad = st != KVT_OK || kvt_batch_reset(b) != KVT_OK;
@@ -824,7 +834,8 @@ static int run_initiator(const bench_opts_t *o)
             "\"batch_size\":%llu,\"depth\":%llu,\"threads\":%llu,"
             "\"conns\":%llu,\"workers\":%llu,\"pattern\":\"%s\","
             "\"working_set\":%llu,"
-            "\"first_pass_s\":%.3f,\"seconds\":%.3f,\"bytes\":%llu,\"ops\":%llu,\"gbps\":%.4f,"
+            "\"first_pass_s\":%.3f,\"seconds\":%.3f,\"bytes\":%llu,\"ops\":%"
+            "llu,\"gbps\":%.4f,"
             "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"errors\":%llu,"
             "\"cpu_s\":%.3f,\"cpu_s_per_gb\":%.4f,"
             "\"target_cpu_s\":%s,\"target_cpu_s_per_gb\":%s,"

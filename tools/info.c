@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvt info: what this build of the library has. */
 #include <stdio.h>
+#include <string.h>
 
 #include <kvt/kvt.h>
 
@@ -24,8 +25,19 @@ int kvt_cmd_info(int argc, char **argv)
     kvt_transport_info_t t[16];
     size_t n = 0;
 
-    (void)argc;
-    (void)argv;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: kvt info\n"
+                   "prints the version, the wire protocol, the transports "
+                   "and memory kinds built in and usable here\n");
+            return 0;
+        }
+        fprintf(stderr,
+                "kvt info: unknown argument '%s' (kvt info takes "
+                "none; --help)\n",
+                argv[i]);
+        return 2;
+    }
     printf("kvt %s\n", v->string);
     printf("wire protocol: %u.%u\n", v->wire_major, v->wire_minor);
     if (kvt_transports(t, 16, &n) == KVT_OK) {

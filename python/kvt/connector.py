@@ -255,6 +255,12 @@ class KVManager:
         """Every layer and the aux items of the step are ready."""
         self._conn.step_end(step)
 
+    def get_metrics(self) -> dict:
+        """The connector's rooms: how many are in each state, how many
+        entered and left each, the time spent in each and the prefill
+        tail (docs/metrics.md)."""
+        return self._conn.get_metrics()
+
     def close(self) -> None:
         self._conn.close()
 
