@@ -5,7 +5,7 @@
  * the descriptor to the metadata backend; kvt_engine_destroy() undoes it
  * in the reverse order. Also what transports read of the engine (its
  * settings, its registry) and the descriptor it serves.
- */#include <errno.h>
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,24 +42,6 @@ static uint64_t host_identity(void)
     return h;
 }
 
-static uint64_t env_seconds_ms(const char *name)
-{
-    const char *v = getenv(name);
-    char *end;
-    double s;
-
-    if (v == NULL || *v == '\0')
-        return 0;
-    errno = 0;
-    s = strtod(v, &end);
-    if (errno != 0 || *end != '\0' || s <= 0 || s > 1e7) {
-        KVT_LOG_W("ignoring %s='%s': not a positive number of seconds", name,
-                  v);
-        return 0;
-    }
-    return (uint64_t)(s * 1000.0);
-}
-
 static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
 {
     uint64_t m = p ? p->field_mask : 0;
@@ -92,10 +74,11 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
     }
     if ((m & KVT_ENGINE_PARAM_METADATA_URI) && p->metadata_uri) {
         kvt__meta_params_t mp = {0};
-        uint64_t ttl_ms = env_seconds_ms("KVT_METADATA_TTL");
+        uint64_t ttl_ms = 0;
         kvt__meta_t *meta;
         kvt_status_t st;
 
+        kvt__env_seconds_ms("KVT_METADATA_TTL", 2, 3600, &ttl_ms);
         if (ttl_ms > 0) {
             mp.field_mask = KVT__META_PARAM_TTL;
             mp.ttl_s = (uint32_t)((ttl_ms + 999) / 1000);
@@ -129,9 +112,9 @@ static kvt_status_t apply_params(kvt_engine_h e, const kvt_engine_params_t *p)
         timeout_ms = p->transfer_timeout_ms;
     }
     if (timeout_ms == 0)
-        timeout_ms = env_seconds_ms("KVT_TRANSFER_TIMEOUT");
+        kvt__env_seconds_ms("KVT_TRANSFER_TIMEOUT", 0.001, 1e7, &timeout_ms);
     if (timeout_ms == 0)
-        timeout_ms = env_seconds_ms("MC_TRANSFER_TIMEOUT");
+        kvt__env_seconds_ms("MC_TRANSFER_TIMEOUT", 0.001, 1e7, &timeout_ms);
     if (timeout_ms == 0)
         timeout_ms = DEFAULT_TIMEOUT_MS;
     e->cfg.timeout_ns = timeout_ms * 1000000ull;
@@ -351,6 +334,9 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
     kvt__log_init();
     if (engine_p == NULL)
         return KVT_ERR_INVALID_PARAM;
+    st = kvt__env_check(); /* a bad setting: refused, said why */
+    if (st != KVT_OK)
+        return st;
     e = calloc(1, sizeof(*e));
     if (e == NULL)
         return KVT_ERR_NO_MEMORY;

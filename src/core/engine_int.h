@@ -228,6 +228,16 @@ kvt_status_t kvt__engine_segdesc_fill(kvt_engine_h e, kvt__segdesc_t *d);
 kvt_status_t kvt__engine_segdesc(kvt_engine_h e, uint8_t **buf_p,
                                  size_t *len_p);
 
+/* ---- Settings of the environment (src/core/env.c) --------------------- */
+
+/* Every KVT_* setting valid where set: KVT_OK, or KVT_ERR_INVALID_PARAM
+ * with each bad one logged (its name, value and what it takes). */
+kvt_status_t kvt__env_check(void);
+/* @name as seconds in [@lo_s, @hi_s] into *ms_p (0 when unset or empty):
+ * KVT_OK, or KVT_ERR_INVALID_PARAM (logged). */
+kvt_status_t kvt__env_seconds_ms(const char *name, double lo_s, double hi_s,
+                                 uint64_t *ms_p);
+
 /* ---- Transport selection (src/core/tl_select.c) ----------------------- */
 
 /*

@@ -455,7 +455,7 @@ def test_cause_logged_before_the_call_returns(monkeypatch, caplog):
         assert e.initialize("127.0.0.1", "http://127.0.0.1:1/metadata",
                             "tcp", "") == -1
         lines = [r.getMessage() for r in caplog.records]  # no waiting
-    cause = [i for i, m in enumerate(lines) if "ttl 2..3600 s" in m]
+    cause = [i for i, m in enumerate(lines) if "KVT_METADATA_TTL='1'" in m]
     summary = [i for i, m in enumerate(lines) if m.startswith("initialize")]
     assert cause and summary, lines
     assert cause[0] < summary[0], lines
