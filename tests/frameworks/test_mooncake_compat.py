@@ -764,8 +764,14 @@ def test_check_status_over_time(mod, pair):
     try:
         assert a.ev("(s := e.transfer_submit_write(seg, loc, rb, 4096)) > 0"
                     ) is True
-        assert a.ev("[e.transfer_check_status(s), time.sleep(1), "
-                    "e.transfer_check_status(s)]") == [0, None, 0]
+        got = a.ev("[e.transfer_check_status(s), time.sleep(1), "
+                   "e.transfer_check_status(s)]")
+        if mod == "mooncake":
+            # The wheel's first reading is not stable: on a loaded
+            # machine it was seen to say done (1), then in flight (0).
+            assert got in ([0, None, 0], [1, None, 0]), got
+        else:
+            assert got == [0, None, 0]
         time.sleep(5.5)  # past the 5 s transfer timeout
         first = a.ev("e.transfer_check_status(s)")
     finally:
