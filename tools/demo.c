@@ -265,7 +265,10 @@ static int parse(int argc, char **argv, opts_t *o)
                 if (strcmp(v, models[k].name) == 0)
                     break;
             if (k == sizeof(models) / sizeof(models[0])) {
-                fprintf(stderr, "kvt demo: unknown model '%s'\n", v);
+                fprintf(stderr, "kvt demo: unknown model '%s'; the models:", v);
+                for (k = 0; k < sizeof(models) / sizeof(models[0]); k++)
+                    fprintf(stderr, " %s", models[k].name);
+                fprintf(stderr, "\n");
                 return -1;
             }
             o->m = &models[k];

@@ -112,3 +112,30 @@ def test_info_help_is_usage():
     out = subprocess.run([KVT, "info", "bogus"], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "unknown argument" in out.stderr
+
+
+def test_demo_unknown_model_lists_them():
+    out = subprocess.run([KVT, "demo", "--model", "bogus"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "unknown model 'bogus'" in out.stderr
+    for name in ("llama3-8b", "deepseek-v3"):
+        assert name in out.stderr, out.stderr
+
+
+def test_security_check_works_as_written():
+    """docs/security.md's check: with KVT_LOG=info, the start-up line
+    ends with "peers must prove the auth token"."""
+    doc = (ROOT / "docs" / "security.md").read_text()
+    step = doc[doc.index("4. Check:"):doc.index("5. To change")]
+    assert "KVT_LOG=info" in step and "peers must prove the auth token" \
+        in step
+    code = ("import kvt; e = kvt.TransferEngine(); "
+            "assert e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=60,
+                         env=dict(os.environ, KVT_LOG="info",
+                                  KVT_PYTHON_LOGGING="0",
+                                  KVT_AUTH_TOKEN="a-token-for-the-check"))
+    assert out.returncode == 0, out.stderr
+    assert "peers must prove the auth token" in out.stderr, out.stderr
