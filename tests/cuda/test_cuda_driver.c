@@ -346,7 +346,9 @@ KVT_TEST(register_many)
     t = now_s() - t0;
     printf("registered %d device regions in %.3f s (%.2f us each)\n", N, t,
            t * 1e6 / N);
-    CHECK(t < 1.0);
+    /* The bar is the product build's; a sanitizer's runs several times
+     * slower (kvt_test_slowdown()). */
+    CHECK(t < 1.0 * kvt_test_slowdown());
     /* One by one: the same cost per region. */
     CHECK_OK(kvt_mem_unregister(e, r[0].addr));
     CHECK_OK(kvt_mem_unregister(e, r[1].addr));
@@ -355,7 +357,7 @@ KVT_TEST(register_many)
     CHECK_OK(kvt_mem_register(e, r[1].addr, 1024, KVT_ACCESS_REMOTE_RW));
     t = now_s() - t0;
     printf("two more one by one in %.1f us\n", t * 1e6);
-    CHECK(t < 0.01);
+    CHECK(t < 0.01 * kvt_test_slowdown());
     kvt_engine_destroy(e);
     munmap(gaps, (size_t)2 * GAPS * 4096);
     free(r);
