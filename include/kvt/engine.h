@@ -505,6 +505,27 @@ KVT_API kvt_status_t kvt_segment_transport(kvt_engine_h engine,
                                            const char **name_p);
 
 /*
+ * kvt_segment_transport_reason() - why kvt_segment_transport() answers
+ * what it does for (@local, @remote): the chosen transport and why, then
+ * every other transport built in and why it does not carry the pair, as
+ * one line of text into @buf (@cap bytes, NUL-terminated, cut to fit; 384
+ * bytes hold every reason), for example "shm (the highest priority of the
+ * 2 that serve it); tcp: serves it too, at a lower priority; ucx: runs
+ * only when named in the engine's transports". "none (...)" when no
+ * transport serves the pair. The same reasons are logged once when the
+ * segment's session opens (a warning when a better transport was passed
+ * over, else at info level); docs/transports.md lists every reason.
+ * Does not block; thread-safe. Returns KVT_OK, KVT_ERR_NOT_FOUND (unknown
+ * or closed handle), KVT_ERR_INVALID_PARAM (NULL @buf, @cap 0, unknown
+ * kinds).
+ */
+KVT_API kvt_status_t kvt_segment_transport_reason(kvt_engine_h engine,
+                                                  kvt_segment_t segment,
+                                                  kvt_mem_kind_t local,
+                                                  kvt_mem_kind_t remote,
+                                                  char *buf, size_t cap);
+
+/*
  * kvt_segment_close() - drop the handle's sessions and evict it from the
  * cache. Transfers in flight on it end in KVT_ERR_CANCELED. Later use of
  * the handle returns KVT_ERR_NOT_FOUND, also once its slot holds another

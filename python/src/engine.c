@@ -127,6 +127,35 @@ static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
 }
 
 /*
+ * get_segment_transport_reason(segment) (kvt's own): why host-memory
+ * transfers to the segment go where they go
+ * (kvt_segment_transport_reason()), opening it if need be; "" when it
+ * cannot be opened (the log says why).
+ */
+static PyObject *m_get_segment_transport_reason(PyObject *self, PyObject *arg)
+{
+    kvtpy_engine_t *e = (kvtpy_engine_t *)self;
+    char why[512] = "";
+    const char *name;
+    kvt_segment_t seg;
+    kvt_status_t st;
+
+    if (kvtpy_need_engine(e) < 0)
+        return NULL;
+    name = kvtpy_cstr(arg, "segment_name");
+    if (name == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvt_segment_open(e->engine, name, &seg);
+    if (st == KVT_OK &&
+        kvt_segment_transport_reason(e->engine, seg, KVT_MEM_HOST, KVT_MEM_HOST,
+                                     why, sizeof(why)) != KVT_OK)
+        why[0] = '\0';
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(why);
+}
+
+/*
  * get_first_buffer_address(segment): the lowest-addressed region the peer
  * registered (kvt keeps regions sorted by address; Mooncake returns the
  * first registered), or 0. The descriptor is fetched afresh so that
@@ -282,6 +311,10 @@ static PyMethodDef engine_methods[] = {
     ONE(get_segment_transport,
         "get_segment_transport(segment_name) -> the transport that carries "
         "transfers to it ('tcp', 'shm', 'ucx'), or '' (kvt's own)"),
+    ONE(get_segment_transport_reason,
+        "get_segment_transport_reason(segment_name) -> why that transport "
+        "carries host-memory transfers to it and the others do not, or '' "
+        "(kvt's own)"),
     ONE(get_first_buffer_address,
         "get_first_buffer_address(segment_name) -> address of the peer's "
         "lowest registered region, or 0"),

@@ -260,6 +260,10 @@ static kvt_status_t transports_create(kvt_engine_h e)
         if (st != KVT_OK) {
             KVT_LOG_W("transport %s is not available: %s", ops->name,
                       kvt_status_str(st));
+            if (e->ntl_off < KVT__TL_MAX) {
+                e->tl_off[e->ntl_off] = ops;
+                e->tl_off_st[e->ntl_off++] = st;
+            }
             continue;
         }
         tl->index = e->ntl;

@@ -98,6 +98,11 @@ struct kvt_engine {
      * registry's order; tl[i]->index == i. */
     kvt__tl_t *tl[KVT__TL_MAX];
     unsigned ntl;
+    /* Transports allowed that could not be started, and why (for the
+     * selection's explanation, kvt__tl_explain()). */
+    const kvt__tl_ops_t *tl_off[KVT__TL_MAX];
+    kvt_status_t tl_off_st[KVT__TL_MAX];
+    unsigned ntl_off;
 
     /* Metadata backend; NULL in p2p mode. A publisher thread stores this
      * engine's descriptor again whenever its regions change (pub_dirty);
@@ -167,6 +172,8 @@ void kvt__streams_release(kvt_engine_h e);
  * session and the segment. A closed segment's handle is refused from then
  * on, and its slot is reused only with another generation.
  */
+#define KVT__WHY_MAX 384 /* the reason of one pair's route */
+
 struct kvt__seg {
     kvt_engine_h engine;
     _Atomic uint32_t refs;
@@ -182,6 +189,9 @@ struct kvt__seg {
     unsigned nsess;
     kvt__session_t *sess[KVT__TL_MAX];
     kvt__session_t *route[KVT_MEM_KINDS][KVT_MEM_KINDS];
+    /* Why each pair went where it went (kvt_segment_transport_reason()),
+     * written when the segment opens, before its handle is published. */
+    char why[KVT_MEM_KINDS][KVT_MEM_KINDS][KVT__WHY_MAX];
     /* Kinds of the peer's regions, a bit set (written under desc_lock). */
     _Atomic uint32_t rkinds;
     kvt__seg_t *name_next;   /* name index chain */
@@ -270,6 +280,22 @@ kvt__session_t *kvt__seg_route(kvt__seg_t *seg, unsigned lkind, uint64_t raddr,
 unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
                         kvt_mem_kind_t local, kvt_mem_kind_t remote,
                         int ask_driver, unsigned *order, const char **why);
+
+/*
+ * Why the pair (@local, @remote) goes to transport @chosen of @e (an index
+ * into e->tl; -1: none serves it) for the peer described by @d, and why
+ * every other transport built in does not carry it, into @buf: "shm (same
+ * host; the highest priority of 2 that serve it); tcp: serves it too, at a
+ * lower priority; ucx: not run by this engine (not named in its
+ * transports)". @note: a reason of the route's own to add to the chosen
+ * one, or NULL. @failed: by e->tl index, why a session could not be
+ * opened (NULL entries: none tried or none failed); may be NULL. Every
+ * reason it can give is listed in docs/transports.md.
+ */
+void kvt__tl_explain(kvt_engine_h e, const kvt__segdesc_t *d,
+                     kvt_mem_kind_t local, kvt_mem_kind_t remote, int chosen,
+                     const char *note, const char *const *failed, char *buf,
+                     size_t cap);
 
 /* Add this engine's transport sections to its descriptor @d. */
 kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d);

@@ -543,3 +543,27 @@ kvt_status_t kvt_segment_transport(kvt_engine_h e, kvt_segment_t segment,
     kvt__seg_unref(g);
     return st;
 }
+
+kvt_status_t kvt_segment_transport_reason(kvt_engine_h e, kvt_segment_t segment,
+                                          kvt_mem_kind_t local,
+                                          kvt_mem_kind_t remote, char *buf,
+                                          size_t cap)
+{
+    kvt__seg_t *g;
+
+    if (e == NULL || buf == NULL || cap == 0 ||
+        (unsigned)local >= KVT_MEM_KINDS || (unsigned)remote >= KVT_MEM_KINDS)
+        return KVT_ERR_INVALID_PARAM;
+    g = kvt__seg_get(e, segment);
+    if (g == NULL)
+        return KVT_ERR_NOT_FOUND;
+    if (local != KVT_MEM_HOST && g->route[local][remote] != NULL &&
+        (g->route[local][remote]->tl->ops->caps.flags & KVT__TL_DEV_DRIVER) &&
+        !kvt__dev_usable())
+        snprintf(buf, cap, "none (%s: no device driver here: %s)",
+                 g->route[local][remote]->ops->name, kvt__dev_why());
+    else
+        snprintf(buf, cap, "%s", g->why[local][remote]);
+    kvt__seg_unref(g);
+    return KVT_OK;
+}

@@ -16,7 +16,9 @@
  * level). Anything else that keeps a better transport off a peer is said
  * once, when the session opens; transfers never switch transport.
  */
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/engine_int.h"
 #include "core/tl.h"
@@ -67,6 +69,137 @@ unsigned kvt__tl_select(kvt_engine_h e, const kvt__segdesc_t *d,
     return n;
 }
 
+static const char *const kind_names[KVT_MEM_KINDS] = {"host", "cuda"};
+
+/* Append to @buf (NUL-terminated, @cap bytes) what @fmt says. */
+static void put(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void put(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t n = strlen(buf);
+    va_list ap;
+
+    if (n + 1 >= cap)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+/* Why @ops, built in, is not one of @e's transports. */
+static void off_reason(kvt_engine_h e, const kvt__tl_ops_t *ops, char *buf,
+                       size_t cap)
+{
+    for (unsigned k = 0; k < e->ntl_off; k++)
+        if (e->tl_off[k] == ops) {
+            put(buf, cap, "could not be started here (%s)",
+                kvt_status_str(e->tl_off_st[k]));
+            return;
+        }
+    if ((ops->caps.flags & KVT__TL_EXPLICIT) &&
+        e->transports == KVT_TRANSPORT_ALL)
+        put(buf, cap, "runs only when named in the engine's transports");
+    else
+        put(buf, cap, "not in this engine's transports");
+}
+
+/* Why transport @i of @e does not serve (@l, @r) to the peer of @d, into
+ * @buf; empty when it does. As kvt__tl_select() decides, with every
+ * reason said. */
+static void not_serving(kvt_engine_h e, const kvt__segdesc_t *d, unsigned i,
+                        kvt_mem_kind_t l, kvt_mem_kind_t r, char *buf,
+                        size_t cap)
+{
+    const kvt__tl_ops_t *ops = e->tl[i]->ops;
+    const char *w = NULL;
+
+    if ((e->tl[i]->local_mem & KVT__MEM_BIT(l)) == 0)
+        put(buf, cap, "does not move %s memory here", kind_names[l]);
+    else if ((e->tl[i]->remote_mem & KVT__MEM_BIT(r)) == 0)
+        put(buf, cap, "does not reach %s memory in a peer", kind_names[r]);
+    else if ((ops->caps.flags & KVT__TL_SAME_HOST) && d->pid == 0)
+        put(buf, cap, "the peer's host is not known (same host only)");
+    else if ((ops->caps.flags & KVT__TL_SAME_HOST) &&
+             d->host_id != e->cfg.host_id)
+        put(buf, cap, "the peer is on another host");
+    else if (kvt__segdesc_tl(d, ops->id) == NULL)
+        put(buf, cap, "the peer does not offer it");
+    else if ((ops->caps.flags & KVT__TL_DEV_DRIVER) &&
+             (l != KVT_MEM_HOST || r != KVT_MEM_HOST) && !kvt__dev_usable())
+        put(buf, cap, "no device driver here: %s", kvt__dev_why());
+    else if (ops->reachable != NULL && !ops->reachable(e->tl[i], d, &w))
+        put(buf, cap, "%s", w != NULL ? w : "the peer is not reachable");
+}
+
+void kvt__tl_explain(kvt_engine_h e, const kvt__segdesc_t *d,
+                     kvt_mem_kind_t local, kvt_mem_kind_t remote, int chosen,
+                     const char *note, const char *const *failed, char *buf,
+                     size_t cap)
+{
+    static const struct {
+        uint32_t id;
+        const char *name;
+    } known[] = {{KVT_TRANSPORT_TCP, "tcp"},
+                 {KVT_TRANSPORT_SHM, "shm"},
+                 {KVT_TRANSPORT_UCX, "ucx"}};
+    char why[KVT__TL_MAX][KVT__WHY_MAX / 2];
+    unsigned serving = 0;
+    const kvt__tl_ops_t *ops;
+
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    for (unsigned i = 0; i < e->ntl; i++) {
+        why[i][0] = '\0';
+        not_serving(e, d, i, local, remote, why[i], sizeof(why[i]));
+        if (why[i][0] == '\0' && failed != NULL && failed[i] != NULL)
+            put(why[i], sizeof(why[i]), "its session could not be opened: %s",
+                failed[i]);
+        if (why[i][0] == '\0')
+            serving++;
+    }
+    if (chosen < 0) {
+        put(buf, cap, "none");
+    } else {
+        const kvt__tl_ops_t *c = e->tl[chosen]->ops;
+        put(buf, cap, "%s (", c->name);
+        if (note != NULL)
+            put(buf, cap, "%s", note);
+        else if (serving <= 1)
+            put(buf, cap, "the only transport that serves it");
+        else
+            put(buf, cap, "the highest priority of the %u that serve it",
+                serving);
+        if (c->id == KVT_TRANSPORT_TCP &&
+            (local != KVT_MEM_HOST || remote != KVT_MEM_HOST))
+            put(buf, cap, "; device memory staged through pinned host memory");
+        put(buf, cap, ")");
+    }
+    for (unsigned i = 0; i < e->ntl; i++) {
+        if ((int)i == chosen)
+            continue;
+        put(buf, cap, "; %s: %s", e->tl[i]->ops->name,
+            why[i][0] != '\0' ? why[i]
+            : chosen >= 0 && e->tl[i]->ops->caps.priority <=
+                                 e->tl[chosen]->ops->caps.priority
+                ? "serves it too, at a lower priority"
+                : "serves it, but not every kind of memory in use");
+    }
+    for (size_t k = 0; (ops = kvt__tl_registered(k)) != NULL; k++) {
+        int runs = 0;
+        for (unsigned i = 0; i < e->ntl; i++)
+            runs |= e->tl[i]->ops == ops;
+        if (!runs) {
+            put(buf, cap, "; %s: ", ops->name);
+            off_reason(e, ops, buf, cap);
+        }
+    }
+    for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
+        if (kvt__tl_by_id(known[k].id) == NULL &&
+            e->transports != KVT_TRANSPORT_ALL && (e->transports & known[k].id))
+            put(buf, cap, "; %s: not built into this library", known[k].name);
+}
+
 /* The transports that lost to the chosen one for a reason worth telling,
  * in @buf. */
 static void reasons(kvt_engine_h e, const char *const *why, unsigned chosen,
@@ -96,15 +229,17 @@ static kvt__session_t *sess_of(kvt__seg_t *seg, kvt__tl_t *tl)
 
 /*
  * The best transport for one pair of kinds: one already open for the
- * segment, or the first of the candidates that opens. Returns the
- * session, or NULL with *st_p the last failure (KVT_ERR_NOT_SUPPORTED
- * when no transport can serve the pair at all).
+ * segment, or the first of the candidates that opens; seg->why[l][r] says
+ * why, and *told_p is set when a better transport was passed over for a
+ * reason worth a warning. Returns the session, or NULL with *st_p the last
+ * failure (KVT_ERR_NOT_SUPPORTED when no transport can serve the pair at
+ * all).
  */
 static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
-                                 unsigned r, kvt_status_t *st_p)
+                                 unsigned r, kvt_status_t *st_p, int *told_p)
 {
     unsigned order[KVT__TL_MAX], n;
-    const char *why[KVT__TL_MAX];
+    const char *why[KVT__TL_MAX], *failed[KVT__TL_MAX] = {0};
     kvt__tl_peer_t peer = {seg, seg->name, seg->addr, &seg->desc};
 
     *st_p = KVT_ERR_NOT_SUPPORTED;
@@ -124,21 +259,23 @@ static kvt__session_t *route_one(kvt_engine_h e, kvt__seg_t *seg, unsigned l,
                 if (s != NULL)
                     return NULL; /* a failed session: the open fails */
                 why[order[k]] = w != NULL ? w : kvt_status_str(st);
+                failed[order[k]] = why[order[k]];
                 continue;
             }
         }
         {
             char told[256];
             reasons(e, why, order[k], told, sizeof(told));
-            if (told[0] != '\0')
-                KVT_LOG_W("segment %s: %s: falling back to %s", seg->name, told,
-                          tl->ops->name);
-            else if (l == KVT_MEM_HOST && r == KVT_MEM_HOST)
-                KVT_LOG_I("segment %s: using %s", seg->name, tl->ops->name);
+            *told_p |= told[0] != '\0';
         }
+        kvt__tl_explain(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r,
+                        (int)order[k], NULL, failed, seg->why[l][r],
+                        sizeof(seg->why[l][r]));
         *st_p = KVT_OK;
         return s;
     }
+    kvt__tl_explain(e, &seg->desc, (kvt_mem_kind_t)l, (kvt_mem_kind_t)r, -1,
+                    NULL, failed, seg->why[l][r], sizeof(seg->why[l][r]));
     return NULL;
 }
 
@@ -201,22 +338,59 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
         }
     }
     for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
-        for (unsigned r = 0; r < KVT_MEM_KINDS; r++)
+        for (unsigned r = 0; r < KVT_MEM_KINDS; r++) {
+            int used = (lk & KVT__MEM_BIT(l)) && (rk & KVT__MEM_BIT(r));
             seg->route[l][r] =
-                serves(e, seg, (unsigned)best, l, r,
-                       (lk & KVT__MEM_BIT(l)) && (rk & KVT__MEM_BIT(r)))
-                    ? s
-                    : NULL;
-    KVT_LOG_I("segment %s: using %s (device memory in use)", seg->name,
-              e->tl[best]->ops->name);
+                serves(e, seg, (unsigned)best, l, r, used) ? s : NULL;
+            if (used)
+                kvt__tl_explain(e, &seg->desc, (kvt_mem_kind_t)l,
+                                (kvt_mem_kind_t)r, best,
+                                "one transport for every kind of memory in "
+                                "use, so that a notification follows the "
+                                "writes before it",
+                                NULL, seg->why[l][r], sizeof(seg->why[l][r]));
+        }
     return 1;
+}
+
+/*
+ * The segment's routes are set: the reasons of pairs not in use yet, and
+ * one log line for the session with the route of every pair in use and
+ * why: a warning when a better transport was passed over for a reason
+ * worth telling (@told), else at info level.
+ */
+static void say(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk, uint32_t rk,
+                int told)
+{
+    char line[KVT_MEM_KINDS * KVT_MEM_KINDS * (KVT__WHY_MAX + 24)];
+
+    line[0] = '\0';
+    for (unsigned l = 0; l < KVT_MEM_KINDS; l++)
+        for (unsigned r = 0; r < KVT_MEM_KINDS; r++) {
+            if (!(lk & KVT__MEM_BIT(l)) || !(rk & KVT__MEM_BIT(r))) {
+                snprintf(seg->why[l][r], sizeof(seg->why[l][r]),
+                         "%s (not in use when the segment opened%s)",
+                         seg->route[l][r] != NULL ? seg->route[l][r]->ops->name
+                                                  : "none",
+                         seg->route[l][r] != NULL
+                             ? "; its session was open for other memory"
+                             : "; no session open then serves it");
+                continue;
+            }
+            put(line, sizeof(line), "%s%s->%s: %s", line[0] ? " | " : "",
+                kind_names[l], kind_names[r], seg->why[l][r]);
+        }
+    if (told)
+        KVT_LOG_W("segment %s: %s", seg->name, line);
+    else
+        KVT_LOG_I("segment %s: %s", seg->name, line);
 }
 
 kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
 {
     kvt_status_t first = KVT_ERR_NOT_SUPPORTED;
     uint32_t lk = KVT__MEM_BIT(KVT_MEM_HOST), rk = lk;
-    int any = 0;
+    int any = 0, told = 0;
 
     /* The kinds in use: host memory, device memory registered here, and
      * the kinds of the peer's regions. */
@@ -230,8 +404,10 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
     if (((lk | rk) & ~KVT__MEM_BIT(KVT_MEM_HOST)) != 0) {
         kvt_status_t st = KVT_OK;
         int r = route_single(e, seg, lk, rk, &st);
-        if (r > 0)
+        if (r > 0) {
+            say(e, seg, lk, rk, 0);
             return KVT_OK;
+        }
         if (r < 0)
             return st;
         KVT_LOG_W("segment %s: no transport moves every kind of memory in "
@@ -245,7 +421,7 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
             seg->route[l][r] = NULL;
             if (!(lk & KVT__MEM_BIT(l)) || !(rk & KVT__MEM_BIT(r)))
                 continue; /* not in use: below */
-            seg->route[l][r] = route_one(e, seg, l, r, &st);
+            seg->route[l][r] = route_one(e, seg, l, r, &st, &told);
             if (seg->route[l][r] != NULL) {
                 any = 1;
             } else if (st != KVT_ERR_NOT_SUPPORTED) {
@@ -256,7 +432,8 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
         }
     }
     if (!any) {
-        KVT_LOG_E("segment %s offers no transport this engine runs", seg->name);
+        KVT_LOG_E("segment %s: no transport this engine runs serves it: %s",
+                  seg->name, seg->why[KVT_MEM_HOST][KVT_MEM_HOST]);
         return first;
     }
     /* Pairs not in use when the segment opened (device memory registered
@@ -270,5 +447,6 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
                         !atomic_load(&seg->sess[k]->dead) &&
                         serves(e, seg, seg->sess[k]->tl->index, l, r, 0))
                         seg->route[l][r] = seg->sess[k];
+    say(e, seg, lk, rk, told);
     return KVT_OK;
 }

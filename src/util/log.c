@@ -58,7 +58,7 @@ void kvt__log_init(void)
 void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
                    const char *fmt, ...)
 {
-    char msg[1024];
+    char msg[2048];
     struct timespec ts;
     const char *base = strrchr(file, '/');
     va_list ap;
@@ -86,7 +86,7 @@ void kvt__log_emit_rl(kvt__log_rl_t *rl, kvt__log_level_t level,
 {
     struct timespec ts;
     uint64_t now, next, sup;
-    char msg[1024];
+    char msg[2048];
     va_list ap;
 
     clock_gettime(CLOCK_MONOTONIC, &ts);

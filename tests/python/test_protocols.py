@@ -36,6 +36,12 @@ def test_transport(pair):
         assert t == "ucx"
     else:
         assert t in ("tcp", "shm")
+    # The reason names the transport chosen first, then the others.
+    why = engine.get_segment_transport_reason(peer.segment)
+    assert why.startswith(t + " ("), why
+    others = {"tcp", "shm", "ucx"} - {t} if kvt_has_ucx else {"tcp", "shm"} - {t}
+    for o in others:
+        assert "; %s: " % o in why, why
 
 
 def test_sync_and_batch(pair):

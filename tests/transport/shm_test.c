@@ -108,8 +108,21 @@ KVT_TEST(fallback_to_tcp)
     CHECK_OK(kvt_segment_open(e, p.segment, &again)); /* cached */
     CHECK(again == seg);
     CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
+    {
+        char why[384];
+        CHECK_OK(kvt_segment_transport_reason(e, seg, KVT_MEM_HOST,
+                                              KVT_MEM_HOST, why, sizeof(why)));
+        CHECK(strncmp(why, "tcp (the only transport that serves it)", 39) == 0);
+        CHECK(strstr(why, "; shm: the peer does not offer it") != NULL);
+        CHECK(kvt_segment_transport_reason(e, seg, KVT_MEM_HOST, KVT_MEM_HOST,
+                                           NULL, 1) == KVT_ERR_INVALID_PARAM);
+        CHECK(kvt_segment_transport_reason(e, seg + 1, KVT_MEM_HOST,
+                                           KVT_MEM_HOST, why,
+                                           sizeof(why)) == KVT_ERR_NOT_FOUND);
+    }
     kvt_engine_destroy(e);
-    CHECK(kvt_test_count_in_file(log, "falling back to tcp") == 1);
+    CHECK(kvt_test_count_in_file(log, "host->host: tcp (") == 1);
+    CHECK(kvt_test_count_in_file(log, "shm: the peer does not offer it") == 1);
 
     /* TCP only on this side: no attempt, nothing said. */
     CHECK(ftruncate(fd, 0) == 0);
@@ -117,6 +130,12 @@ KVT_TEST(fallback_to_tcp)
     CHECK(e != NULL);
     CHECK_OK(kvt_segment_open(e, p.segment, &seg));
     CHECK(strcmp(seg_transport(e, seg), "tcp") == 0);
+    {
+        char why[384];
+        CHECK_OK(kvt_segment_transport_reason(e, seg, KVT_MEM_HOST,
+                                              KVT_MEM_HOST, why, sizeof(why)));
+        CHECK(strstr(why, "shm: not in this engine's transports") != NULL);
+    }
     kvt_engine_destroy(e);
     CHECK(kvt_test_count_in_file(log, "shm") == 0);
     unlink(log);
@@ -141,6 +160,23 @@ KVT_TEST(selection)
     if (!offers_shm(e, seg))
         SKIP("the target engine does not offer shm");
     CHECK(strcmp(seg_transport(e, seg), "shm") == 0);
+    {
+        char why[384];
+        CHECK_OK(kvt_segment_transport_reason(e, seg, KVT_MEM_HOST,
+                                              KVT_MEM_HOST, why, sizeof(why)));
+        CHECK(strncmp(why, "shm (the highest priority of the 2 that serve it)",
+                      49) == 0);
+        CHECK(strstr(why, "; tcp: serves it too, at a lower priority") != NULL);
+        {
+            kvt_transport_info_t t[8];
+            size_t n = 0, ucx = 0;
+            CHECK_OK(kvt_transports(t, 8, &n));
+            for (size_t i = 0; i < n && i < 8; i++)
+                ucx |= t[i].id == KVT_TRANSPORT_UCX;
+            CHECK(!ucx || strstr(why, "; ucx: runs only when named in the "
+                                      "engine's transports") != NULL);
+        }
+    }
     kvt_engine_destroy(e);
     e = engine_new(KVT_TRANSPORT_TCP, 0);
     CHECK(e != NULL);
