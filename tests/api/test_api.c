@@ -497,6 +497,19 @@ KVT_TEST(segments)
     }
     COVER(kvt_segment_transport, KVT_ERR_INVALID_PARAM,
           kvt_segment_transport(e, seg, KVT_MEM_AUTO, KVT_MEM_HOST, &name));
+    {
+        char why[384];
+        COVER(kvt_segment_transport_reason, KVT_OK,
+              kvt_segment_transport_reason(e, seg, KVT_MEM_HOST, KVT_MEM_HOST,
+                                           why, sizeof(why)));
+        CHECK(strncmp(why, "tcp (", 5) == 0);
+        COVER(kvt_segment_transport_reason, KVT_ERR_INVALID_PARAM,
+              kvt_segment_transport_reason(e, seg, KVT_MEM_HOST, KVT_MEM_HOST,
+                                           why, 0));
+        COVER(kvt_segment_transport_reason, KVT_ERR_NOT_FOUND,
+              kvt_segment_transport_reason(e, seg + 1, KVT_MEM_HOST,
+                                           KVT_MEM_HOST, why, sizeof(why)));
+    }
     /* The target goes: a refresh cannot reach it. */
     peer_kill(&p, SIGKILL);
     COVER(kvt_segment_regions, KVT_ERR_UNREACHABLE,
