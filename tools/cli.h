@@ -8,6 +8,7 @@
 /* Sub-commands of the kvt tool. Each returns the process exit status. */
 int kvt_cmd_bench(int argc, char **argv);
 int kvt_cmd_info(int argc, char **argv);
+int kvt_cmd_doctor(int argc, char **argv);
 int kvt_cmd_demo(int argc, char **argv);
 int kvt_cmd_metad(int argc, char **argv);
 int kvt_cmd_stats(int argc, char **argv);

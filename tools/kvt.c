@@ -14,6 +14,8 @@ static const struct {
 } cmds[] = {
     {"bench", kvt_cmd_bench, "measure transfers (target and initiator)"},
     {"info", kvt_cmd_info, "print version and build options"},
+    {"doctor", kvt_cmd_doctor, "check this host and a peer before the first "
+                               "transfer"},
     {"demo", kvt_cmd_demo, "run a prefill/decode demo on this machine"},
     {"metad", kvt_cmd_metad, "metadata and PD bootstrap HTTP server"},
     {"stats", kvt_cmd_stats, "live view of processes' /metrics"},

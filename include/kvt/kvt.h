@@ -15,9 +15,11 @@
  *   kvt/metad.h     the metadata server and the bootstrap client
  *   kvt/log.h       the library's log, for code built on it
  *   kvt/metrics.h   an engine's metrics, Prometheus text, /metrics
+ *   kvt/doctor.h    checks of this host, a metadata server and a peer
  */
 #include <kvt/connector.h>
 #include <kvt/defs.h>
+#include <kvt/doctor.h>
 #include <kvt/engine.h>
 #include <kvt/log.h>
 #include <kvt/metad.h>

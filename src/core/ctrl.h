@@ -42,6 +42,29 @@ void kvt__ctrl_destroy(kvt__ctrl_t *ctrl);
 /* The client side (kvt__ctrl_dial(), kvt__ctrl_fetch()) is declared in
  * core/tl.h, as the transports dial through it too. */
 
+/* What one fetch went through, step by step (kvt_doctor_run()). Times in
+ * milliseconds from the start, negative for a step not reached. */
+typedef struct {
+    double connected_ms; /* TCP connection up */
+    double hello_ms;     /* the answer to HELLO read */
+    double auth_ms;      /* the answer to AUTH read (authenticated only) */
+    double desc_ms;      /* the descriptor read */
+    int peer_major, peer_minor; /* of the first answer's header; -1 none */
+    int auth_here;              /* this engine has a token */
+    /* How authentication went: 0 not reached or not asked; 1 both proved
+     * the token; 2 the peer answered without a proof (it has no token);
+     * 3 the peer's proof did not check (another token); 4 the peer
+     * refused this engine (it wants a token this one lacks, or ours did
+     * not check there). */
+    int auth;
+    char peer_reason[160]; /* the text of the peer's refusal, if any */
+} kvt__ctrl_trace_t;
+
+/* kvt__ctrl_fetch() with its steps recorded into @tr. */
+kvt_status_t kvt__ctrl_fetch_traced(kvt_engine_h e, const char *name,
+                                    const char *addr, kvt__segdesc_t *desc,
+                                    kvt__ctrl_trace_t *tr);
+
 /* ---- Authentication (auth.c) ------------------------------------------ */
 
 /*

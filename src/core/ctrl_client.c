@@ -16,6 +16,15 @@
 #include "util/sock.h"
 #include "util/time.h"
 
+/* The trace of the fetch this thread is making, if it asked for one. */
+static __thread kvt__ctrl_trace_t *trace;
+static __thread uint64_t trace_t0;
+
+static double since_ms(void)
+{
+    return (double)(kvt__now_ns() - trace_t0) / 1e6;
+}
+
 /*
  * Send one request and read its response. On success *body_p holds a
  * malloc'd body (or NULL when empty) and, when @payload_p is given,
@@ -45,6 +54,11 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
     if (st != KVT_OK)
         goto err;
     st = kvt__wire_hdr_decode(hb, sizeof(hb), &h);
+    if (trace != NULL && trace->peer_major < 0 &&
+        (st == KVT_OK || st == KVT_ERR_VERSION)) {
+        trace->peer_major = h.ver_major;
+        trace->peer_minor = h.ver_minor;
+    }
     if (st == KVT_ERR_VERSION) {
         KVT_LOG_E("peer %s speaks kvt protocol %u.%u, this engine %d.%d", peer,
                   h.ver_major, h.ver_minor, KVT_WIRE_VERSION_MAJOR,
@@ -71,6 +85,12 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
                  ? h.status
              : h.status == KVT_ERR_ACCESS ? KVT_ERR_AUTH
                                           : KVT_ERR_PROTOCOL;
+        if (trace != NULL) {
+            if (st == KVT_ERR_AUTH)
+                trace->auth = 4;
+            snprintf(trace->peer_reason, sizeof(trace->peer_reason), "%s",
+                     rb ? (const char *)rb : "");
+        }
         KVT_LOG_E("peer %s refused the connection (%s): %.200s", peer,
                   kvt_status_name(st),
                   rb ? (const char *)rb : kvt_status_str(st));
@@ -81,6 +101,8 @@ static kvt_status_t call(int fd, uint8_t type, const void *body, size_t len,
         KVT_LOG_E("authentication failed: segment %s does not authenticate "
                   "(no auth token set there); refusing it",
                   peer);
+        if (trace != NULL)
+            trace->auth = 2;
         st = KVT_ERR_AUTH;
         goto err_free;
     }
@@ -143,6 +165,8 @@ static kvt_status_t prove(kvt_engine_h e, int fd, const char *name,
         KVT_LOG_E("authentication failed: segment %s did not prove the auth "
                   "token (another token?); refusing it",
                   name);
+        if (trace != NULL)
+            trace->auth = 3;
         st = KVT_ERR_AUTH;
     } else if (st != KVT_OK)
         KVT_LOG_E("segment %s sent a malformed AUTH_CHALLENGE", name);
@@ -178,6 +202,8 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
         atomic_fetch_add_explicit(&e->stats.hs_failed, 1, memory_order_relaxed);
         return st;
     }
+    if (trace != NULL)
+        trace->connected_ms = since_ms();
     kvt__sock_tune(fd, e->cfg.timeout_ns / 1000000);
     snprintf(hello->name, sizeof(hello->name), "%s", e->cfg.seg_name);
     hello->auth = e->cfg.auth.on;
@@ -188,8 +214,15 @@ kvt_status_t kvt__ctrl_dial(kvt_engine_h e, const char *name, const char *addr,
         st = call(fd, KVT_WIRE_HELLO, hb, hl,
                   hello->auth ? KVT_WIRE_AUTH_CHALLENGE : KVT_WIRE_HELLO_ACK,
                   deadline, name, &body, &blen, NULL, NULL);
-    if (st == KVT_OK && hello->auth)
+    if (st == KVT_OK && trace != NULL)
+        trace->hello_ms = since_ms();
+    if (st == KVT_OK && hello->auth) {
         st = prove(e, fd, name, hb, hl, &body, &blen, deadline);
+        if (st == KVT_OK && trace != NULL) {
+            trace->auth_ms = since_ms();
+            trace->auth = 1;
+        }
+    }
     free(body);
     if (st != KVT_OK) {
         atomic_fetch_add_explicit(&e->stats.hs_failed, 1, memory_order_relaxed);
@@ -226,5 +259,25 @@ kvt_status_t kvt__ctrl_fetch(kvt_engine_h e, const char *name, const char *addr,
                   name);
     else if (st != KVT_OK)
         KVT_LOG_E("malformed segment descriptor from %s", name);
+    return st;
+}
+
+kvt_status_t kvt__ctrl_fetch_traced(kvt_engine_h e, const char *name,
+                                    const char *addr, kvt__segdesc_t *desc,
+                                    kvt__ctrl_trace_t *tr)
+{
+    kvt_status_t st;
+
+    tr->connected_ms = tr->hello_ms = tr->auth_ms = tr->desc_ms = -1;
+    tr->peer_major = tr->peer_minor = -1;
+    tr->auth_here = e->cfg.auth.on;
+    tr->auth = 0;
+    tr->peer_reason[0] = '\0';
+    trace = tr;
+    trace_t0 = kvt__now_ns();
+    st = kvt__ctrl_fetch(e, name, addr, desc);
+    if (st == KVT_OK)
+        tr->desc_ms = since_ms();
+    trace = NULL;
     return st;
 }

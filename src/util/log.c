@@ -18,6 +18,17 @@
 #include <unistd.h>
 
 int kvt__log_level_cur = KVT_LOG_WARN;
+__thread kvt__log_capture_t *kvt__log_cap;
+
+void kvt__log_capture(kvt__log_capture_t *c)
+{
+    if (c != NULL) {
+        if (c->cap > 0)
+            c->buf[0] = '\0';
+        c->level = -1;
+    }
+    kvt__log_cap = c;
+}
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
@@ -66,6 +77,14 @@ void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    if (kvt__log_cap != NULL && (int)level <= KVT_LOG_WARN) {
+        kvt__log_capture_t *c = kvt__log_cap;
+        if (c->cap > 0 && (c->level < 0 || (int)level < c->level)) {
+            snprintf(c->buf, c->cap, "%s", msg);
+            c->level = (int)level;
+        }
+        return;
+    }
     pthread_rwlock_rdlock(&handler_lock);
     if (handler_cb != NULL) {
         handler_cb(handler_arg, (kvt_log_level_t)level, base ? base + 1 : file,

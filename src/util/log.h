@@ -23,9 +23,27 @@ void kvt__log_init(void);
 void kvt__log_emit(kvt__log_level_t level, const char *file, int line,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/*
+ * Capture, for checks that report what they found (kvt_doctor_run()):
+ * while a thread has one set, its errors and warnings are kept in it
+ * (the most severe first line), whatever the level, and not written. Set
+ * and cleared by the thread itself; the buffer must outlive the capture.
+ */
+typedef struct {
+    char *buf; /* the line kept; "" when none */
+    size_t cap;
+    int level; /* of the line kept; -1 when none */
+} kvt__log_capture_t;
+
+extern __thread kvt__log_capture_t *kvt__log_cap;
+
+/* Start capturing this thread's lines into @c (emptied); NULL stops. */
+void kvt__log_capture(kvt__log_capture_t *c);
+
 #define kvt__log(level, ...)                                                   \
     do {                                                                       \
-        if ((int)(level) <= kvt__log_level_cur)                                \
+        if ((int)(level) <= kvt__log_level_cur ||                              \
+            ((int)(level) <= KVT_LOG_WARN && kvt__log_cap != NULL))            \
             kvt__log_emit(level, __FILE__, __LINE__, __VA_ARGS__);             \
     } while (0)
 

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVT_CORE_DOCTOR_INT_H
+#define KVT_CORE_DOCTOR_INT_H
+
+/*
+ * The doctor's parts (kvt/doctor.h): the report and the run (doctor.c),
+ * this host's checks (doctor_host.c), a metadata server's and a peer's
+ * (doctor_peer.c). A run captures what kvt logs on its thread
+ * (kvt__log_capture()), so a check's detail can carry the cause the code
+ * that failed logged.
+ */
+#include <stdarg.h>
+
+#include <kvt/doctor.h>
+
+#include "util/log.h"
+
+#define KVT__DOC_MAGIC "kvt-doctor-scratch-1" /* a scratch region's head */
+#define KVT__DOC_HEAD 4096                    /* left alone by writers */
+
+struct kvt_doctor_report {
+    kvt_doctor_check_t *c;
+    size_t n, cap;
+};
+
+typedef struct {
+    kvt_doctor_report_h r;
+    const char *peer;       /* NULL: none */
+    const char *meta_uri;   /* NULL: none */
+    const char *local_host; /* never NULL */
+    int host_asked;         /* local_host given in the params */
+    uint32_t transports;    /* as asked */
+    int token_set;          /* auth_token given in the params */
+    const char *token;      /* when token_set */
+    uint32_t kinds;         /* 1 << kind; kinds_asked: named by the caller */
+    int kinds_asked;
+    uint64_t timeout_ms;
+    uint64_t probe_bytes;
+    uint32_t peers_expected;
+    uint64_t host_id;       /* of this host, as engines compute it */
+    int nomem;              /* a check could not be recorded */
+    kvt__log_capture_t cap; /* this thread's log, during the run */
+    char cause[1024];
+} kvt__doc_t;
+
+/* Record a check: its detail from @fmt; @fix may be NULL. Returns it (its
+ * numbers unmeasured), or NULL when out of memory (d->nomem set). */
+kvt_doctor_check_t *kvt__doc_add(kvt__doc_t *d, const char *id,
+                                 kvt_doctor_level_t level, kvt_status_t st,
+                                 const char *fix, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Forget what was captured so far: the next step's cause starts empty. */
+void kvt__doc_cause_reset(kvt__doc_t *d);
+/* What kvt logged since the reset (the most severe line), or @dflt. */
+const char *kvt__doc_cause(kvt__doc_t *d, const char *dflt);
+
+/* An engine for the checks: on d->local_host, port 0, p2p, @transports,
+ * the run's token and timeouts, one worker. */
+kvt_status_t kvt__doc_engine(kvt__doc_t *d, uint32_t transports,
+                             kvt_engine_h *e_p);
+
+/* Whether @host resolves to a loopback address only; the first address
+ * into @addr (may be NULL). -1 when it does not resolve. */
+int kvt__doc_loopback(const char *host, char *addr, size_t cap);
+
+void kvt__doc_host(kvt__doc_t *d);
+void kvt__doc_peer(kvt__doc_t *d);
+
+#endif
