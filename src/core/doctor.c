@@ -6,11 +6,17 @@
  * doctors may write into is here too.
  */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/doctor_int.h"
 #include "core/engine_int.h"
@@ -195,6 +201,7 @@ kvt_status_t kvt_doctor_run(const kvt_doctor_params_t *params,
         free(d);
         return st;
     }
+    d->out_fd = -1;
     d->cap.buf = d->cause;
     d->cap.cap = sizeof(d->cause);
     kvt__doc_cause_reset(d);
@@ -375,4 +382,158 @@ kvt_status_t kvt_doctor_scratch(kvt_engine_h e, size_t length, void **addr_p)
     if (addr_p != NULL)
         *addr_p = addr;
     return KVT_OK;
+}
+
+/* ---- Records between the peer checks' child and the parent -------------- */
+
+/* Write all of @buf; the child has nothing to do but this. */
+static void write_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, buf, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+/* A record: fields separated by 0x1f, ended by 0x1e. Check: "C", id,
+ * level, status, ms, mbps, lat_us, fix ("" for none; "\x01" for NULL),
+ * detail. Step: "S", id. */
+void kvt__doc_step(kvt__doc_t *d, const char *id)
+{
+    char buf[4096];
+    int n;
+
+    if (d->out_fd < 0)
+        return;
+    for (; d->sent < d->r->n; d->sent++) {
+        const kvt_doctor_check_t *c = &d->r->c[d->sent];
+        n = snprintf(buf, sizeof(buf),
+                     "C\x1f%s\x1f%d\x1f%d\x1f%.6f\x1f%.6f\x1f"
+                     "%.6f\x1f%s\x1f%s\x1e",
+                     c->id, (int)c->level, (int)c->status, c->ms, c->mbps,
+                     c->lat_us, c->fix != NULL ? c->fix : "\x01", c->detail);
+        if (n > 0)
+            write_all(d->out_fd, buf,
+                      (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+    }
+    if (id != NULL) {
+        n = snprintf(buf, sizeof(buf), "S\x1f%s\x1e", id);
+        if (n > 0)
+            write_all(d->out_fd, buf, (size_t)n);
+    }
+}
+
+/* One record from the child, in @rec (NUL-terminated, separators kept):
+ * a check is added; a step's name goes to @step. */
+static void take_record(kvt__doc_t *d, char *rec, char *step, size_t cap)
+{
+    char *f[9];
+    int n = 0;
+
+    for (char *p = rec; n < 9;) {
+        f[n++] = p;
+        p = strchr(p, '\x1f');
+        if (p == NULL)
+            break;
+        *p++ = '\0';
+    }
+    if (n == 2 && !strcmp(f[0], "S")) {
+        snprintf(step, cap, "%s", f[1]);
+    } else if (n == 9 && !strcmp(f[0], "C")) {
+        kvt_doctor_check_t *c = kvt__doc_add(
+            d, f[1], (kvt_doctor_level_t)atoi(f[2]), (kvt_status_t)atoi(f[3]),
+            strcmp(f[7], "\x01") ? f[7] : NULL, "%s", f[8]);
+        if (c != NULL) {
+            c->ms = atof(f[4]);
+            c->mbps = atof(f[5]);
+            c->lat_us = atof(f[6]);
+        }
+    }
+}
+
+void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
+                        uint64_t stall_ms,
+                        void (*stalled)(kvt__doc_t *, const char *, uint64_t))
+{
+    char step[128] = "", *buf = NULL;
+    size_t len = 0, cap = 0;
+    int p[2], done = 0;
+    pid_t pid;
+
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        kvt__doc_add(d, "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO, NULL,
+                     "cannot make a pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        /* The child: run the checks, stream them, and leave at once: its
+         * engines go with it, whatever a transport is stuck in. */
+        size_t base = d->r->n;
+        close(p[0]);
+        d->out_fd = p[1];
+        d->sent = base;
+        fn(d);
+        kvt__doc_step(d, "end");
+        _exit(0);
+    }
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        kvt__doc_add(d, "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO, NULL,
+                     "cannot fork the peer checks: %s", strerror(errno));
+        return;
+    }
+    while (!done) {
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int r = poll(&pf, 1, (int)stall_ms);
+        ssize_t n;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0) {
+            kill(pid, SIGKILL);
+            stalled(d, step, stall_ms);
+            break;
+        }
+        if (len + 4096 > cap) {
+            char *nb = realloc(buf, cap + 65536);
+            if (nb == NULL) {
+                d->nomem = 1;
+                kill(pid, SIGKILL);
+                break;
+            }
+            buf = nb;
+            cap += 65536;
+        }
+        n = read(p[0], buf + len, cap - len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (strcmp(step, "end") != 0)
+                stalled(d, step, 0);
+            break;
+        }
+        len += (size_t)n;
+        for (;;) {
+            char *end = memchr(buf, '\x1e', len);
+            if (end == NULL)
+                break;
+            *end = '\0';
+            take_record(d, buf, step, sizeof(step));
+            len -= (size_t)(end + 1 - buf);
+            memmove(buf, end + 1, len);
+            if (!strcmp(step, "end"))
+                done = 1;
+        }
+    }
+    free(buf);
+    close(p[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
 }

@@ -37,8 +37,11 @@ typedef struct {
     uint64_t timeout_ms;
     uint64_t probe_bytes;
     uint32_t peers_expected;
-    uint64_t host_id;       /* of this host, as engines compute it */
-    int nomem;              /* a check could not be recorded */
+    uint64_t host_id; /* of this host, as engines compute it */
+    int nomem;        /* a check could not be recorded */
+    int out_fd;       /* in the peer checks' child: the pipe to the parent; -1
+                         elsewhere */
+    size_t sent;      /* checks already written to out_fd */
     kvt__log_capture_t cap; /* this thread's log, during the run */
     char cause[1024];
 } kvt__doc_t;
@@ -63,6 +66,23 @@ kvt_status_t kvt__doc_engine(kvt__doc_t *d, uint32_t transports,
 /* Whether @host resolves to a loopback address only; the first address
  * into @addr (may be NULL). -1 when it does not resolve. */
 int kvt__doc_loopback(const char *host, char *addr, size_t cap);
+
+/* The peer checks' child starts step @id: the checks finished so far go
+ * to the parent, and the step's name, so that a step that hangs is named
+ * (nothing happens outside the child). */
+void kvt__doc_step(kvt__doc_t *d, const char *id);
+
+/*
+ * Run @fn in a child process whose checks stream back into @d's report
+ * as they finish: a transport stuck in the network (a connect() that the
+ * kernel retries for minutes) cannot hold the caller. When no record
+ * comes for @stall_ms, or the child dies before its end, the child is
+ * killed and @stalled(d, step, ms) records what the step it was in means
+ * (@ms 0: it died).
+ */
+void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
+                        uint64_t stall_ms,
+                        void (*stalled)(kvt__doc_t *, const char *, uint64_t));
 
 void kvt__doc_host(kvt__doc_t *d);
 void kvt__doc_peer(kvt__doc_t *d);

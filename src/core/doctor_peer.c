@@ -25,6 +25,14 @@
 #include "util/sock.h"
 #include "util/time.h"
 
+/* Engines of the peer checks' child are left to its exit: a transport
+ * stuck in the network could hold a teardown. */
+static void drop_engine(kvt__doc_t *d, kvt_engine_h e)
+{
+    if (d->out_fd < 0)
+        kvt_engine_destroy(e);
+}
+
 static double ms_since(uint64_t t0)
 {
     return (double)(kvt__now_ns() - t0) / 1e6;
@@ -56,6 +64,7 @@ static int check_metadata(kvt__doc_t *d, kvt__segdesc_t *desc)
         mp.field_mask |= KVT__META_PARAM_AUTH;
         kvt__auth_init(&mp.auth, getenv("KVT_AUTH_TOKEN"));
     }
+    kvt__doc_step(d, "metadata.server");
     kvt__doc_cause_reset(d);
     st = kvt__meta_create(d->meta_uri, &mp, &m);
     if (st != KVT_OK) {
@@ -212,6 +221,7 @@ static int check_reach(kvt__doc_t *d, const char *addr, int from_meta,
                      "'%s' resolves to %s", host, ip);
     if (c != NULL)
         c->ms = ms_since(t0);
+    kvt__doc_step(d, "peer.control");
     t0 = kvt__now_ns();
     err = tcp_reach(host, port, d->timeout_ms);
     if (err == 0) {
@@ -262,6 +272,7 @@ static int check_handshake(kvt__doc_t *d, kvt_engine_h e, const char *addr,
     const char *fix = NULL;
     char what[256];
 
+    kvt__doc_step(d, "peer.handshake");
     kvt__doc_cause_reset(d);
     st = kvt__ctrl_fetch_traced(e, addr, addr, desc, &tr);
     if (tr.peer_major >= 0)
@@ -360,6 +371,7 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
     for (uint32_t i = 0; i < desc->nregions; i++)
         if (desc->regions[i].kind < KVT_MEM_KINDS)
             rk |= 1u << desc->regions[i].kind;
+    kvt__doc_step(d, "peer.select");
     kvt__doc_cause_reset(d);
     if (d->kinds & (1u << KVT_MEM_CUDA)) {
         /* Device memory in use here, as a serving engine has it, so that
@@ -372,6 +384,17 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
             d->kinds &= ~(1u << KVT_MEM_CUDA);
     }
     st = kvt_segment_open(e, addr, &seg);
+    if (st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST ||
+        st == KVT_ERR_UNREACHABLE) {
+        kvt__doc_add(d, "peer.select", KVT_DOCTOR_FAIL, st,
+                     "see the peer.transfer check of each transport: the one "
+                     "that fails there is the one blocked",
+                     "the handshake went through, but the best transport's "
+                     "session could not be set up (%s): its data path is "
+                     "blocked: %s",
+                     kvt_status_name(st), kvt__doc_cause(d, "no cause logged"));
+        return;
+    }
     if (st != KVT_OK) {
         kvt__doc_add(d, "peer.select", KVT_DOCTOR_FAIL, st, "see the cause",
                      "no transport session could be opened: %s",
@@ -495,10 +518,14 @@ static void check_transfer(kvt__doc_t *d, uint32_t id, const char *name,
     kvt__seg_t *g;
 
     snprintf(cid, sizeof(cid), "peer.transfer.%s", name);
+    kvt__doc_step(d, cid);
     kvt__doc_cause_reset(d);
     st = kvt__doc_engine(d, id, &e);
     if (st == KVT_OK)
         st = kvt_segment_open(e, addr, &seg);
+    if (st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST ||
+        st == KVT_ERR_UNREACHABLE)
+        goto failed; /* the handshake went through: the data path did not */
     if (st != KVT_OK) {
         kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, st,
                      "see the cause (docs/transports.md)", "%s: no session: %s",
@@ -617,12 +644,15 @@ failed:
                      "%s: transfer failed: %s", name,
                      kvt__doc_cause(d, kvt_status_str(st)));
 out:
-    kvt_engine_destroy(e);
-    free(buf);
-    free(back);
+    kvt__doc_step(d, NULL);
+    drop_engine(d, e);
+    if (d->out_fd < 0) {
+        free(buf);
+        free(back);
+    }
 }
 
-void kvt__doc_peer(kvt__doc_t *d)
+static void peer_checks(kvt__doc_t *d)
 {
     kvt__segdesc_t meta = {0}, live = {0};
     char addr[KVT_WIRE_NAME_MAX + 8];
@@ -672,7 +702,41 @@ void kvt__doc_peer(kvt__doc_t *d)
              (live.host_id == d->host_id && live.pid != 0)))
             check_transfer(d, e->tl[i]->ops->id, e->tl[i]->ops->name, addr);
 out:
-    kvt_engine_destroy(e);
+    drop_engine(d, e);
     kvt__segdesc_clear(&meta);
     kvt__segdesc_clear(&live);
+}
+
+/* What a step that hung (or a child that died) means. */
+static void stalled(kvt__doc_t *d, const char *step, uint64_t ms)
+{
+    if (ms == 0) {
+        kvt__doc_add(d, step[0] ? step : "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO,
+                     "report it, with the output of kvt doctor",
+                     "the peer checks ended early (their process died)");
+    } else if (strncmp(step, "peer.transfer.", 14) == 0) {
+        const char *name = step + 14;
+        int ucx = strcmp(name, "ucx") == 0;
+        kvt__doc_add(
+            d, step, KVT_DOCTOR_FAIL, KVT_ERR_TIMEDOUT,
+            ucx ? "let TCP from this host to the peer's UCX ports through "
+                  "the firewall (UCX's tcp transport listens on ports of its "
+                  "own, not kvt's), or use tcp"
+                : "let the data connections through the firewall",
+            "%s: the control port answered, but the data path did not: no "
+            "answer and no refusal for %llu ms: a firewall drops the %s data "
+            "connections%s",
+            name, (unsigned long long)ms, name,
+            ucx ? " to the ports UCX listens on" : "");
+    } else {
+        kvt__doc_add(
+            d, step[0] ? step : "doctor", KVT_DOCTOR_FAIL, KVT_ERR_TIMEDOUT,
+            "check the network path to the peer and the peer's log",
+            "the step did not finish within %llu ms", (unsigned long long)ms);
+    }
+}
+
+void kvt__doc_peer(kvt__doc_t *d)
+{
+    kvt__doc_run_child(d, peer_checks, 2 * d->timeout_ms + 1000, stalled);
 }
