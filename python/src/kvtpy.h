@@ -269,6 +269,9 @@ int kvtpy_need_engine(kvtpy_engine_t *self);
  * that fits @st ("what: message (KVT_ERR_...)", with .status set);
  * returns NULL. */
 PyObject *kvtpy_raise(kvt_status_t st, const char *what);
+
+/* kvt.doctor_json() (doctor.c). */
+PyObject *kvtpy_doctor_json(PyObject *mod, PyObject *args, PyObject *kw);
 /* kvt.StateError (an object used before it is ready or after it is
  * closed) with @msg; returns NULL. */
 PyObject *kvtpy_state_error(const char *msg);

@@ -265,6 +265,12 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "metrics_listen(port=0, host=None) -> port: serve /metrics of every "
      "engine of this process (127.0.0.1 unless host says otherwise)."},
+    {"doctor_json", (PyCFunction)(void (*)(void))kvtpy_doctor_json,
+     METH_VARARGS | METH_KEYWORDS,
+     "doctor_json(peer=None, metadata=None, host=None, transports=None, "
+     "auth_token=None, mem=None, timeout=None, probe_bytes=None, "
+     "peers=None) -> str: kvt_doctor_run()'s report as JSON (kvt.doctor() "
+     "parses it)."},
     {NULL, NULL, 0, NULL},
 };
 
