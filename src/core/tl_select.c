@@ -359,8 +359,7 @@ static int route_single(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk,
  * why: a warning when a better transport was passed over for a reason
  * worth telling (@told), else at info level.
  */
-static void say(kvt_engine_h e, kvt__seg_t *seg, uint32_t lk, uint32_t rk,
-                int told)
+static void say(kvt__seg_t *seg, uint32_t lk, uint32_t rk, int told)
 {
     char line[KVT_MEM_KINDS * KVT_MEM_KINDS * (KVT__WHY_MAX + 24)];
 
@@ -405,7 +404,7 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
         kvt_status_t st = KVT_OK;
         int r = route_single(e, seg, lk, rk, &st);
         if (r > 0) {
-            say(e, seg, lk, rk, 0);
+            say(seg, lk, rk, 0);
             return KVT_OK;
         }
         if (r < 0)
@@ -447,6 +446,6 @@ kvt_status_t kvt__transport_open(kvt_engine_h e, kvt__seg_t *seg)
                         !atomic_load(&seg->sess[k]->dead) &&
                         serves(e, seg, seg->sess[k]->tl->index, l, r, 0))
                         seg->route[l][r] = seg->sess[k];
-    say(e, seg, lk, rk, told);
+    say(seg, lk, rk, told);
     return KVT_OK;
 }
