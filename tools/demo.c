@@ -397,6 +397,7 @@ int kvt_cmd_demo(int argc, char **argv)
     uint64_t t_start = 0, t_end = 0, bytes = 0, verified = 0, last_print = 0;
     uint32_t decoded = 0, failed = 0;
     char first_error[256] = "";
+    char used[64] = ""; /* transports that carried prefill's writes */
     struct sigaction sa = {0};
 
     if (parse(argc, argv, &o) != 0)
@@ -511,6 +512,19 @@ int kvt_cmd_demo(int argc, char **argv)
                     r.side ? "decode" : "prefill", r.rank, r.text);
             break;
         case REP_DONE:
+            /* A prefill rank says which transports carried its writes. */
+            for (char *t = r.text, *sv = NULL, *n;
+                 r.side == SIDE_PREFILL && (n = strtok_r(t, "+", &sv));
+                 t = NULL) {
+                char pat[20];
+                snprintf(pat, sizeof(pat), "+%s+", n);
+                char have[sizeof(used) + 2];
+                snprintf(have, sizeof(have), "+%s+", used);
+                if (strstr(have, pat) == NULL &&
+                    strlen(used) + strlen(n) + 2 < sizeof(used))
+                    snprintf(used + strlen(used), sizeof(used) - strlen(used),
+                             "%s%s", used[0] ? "+" : "", n);
+            }
             for (uint32_t i = 0; i < nranks; i++)
                 if (ch[i].side == (int)r.side && ch[i].rank == r.rank)
                     ch[i].done = 1;
@@ -652,7 +666,7 @@ int kvt_cmd_demo(int argc, char **argv)
                     "SUCCESS)\n"
                     "  one layer      p50 %.3f ms (one layer of one request, "
                     "measured alone)\n"
-                    "  protocol       %s\n",
+                    "  protocol       %s (asked: %s)\n",
                     decoded - failed, failed, o.requests,
                     (unsigned long long)tokens, (unsigned long long)bytes,
                     (double)bytes / 1048576.0, (unsigned long long)verified,
@@ -660,7 +674,7 @@ int kvt_cmd_demo(int argc, char **argv)
                                                    : "MISMATCH",
                     gbps, secs, tail50, tail99, whole50, whole99,
                     o.layerwise ? "first layer ready" : "send", layer50,
-                    o.protocol);
+                    used[0] ? used : "none", o.protocol);
             if (rc != 0)
                 fprintf(stderr, "kvt demo: FAILED: %s\n",
                         first_error[0] ? first_error : "see above");
@@ -672,12 +686,14 @@ int kvt_cmd_demo(int argc, char **argv)
                    "\"tail_ms_p99\":%.3f,\"whole_ms_p50\":%.3f,"
                    "\"whole_ms_p99\":%.3f,\"layer_ms_p50\":%.3f,"
                    "\"prefill_tp\":%u,\"decode_tp\":%u,\"layerwise\":%s,"
-                   "\"protocol\":\"%s\",\"error\":\"%s\"}\n",
+                   "\"protocol\":\"%s\",\"protocol_requested\":\"%s\","
+                   "\"error\":\"%s\"}\n",
                    o.m->name, o.requests, o.requests - (decoded - failed),
                    (unsigned long long)tokens, (unsigned long long)bytes,
                    (unsigned long long)verified, gbps, secs, tail50, tail99,
                    whole50, whole99, layer50, o.prefill_tp, o.decode_tp,
-                   o.layerwise ? "true" : "false", o.protocol,
+                   o.layerwise ? "true" : "false", used[0] ? used : "none",
+                   o.protocol,
                    rc ? json_safe(first_error[0] ? first_error : "failed", esc,
                                   sizeof(esc))
                       : "");

@@ -604,6 +604,19 @@ void demo_rank_main(const opts_t *o, int side, uint32_t rank, int fd)
             give_blocks(&r, jobs[j].ids, jobs[j].q.blocks);
         first += nj;
     }
+    if (side == SIDE_PREFILL) {
+        /* The transports that carried this rank's writes (the demo
+         * reports them as the protocol used). */
+        kvt_engine_stats_t es = {.version = KVT_STATS_VERSION};
+        size_t n = 0;
+        if (kvt_engine_stats(r.e, &es) == KVT_OK)
+            for (uint32_t i = 0; i < es.ntransports && i < KVT_STATS_TRANSPORTS;
+                 i++)
+                if (es.transports[i].write_bytes > 0)
+                    n += (size_t)snprintf(done.text + n, sizeof(done.text) - n,
+                                          "%s%s", n ? "+" : "",
+                                          es.transports[i].name);
+    }
     report(&done);
     /* Stay until told, so that no rank's teardown races another's last
      * transfer. */

@@ -466,6 +466,16 @@ def test_demo_synopsis_runs():
     assert keys and keys <= set(result), keys - set(result)
     assert result["failed"] == 0 and result["requests"] == 2, result
     assert result["verified_bytes"] == result["bytes"] > 0, result
+    # "protocol" is the transport that carried the bytes, not the option:
+    # two processes on one host go over shm when left to choose.
+    assert result["protocol_requested"] == "auto", result
+    assert result["protocol"] == "shm", result
+    out = subprocess.run([KVT, "demo", "--requests", "1", "--prompt-len",
+                          "16:16", "--protocol", "tcp", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["protocol"], result["protocol_requested"]) == ("tcp",
+                                                                  "tcp")
 
 
 def test_python_overhead_synopsis_runs(tree):
