@@ -163,7 +163,18 @@ static kvt_status_t answer_error(const char *what, long code, json_object *resp)
     if (resp != NULL && (json_object_object_get_ex(resp, "message", &v) ||
                          json_object_object_get_ex(resp, "error", &v)))
         msg = json_object_get_string(v);
-    KVT_LOG_W("etcd metadata: %s answered %ld: %.200s", what, code, msg);
+    if (code == 404 || msg == NULL || msg[0] == '\0')
+        /* Not etcd's gateway: most often another metadata server behind
+         * an address given without a scheme, which Mooncake (and kvt)
+         * take as etcd's. */
+        KVT_LOG_E("etcd metadata: %s answered %ld%s%.200s: the server is not "
+                  "an etcd v3 gateway; an address without a scheme is taken "
+                  "as etcd's (as Mooncake does): for kvt metad or another "
+                  "HTTP metadata server write http://HOST:PORT/metadata",
+                  what, code, msg != NULL && msg[0] ? ": " : "",
+                  msg != NULL ? msg : "");
+    else
+        KVT_LOG_W("etcd metadata: %s answered %ld: %.200s", what, code, msg);
     return KVT_ERR_IO;
 }
 

@@ -99,3 +99,18 @@ def test_metadata_server_down():
         assert engine.transfer_sync_write("127.0.0.1:2", local.addr, 0,
                                           1) == -1
     assert t.s < TIMEOUT_S + 1.0
+
+
+def test_address_without_scheme_says_what_it_was_taken_for(metad, caplog):
+    """Mooncake takes a metadata address without a scheme for etcd's. Given
+    kvt metad's host:port that way, the failure names the cause and the
+    fix, not an empty "answered 404"."""
+    from mooncake.engine import TransferEngine
+    server = metad.split("://", 1)[1].split("/", 1)[0]
+    engine = TransferEngine()
+    with caplog.at_level(logging.WARNING, logger="kvt"):
+        # The engine starts (publishing is retried in the background).
+        engine.initialize("127.0.0.1", server, "tcp", "")
+    assert "lease grant answered 404: the server is not" in caplog.text
+    assert "not an etcd v3 gateway" in caplog.text
+    assert "write http://HOST:PORT/metadata" in caplog.text
