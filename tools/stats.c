@@ -30,7 +30,8 @@ typedef struct {
     char engine[160];
     char transport[16];
     double wbytes, rbytes, descs, fails, sessions;
-    double bucket[NB]; /* cumulative counts, all size classes */
+    double swbytes, srbytes; /* served: peers' writes here, reads from here */
+    double bucket[NB];       /* cumulative counts, all size classes */
     double le[NB];
     int nb;
     int seen;
@@ -197,6 +198,11 @@ static void parse(snap_t *s, const char *target, char *text)
                 r->wbytes = v;
             else if (!strcmp(op, "read"))
                 r->rbytes = v;
+        } else if (!strcmp(name, "kvt_served_bytes_total")) {
+            if (!strcmp(op, "write"))
+                r->swbytes = v;
+            else if (!strcmp(op, "read"))
+                r->srbytes = v;
         } else if (!strcmp(name, "kvt_transfer_descriptors_total")) {
             r->descs += v;
         } else if (!strcmp(name, "kvt_transfer_failures_total")) {
@@ -267,9 +273,9 @@ static void show(const snap_t *p, const snap_t *s, double dt, int tty, int nt,
     strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&now));
     if (tty) {
         printf("\033[H\033[2Jkvt stats  %s  every %.1f s\n\n", ts, dt);
-        printf("%-22s %-5s %10s %10s %9s %7s %7s %6s %5s\n", "engine", "tl",
-               "write MB/s", "read MB/s", "desc/s", "p50", "p99", "fail/s",
-               "sess");
+        printf("%-22s %-5s %10s %10s %9s %7s %7s %6s %5s %10s %10s\n", "engine",
+               "tl", "write MB/s", "read MB/s", "desc/s", "p50", "p99",
+               "fail/s", "sess", "served w", "served r");
     }
     for (int i = 0; i < s->n; i++) {
         const row_t *r = &s->rows[i], *a = prev_of(p, r);
@@ -277,19 +283,23 @@ static void show(const snap_t *p, const snap_t *s, double dt, int tty, int nt,
         double rd = a ? (r->rbytes - a->rbytes) / dt / 1e6 : 0;
         double d = a ? (r->descs - a->descs) / dt : 0;
         double f = a ? (r->fails - a->fails) / dt : 0;
+        double sw = a ? (r->swbytes - a->swbytes) / dt / 1e6 : 0;
+        double sr = a ? (r->srbytes - a->srbytes) / dt / 1e6 : 0;
         char p50[16], p99[16];
         fmt_us(p50, sizeof(p50), a ? quantile(a, r, 0.5) : -1);
         fmt_us(p99, sizeof(p99), a ? quantile(a, r, 0.99) : -1);
         if (tty)
             printf("%-22.22s %-5s %10.1f %10.1f %9.0f %7s %7s %6.1f "
-                   "%5.0f\n",
-                   r->engine, r->transport, w, rd, d, p50, p99, f, r->sessions);
+                   "%5.0f %10.1f %10.1f\n",
+                   r->engine, r->transport, w, rd, d, p50, p99, f, r->sessions,
+                   sw, sr);
         else
             printf("%s engine=%s transport=%s write_MBps=%.1f read_MBps=%.1f "
                    "desc_per_s=%.0f p50=%s p99=%s fail_per_s=%.1f "
-                   "sessions=%.0f\n",
+                   "sessions=%.0f served_write_MBps=%.1f "
+                   "served_read_MBps=%.1f\n",
                    ts, r->engine, r->transport, w, rd, d, p50, p99, f,
-                   r->sessions);
+                   r->sessions, sw, sr);
     }
     for (int k = 0; k < s->nc; k++) {
         if (tty)

@@ -27,8 +27,9 @@ extern "C" {
 #endif
 
 /* The struct's version; a caller sets stats.version to the version it was
- * built with, and kvt fills what that version has. */
-#define KVT_STATS_VERSION 1
+ * built with, and kvt fills what that version has (version 1: everything
+ * before `served`). */
+#define KVT_STATS_VERSION 2
 
 #define KVT_STATS_TRANSPORTS 8
 /* Descriptors by size class: up to 4 KiB, up to 64 KiB, up to 1 MiB,
@@ -59,6 +60,19 @@ typedef struct {
     uint64_t sessions_open;
 } kvt_transport_stats_t;
 
+/* One-sided transfers that peers made into this engine's memory (version
+ * 2): writes that landed and reads that were served, and their bytes,
+ * counted at this engine, the target. The target sees pieces, not the
+ * initiators' descriptors: a descriptor cut into slices (tcp) or jobs
+ * (shm) counts once per piece; bytes are exact. tcp counts what its workers
+ * received and sent; shm what same-host peers copied (each counts in the
+ * channel it shares with this engine, read from here); ucx moves bytes
+ * by RDMA without this engine's CPU and counts nothing here. */
+typedef struct {
+    uint64_t writes, reads;
+    uint64_t write_bytes, read_bytes;
+} kvt_served_stats_t;
+
 typedef struct {
     uint32_t version; /* in: KVT_STATS_VERSION; out: what kvt filled */
     uint32_t ntransports;
@@ -83,6 +97,9 @@ typedef struct {
     uint64_t segments_open;
     uint64_t regions, region_bytes;
     kvt_transport_stats_t transports[KVT_STATS_TRANSPORTS];
+    /* Version 2: per transport, in the same order, what peers moved into
+     * and out of this engine's memory. */
+    kvt_served_stats_t served[KVT_STATS_TRANSPORTS];
 } kvt_engine_stats_t;
 
 /*
@@ -90,8 +107,9 @@ typedef struct {
  * set by the caller). Any thread; takes the registry's read lock and the
  * segment table's lock for a moment, never waits for a transfer.
  * Counters are read without locks, so those of one call may be a few
- * completions apart. Returns KVT_OK; KVT_ERR_VERSION for a version this
- * library does not know; KVT_ERR_INVALID_PARAM for NULL arguments.
+ * completions apart. Fills what @stats->version has (1 or 2) and nothing
+ * past it. Returns KVT_OK; KVT_ERR_VERSION for a version this library
+ * does not know; KVT_ERR_INVALID_PARAM for NULL arguments.
  */
 KVT_API kvt_status_t kvt_engine_stats(kvt_engine_h e,
                                       kvt_engine_stats_t *stats);

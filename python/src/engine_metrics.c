@@ -124,6 +124,10 @@ PyObject *kvtpy_m_get_metrics(PyObject *self, PyObject *unused)
             put_obj(x, "latency", latency_dict(t)) < 0 ||
             put_u64(x, "sessions_opened", t->sessions_opened) < 0 ||
             put_u64(x, "sessions_open", t->sessions_open) < 0 ||
+            put_u64(x, "served_writes", s->served[i].writes) < 0 ||
+            put_u64(x, "served_reads", s->served[i].reads) < 0 ||
+            put_u64(x, "served_write_bytes", s->served[i].write_bytes) < 0 ||
+            put_u64(x, "served_read_bytes", s->served[i].read_bytes) < 0 ||
             put_obj(tls, t->name, x) < 0) {
             goto fail;
         }

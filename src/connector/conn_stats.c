@@ -21,11 +21,14 @@ kvt_status_t kvt_conn_stats(kvt_conn_h c, kvt_conn_stats_t *out)
 
     if (c == NULL || out == NULL)
         return KVT_ERR_INVALID_PARAM;
-    if (out->version != KVT_STATS_VERSION)
+    uint32_t version = out->version;
+
+    /* Version 2 changed kvt_engine_stats_t only: both read the same. */
+    if (version != 1 && version != KVT_STATS_VERSION)
         return KVT_ERR_VERSION;
     st = &c->stats;
     memset(out, 0, sizeof(*out));
-    out->version = KVT_STATS_VERSION;
+    out->version = version;
     for (unsigned i = 0; i < 5; i++) {
         out->rooms[i] = LOAD(st->rooms[i]);
         out->entered[i] = LOAD(st->entered[i]);

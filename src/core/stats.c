@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "core/engine_int.h"
@@ -211,11 +212,15 @@ kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *out)
 
     if (e == NULL || out == NULL)
         return KVT_ERR_INVALID_PARAM;
-    if (out->version != KVT_STATS_VERSION)
+    uint32_t version = out->version;
+
+    if (version != 1 && version != KVT_STATS_VERSION)
         return KVT_ERR_VERSION;
     st = &e->stats;
-    memset(out, 0, sizeof(*out));
-    out->version = KVT_STATS_VERSION;
+    /* A caller of version 1 has no room for what came after it. */
+    memset(out, 0,
+           version == 1 ? offsetof(kvt_engine_stats_t, served) : sizeof(*out));
+    out->version = version;
     out->ntransports =
         e->ntl < KVT_STATS_TRANSPORTS ? e->ntl : KVT_STATS_TRANSPORTS;
     for (unsigned t = 0; t < out->ntransports; t++) {
@@ -223,6 +228,11 @@ kvt_status_t kvt_engine_stats(kvt_engine_h e, kvt_engine_stats_t *out)
         snprintf(o->name, sizeof(o->name), "%s", e->tl[t]->ops->name);
         o->sessions_opened = LOAD(st->sess_opened[t]);
         o->sessions_open = o->sessions_opened - LOAD(st->sess_closed[t]);
+        if (version >= 2 && e->tl[t]->ops->served != NULL) {
+            uint64_t v[4] = {0};
+            e->tl[t]->ops->served(e->tl[t], v);
+            out->served[t] = (kvt_served_stats_t){v[0], v[1], v[2], v[3]};
+        }
     }
     for (kvt__stats_shard_t *sh =
              atomic_load_explicit(&st->shards, memory_order_acquire);

@@ -28,6 +28,8 @@ typedef enum {
     PER_REFUSAL,
     /* The latency histogram, per transport and size class. */
     PER_TL_SIZE,
+    /* Per transport and operation: op[] of kvt_served_stats_t. */
+    PER_SERVED_OP,
 } shape_t;
 
 typedef struct {
@@ -41,11 +43,12 @@ typedef struct {
 /* The offset of field @f, which must be a uint64_t or an array of them
  * (at() reads every value as one): any other type does not compile. */
 #define U64_OFF(type, f)                                                       \
-    _Generic(((type *)0)->f + 0,                                               \
-        uint64_t: offsetof(type, f),                                           \
-        uint64_t *: offsetof(type, f))
+    _Generic(((type *)0)->f + 0, uint64_t                                      \
+             : offsetof(type, f), uint64_t *                                   \
+             : offsetof(type, f))
 #define ENG(f) U64_OFF(kvt_engine_stats_t, f)
 #define TL(f) U64_OFF(kvt_transport_stats_t, f)
+#define SRV(f) U64_OFF(kvt_served_stats_t, f)
 
 static const char *const op_name[3] = {"write", "read", "notify"};
 
@@ -63,6 +66,21 @@ static const family_t families[] = {
      .shape = PER_TL_OP,
      .nops = 2,
      .op = {TL(write_bytes), TL(read_bytes)}},
+    {.name = "kvt_served_pieces_total",
+     .type = "counter",
+     .help = "Pieces of one-sided writes that peers landed in this "
+             "engine's memory and of reads it served, by transport "
+             "(counted at the target; ucx's RDMA is not seen here).",
+     .shape = PER_SERVED_OP,
+     .nops = 2,
+     .op = {SRV(writes), SRV(reads)}},
+    {.name = "kvt_served_bytes_total",
+     .type = "counter",
+     .help = "Bytes that peers wrote into this engine's memory and read "
+             "from it, by transport (counted at the target).",
+     .shape = PER_SERVED_OP,
+     .nops = 2,
+     .op = {SRV(write_bytes), SRV(read_bytes)}},
     {.name = "kvt_transfer_failures_total",
      .type = "counter",
      .help = "Descriptors that failed, by transport and status.",
@@ -185,8 +203,7 @@ static uint64_t at(const void *base, size_t off)
 
 /* One sample: @name{engine="@en"[,transport="@tl"][,@key="@val"]} @v. */
 static void sample(kvt__prom_out_t *o, const char *name, const char *en,
-                   const char *tl, const char *key, const char *val,
-                   uint64_t v)
+                   const char *tl, const char *key, const char *val, uint64_t v)
 {
     put(o, "%s{engine=\"%s\"", name, en);
     if (tl != NULL)
@@ -205,21 +222,19 @@ static void histogram(kvt__prom_out_t *o, const char *name, const char *en,
 
     for (unsigned b = 0; b < KVT_STATS_LATENCY_BUCKETS; b++) {
         cum += x->latency[c][b];
-        put(o, "%s_bucket{engine=\"%s\",transport=\"%s\",size=\"%s\"",
-                      name, en, x->name, size_label[c]);
+        put(o, "%s_bucket{engine=\"%s\",transport=\"%s\",size=\"%s\"", name, en,
+            x->name, size_label[c]);
         if (b + 1 < KVT_STATS_LATENCY_BUCKETS)
             put(o, ",le=\"%g\"} %llu\n",
-                          (double)kvt_stats_latency_bound_us(b) / 1e6,
-                          (unsigned long long)cum);
+                (double)kvt_stats_latency_bound_us(b) / 1e6,
+                (unsigned long long)cum);
         else
             put(o, ",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
     }
-    put(o,
-                  "%s_sum{engine=\"%s\",transport=\"%s\",size=\"%s\"} %.9f\n",
-                  name, en, x->name, size_label[c],
-                  (double)x->latency_sum_ns[c] / 1e9);
-    put(o, "%s_count{engine=\"%s\",transport=\"%s\",size=\"%s\"} %llu\n",
-        name, en, x->name, size_label[c], (unsigned long long)cum);
+    put(o, "%s_sum{engine=\"%s\",transport=\"%s\",size=\"%s\"} %.9f\n", name,
+        en, x->name, size_label[c], (double)x->latency_sum_ns[c] / 1e9);
+    put(o, "%s_count{engine=\"%s\",transport=\"%s\",size=\"%s\"} %llu\n", name,
+        en, x->name, size_label[c], (unsigned long long)cum);
 }
 
 /* The samples of @f's status array in @base that are not 0, labelled
@@ -264,6 +279,11 @@ static void family(kvt__prom_out_t *o, const family_t *f, const char *en,
         sample(o, f->name, en, NULL, NULL, NULL, at(s, f->off));
     else if (f->shape == PER_REFUSAL)
         statuses(o, f, en, NULL, s);
+    else if (f->shape == PER_SERVED_OP)
+        for (unsigned t = 0; t < s->ntransports; t++)
+            for (unsigned k = 0; k < f->nops; k++)
+                sample(o, f->name, en, s->transports[t].name, "op", op_name[k],
+                       at(&s->served[t], f->op[k]));
     else
         for (unsigned t = 0; t < s->ntransports; t++)
             transport_family(o, f, en, &s->transports[t]);
@@ -280,8 +300,8 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s,
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
         const family_t *f = &families[i];
         if (meta)
-            put(o, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help,
-                          f->name, f->type);
+            put(o, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
+                f->type);
         family(o, f, en, s);
     }
 }

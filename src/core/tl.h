@@ -399,6 +399,10 @@ struct kvt__tl_ops {
     void (*detach)(kvt__session_t *s, void *where);
     void (*flush)(kvt__tl_t *tl);
     void (*kill)(kvt__session_t *s, kvt_status_t why);
+    /* Optional: what peers moved into and out of this engine's memory
+     * through this transport, counted at the target: writes, reads,
+     * write bytes, read bytes (kvt_served_stats_t). Any thread. */
+    void (*served)(kvt__tl_t *tl, uint64_t out[4]);
     void (*destroy_session)(kvt__session_t *s);
 };
 
@@ -423,7 +427,8 @@ static inline void kvt__tl_init(kvt__tl_t *tl, const kvt__tl_ops_t *ops,
     __attribute__((visibility("hidden")))                                      \
     const kvt__tl_ops_t kvt__tl_##short_name = __VA_ARGS__
 
-/* ---- The registry (tl_registry.c) ---------------------------------------------
+/* ---- The registry (tl_registry.c)
+ * ---------------------------------------------
  */
 
 /* The transports built in, in build order; NULL past the last. */

@@ -5,6 +5,7 @@
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,30 @@ KVT_TEST(known_traffic)
     CHECK_OK(kvt_engine_stats(x.b, &sb));
     CHECK(sb.notifies_received == 2 && sb.notifies_dropped == 0);
     CHECK(sb.descriptors == 0);
+    /* And what it served: the writes that landed in its memory and the
+     * reads it answered (the refused write is not among them). */
+    {
+        const kvt_served_stats_t *v = NULL;
+        for (uint32_t i = 0; i < sb.ntransports; i++)
+            if (strcmp(sb.transports[i].name, "tcp") == 0)
+                v = &sb.served[i];
+        CHECK(v != NULL);
+        CHECK(v->writes == 8 && v->write_bytes == 8 * 4096);
+        CHECK(v->reads == 3 && v->read_bytes == 3 * 65536);
+    }
+    /* A caller built with version 1 gets nothing past its struct. */
+    {
+        kvt_engine_stats_t *v1 = malloc(sizeof(*v1));
+        CHECK(v1 != NULL);
+        memset(v1, 0xa5, sizeof(*v1));
+        v1->version = 1;
+        CHECK_OK(kvt_engine_stats(x.b, v1));
+        CHECK(v1->version == 1 && v1->notifies_received == 2);
+        for (size_t i = offsetof(kvt_engine_stats_t, served); i < sizeof(*v1);
+             i++)
+            CHECK(((unsigned char *)v1)[i] == 0xa5);
+        free(v1);
+    }
 
     /* Versions this library does not know are refused. */
     sb.version = KVT_STATS_VERSION + 1;
@@ -212,6 +237,21 @@ KVT_TEST(text)
     CHECK(has_line(buf, "# TYPE kvt_descriptors_inflight gauge"));
     CHECK_ST(kvt_engine_metrics_text(x.a, NULL, 1, &len2),
              KVT_ERR_INVALID_PARAM);
+    free(buf);
+    /* The target's side: what it served. */
+    CHECK_ST(kvt_engine_metrics_text(x.b, NULL, 0, &len), KVT_ERR_NO_SPACE);
+    buf = malloc(len + 1);
+    CHECK_OK(kvt_engine_metrics_text(x.b, buf, len + 1, &len2));
+    snprintf(line, sizeof(line),
+             "kvt_served_bytes_total{engine=\"%s\",transport=\"tcp\","
+             "op=\"write\"} 262144",
+             kvt_engine_segment_name(x.b));
+    CHECK(has_line(buf, line));
+    snprintf(line, sizeof(line),
+             "kvt_served_pieces_total{engine=\"%s\",transport=\"tcp\","
+             "op=\"write\"} 4",
+             kvt_engine_segment_name(x.b));
+    CHECK(has_line(buf, line));
     free(buf);
     two_down(&x);
 }
@@ -297,9 +337,9 @@ static size_t big_source(void *owner, char *buf, size_t cap, int meta)
     (void)owner;
     (void)meta;
     for (unsigned i = 0; i < BIG_SERIES; i++) {
-        int n = snprintf(len < cap ? buf + len : NULL,
-                         len < cap ? cap - len : 0,
-                         "kvt_test_big_series{i=\"%u\"} %u\n", i, i);
+        int n =
+            snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0,
+                     "kvt_test_big_series{i=\"%u\"} %u\n", i, i);
         len += (size_t)n;
     }
     return len;
@@ -316,8 +356,7 @@ static int slow_client(uint16_t port)
 
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK(fd >= 0);
-    CHECK(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) ==
-          0);
+    CHECK(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) == 0);
     CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
     CHECK(send(fd, req, strlen(req), 0) == (ssize_t)strlen(req));
     return fd;
@@ -418,9 +457,8 @@ KVT_TEST(handshake_failed)
 int main(int argc, char **argv)
 {
     static const kvt_test_case_t cases[] = {
-        KVT_CASE(known_traffic, 30),       KVT_CASE(text, 30),
-        KVT_CASE(listener, 30),            KVT_CASE(listener_large_body, 60),
-        KVT_CASE(handshake_failed, 30)};
+        KVT_CASE(known_traffic, 30), KVT_CASE(text, 30), KVT_CASE(listener, 30),
+        KVT_CASE(listener_large_body, 60), KVT_CASE(handshake_failed, 30)};
 
     return kvt_test_main(cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

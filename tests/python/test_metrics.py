@@ -113,3 +113,28 @@ def test_error_hierarchy():
     for cls in (kvt.NotSupportedError, kvt.ProtocolError, kvt.CanceledError,
                 kvt.BusyError):
         assert issubclass(cls, kvt.Error)
+
+
+def test_target_counts_what_it_served():
+    """One-sided writes and reads are counted where they land too: the
+    target's get_metrics() and text show what its peer moved."""
+    target = new_engine()
+    tlocal = Local(target, 4 * MiB)
+    seg = "127.0.0.1:%d" % target.get_rpc_port()
+    e = new_engine()
+    local = Local(e, 4 * MiB)
+    local.put(0, pattern(MiB, 3))
+    for _ in range(4):
+        assert e.transfer_sync_write(seg, local.addr, tlocal.addr,
+                                     MiB) == 0
+    assert e.transfer_sync_read(seg, local.addr, tlocal.addr, 8192) == 0
+    t = target.get_metrics()["transports"]["tcp"]
+    assert t["writes"] == 0 and t["write_bytes"] == 0  # it initiated none
+    assert t["served_write_bytes"] == 4 * MiB
+    assert t["served_read_bytes"] == 8192 and t["served_reads"] == 1
+    assert t["served_writes"] >= 4  # pieces: a descriptor may be sliced
+    fams = {f.name: f for f in parser.text_string_to_metric_families(
+        target.get_metrics_text())}
+    by = {(s.labels["transport"], s.labels["op"]): s.value
+          for s in fams["kvt_served_bytes"].samples}
+    assert by[("tcp", "write")] == 4 * MiB and by[("tcp", "read")] == 8192

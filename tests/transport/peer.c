@@ -92,8 +92,7 @@ kvt_engine_h engine_new(uint32_t transports, uint64_t timeout_ms)
     return e;
 }
 
-int (*peer_cmd_hook)(kvt_engine_h e, const char *line, char *out,
-                     size_t cap);
+int (*peer_cmd_hook)(kvt_engine_h e, const char *line, char *out, size_t cap);
 
 static void reply(FILE *out, const char *fmt, ...)
 {
@@ -302,6 +301,27 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
                 reply(out, "?");
             else
                 reply(out, "%llu", (unsigned long long)st.handshakes_refused);
+        } else if (strncmp(line, "served ", 7) == 0) {
+            /* What peers moved through transport NAME into and out of
+             * this engine's memory: writes reads write_bytes read_bytes. */
+            kvt_engine_stats_t *st = calloc(1, sizeof(*st));
+            const kvt_served_stats_t *v = NULL;
+            char name[16];
+            st->version = KVT_STATS_VERSION;
+            snprintf(name, sizeof(name), "%s", line + 7);
+            name[strcspn(name, "\n")] = '\0';
+            if (kvt_engine_stats(e, st) == KVT_OK)
+                for (uint32_t i = 0; i < st->ntransports; i++)
+                    if (strcmp(st->transports[i].name, name) == 0)
+                        v = &st->served[i];
+            if (v == NULL)
+                reply(out, "?");
+            else
+                reply(out, "%llu %llu %llu %llu", (unsigned long long)v->writes,
+                      (unsigned long long)v->reads,
+                      (unsigned long long)v->write_bytes,
+                      (unsigned long long)v->read_bytes);
+            free(st);
         } else if (strncmp(line, "leave", 5) == 0) {
             /* leader_exits: the first thread exits (its reply in its
              * state, read by the initiator from /proc). */

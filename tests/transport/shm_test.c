@@ -161,6 +161,21 @@ KVT_TEST(selection)
         SKIP("the target engine does not offer shm");
     CHECK(strcmp(seg_transport(e, seg), "shm") == 0);
     {
+        /* The target counts what this initiator moved over shm, though it
+         * sees no copy (each side counts in the channel they share). */
+        char *buf = map(BLK);
+        unsigned long long w, r, wb, rb;
+        memset(buf, 0x17, BLK);
+        CHECK_OK(kvt_mem_register(e, buf, BLK, KVT_ACCESS_REMOTE_RW));
+        CHECK_OK(write1(e, seg, buf, p.main_addr, BLK));
+        CHECK_OK(write1(e, seg, buf, p.main_addr + BLK, 4096));
+        CHECK(sscanf(peer_cmd(&p, "served shm"), "%llu %llu %llu %llu", &w, &r,
+                     &wb, &rb) == 4);
+        CHECK(w == 2 && wb == BLK + 4096 && r == 0 && rb == 0);
+        CHECK_OK(kvt_mem_unregister(e, buf));
+        munmap(buf, BLK);
+    }
+    {
         char why[384];
         CHECK_OK(kvt_segment_transport_reason(e, seg, KVT_MEM_HOST,
                                               KVT_MEM_HOST, why, sizeof(why)));

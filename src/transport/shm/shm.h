@@ -133,6 +133,11 @@ typedef struct {
     _Atomic uint32_t lease_waiters;
     _Atomic uint32_t nq_tail;
     _Atomic uint32_t waiters; /* sleeping on nq_head or stage_seq */
+    /* What this initiator moved into and out of the target's memory
+     * (kvt_served_stats_t: writes, reads, their bytes), for the target's
+     * metrics: it sees no copy. Within this group's cache line, so the
+     * layout after it is that of channels without them. */
+    _Atomic uint64_t served[4];
 
     alignas(64) kvt__shm_note_t notes[KVT_SHM_NOTES];
     kvt__shm_slot_t stage[KVT_SHM_STAGE_SLOTS];
@@ -205,6 +210,7 @@ struct kvt__shm {
     /* Lock order: chan_lock -> registry read lock -> alloc_lock. */
     pthread_mutex_t chan_lock; /* channel list, snapshots, leases */
     shm_tchan_t *chans;
+    uint64_t served_gone[4]; /* the channels' served[] at their close */
     uint64_t snap_seq;
     /* The stage helper (shm_target.c), started by the service thread. */
     pthread_t helper;
@@ -271,6 +277,10 @@ struct shm_tchan {
     int dead;      /* under chan_lock: no lease is granted any more */
     char peer[KVT_WIRE_NAME_MAX + 1];
 };
+
+/* shm_target.c: what peers moved into and out of this engine's memory,
+ * as they counted it in their channels (the tl op served). */
+void kvt__shm_served(kvt__tl_t *tl, uint64_t out[4]);
 
 /* shm_barrier.c: the registry barrier and the ptracer grant (chan_lock held
  * for those that touch channels). */

@@ -544,6 +544,28 @@ static void job_done(shm_session_t *s, job_t *j)
     kvt__shm_t *shm = s->shm;
     int release_now = 0, notify_ready = 0;
 
+    if ((j->op == KVT_OP_WRITE || j->op == KVT_OP_READ) && s->ch != NULL) {
+        /* For the target's metrics: the descriptors that succeeded and
+         * their bytes. */
+        unsigned k = j->op == KVT_OP_READ;
+        uint64_t ops = 0, bytes = 0;
+        for (uint32_t i = 0; i < j->nsegs;) {
+            kvt__comp_t *c = j->segs[i].comp;
+            int ok = 1;
+            uint64_t b = 0;
+            for (; i < j->nsegs && j->segs[i].comp == c; i++) {
+                ok &= j->segs[i].st == KVT_OK;
+                b += j->segs[i].len * j->segs[i].count;
+            }
+            if (ok) {
+                ops++;
+                bytes += b;
+            }
+        }
+        atomic_fetch_add_explicit(&s->ch->served[k], ops, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->ch->served[2 + k], bytes,
+                                  memory_order_relaxed);
+    }
     job_complete(j);
     pthread_mutex_lock(&s->lock);
     s->inflight--;

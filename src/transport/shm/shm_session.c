@@ -536,6 +536,7 @@ KVT_TRANSPORT_REGISTER(shm, {
     .progress = shm_progress,
     .flush = kvt__shm_flush,
     .kill = kvt__shm_session_kill,
+    .served = kvt__shm_served,
     .destroy_session = session_destroy,
 });
 /* clang-format on */

@@ -210,6 +210,9 @@ static void chan_close(kvt__shm_t *shm, shm_tchan_t *c)
         }
     }
     kvt__shm_sever(c, KVT_ERR_CONN_LOST);
+    for (unsigned k = 0; k < 4 && c->ch != NULL; k++)
+        shm->served_gone[k] +=
+            atomic_load_explicit(&c->ch->served[k], memory_order_relaxed);
     pthread_mutex_unlock(&shm->chan_lock);
     epoll_ctl(shm->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     KVT_LOG_D("shm: channel of %s (pid %d) closed", c->peer, (int)c->peer_pid);
@@ -576,4 +579,18 @@ void kvt__shm_destroy(kvt__tl_t *tl)
     pthread_mutex_destroy(&shm->pool_lock);
     pthread_mutex_destroy(&shm->chan_lock);
     free(shm);
+}
+
+void kvt__shm_served(kvt__tl_t *tl, uint64_t out[4])
+{
+    kvt__shm_t *shm = (kvt__shm_t *)tl;
+
+    pthread_mutex_lock(&shm->chan_lock);
+    for (unsigned k = 0; k < 4; k++)
+        out[k] += shm->served_gone[k];
+    for (shm_tchan_t *c = shm->chans; c != NULL; c = c->next)
+        for (unsigned k = 0; k < 4 && c->ch != NULL; k++)
+            out[k] +=
+                atomic_load_explicit(&c->ch->served[k], memory_order_relaxed);
+    pthread_mutex_unlock(&shm->chan_lock);
 }

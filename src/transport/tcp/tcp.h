@@ -340,6 +340,9 @@ struct tcp_worker {
     tcp_conn_t *_Atomic reap;
     _Atomic unsigned nfenced; /* inbound connections to close (fences) */
     uint8_t *scratch;
+    /* Served as a target (kvt_served_stats_t): writes landed, reads
+     * answered, and their bytes; written by this worker only. */
+    _Atomic uint64_t served[4];
 };
 
 struct tcp_session {

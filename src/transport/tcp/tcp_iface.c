@@ -161,6 +161,18 @@ static void tcp_destroy(kvt__tl_t *tl)
 #define TCP_MEM KVT__MEM_BIT(KVT_MEM_HOST)
 #endif
 
+/* What peers moved into and out of this engine's memory: the workers'
+ * counts (kvt_served_stats_t). */
+static void tcp_served(kvt__tl_t *tl, uint64_t out[4])
+{
+    kvt__tcp_t *tcp = (kvt__tcp_t *)tl;
+
+    for (unsigned i = 0; i < tcp->nworkers; i++)
+        for (unsigned k = 0; k < 4; k++)
+            out[k] += atomic_load_explicit(&tcp->workers[i].served[k],
+                                           memory_order_relaxed);
+}
+
 /* clang-format off */
 KVT_TRANSPORT_REGISTER(tcp, {
     .name = "tcp",
@@ -181,6 +193,7 @@ KVT_TRANSPORT_REGISTER(tcp, {
     .progress = kvt__tcp_progress,
     .detach = kvt__tcp_detach,
     .kill = kvt__tcp_session_kill,
+    .served = tcp_served,
     .destroy_session = kvt__tcp_session_destroy,
 });
 /* clang-format on */

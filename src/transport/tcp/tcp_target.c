@@ -128,6 +128,26 @@ static size_t count_fails(const tcp_conn_t *c)
     return n;
 }
 
+/* Add to this worker's served counters (@k: 0 writes, 1 reads) the
+ * pieces of the request that succeeded and their bytes. */
+static void count_served(tcp_conn_t *c, unsigned k, size_t nf)
+{
+    _Atomic uint64_t *v = c->w->served;
+    uint64_t bytes = 0;
+
+    for (uint32_t s = 0; s < c->rx_nsegs; s++)
+        if (c->rx_segs[s].valid && c->rx_pstatus[c->rx_segs[s].piece] == KVT_OK)
+            bytes += c->rx_segs[s].len;
+    atomic_store_explicit(&v[k],
+                          atomic_load_explicit(&v[k], memory_order_relaxed) +
+                              (c->rx_npieces - nf),
+                          memory_order_relaxed);
+    atomic_store_explicit(
+        &v[2 + k],
+        atomic_load_explicit(&v[2 + k], memory_order_relaxed) + bytes,
+        memory_order_relaxed);
+}
+
 void kvt__tcp_send_write_ack(tcp_conn_t *c)
 {
     size_t nf = count_fails(c);
@@ -135,6 +155,7 @@ void kvt__tcp_send_write_ack(tcp_conn_t *c)
     tcp_resp_t *r;
     int32_t first;
 
+    count_served(c, 0, nf);
     if (nf == 0) {
         /* Every piece landed: the header alone. */
         kvt__tcp_send_simple(c, KVT_WIRE_WRITE_ACK, c->rx_hdr.req_id, KVT_OK,
@@ -243,6 +264,7 @@ static void handle_read(tcp_conn_t *c)
         }
     }
     nf = count_fails(c);
+    count_served(c, 1, nf);
     r = kvt__tcp_resp_alloc(3 + nvalid, nf * KVT_WIRE_FAIL_LEN, nvalid);
     if (r == NULL) {
         if (stage != NULL)
