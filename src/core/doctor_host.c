@@ -78,7 +78,7 @@ static void check_transports(kvt__doc_t *d)
 
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++) {
         const kvt__tl_ops_t *ops = kvt__tl_by_id(all[k].id);
-        char id[64], lk[32], rk[32];
+        char id[64], lk[32], rk[32], info[512];
         kvt_engine_h e = NULL;
         kvt_status_t st;
         uint64_t t0;
@@ -123,13 +123,20 @@ static void check_transports(kvt__doc_t *d)
         }
         kinds(e->tl[0]->local_mem, lk, sizeof(lk));
         kinds(e->tl[0]->remote_mem, rk, sizeof(rk));
+        info[0] = '\0';
+        if (ops->host_info != NULL) {
+            info[0] = ';';
+            info[1] = ' ';
+            ops->host_info(e->tl[0], info + 2, sizeof(info) - 2);
+        }
         c = kvt__doc_add(d, id, KVT_DOCTOR_OK, KVT_OK, NULL,
                          "starts; moves %s memory here, reaches %s memory in "
-                         "peers%s",
+                         "peers%s%s",
                          lk, rk,
                          (ops->caps.flags & KVT__TL_SAME_HOST)
                              ? "; same-host peers only"
-                             : "");
+                             : "",
+                         info);
         if (c != NULL)
             c->ms = (double)(kvt__now_ns() - t0) / 1e6;
         kvt_engine_destroy(e);

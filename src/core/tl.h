@@ -403,6 +403,10 @@ struct kvt__tl_ops {
      * through this transport, counted at the target: writes, reads,
      * write bytes, read bytes (kvt_served_stats_t). Any thread. */
     void (*served)(kvt__tl_t *tl, uint64_t out[4]);
+    /* Optional: what the transport found on this host, for people (its
+     * library's version, devices), into @buf (NUL-terminated, cut to
+     * fit). Any thread. */
+    void (*host_info)(kvt__tl_t *tl, char *buf, size_t cap);
     void (*destroy_session)(kvt__session_t *s);
 };
 

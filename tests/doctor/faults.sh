@@ -135,6 +135,7 @@ done
 peer healthy 17001 "$KVT" doctor --serve --host 10.78.1.2 --port 17001 \
     --transports tcp,ucx || failures=$((failures + 1))
 case_ "healthy pair (plain)" 0 \
+    '^ok +host.transport.ucx .*; UCX [0-9.]+: .*tcp/kd[0-9]+a' \
     '^ok +peer.transfer.tcp .*verified \[[0-9]+ MB/s writing, [0-9.]+ us' \
     '^ok +peer.transfer.ucx .*verified \[[0-9]+ MB/s writing, [0-9.]+ us' \
     '^ok +peer.select.host-host +host->host: ucx \(the highest priority of the 2 that serve it\); tcp: serves it too' \

@@ -510,6 +510,32 @@ static int ucx_reachable(kvt__tl_t *tl, const kvt__segdesc_t *peer,
     return 1;
 }
 
+/* UCX's version and the transports and devices its context took, as UCX
+ * prints them ("resource N : md M dev D flags -- tcp/eth0"). */
+static void ucx_host_info(kvt__tl_t *tl, char *buf, size_t cap)
+{
+    kvt__ucx_t *ucx = (kvt__ucx_t *)tl;
+    char *text = NULL, *line, *save = NULL;
+    size_t len = 0, n;
+    FILE *f;
+
+    n = (size_t)snprintf(buf, cap, "UCX %s", ucp_get_version_string());
+    f = open_memstream(&text, &len);
+    if (f == NULL)
+        return;
+    ucp_context_print_info(ucx->ctx, f);
+    fclose(f);
+    for (line = strtok_r(text, "\n", &save); line != NULL && n < cap;
+         line = strtok_r(NULL, "\n", &save)) {
+        const char *r = strstr(line, "resource"), *dash = strstr(line, "-- ");
+        if (r == NULL || dash == NULL)
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s",
+                              strstr(buf, ": ") ? ", " : ": ", dash + 3);
+    }
+    free(text);
+}
+
 /* clang-format off */
 KVT_TRANSPORT_REGISTER(ucx, {
     .name = "ucx",
@@ -531,6 +557,7 @@ KVT_TRANSPORT_REGISTER(ucx, {
     .submit = kvt__ucx_submit,
     .flush = kvt__ucx_flush_tl,
     .kill = kvt__ucx_kill,
+    .host_info = ucx_host_info,
     .destroy_session = kvt__ucx_session_destroy,
 });
 /* clang-format on */
