@@ -403,9 +403,22 @@ static void write_all(int fd, const char *buf, size_t len)
 /* A record: fields separated by 0x1f, ended by 0x1e. Check: "C", id,
  * level, status, ms, mbps, lat_us, fix ("" for none; "\x01" for NULL),
  * detail. Step: "S", id. */
+/* @s with the record's separators (0x1e, 0x1f) and the NULL mark (0x01)
+ * made '?', into @out: a peer's words end up in details. */
+static const char *clean(const char *s, char *out, size_t cap)
+{
+    size_t i = 0;
+
+    for (; s[i] != '\0' && i + 1 < cap; i++)
+        out[i] =
+            s[i] == '\x1e' || s[i] == '\x1f' || s[i] == '\x01' ? '?' : s[i];
+    out[i] = '\0';
+    return out;
+}
+
 void kvt__doc_step(kvt__doc_t *d, const char *id)
 {
-    char buf[4096];
+    char buf[4096], cid[128], fix[512], detail[1600];
     int n;
 
     if (d->out_fd < 0)
@@ -415,14 +428,21 @@ void kvt__doc_step(kvt__doc_t *d, const char *id)
         n = snprintf(buf, sizeof(buf),
                      "C\x1f%s\x1f%d\x1f%d\x1f%.6f\x1f%.6f\x1f"
                      "%.6f\x1f%s\x1f%s\x1e",
-                     c->id, (int)c->level, (int)c->status, c->ms, c->mbps,
-                     c->lat_us, c->fix != NULL ? c->fix : "\x01", c->detail);
-        if (n > 0)
-            write_all(d->out_fd, buf,
-                      (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+                     clean(c->id, cid, sizeof(cid)), (int)c->level,
+                     (int)c->status, c->ms, c->mbps, c->lat_us,
+                     c->fix != NULL ? clean(c->fix, fix, sizeof(fix)) : "\x01",
+                     clean(c->detail, detail, sizeof(detail)));
+        if (n <= 0)
+            continue;
+        if ((size_t)n >= sizeof(buf)) { /* cut: the record still ends */
+            n = (int)sizeof(buf) - 1;
+            buf[n - 1] = '\x1e';
+        }
+        write_all(d->out_fd, buf, (size_t)n);
     }
     if (id != NULL) {
-        n = snprintf(buf, sizeof(buf), "S\x1f%s\x1e", id);
+        n = snprintf(buf, sizeof(buf), "S\x1f%s\x1e",
+                     clean(id, cid, sizeof(cid)));
         if (n > 0)
             write_all(d->out_fd, buf, (size_t)n);
     }

@@ -84,6 +84,10 @@ void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
                         uint64_t stall_ms,
                         void (*stalled)(kvt__doc_t *, const char *, uint64_t));
 
+/* What a step of the peer checks that hung for @ms (0: whose process
+ * died) means, recorded as its check (doctor_peer.c). */
+void kvt__doc_stalled(kvt__doc_t *d, const char *step, uint64_t ms);
+
 void kvt__doc_host(kvt__doc_t *d);
 void kvt__doc_peer(kvt__doc_t *d);
 

@@ -707,8 +707,7 @@ out:
     kvt__segdesc_clear(&live);
 }
 
-/* What a step that hung (or a child that died) means. */
-static void stalled(kvt__doc_t *d, const char *step, uint64_t ms)
+void kvt__doc_stalled(kvt__doc_t *d, const char *step, uint64_t ms)
 {
     if (ms == 0) {
         kvt__doc_add(d, step[0] ? step : "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO,
@@ -738,5 +737,6 @@ static void stalled(kvt__doc_t *d, const char *step, uint64_t ms)
 
 void kvt__doc_peer(kvt__doc_t *d)
 {
-    kvt__doc_run_child(d, peer_checks, 2 * d->timeout_ms + 1000, stalled);
+    kvt__doc_run_child(d, peer_checks, 2 * d->timeout_ms + 1000,
+                       kvt__doc_stalled);
 }

@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <kvt/kvt.h>
 
+#include "core/doctor_int.h"
 #include "kvt_test.h"
 
 static const kvt_doctor_check_t *find(kvt_doctor_report_h r, const char *id)
@@ -139,5 +141,73 @@ KVT_TEST(refused_peer_named)
     kvt_doctor_free(r);
 }
 
+/* ---- The child runner (white box) ---------------------------------------- */
+
+static void hang_in_ucx(kvt__doc_t *d)
+{
+    kvt__doc_add(d, "peer.control", KVT_DOCTOR_OK, KVT_OK, NULL,
+                 "a peer's \x1e\x1f words stay whole");
+    kvt__doc_step(d, "peer.transfer.ucx");
+    for (;;)
+        pause(); /* as a UCX worker stuck in connect() holds the step */
+}
+
+static void die_early(kvt__doc_t *d)
+{
+    kvt__doc_step(d, "peer.handshake");
+    _exit(3);
+}
+
+static void finish(kvt__doc_t *d)
+{
+    kvt_doctor_check_t *c = kvt__doc_add(d, "peer.transfer.tcp", KVT_DOCTOR_OK,
+                                         KVT_OK, NULL, "tcp: verified");
+    c->mbps = 1234.5;
+    kvt__doc_step(d, NULL);
+}
+
+static kvt__doc_t *doc_new(void)
+{
+    kvt__doc_t *d = calloc(1, sizeof(*d));
+    CHECK(d != NULL);
+    d->r = calloc(1, sizeof(*d->r));
+    CHECK(d->r != NULL);
+    d->out_fd = -1;
+    return d;
+}
+
+KVT_TEST(child_runner)
+{
+    kvt__doc_t *d = doc_new();
+    const kvt_doctor_check_t *c;
+    double t0 = kvt_test_now();
+
+    /* A step that hangs is killed after the bound and named. */
+    kvt__doc_run_child(d, hang_in_ucx, 300, kvt__doc_stalled);
+    CHECK(kvt_test_now() - t0 < 3.0);
+    CHECK(kvt_doctor_count(d->r) == 2);
+    c = kvt_doctor_check(d->r, 0);
+    CHECK(strcmp(c->id, "peer.control") == 0 && c->level == KVT_DOCTOR_OK);
+    CHECK(strcmp(c->detail, "a peer's ?? words stay whole") == 0);
+    c = kvt_doctor_check(d->r, 1);
+    CHECK(strcmp(c->id, "peer.transfer.ucx") == 0);
+    CHECK(c->level == KVT_DOCTOR_FAIL && c->status == KVT_ERR_TIMEDOUT);
+    CHECK(strstr(c->detail, "the data path did not") != NULL);
+    CHECK(c->fix != NULL && strstr(c->fix, "UCX") != NULL);
+    /* A child that dies is said, at the step it was in. */
+    kvt__doc_run_child(d, die_early, 5000, kvt__doc_stalled);
+    c = kvt_doctor_check(d->r, 2);
+    CHECK(c != NULL && strcmp(c->id, "peer.handshake") == 0);
+    CHECK(strstr(c->detail, "ended early") != NULL);
+    /* One that finishes streams its checks, figures included. */
+    kvt__doc_run_child(d, finish, 5000, kvt__doc_stalled);
+    CHECK(kvt_doctor_count(d->r) == 4);
+    c = kvt_doctor_check(d->r, 3);
+    CHECK(strcmp(c->id, "peer.transfer.tcp") == 0 && c->mbps == 1234.5);
+    kvt_doctor_free(d->r);
+    free(d);
+}
+
 KVT_TEST_MAIN(KVT_CASE(params, 30), KVT_CASE(host_only, 30),
-              KVT_CASE(scratch_and_peer, 60), KVT_CASE(refused_peer_named, 30))
+              KVT_CASE(scratch_and_peer, 60), KVT_CASE(refused_peer_named, 30),
+              KVT_CASE(child_runner, 30))
