@@ -391,8 +391,8 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
                      "that fails there is the one blocked",
                      "the handshake went through, but the best transport's "
                      "session could not be set up (%s): its data path is "
-                     "blocked: %s",
-                     kvt_status_name(st), kvt__doc_cause(d, "no cause logged"));
+                     "blocked%s%s",
+                     kvt_status_name(st), d->cause[0] ? ": " : "", d->cause);
         return;
     }
     if (st != KVT_OK) {
