@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -15,11 +16,39 @@
 #include <string.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/doctor_int.h"
 #include "core/engine_int.h"
+
+/* Make @s (NUL-terminated) one line of valid UTF-8, in place: control
+ * bytes (the records' separators among them) and bytes of no valid UTF-8
+ * sequence become '?'. A peer's words end up in details. */
+static void sanitize(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+
+    while (*p != '\0') {
+        unsigned n = *p < 0x80             ? 1
+                     : (*p & 0xe0) == 0xc0 ? 2
+                     : (*p & 0xf0) == 0xe0 ? 3
+                     : (*p & 0xf8) == 0xf0 ? 4
+                                           : 0;
+        unsigned k = 1;
+        while (n > 1 && k < n && (p[k] & 0xc0) == 0x80)
+            k++;
+        if (n == 1 && (*p < 0x20 || *p == 0x7f)) {
+            *p++ = '?';
+        } else if (n == 0 || k < n || (n == 2 && *p < 0xc2) ||
+                   (n == 4 && *p > 0xf4)) {
+            *p++ = '?'; /* not a sequence: this byte goes */
+        } else {
+            p += n;
+        }
+    }
+}
 
 kvt_doctor_check_t *kvt__doc_add(kvt__doc_t *d, const char *id,
                                  kvt_doctor_level_t level, kvt_status_t st,
@@ -55,6 +84,10 @@ kvt_doctor_check_t *kvt__doc_add(kvt__doc_t *d, const char *id,
         d->nomem = 1;
         return NULL;
     }
+    sanitize((char *)c->id);
+    sanitize((char *)c->detail);
+    if (c->fix != NULL)
+        sanitize((char *)c->fix);
     c->level = level;
     c->status = st;
     c->ms = c->mbps = c->lat_us = -1;
@@ -76,7 +109,6 @@ kvt_status_t kvt__doc_engine(kvt__doc_t *d, uint32_t transports,
                              kvt_engine_h *e_p)
 {
     kvt_engine_params_t p = {0};
-    kvt_status_t st;
 
     p.field_mask = KVT_ENGINE_PARAM_LOCAL_HOST | KVT_ENGINE_PARAM_TRANSPORTS |
                    KVT_ENGINE_PARAM_NUM_WORKERS |
@@ -91,10 +123,7 @@ kvt_status_t kvt__doc_engine(kvt__doc_t *d, uint32_t transports,
         p.field_mask |= KVT_ENGINE_PARAM_AUTH_TOKEN;
         p.auth_token = d->token;
     }
-    st = kvt_engine_create(&p, e_p);
-    if (st == KVT_OK)
-        d->host_id = (*e_p)->cfg.host_id;
-    return st;
+    return kvt_engine_create(&p, e_p);
 }
 
 int kvt__doc_loopback(const char *host, char *addr, size_t cap)
@@ -172,8 +201,11 @@ static kvt_status_t setup(kvt__doc_t *d, const kvt_doctor_params_t *p)
             return KVT_ERR_INVALID_PARAM;
         d->timeout_ms = p->timeout_ms;
     }
-    if (m & KVT_DOCTOR_PARAM_PROBE_BYTES)
+    if (m & KVT_DOCTOR_PARAM_PROBE_BYTES) {
+        if (p->probe_bytes > (1ull << 40))
+            return KVT_ERR_INVALID_PARAM;
         d->probe_bytes = p->probe_bytes;
+    }
     if (m & KVT_DOCTOR_PARAM_PEERS_EXPECTED)
         d->peers_expected = p->peers_expected;
     return KVT_OK;
@@ -183,8 +215,10 @@ kvt_status_t kvt_doctor_run(const kvt_doctor_params_t *params,
                             kvt_doctor_report_h *report_p)
 {
     kvt__log_capture_t *was = kvt__log_cap;
+    kvt__doc_child_t child = {.pid = -1};
     kvt__doc_t *d;
     kvt_status_t st;
+    int peers = 0;
 
     if (report_p == NULL)
         return KVT_ERR_INVALID_PARAM;
@@ -205,10 +239,18 @@ kvt_status_t kvt_doctor_run(const kvt_doctor_params_t *params,
     d->cap.buf = d->cause;
     d->cap.cap = sizeof(d->cause);
     kvt__doc_cause_reset(d);
+    d->host_id = kvt__host_identity();
+    /* The peer checks' child is forked first: the host checks may
+     * initialise the CUDA driver, which a child forked after could not
+     * use. Its records come after the host's. */
+    if (d->peer != NULL || d->meta_uri != NULL) {
+        kvt__doc_peer_start(d, &child);
+        peers = 1;
+    }
     kvt__doc_host(d);
-    if (d->peer != NULL || d->meta_uri != NULL)
-        kvt__doc_peer(d);
-    kvt__log_capture(was);
+    if (peers)
+        kvt__doc_peer_finish(d, &child);
+    kvt__log_cap = was; /* as it was, what it holds kept */
     if (d->nomem) {
         kvt_doctor_free(d->r);
         free(d);
@@ -313,7 +355,7 @@ static void jstr(jbuf_t *j, const char *v)
 
 static void jnum(jbuf_t *j, double v)
 {
-    if (v < 0)
+    if (!(v >= 0) || isinf(v))
         jput(j, "null");
     else
         jput(j, "%.3f", v);
@@ -448,6 +490,18 @@ void kvt__doc_step(kvt__doc_t *d, const char *id)
     }
 }
 
+void kvt__doc_beat(kvt__doc_t *d, const char *id)
+{
+    char buf[160], cid[128];
+    int n;
+
+    if (d->out_fd < 0)
+        return;
+    n = snprintf(buf, sizeof(buf), "S\x1f%s\x1e", clean(id, cid, sizeof(cid)));
+    if (n > 0 && (size_t)n < sizeof(buf))
+        write_all(d->out_fd, buf, (size_t)n);
+}
+
 /* One record from the child, in @rec (NUL-terminated, separators kept):
  * a check is added; a step's name goes to @step. */
 static void take_record(kvt__doc_t *d, char *rec, char *step, size_t cap)
@@ -464,7 +518,8 @@ static void take_record(kvt__doc_t *d, char *rec, char *step, size_t cap)
     }
     if (n == 2 && !strcmp(f[0], "S")) {
         snprintf(step, cap, "%s", f[1]);
-    } else if (n == 9 && !strcmp(f[0], "C")) {
+    } else if (n == 9 && !strcmp(f[0], "C") && atoi(f[2]) >= KVT_DOCTOR_OK &&
+               atoi(f[2]) <= KVT_DOCTOR_SKIP) {
         kvt_doctor_check_t *c = kvt__doc_add(
             d, f[1], (kvt_doctor_level_t)atoi(f[2]), (kvt_status_t)atoi(f[3]),
             strcmp(f[7], "\x01") ? f[7] : NULL, "%s", f[8]);
@@ -476,42 +531,73 @@ static void take_record(kvt__doc_t *d, char *rec, char *step, size_t cap)
     }
 }
 
-void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
-                        uint64_t stall_ms,
-                        void (*stalled)(kvt__doc_t *, const char *, uint64_t))
+int kvt__doc_child_start(kvt__doc_t *d, kvt__doc_child_t *ch,
+                         void (*fn)(kvt__doc_t *))
 {
-    char step[128] = "", *buf = NULL;
-    size_t len = 0, cap = 0;
-    int p[2], done = 0;
-    pid_t pid;
+    int p[2], go[2];
+    pid_t parent = getpid();
 
-    if (pipe2(p, O_CLOEXEC) != 0) {
+    ch->pid = -1;
+    if (pipe2(p, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
         kvt__doc_add(d, "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO, NULL,
                      "cannot make a pipe: %s", strerror(errno));
-        return;
+        return -1;
     }
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        /* The child: run the checks, stream them, and leave at once: its
-         * engines go with it, whatever a transport is stuck in. */
+    ch->pid = fork();
+    if (ch->pid == 0) {
+        /* The child: wait for the word, run the checks, stream them, and
+         * leave at once: its engines go with it, whatever a transport is
+         * stuck in. It holds nothing of the parent's open (listeners,
+         * other runs' pipes) and dies with it. */
         size_t base = d->r->n;
-        close(p[0]);
-        d->out_fd = p[1];
+        char c;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        if (dup3(p[1], 3, O_CLOEXEC) != 3 || dup3(go[0], 4, O_CLOEXEC) != 4)
+            _exit(1);
+        close_range(5, ~0u, 0);
+        if (read(4, &c, 1) != 1)
+            _exit(0); /* the parent changed its mind, or died */
+        d->out_fd = 3;
         d->sent = base;
         fn(d);
         kvt__doc_step(d, "end");
         _exit(0);
     }
     close(p[1]);
-    if (pid < 0) {
+    close(go[0]);
+    if (ch->pid < 0) {
         close(p[0]);
+        close(go[1]);
         kvt__doc_add(d, "doctor", KVT_DOCTOR_FAIL, KVT_ERR_IO, NULL,
                      "cannot fork the peer checks: %s", strerror(errno));
-        return;
+        return -1;
     }
+    ch->rd = p[0];
+    ch->go = go[1];
+    return 0;
+}
+
+void kvt__doc_child_finish(kvt__doc_t *d, kvt__doc_child_t *ch,
+                           uint64_t stall_ms,
+                           void (*stalled)(kvt__doc_t *, const char *,
+                                           uint64_t))
+{
+    char step[128] = "", *buf = NULL;
+    size_t len = 0, cap = 0;
+    int done = 0;
+    pid_t pid = ch->pid;
+
+    if (pid < 0)
+        return;
+    if (write(ch->go, "g", 1) != 1) {
+        kill(pid, SIGKILL);
+        done = 1;
+    }
+    close(ch->go);
     while (!done) {
-        struct pollfd pf = {p[0], POLLIN, 0};
+        struct pollfd pf = {ch->rd, POLLIN, 0};
         int r = poll(&pf, 1, (int)stall_ms);
         ssize_t n;
         if (r < 0 && errno == EINTR)
@@ -531,7 +617,7 @@ void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
             buf = nb;
             cap += 65536;
         }
-        n = read(p[0], buf + len, cap - len - 1);
+        n = read(ch->rd, buf + len, cap - len - 1);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -553,7 +639,18 @@ void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
         }
     }
     free(buf);
-    close(p[0]);
+    close(ch->rd);
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
         ;
+    ch->pid = -1;
+}
+
+void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
+                        uint64_t stall_ms,
+                        void (*stalled)(kvt__doc_t *, const char *, uint64_t))
+{
+    kvt__doc_child_t ch;
+
+    if (kvt__doc_child_start(d, &ch, fn) == 0)
+        kvt__doc_child_finish(d, &ch, stall_ms, stalled);
 }

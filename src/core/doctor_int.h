@@ -10,6 +10,7 @@
  * that failed logged.
  */
 #include <stdarg.h>
+#include <sys/types.h>
 
 #include <kvt/doctor.h>
 
@@ -71,6 +72,9 @@ int kvt__doc_loopback(const char *host, char *addr, size_t cap);
  * to the parent, and the step's name, so that a step that hangs is named
  * (nothing happens outside the child). */
 void kvt__doc_step(kvt__doc_t *d, const char *id);
+/* The child is still in step @id (a long step says so now and then, so
+ * that it is not taken for a hung one); nothing else is sent. */
+void kvt__doc_beat(kvt__doc_t *d, const char *id);
 
 /*
  * Run @fn in a child process whose checks stream back into @d's report
@@ -80,6 +84,22 @@ void kvt__doc_step(kvt__doc_t *d, const char *id);
  * killed and @stalled(d, step, ms) records what the step it was in means
  * (@ms 0: it died).
  */
+typedef struct {
+    pid_t pid; /* -1: none */
+    int rd, go;
+} kvt__doc_child_t;
+
+/* kvt__doc_run_child() in two parts: the child forked now, before the
+ * parent goes on (it may initialise a device driver, which a child forked
+ * after cannot use), and run when finish() says go. start() returns 0, or
+ * -1 with a check recorded. */
+int kvt__doc_child_start(kvt__doc_t *d, kvt__doc_child_t *ch,
+                         void (*fn)(kvt__doc_t *));
+void kvt__doc_child_finish(kvt__doc_t *d, kvt__doc_child_t *ch,
+                           uint64_t stall_ms,
+                           void (*stalled)(kvt__doc_t *, const char *,
+                                           uint64_t));
+
 void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
                         uint64_t stall_ms,
                         void (*stalled)(kvt__doc_t *, const char *, uint64_t));
@@ -89,6 +109,9 @@ void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
 void kvt__doc_stalled(kvt__doc_t *d, const char *step, uint64_t ms);
 
 void kvt__doc_host(kvt__doc_t *d);
-void kvt__doc_peer(kvt__doc_t *d);
+/* The peer checks, in a child forked by kvt__doc_peer_start() (before the
+ * host checks) and run by kvt__doc_peer_finish(). */
+void kvt__doc_peer_start(kvt__doc_t *d, kvt__doc_child_t *ch);
+void kvt__doc_peer_finish(kvt__doc_t *d, kvt__doc_child_t *ch);
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -380,8 +381,18 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
         void *mem = NULL;
         mp.field_mask = KVT_MEM_PARAM_KIND;
         mp.kind = KVT_MEM_CUDA;
-        if (kvt_mem_alloc_ex(e, 2u << 20, &mp, &mem) != KVT_OK)
+        if (kvt_mem_alloc_ex(e, 2u << 20, &mp, &mem) != KVT_OK) {
             d->kinds &= ~(1u << KVT_MEM_CUDA);
+            kvt__doc_add(d, "peer.select.cuda", KVT_DOCTOR_SKIP, KVT_OK,
+                         "run kvt doctor from a process that has not used "
+                         "the CUDA driver yet (the command line does not)",
+                         "device memory pairs not checked against the peer: "
+                         "the peer checks run in a forked process, where "
+                         "the driver this process initialised cannot be "
+                         "used (%s)",
+                         kvt__doc_cause(d, "no device memory"));
+            kvt__doc_cause_reset(d);
+        }
     }
     st = kvt_segment_open(e, addr, &seg);
     if (st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST ||
@@ -428,45 +439,65 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
         }
 }
 
-/* The peer's scratch region (kvt_doctor_scratch()): its address and
- * length, or 0. */
-static uint64_t find_scratch(kvt_engine_h e, kvt_segment_t seg,
-                             const kvt__segdesc_t *desc, uint8_t *buf,
-                             uint64_t *len_p)
+/* The peer's scratch region (kvt_doctor_scratch()) into *addr_p and
+ * *len_p (0: none): the first 64 bytes of every read-write host region
+ * of 64 KiB or more (the first 1024 such), read in one batch into @buf,
+ * and the first that bears the mark. Returns the batch's failure, if
+ * any. */
+static kvt_status_t find_scratch(kvt_engine_h e, kvt_segment_t seg,
+                                 const kvt__segdesc_t *desc, uint8_t *buf,
+                                 uint64_t *addr_p, uint64_t *len_p)
 {
-    size_t ml = strlen(KVT__DOC_MAGIC);
-    unsigned looked = 0;
+    enum { MAX = 1024 };
+    size_t ml = strlen(KVT__DOC_MAGIC), n = 0;
+    kvt_xfer_desc_t *r = calloc(MAX, sizeof(*r));
+    uint32_t *idx = calloc(MAX, sizeof(*idx));
+    kvt_status_t st = KVT_OK;
+    kvt_batch_h b;
 
-    for (uint32_t i = 0; i < desc->nregions && looked < 64; i++) {
+    *addr_p = *len_p = 0;
+    if (r == NULL || idx == NULL) {
+        st = KVT_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (uint32_t i = 0; i < desc->nregions && n < MAX; i++) {
         const kvt_remote_region_t *x = &desc->regions[i];
-        kvt_xfer_desc_t r = {0};
-        kvt_batch_h b;
-        kvt_status_t st;
-        unsigned long long len;
-
         if (x->kind != KVT_MEM_HOST || x->access != KVT_ACCESS_REMOTE_RW ||
             x->length < (64u << 10))
             continue;
-        looked++;
-        r.opcode = KVT_OP_READ;
-        r.segment = seg;
-        r.local_addr = buf;
-        r.remote_addr = x->addr;
-        r.length = 64;
-        if (kvt_batch_create(e, 1, &b) != KVT_OK)
-            return 0;
-        st = kvt_batch_submit_wait(b, &r, 1, -1);
-        kvt_batch_free(b);
-        if (st != KVT_OK)
-            return 0;
-        buf[63] = '\0';
-        if (memcmp(buf, KVT__DOC_MAGIC, ml) == 0 &&
-            sscanf((char *)buf + ml, " %llu", &len) == 1 && len == x->length) {
-            *len_p = x->length;
-            return x->addr;
+        r[n].opcode = KVT_OP_READ;
+        r[n].segment = seg;
+        r[n].local_addr = buf + n * 64;
+        r[n].remote_addr = x->addr;
+        r[n].length = 64;
+        idx[n++] = i;
+    }
+    if (n == 0)
+        goto out;
+    st = kvt_batch_create(e, n, &b);
+    if (st != KVT_OK)
+        goto out;
+    st = kvt_batch_submit_wait(b, r, n, -1);
+    kvt_batch_free(b);
+    for (size_t k = 0; st == KVT_OK && k < n; k++) {
+        const kvt_remote_region_t *x = &desc->regions[idx[k]];
+        char *m = (char *)buf + k * 64;
+        unsigned long long len;
+        m[63] = '\0';
+        /* The mark says the length asked for; the region may be longer
+         * (kvt_mem_alloc() rounds it up). */
+        if (memcmp(m, KVT__DOC_MAGIC, ml) == 0 &&
+            sscanf(m + ml, " %llu", &len) == 1 && len >= (64u << 10) &&
+            len <= x->length) {
+            *addr_p = x->addr;
+            *len_p = len;
+            break;
         }
     }
-    return 0;
+out:
+    free(r);
+    free(idx);
+    return st;
 }
 
 /* Move @n descriptors of @len bytes between @local and the peer's
@@ -556,12 +587,11 @@ static void check_transfer(kvt__doc_t *d, uint32_t id, const char *name,
         kvt__seg_unref(g);
     }
     kvt__doc_cause_reset(d);
-    raddr = find_scratch(e, seg, &desc, back, &rlen);
+    st = find_scratch(e, seg, &desc, back, &raddr, &rlen);
     free(desc.regions);
+    if (st != KVT_OK)
+        goto failed;
     if (raddr == 0) {
-        st = kvt__doc_cause(d, NULL) != NULL ? KVT_ERR_IO : KVT_OK;
-        if (st != KVT_OK)
-            goto failed;
         kvt__doc_add(d, cid, KVT_DOCTOR_SKIP, KVT_OK,
                      "run `kvt doctor --serve` on the peer's host (or call "
                      "kvt_doctor_scratch() there) to measure transfers",
@@ -572,37 +602,58 @@ static void check_transfer(kvt__doc_t *d, uint32_t id, const char *name,
     }
     if (chunk > rlen - KVT__DOC_HEAD)
         chunk = (rlen - KVT__DOC_HEAD) & ~(uint64_t)4095;
-    for (uint64_t i = 0; i < chunk; i++)
-        buf[i] = (uint8_t)(i * 131 + 7 + (i >> 12));
-    kvt__doc_cause_reset(d);
-    t0 = kvt__now_ns();
-    st = move(e, seg, KVT_OP_WRITE, buf, raddr + KVT__DOC_HEAD, chunk, 1);
-    if (st == KVT_OK)
-        st = move(e, seg, KVT_OP_READ, back, raddr + KVT__DOC_HEAD, chunk, 1);
-    if (st != KVT_OK)
-        goto failed;
-    if (memcmp(buf, back, chunk) != 0) {
-        kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, KVT_ERR_IO,
-                     "report it: the bytes read back are not those written",
-                     "%s: %llu bytes written and read back differ", name,
-                     (unsigned long long)chunk);
-        goto out;
-    }
-    c = kvt__doc_add(d, cid, KVT_DOCTOR_OK, KVT_OK, NULL,
-                     "%s: %llu bytes written and read back, verified", name,
-                     (unsigned long long)chunk);
-    if (c == NULL)
-        goto out;
-    c->ms = ms_since(t0);
-    if (d->probe_bytes > 0) {
-        uint64_t moved = 0;
+    {
+        /* Verified: 64 KiB at a random place, of a pattern of this run's
+         * own (so that two doctors at one peer rarely meet; a mismatch is
+         * tried again elsewhere before it counts). */
+        uint64_t v = chunk < (64u << 10) ? chunk : (64u << 10);
+        uint64_t slots = (rlen - KVT__DOC_HEAD) / v, tag = 0, off = 0;
+        int tries = 0, same = 0;
+        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
+            tag = kvt__now_ns() ^ (uint64_t)getpid();
         t0 = kvt__now_ns();
-        while (st == KVT_OK && moved < d->probe_bytes) {
-            size_t n = (size_t)((d->probe_bytes - moved + chunk - 1) / chunk);
-            n = n > 16 ? 16 : n;
+        while (st == KVT_OK && !same && tries++ < 3) {
+            tag = tag * 6364136223846793005ull + 1442695040888963407ull;
+            off = KVT__DOC_HEAD + (tag >> 33) % slots * v;
+            for (uint64_t i = 0; i < v; i++)
+                buf[i] = (uint8_t)(i * 131 + (tag >> 40) + (i >> 12));
+            st = move(e, seg, KVT_OP_WRITE, buf, raddr + off, v, 1);
+            if (st == KVT_OK)
+                st = move(e, seg, KVT_OP_READ, back, raddr + off, v, 1);
+            same = st == KVT_OK && memcmp(buf, back, v) == 0;
+        }
+        if (st != KVT_OK)
+            goto failed;
+        if (!same) {
+            kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, KVT_ERR_IO,
+                         "run it again (another doctor may have written "
+                         "there at the same moment); if it stays, report it",
+                         "%s: %llu bytes written and read back differ, three "
+                         "times at three places",
+                         name, (unsigned long long)v);
+            goto out;
+        }
+        c = kvt__doc_add(d, cid, KVT_DOCTOR_OK, KVT_OK, NULL,
+                         "%s: %llu bytes written and read back, verified", name,
+                         (unsigned long long)v);
+        if (c == NULL)
+            goto out;
+        c->ms = ms_since(t0);
+        kvt__doc_beat(d, cid);
+    }
+    if (d->probe_bytes > 0) {
+        /* Bandwidth: writes of @chunk, 16 at a time, until probe_bytes
+         * or the timeout; each batch tells the parent the step lives. */
+        uint64_t moved = 0, limit = d->timeout_ms * 1000000ull;
+        t0 = kvt__now_ns();
+        while (st == KVT_OK && moved < d->probe_bytes &&
+               kvt__now_ns() - t0 < limit) {
+            uint64_t left = (d->probe_bytes - moved + chunk - 1) / chunk;
+            size_t n = left > 16 ? 16 : (size_t)left;
             st = move(e, seg, KVT_OP_WRITE, buf, raddr + KVT__DOC_HEAD, chunk,
                       n);
             moved += n * chunk;
+            kvt__doc_beat(d, cid);
         }
         if (st != KVT_OK)
             goto failed;
@@ -735,8 +786,13 @@ void kvt__doc_stalled(kvt__doc_t *d, const char *step, uint64_t ms)
     }
 }
 
-void kvt__doc_peer(kvt__doc_t *d)
+void kvt__doc_peer_start(kvt__doc_t *d, kvt__doc_child_t *ch)
 {
-    kvt__doc_run_child(d, peer_checks, 2 * d->timeout_ms + 1000,
-                       kvt__doc_stalled);
+    if (kvt__doc_child_start(d, ch, peer_checks) != 0)
+        ch->pid = -1;
+}
+
+void kvt__doc_peer_finish(kvt__doc_t *d, kvt__doc_child_t *ch)
+{
+    kvt__doc_child_finish(d, ch, 2 * d->timeout_ms + 1000, kvt__doc_stalled);
 }

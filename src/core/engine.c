@@ -25,7 +25,7 @@
 
 /* Two engines may use same-host transports only when both the boot id and
  * the pid namespace match. */
-static uint64_t host_identity(void)
+uint64_t kvt__host_identity(void)
 {
     uint64_t h = KVT_FNV1A_SEED;
     char buf[128];
@@ -349,7 +349,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *params,
         KVT_LOG_E("engine parameters: %s", kvt_status_str(st));
         goto err_meta;
     }
-    e->cfg.host_id = host_identity();
+    e->cfg.host_id = kvt__host_identity();
     st = kvt__memreg_init(&e->reg);
     if (st != KVT_OK)
         goto err_meta;

@@ -297,6 +297,10 @@ void kvt__tl_explain(kvt_engine_h e, const kvt__segdesc_t *d,
                      const char *note, const char *const *failed, char *buf,
                      size_t cap);
 
+/* This host's identity as engines compute it (kvt__engine_cfg_t.host_id):
+ * the boot id and the pid namespace, hashed. */
+uint64_t kvt__host_identity(void);
+
 /* Add this engine's transport sections to its descriptor @d. */
 kvt_status_t kvt__transport_sections(kvt_engine_h e, kvt__segdesc_t *d);
 

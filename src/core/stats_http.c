@@ -273,12 +273,33 @@ uint16_t kvt_metrics_port(void)
     return p;
 }
 
+/* A child forked while another thread held the lock (a scrape) would
+ * find it held for ever: fork waits for it, and the child gets it free
+ * (kvt_doctor_run() forks, and creates engines in the child). */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&reg_lock);
+}
+
+static void fork_after(void)
+{
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_handlers(void)
+{
+    pthread_atfork(fork_prepare, fork_after, fork_after);
+}
+
 kvt_status_t kvt__stats_list(kvt_engine_h e)
 {
     kvt_engine_h *n;
     const char *port;
     int try_env = 0;
 
+    pthread_once(&fork_once, fork_handlers);
     pthread_mutex_lock(&reg_lock);
     if (nengines == cengines) {
         size_t cap = cengines ? 2 * cengines : 8;

@@ -241,9 +241,16 @@ else
 fi
 
 # 8. Device memory requested, with and without a driver (the test double).
-[ "$DOUBLE" != none ] && case_ "device memory with the driver (test double)" 0 \
-    '^ok +host.memory.cuda +driver [0-9.]+, [0-9]+ devices; device memory registers' -- \
-    env KVT_CUDA_LIBRARY="$DOUBLE" "$KVT" doctor --host 10.78.1.1 --mem host,cuda
+if [ "$DOUBLE" != none ]; then
+    peer cuda 17008 env KVT_CUDA_LIBRARY="$DOUBLE" "$KVT" doctor --serve \
+        --host 10.78.1.2 --port 17008 || failures=$((failures + 1))
+    case_ "device memory with the driver (test double)" 0 \
+        '^ok +host.memory.cuda +driver [0-9.]+, [0-9]+ devices; device memory registers' \
+        '^ok +peer.select.cuda-host +cuda->host: tcp \(one transport for every kind of memory in use.*device memory staged through pinned host memory\)' -- \
+        env KVT_CUDA_LIBRARY="$DOUBLE" "$KVT" doctor 10.78.1.2:17008 \
+        --host 10.78.1.1 --mem host,cuda --probe 1M
+    stop_peers
+fi
 case_ "device memory without a driver" 1 \
     '^FAIL +host.memory.cuda +device memory was requested, but it cannot be registered here: no CUDA driver' \
     'fix: install the NVIDIA driver' -- \
