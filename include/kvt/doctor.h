@@ -112,13 +112,22 @@ typedef struct kvt_doctor_report *kvt_doctor_report_h;
  * report in *report_p (free it with kvt_doctor_free()).
  *
  * Starts engines of its own (on @local_host, port 0; p2p, so nothing is
- * published to a metadata server) and stops them before returning. Each
- * network step is bounded by the timeout, so the whole run takes at most
- * a few timeouts. What kvt would log during the checks is captured into
- * their details instead of written. Blocking; thread-safe (runs share
- * nothing). Returns KVT_OK (whatever the checks found: see
- * kvt_doctor_worst()), KVT_ERR_INVALID_PARAM (NULL @report_p, an unknown
- * field bit, a timeout of 0), KVT_ERR_NO_MEMORY.
+ * published to a metadata server) and stops them before returning. The
+ * peer checks run in a child process forked at the start (before the
+ * host checks may initialise a device driver) that streams each result
+ * back: a transport stuck in the network cannot hold the caller, and a
+ * step with no word for twice the timeout plus a second is killed and
+ * named. The child keeps no descriptor of the caller's open and dies
+ * with it; a process that used the CUDA driver before the call gets its
+ * device pairs skipped, saying why. Each network step is bounded by the
+ * timeout, so the whole run takes at most a few timeouts. What kvt logs
+ * on the calling thread during the checks is captured into their
+ * details instead of written (its engines' own threads still log).
+ * Blocking; runs may be made from several threads at once. Returns
+ * KVT_OK (whatever the checks found: see kvt_doctor_worst()),
+ * KVT_ERR_INVALID_PARAM (NULL @report_p; an unknown field bit;
+ * transports 0; mem_kinds 0 or with unknown bits; a timeout of 0 or over
+ * 600000 ms; probe_bytes over 2^40), KVT_ERR_NO_MEMORY.
  */
 KVT_API kvt_status_t kvt_doctor_run(const kvt_doctor_params_t *params,
                                     kvt_doctor_report_h *report_p);

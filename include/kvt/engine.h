@@ -508,8 +508,8 @@ KVT_API kvt_status_t kvt_segment_transport(kvt_engine_h engine,
  * kvt_segment_transport_reason() - why kvt_segment_transport() answers
  * what it does for (@local, @remote): the chosen transport and why, then
  * every other transport built in and why it does not carry the pair, as
- * one line of text into @buf (@cap bytes, NUL-terminated, cut to fit; 384
- * bytes hold every reason), for example "shm (the highest priority of the
+ * one line of text into @buf (@cap bytes, NUL-terminated, cut to fit at
+ * 511 bytes), for example "shm (the highest priority of the
  * 2 that serve it); tcp: serves it too, at a lower priority; ucx: runs
  * only when named in the engine's transports". "none (...)" when no
  * transport serves the pair. The same reasons are logged once when the

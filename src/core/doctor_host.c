@@ -151,6 +151,15 @@ static void check_device(kvt__doc_t *d)
     int want = (d->kinds >> KVT_MEM_CUDA) & 1;
     const char *alloc_conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
 
+    if (alloc_conf != NULL && strstr(alloc_conf, "expandable_segments:True"))
+        kvt__doc_add(d, "host.memory.expandable", KVT_DOCTOR_WARN, KVT_OK,
+                     "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
+                     "for the KV cache's process, or allocate the cache "
+                     "with cudaMalloc",
+                     "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: "
+                     "such memory (the driver's virtual-memory API) cannot "
+                     "be shared with cudaIpc, so same-host peers stage it "
+                     "through host memory");
     kvt__doc_cause_reset(d);
     kvt_mem_domains(dom, 8, &nd);
     for (size_t i = 0; i < nd && i < 8; i++) {
@@ -205,15 +214,6 @@ static void check_device(kvt__doc_t *d)
         }
         kvt_engine_destroy(e);
     }
-    if (alloc_conf != NULL && strstr(alloc_conf, "expandable_segments:True"))
-        kvt__doc_add(d, "host.memory.expandable", KVT_DOCTOR_WARN, KVT_OK,
-                     "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
-                     "for the KV cache's process, or allocate the cache "
-                     "with cudaMalloc",
-                     "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: "
-                     "such memory (the driver's virtual-memory API) cannot "
-                     "be shared with cudaIpc, so same-host peers stage it "
-                     "through host memory");
 }
 
 static void check_shm(kvt__doc_t *d)
@@ -232,8 +232,8 @@ static void check_shm(kvt__doc_t *d)
     if (atoi(v) <= 1)
         kvt__doc_add(d, "host.shm.ptrace", KVT_DOCTOR_OK, KVT_OK, NULL,
                      "Yama ptrace_scope %s: same-host peers attach (%s)", v,
-                     atoi(v) == 1 ? "each target names its peer with "
-                                    "PR_SET_PTRACER"
+                     atoi(v) == 1 ? "each target names one attaching peer "
+                                    "process at a time with PR_SET_PTRACER"
                                   : "any process of the same user");
     else
         kvt__doc_add(d, "host.shm.ptrace", KVT_DOCTOR_WARN, KVT_OK,
@@ -346,7 +346,9 @@ static void check_address(kvt__doc_t *d)
     } else {
         c = kvt__doc_add(d, "host.listen", KVT_DOCTOR_OK, KVT_OK, NULL,
                          "an engine listening on %s is reachable through "
-                         "it (connect and handshake)",
+                         "it from this host (connect and handshake; a "
+                         "firewall between hosts shows in `kvt doctor "
+                         "PEER` from another host)",
                          kvt_engine_segment_name(a));
     }
     if (c != NULL)

@@ -15,6 +15,7 @@
 #include <kvt/doctor.h>
 
 #include "util/log.h"
+#include "util/time.h"
 
 #define KVT__DOC_MAGIC "kvt-doctor-scratch-1" /* a scratch region's head */
 #define KVT__DOC_HEAD 4096                    /* left alone by writers */
@@ -107,6 +108,24 @@ void kvt__doc_run_child(kvt__doc_t *d, void (*fn)(kvt__doc_t *),
 /* What a step of the peer checks that hung for @ms (0: whose process
  * died) means, recorded as its check (doctor_peer.c). */
 void kvt__doc_stalled(kvt__doc_t *d, const char *step, uint64_t ms);
+
+/* Engines of the peer checks' child are left to its exit: a transport
+ * stuck in the network could hold a teardown. */
+static inline void kvt__doc_drop_engine(kvt__doc_t *d, kvt_engine_h e)
+{
+    if (d->out_fd < 0)
+        kvt_engine_destroy(e);
+}
+
+static inline double kvt__doc_ms_since(uint64_t t0)
+{
+    return (double)(kvt__now_ns() - t0) / 1e6;
+}
+
+/* The transfer check of the peer at @addr on transport @id (@name) alone
+ * (doctor_xfer.c). */
+void kvt__doc_transfer(kvt__doc_t *d, uint32_t id, const char *name,
+                       const char *addr);
 
 void kvt__doc_host(kvt__doc_t *d);
 /* The peer checks, in a child forked by kvt__doc_peer_start() (before the

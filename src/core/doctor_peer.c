@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,19 +24,6 @@
 #include "meta/meta.h"
 #include "util/sock.h"
 #include "util/time.h"
-
-/* Engines of the peer checks' child are left to its exit: a transport
- * stuck in the network could hold a teardown. */
-static void drop_engine(kvt__doc_t *d, kvt_engine_h e)
-{
-    if (d->out_fd < 0)
-        kvt_engine_destroy(e);
-}
-
-static double ms_since(uint64_t t0)
-{
-    return (double)(kvt__now_ns() - t0) / 1e6;
-}
 
 /* ---- The metadata server -------------------------------------------------
  */
@@ -97,16 +83,19 @@ static int check_metadata(kvt__doc_t *d, kvt__segdesc_t *desc)
         return -1;
     }
     c = kvt__doc_add(d, "metadata.server", KVT_DOCTOR_OK, KVT_OK, NULL,
-                     "metadata server %s answers%s", d->meta_uri,
+                     "metadata server %s answers (a key nobody publishes "
+                     "came back 'not found')%s",
+                     d->meta_uri,
                      mp.field_mask & KVT__META_PARAM_AUTH
-                         ? " and takes this side's token"
+                         ? " and did not refuse this side's token"
                          : "");
     if (c != NULL)
-        c->ms = ms_since(t0);
+        c->ms = kvt__doc_ms_since(t0);
     if (d->peer == NULL) {
         kvt__meta_destroy(m);
         return 0;
     }
+    kvt__doc_step(d, "metadata.entry");
     kvt__doc_cause_reset(d);
     st = kvt__meta_lookup_segdesc(m, d->peer, desc);
     kvt__meta_destroy(m);
@@ -136,14 +125,25 @@ static int tcp_reach(const char *host, uint16_t port, uint64_t timeout_ms)
     char ps[8];
     int err = EHOSTUNREACH;
 
+    uint64_t deadline = kvt__now_ns() + timeout_ms * 1000000ull;
+
     hints.ai_socktype = SOCK_STREAM;
     snprintf(ps, sizeof(ps), "%u", port);
     if (getaddrinfo(host, ps, &hints, &res) != 0)
         return EHOSTUNREACH;
+    /* One bound for all of the name's addresses. */
     for (struct addrinfo *a = res; a != NULL; a = a->ai_next) {
         int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        uint64_t now = kvt__now_ns();
         struct pollfd p;
         socklen_t sl = sizeof(err);
+        if (now >= deadline) {
+            if (fd >= 0)
+                close(fd);
+            err = ETIMEDOUT;
+            break;
+        }
+        timeout_ms = (deadline - now + 999999) / 1000000;
         if (fd < 0)
             continue;
         if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
@@ -173,7 +173,10 @@ static int check_advertised(kvt__doc_t *d, const kvt__segdesc_t *desc,
                             const char *from)
 {
     char addr[64] = "";
-    int loop = kvt__doc_loopback(desc->host, addr, sizeof(addr));
+    int loop;
+
+    kvt__doc_step(d, "peer.advertised");
+    loop = kvt__doc_loopback(desc->host, addr, sizeof(addr));
 
     if (loop == 1 && desc->pid != 0 && desc->host_id != d->host_id) {
         kvt__doc_add(d, "peer.advertised", KVT_DOCTOR_FAIL, KVT_ERR_UNREACHABLE,
@@ -203,6 +206,7 @@ static int check_reach(kvt__doc_t *d, const char *addr, int from_meta,
     kvt_doctor_check_t *c;
     int err;
 
+    kvt__doc_step(d, "peer.resolve");
     if (kvt__sock_split_hostport(addr, host, sizeof(host), &port) != KVT_OK) {
         kvt__doc_add(d, "peer.resolve", KVT_DOCTOR_FAIL, KVT_ERR_INVALID_PARAM,
                      "name the peer as host:port (its segment name), or "
@@ -221,7 +225,7 @@ static int check_reach(kvt__doc_t *d, const char *addr, int from_meta,
     c = kvt__doc_add(d, "peer.resolve", KVT_DOCTOR_OK, KVT_OK, NULL,
                      "'%s' resolves to %s", host, ip);
     if (c != NULL)
-        c->ms = ms_since(t0);
+        c->ms = kvt__doc_ms_since(t0);
     kvt__doc_step(d, "peer.control");
     t0 = kvt__now_ns();
     err = tcp_reach(host, port, d->timeout_ms);
@@ -231,7 +235,7 @@ static int check_reach(kvt__doc_t *d, const char *addr, int from_meta,
                          "data connections use it too)",
                          ip, port);
         if (c != NULL)
-            c->ms = ms_since(t0);
+            c->ms = kvt__doc_ms_since(t0);
         return 0;
     }
     if (err == ECONNREFUSED && from_meta)
@@ -361,6 +365,33 @@ static int check_handshake(kvt__doc_t *d, kvt_engine_h e, const char *addr,
 /* ---- Selection and transfers ---------------------------------------------
  */
 
+/* Whether the reason @why of a pair (kvt_segment_transport_reason()) has
+ * a transport of higher priority than the chosen one left out for a
+ * reason worth a warning: the peer does not offer it, or its session
+ * could not be opened. */
+static int passed_over(kvt_engine_h e, const char *why)
+{
+    int chosen = -1;
+
+    for (unsigned i = 0; i < e->ntl; i++) {
+        size_t n = strlen(e->tl[i]->ops->name);
+        if (strncmp(why, e->tl[i]->ops->name, n) == 0 && why[n] == ' ')
+            chosen = e->tl[i]->ops->caps.priority;
+    }
+    for (unsigned i = 0; i < e->ntl; i++) {
+        char a[64], b[64];
+        if (e->tl[i]->ops->caps.priority <= chosen)
+            continue;
+        snprintf(a, sizeof(a), "; %s: the peer does not offer it",
+                 e->tl[i]->ops->name);
+        snprintf(b, sizeof(b), "; %s: its session could not be opened",
+                 e->tl[i]->ops->name);
+        if (strstr(why, a) != NULL || strstr(why, b) != NULL)
+            return 1;
+    }
+    return 0;
+}
+
 static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
                             const kvt__segdesc_t *desc)
 {
@@ -420,287 +451,22 @@ static void check_selection(kvt__doc_t *d, kvt_engine_h e, const char *addr,
             snprintf(id, sizeof(id), "peer.select.%s-%s", kn[l], kn[r]);
             kvt_segment_transport_reason(e, seg, (kvt_mem_kind_t)l,
                                          (kvt_mem_kind_t)r, why, sizeof(why));
-            kvt__doc_add(d, id,
-                         strncmp(why, "none", 4) == 0 ? KVT_DOCTOR_FAIL
-                         : strstr(why, "could not be opened") != NULL ||
-                                 strstr(why, "does not offer") != NULL
-                             ? KVT_DOCTOR_WARN
-                             : KVT_DOCTOR_OK,
-                         strncmp(why, "none", 4) == 0 ? KVT_ERR_NOT_SUPPORTED
-                                                      : KVT_OK,
-                         strncmp(why, "none", 4) == 0
-                             ? "see docs/transports.md for each reason"
-                         : strstr(why, "could not be opened") != NULL ||
-                                 strstr(why, "does not offer") != NULL
-                             ? "a better transport was passed over: see its "
-                               "reason (docs/transports.md)"
-                             : NULL,
-                         "%s->%s: %s", kn[l], kn[r], why);
+            {
+                int none = strncmp(why, "none", 4) == 0;
+                int passed = !none && passed_over(e, why);
+                kvt__doc_add(d, id,
+                             none     ? KVT_DOCTOR_FAIL
+                             : passed ? KVT_DOCTOR_WARN
+                                      : KVT_DOCTOR_OK,
+                             none ? KVT_ERR_NOT_SUPPORTED : KVT_OK,
+                             none ? "see docs/transports.md for each reason"
+                             : passed
+                                 ? "a better transport was passed over: see "
+                                   "its reason (docs/transports.md)"
+                                 : NULL,
+                             "%s->%s: %s", kn[l], kn[r], why);
+            }
         }
-}
-
-/* The peer's scratch region (kvt_doctor_scratch()) into *addr_p and
- * *len_p (0: none): the first 64 bytes of every read-write host region
- * of 64 KiB or more (the first 1024 such), read in one batch into @buf,
- * and the first that bears the mark. Returns the batch's failure, if
- * any. */
-static kvt_status_t find_scratch(kvt_engine_h e, kvt_segment_t seg,
-                                 const kvt__segdesc_t *desc, uint8_t *buf,
-                                 uint64_t *addr_p, uint64_t *len_p)
-{
-    enum { MAX = 1024 };
-    size_t ml = strlen(KVT__DOC_MAGIC), n = 0;
-    kvt_xfer_desc_t *r = calloc(MAX, sizeof(*r));
-    uint32_t *idx = calloc(MAX, sizeof(*idx));
-    kvt_status_t st = KVT_OK;
-    kvt_batch_h b;
-
-    *addr_p = *len_p = 0;
-    if (r == NULL || idx == NULL) {
-        st = KVT_ERR_NO_MEMORY;
-        goto out;
-    }
-    for (uint32_t i = 0; i < desc->nregions && n < MAX; i++) {
-        const kvt_remote_region_t *x = &desc->regions[i];
-        if (x->kind != KVT_MEM_HOST || x->access != KVT_ACCESS_REMOTE_RW ||
-            x->length < (64u << 10))
-            continue;
-        r[n].opcode = KVT_OP_READ;
-        r[n].segment = seg;
-        r[n].local_addr = buf + n * 64;
-        r[n].remote_addr = x->addr;
-        r[n].length = 64;
-        idx[n++] = i;
-    }
-    if (n == 0)
-        goto out;
-    st = kvt_batch_create(e, n, &b);
-    if (st != KVT_OK)
-        goto out;
-    st = kvt_batch_submit_wait(b, r, n, -1);
-    kvt_batch_free(b);
-    for (size_t k = 0; st == KVT_OK && k < n; k++) {
-        const kvt_remote_region_t *x = &desc->regions[idx[k]];
-        char *m = (char *)buf + k * 64;
-        unsigned long long len;
-        m[63] = '\0';
-        /* The mark says the length asked for; the region may be longer
-         * (kvt_mem_alloc() rounds it up). */
-        if (memcmp(m, KVT__DOC_MAGIC, ml) == 0 &&
-            sscanf(m + ml, " %llu", &len) == 1 && len >= (64u << 10) &&
-            len <= x->length) {
-            *addr_p = x->addr;
-            *len_p = len;
-            break;
-        }
-    }
-out:
-    free(r);
-    free(idx);
-    return st;
-}
-
-/* Move @n descriptors of @len bytes between @local and the peer's
- * @raddr, all at once; the batch's status. */
-static kvt_status_t move(kvt_engine_h e, kvt_segment_t seg, uint32_t op,
-                         void *local, uint64_t raddr, uint64_t len, size_t n)
-{
-    kvt_xfer_desc_t x[64];
-    kvt_batch_h b;
-    kvt_status_t st;
-
-    if (n > 64)
-        n = 64;
-    for (size_t i = 0; i < n; i++) {
-        memset(&x[i], 0, sizeof(x[i]));
-        x[i].opcode = op;
-        x[i].segment = seg;
-        x[i].local_addr = local;
-        x[i].remote_addr = raddr;
-        x[i].length = len;
-    }
-    st = kvt_batch_create(e, n, &b);
-    if (st != KVT_OK)
-        return st;
-    st = kvt_batch_submit_wait(b, x, n, -1);
-    kvt_batch_free(b);
-    return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* On transport @id alone: open, find the scratch region, write a pattern
- * and read it back, then bandwidth (writes) and latency (64-byte reads). */
-static void check_transfer(kvt__doc_t *d, uint32_t id, const char *name,
-                           const char *addr)
-{
-    char cid[64];
-    kvt_engine_h e = NULL;
-    kvt_segment_t seg;
-    kvt__segdesc_t desc = {0};
-    kvt_doctor_check_t *c;
-    kvt_status_t st;
-    uint64_t raddr = 0, rlen = 0, chunk, t0;
-    uint8_t *buf = NULL, *back = NULL;
-    kvt__seg_t *g;
-
-    snprintf(cid, sizeof(cid), "peer.transfer.%s", name);
-    kvt__doc_step(d, cid);
-    kvt__doc_cause_reset(d);
-    st = kvt__doc_engine(d, id, &e);
-    if (st == KVT_OK)
-        st = kvt_segment_open(e, addr, &seg);
-    if (st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST ||
-        st == KVT_ERR_UNREACHABLE)
-        goto failed; /* the handshake went through: the data path did not */
-    if (st != KVT_OK) {
-        kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, st,
-                     "see the cause (docs/transports.md)", "%s: no session: %s",
-                     name, kvt__doc_cause(d, kvt_status_str(st)));
-        goto out;
-    }
-    chunk = 4u << 20;
-    buf = aligned_alloc(4096, chunk);
-    back = aligned_alloc(4096, chunk);
-    if (buf == NULL || back == NULL ||
-        kvt_mem_register(e, buf, chunk, KVT_ACCESS_REMOTE_RW) != KVT_OK ||
-        kvt_mem_register(e, back, chunk, KVT_ACCESS_REMOTE_RW) != KVT_OK) {
-        kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, KVT_ERR_NO_MEMORY, NULL,
-                     "%s: no memory for the buffers", name);
-        goto out;
-    }
-    g = kvt__seg_get(e, seg);
-    if (g != NULL) {
-        pthread_mutex_lock(&g->desc_lock);
-        desc.nregions = g->desc.nregions;
-        desc.regions = malloc(desc.nregions * sizeof(*desc.regions) + 1);
-        if (desc.regions != NULL)
-            memcpy(desc.regions, g->desc.regions,
-                   desc.nregions * sizeof(*desc.regions));
-        else
-            desc.nregions = 0;
-        pthread_mutex_unlock(&g->desc_lock);
-        kvt__seg_unref(g);
-    }
-    kvt__doc_cause_reset(d);
-    st = find_scratch(e, seg, &desc, back, &raddr, &rlen);
-    free(desc.regions);
-    if (st != KVT_OK)
-        goto failed;
-    if (raddr == 0) {
-        kvt__doc_add(d, cid, KVT_DOCTOR_SKIP, KVT_OK,
-                     "run `kvt doctor --serve` on the peer's host (or call "
-                     "kvt_doctor_scratch() there) to measure transfers",
-                     "%s: a session opens, but the peer exposes no scratch "
-                     "region; the doctor writes into no other memory",
-                     name);
-        goto out;
-    }
-    if (chunk > rlen - KVT__DOC_HEAD)
-        chunk = (rlen - KVT__DOC_HEAD) & ~(uint64_t)4095;
-    {
-        /* Verified: 64 KiB at a random place, of a pattern of this run's
-         * own (so that two doctors at one peer rarely meet; a mismatch is
-         * tried again elsewhere before it counts). */
-        uint64_t v = chunk < (64u << 10) ? chunk : (64u << 10);
-        uint64_t slots = (rlen - KVT__DOC_HEAD) / v, tag = 0, off = 0;
-        int tries = 0, same = 0;
-        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
-            tag = kvt__now_ns() ^ (uint64_t)getpid();
-        t0 = kvt__now_ns();
-        while (st == KVT_OK && !same && tries++ < 3) {
-            tag = tag * 6364136223846793005ull + 1442695040888963407ull;
-            off = KVT__DOC_HEAD + (tag >> 33) % slots * v;
-            for (uint64_t i = 0; i < v; i++)
-                buf[i] = (uint8_t)(i * 131 + (tag >> 40) + (i >> 12));
-            st = move(e, seg, KVT_OP_WRITE, buf, raddr + off, v, 1);
-            if (st == KVT_OK)
-                st = move(e, seg, KVT_OP_READ, back, raddr + off, v, 1);
-            same = st == KVT_OK && memcmp(buf, back, v) == 0;
-        }
-        if (st != KVT_OK)
-            goto failed;
-        if (!same) {
-            kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, KVT_ERR_IO,
-                         "run it again (another doctor may have written "
-                         "there at the same moment); if it stays, report it",
-                         "%s: %llu bytes written and read back differ, three "
-                         "times at three places",
-                         name, (unsigned long long)v);
-            goto out;
-        }
-        c = kvt__doc_add(d, cid, KVT_DOCTOR_OK, KVT_OK, NULL,
-                         "%s: %llu bytes written and read back, verified", name,
-                         (unsigned long long)v);
-        if (c == NULL)
-            goto out;
-        c->ms = ms_since(t0);
-        kvt__doc_beat(d, cid);
-    }
-    if (d->probe_bytes > 0) {
-        /* Bandwidth: writes of @chunk, 16 at a time, until probe_bytes
-         * or the timeout; each batch tells the parent the step lives. */
-        uint64_t moved = 0, limit = d->timeout_ms * 1000000ull;
-        t0 = kvt__now_ns();
-        while (st == KVT_OK && moved < d->probe_bytes &&
-               kvt__now_ns() - t0 < limit) {
-            uint64_t left = (d->probe_bytes - moved + chunk - 1) / chunk;
-            size_t n = left > 16 ? 16 : (size_t)left;
-            st = move(e, seg, KVT_OP_WRITE, buf, raddr + KVT__DOC_HEAD, chunk,
-                      n);
-            moved += n * chunk;
-            kvt__doc_beat(d, cid);
-        }
-        if (st != KVT_OK)
-            goto failed;
-        c = &d->r->c[d->r->n - 1];
-        c->mbps = (double)moved / ((double)(kvt__now_ns() - t0) / 1e9) / 1e6;
-    }
-    {
-        double lat[33];
-        for (int i = 0; st == KVT_OK && i < 33; i++) {
-            t0 = kvt__now_ns();
-            st = move(e, seg, KVT_OP_READ, back, raddr + KVT__DOC_HEAD, 64, 1);
-            lat[i] = (double)(kvt__now_ns() - t0) / 1e3;
-        }
-        if (st != KVT_OK)
-            goto failed;
-        qsort(lat, 33, sizeof(lat[0]), cmp_double);
-        c = &d->r->c[d->r->n - 1];
-        c->lat_us = lat[16];
-    }
-    goto out;
-
-failed:
-    if (st == KVT_ERR_TIMEDOUT || st == KVT_ERR_CONN_LOST ||
-        st == KVT_ERR_UNREACHABLE)
-        kvt__doc_add(
-            d, cid, KVT_DOCTOR_FAIL, st,
-            id == KVT_TRANSPORT_UCX
-                ? "let TCP from this host to the peer's UCX ports through "
-                  "the firewall (UCX's tcp transport listens on ports of its "
-                  "own, not kvt's), or use tcp"
-                : "let the data connections through the firewall",
-            "%s: the control port answered, but the data path did not "
-            "(%s within %llu ms): a firewall drops the %s data "
-            "connections%s",
-            name, kvt_status_name(st), (unsigned long long)d->timeout_ms, name,
-            id == KVT_TRANSPORT_UCX ? " to the ports UCX listens on" : "");
-    else
-        kvt__doc_add(d, cid, KVT_DOCTOR_FAIL, st, "see the cause",
-                     "%s: transfer failed: %s", name,
-                     kvt__doc_cause(d, kvt_status_str(st)));
-out:
-    kvt__doc_step(d, NULL);
-    drop_engine(d, e);
-    if (d->out_fd < 0) {
-        free(buf);
-        free(back);
-    }
 }
 
 static void peer_checks(kvt__doc_t *d)
@@ -751,9 +517,9 @@ static void peer_checks(kvt__doc_t *d)
         if (kvt__segdesc_tl(&live, e->tl[i]->ops->id) != NULL &&
             (!(e->tl[i]->ops->caps.flags & KVT__TL_SAME_HOST) ||
              (live.host_id == d->host_id && live.pid != 0)))
-            check_transfer(d, e->tl[i]->ops->id, e->tl[i]->ops->name, addr);
+            kvt__doc_transfer(d, e->tl[i]->ops->id, e->tl[i]->ops->name, addr);
 out:
-    drop_engine(d, e);
+    kvt__doc_drop_engine(d, e);
     kvt__segdesc_clear(&meta);
     kvt__segdesc_clear(&live);
 }

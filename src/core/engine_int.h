@@ -172,7 +172,7 @@ void kvt__streams_release(kvt_engine_h e);
  * session and the segment. A closed segment's handle is refused from then
  * on, and its slot is reused only with another generation.
  */
-#define KVT__WHY_MAX 384 /* the reason of one pair's route */
+#define KVT__WHY_MAX 512 /* the reason of one pair's route */
 
 struct kvt__seg {
     kvt_engine_h engine;

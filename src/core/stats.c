@@ -295,6 +295,7 @@ kvt_status_t kvt__stats_init(kvt_engine_h e)
      * costs); the engine's metrics then read 0. */
     e->stats.on =
         !(off != NULL && (strcmp(off, "off") == 0 || strcmp(off, "0") == 0));
+    e->cfg.metrics_on = e->stats.on;
     e->stats.id = atomic_fetch_add(&next_id, 1);
     atomic_store(&e->stats.shards, NULL);
     pthread_once(&tsc_once, tsc_init);

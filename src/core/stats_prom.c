@@ -272,8 +272,8 @@ static void transport_family(kvt__prom_out_t *o, const family_t *f,
     }
 }
 
-static void family(kvt__prom_out_t *o, const family_t *f, const char *en,
-                   const kvt_engine_stats_t *s)
+static void family(kvt_engine_h e, kvt__prom_out_t *o, const family_t *f,
+                   const char *en, const kvt_engine_stats_t *s)
 {
     if (f->shape == ONE)
         sample(o, f->name, en, NULL, NULL, NULL, at(s, f->off));
@@ -281,7 +281,8 @@ static void family(kvt__prom_out_t *o, const family_t *f, const char *en,
         statuses(o, f, en, NULL, s);
     else if (f->shape == PER_SERVED_OP)
         for (unsigned t = 0; t < s->ntransports; t++)
-            for (unsigned k = 0; k < f->nops; k++)
+            for (unsigned k = 0; k < f->nops && e->tl[t]->ops->served != NULL;
+                 k++)
                 sample(o, f->name, en, s->transports[t].name, "op", op_name[k],
                        at(&s->served[t], f->op[k]));
     else
@@ -302,7 +303,7 @@ static void render(kvt_engine_h e, const kvt_engine_stats_t *s,
         if (meta)
             put(o, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
                 f->type);
-        family(o, f, en, s);
+        family(e, o, f, en, s);
     }
 }
 

@@ -58,6 +58,7 @@ typedef struct {
     size_t slice_size;
     uint64_t host_id;      /* boot id and pid namespace, hashed */
     char net_devices[128]; /* empty: none named */
+    int metrics_on;        /* 0: KVT_METRICS=off, transports count nothing */
     /* The key derived from the shared secret (off: no secret): every
      * session set-up proves it (docs/security.md). */
     kvt__auth_t auth;

@@ -142,7 +142,7 @@ void kvt__tl_explain(kvt_engine_h e, const kvt__segdesc_t *d,
     } known[] = {{KVT_TRANSPORT_TCP, "tcp"},
                  {KVT_TRANSPORT_SHM, "shm"},
                  {KVT_TRANSPORT_UCX, "ucx"}};
-    char why[KVT__TL_MAX][KVT__WHY_MAX / 2];
+    char why[KVT__TL_MAX][KVT__WHY_MAX];
     unsigned serving = 0;
     const kvt__tl_ops_t *ops;
 

@@ -163,7 +163,7 @@ static kvt_status_t answer_error(const char *what, long code, json_object *resp)
     if (resp != NULL && (json_object_object_get_ex(resp, "message", &v) ||
                          json_object_object_get_ex(resp, "error", &v)))
         msg = json_object_get_string(v);
-    if (code == 404 || msg == NULL || msg[0] == '\0')
+    if (code == 404)
         /* Not etcd's gateway: most often another metadata server behind
          * an address given without a scheme, which Mooncake (and kvt)
          * take as etcd's. */

@@ -211,6 +211,7 @@ struct kvt__shm {
     pthread_mutex_t chan_lock; /* channel list, snapshots, leases */
     shm_tchan_t *chans;
     uint64_t served_gone[4]; /* the channels' served[] at their close */
+    _Atomic uint64_t served_last[4]; /* the sums last read, never less */
     uint64_t snap_seq;
     /* The stage helper (shm_target.c), started by the service thread. */
     pthread_t helper;

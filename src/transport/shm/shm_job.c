@@ -544,7 +544,8 @@ static void job_done(shm_session_t *s, job_t *j)
     kvt__shm_t *shm = s->shm;
     int release_now = 0, notify_ready = 0;
 
-    if ((j->op == KVT_OP_WRITE || j->op == KVT_OP_READ) && s->ch != NULL) {
+    if ((j->op == KVT_OP_WRITE || j->op == KVT_OP_READ) && s->ch != NULL &&
+        s->shm->cfg->metrics_on) {
         /* For the target's metrics: the descriptors that succeeded and
          * their bytes. */
         unsigned k = j->op == KVT_OP_READ;

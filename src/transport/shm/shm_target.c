@@ -585,12 +585,29 @@ void kvt__shm_served(kvt__tl_t *tl, uint64_t out[4])
 {
     kvt__shm_t *shm = (kvt__shm_t *)tl;
 
-    pthread_mutex_lock(&shm->chan_lock);
+    uint64_t v[4];
+
+    /* The channel lock is held across copy-outs and registry drains:
+     * metrics never wait for it; while it is busy the last sums stand. */
+    if (pthread_mutex_trylock(&shm->chan_lock) == 0) {
+        for (unsigned k = 0; k < 4; k++)
+            v[k] = shm->served_gone[k];
+        for (shm_tchan_t *c = shm->chans; c != NULL; c = c->next)
+            for (unsigned k = 0; k < 4 && c->ch != NULL; k++)
+                v[k] += atomic_load_explicit(&c->ch->served[k],
+                                             memory_order_relaxed);
+        /* Peers write their counts: one that goes down (a peer that
+         * lies, or left) does not make the sum go back. */
+        for (unsigned k = 0; k < 4; k++) {
+            uint64_t was = atomic_load_explicit(&shm->served_last[k],
+                                                memory_order_relaxed);
+            if (v[k] > was)
+                atomic_store_explicit(&shm->served_last[k], v[k],
+                                      memory_order_relaxed);
+        }
+        pthread_mutex_unlock(&shm->chan_lock);
+    }
     for (unsigned k = 0; k < 4; k++)
-        out[k] += shm->served_gone[k];
-    for (shm_tchan_t *c = shm->chans; c != NULL; c = c->next)
-        for (unsigned k = 0; k < 4 && c->ch != NULL; k++)
-            out[k] +=
-                atomic_load_explicit(&c->ch->served[k], memory_order_relaxed);
-    pthread_mutex_unlock(&shm->chan_lock);
+        out[k] +=
+            atomic_load_explicit(&shm->served_last[k], memory_order_relaxed);
 }

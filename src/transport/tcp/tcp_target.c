@@ -135,6 +135,8 @@ static void count_served(tcp_conn_t *c, unsigned k, size_t nf)
     _Atomic uint64_t *v = c->w->served;
     uint64_t bytes = 0;
 
+    if (!c->w->tcp->cfg->metrics_on)
+        return; /* KVT_METRICS=off */
     for (uint32_t s = 0; s < c->rx_nsegs; s++)
         if (c->rx_segs[s].valid && c->rx_pstatus[c->rx_segs[s].piece] == KVT_OK)
             bytes += c->rx_segs[s].len;
@@ -264,7 +266,6 @@ static void handle_read(tcp_conn_t *c)
         }
     }
     nf = count_fails(c);
-    count_served(c, 1, nf);
     r = kvt__tcp_resp_alloc(3 + nvalid, nf * KVT_WIRE_FAIL_LEN, nvalid);
     if (r == NULL) {
         if (stage != NULL)
@@ -272,6 +273,7 @@ static void handle_read(tcp_conn_t *c)
         shutdown(c->fd, SHUT_RDWR);
         return;
     }
+    count_served(c, 1, nf);
     r->stage = stage;
     r->stage_len = dev_bytes;
     r->tcp = tcp;
