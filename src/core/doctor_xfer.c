@@ -113,7 +113,7 @@ static int cmp_double(const void *a, const void *b)
 /* On transport @id alone: open, find the scratch region, write a pattern
  * and read it back, then bandwidth (writes) and latency (64-byte reads). */
 void kvt__doc_transfer(kvt__doc_t *d, uint32_t id, const char *name,
-                           const char *addr)
+                       const char *addr)
 {
     char cid[64];
     kvt_engine_h e = NULL;
@@ -287,4 +287,3 @@ out:
         free(back);
     }
 }
-
