@@ -50,44 +50,6 @@ static void usage(FILE *f)
             "one did, 2 for bad usage.\n");
 }
 
-static int parse_transports(const char *s, uint32_t *out)
-{
-    char buf[128], *save = NULL, *t;
-
-    snprintf(buf, sizeof(buf), "%s", s);
-    *out = 0;
-    for (t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(t, "tcp"))
-            *out |= KVT_TRANSPORT_TCP;
-        else if (!strcmp(t, "shm"))
-            *out |= KVT_TRANSPORT_SHM;
-        else if (!strcmp(t, "ucx"))
-            *out |= KVT_TRANSPORT_UCX;
-        else if (!strcmp(t, "all"))
-            *out = KVT_TRANSPORT_ALL;
-        else
-            return -1;
-    }
-    return *out != 0 ? 0 : -1;
-}
-
-static int parse_kinds(const char *s, uint32_t *out)
-{
-    char buf[64], *save = NULL, *t;
-
-    snprintf(buf, sizeof(buf), "%s", s);
-    *out = 0;
-    for (t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(t, "host"))
-            *out |= 1u << KVT_MEM_HOST;
-        else if (!strcmp(t, "cuda"))
-            *out |= 1u << KVT_MEM_CUDA;
-        else
-            return -1;
-    }
-    return *out != 0 ? 0 : -1;
-}
-
 /* Be a peer to check until SIGINT or SIGTERM. */
 static int serve(kvt_engine_params_t *ep, uint64_t scratch)
 {
@@ -190,7 +152,7 @@ int kvt_cmd_doctor(int argc, char **argv)
             ep.field_mask |= KVT_ENGINE_PARAM_PORT;
             ep.port = (uint16_t)port;
         } else if ((v = cli_opt(argc, argv, &i, "transports")) != NULL) {
-            if (parse_transports(v, &p.transports) != 0) {
+            if (kvt_transport_bits(v, &p.transports) != KVT_OK) {
                 fprintf(stderr,
                         "kvt doctor: bad --transports '%s' (a list of tcp, "
                         "shm, ucx, all)\n",
@@ -206,7 +168,7 @@ int kvt_cmd_doctor(int argc, char **argv)
             ep.field_mask |= KVT_ENGINE_PARAM_AUTH_TOKEN;
             ep.auth_token = v;
         } else if ((v = cli_opt(argc, argv, &i, "mem")) != NULL) {
-            if (parse_kinds(v, &p.mem_kinds) != 0) {
+            if (kvt_mem_kind_bits(v, &p.mem_kinds) != KVT_OK) {
                 fprintf(stderr,
                         "kvt doctor: bad --mem '%s' (a list of host, "
                         "cuda)\n",

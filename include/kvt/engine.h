@@ -72,6 +72,20 @@ typedef struct {
 KVT_API kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
                                     size_t *count_p);
 
+/*
+ * kvt_transport_bits() - the KVT_TRANSPORT_* bits of a list of transport
+ * names ("tcp,shm,ucx"; commas or spaces between them; "all" is
+ * KVT_TRANSPORT_ALL), for tools and bindings that take the list from
+ * people. A name need not be built in (kvt_transports() says which are).
+ * kvt_mem_kind_bits() - the same for memory kinds ("host,cuda"): bits
+ * 1 << kvt_mem_kind_t.
+ *
+ * Thread-safe. Each returns KVT_OK with *bits_p set, or KVT_ERR_INVALID_PARAM
+ * (NULL arguments, an unknown name, an empty list).
+ */
+KVT_API kvt_status_t kvt_transport_bits(const char *names, uint32_t *bits_p);
+KVT_API kvt_status_t kvt_mem_kind_bits(const char *names, uint32_t *bits_p);
+
 /* A memory domain built into this library: a kind of memory it can
  * register. */
 typedef struct {

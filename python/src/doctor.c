@@ -5,64 +5,23 @@
  */
 #include "kvtpy.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <kvt/doctor.h>
 
-static int transports_of(PyObject *o, uint32_t *out)
+/* A list of names from Python into bits through @parse; ValueError
+ * naming @what when it does not parse. */
+static int bits_of(PyObject *o, const char *what, const char *choices,
+                   kvt_status_t (*parse)(const char *, uint32_t *),
+                   uint32_t *out)
 {
-    const char *s = kvtpy_cstr(o, "transports");
-    char buf[128], *save = NULL, *t;
+    const char *s = kvtpy_cstr(o, what);
 
     if (s == NULL)
         return -1;
-    snprintf(buf, sizeof(buf), "%s", s);
-    *out = 0;
-    for (t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-        if (!strcmp(t, "tcp"))
-            *out |= KVT_TRANSPORT_TCP;
-        else if (!strcmp(t, "shm"))
-            *out |= KVT_TRANSPORT_SHM;
-        else if (!strcmp(t, "ucx"))
-            *out |= KVT_TRANSPORT_UCX;
-        else if (!strcmp(t, "all"))
-            *out = KVT_TRANSPORT_ALL;
-        else {
-            PyErr_Format(PyExc_ValueError,
-                         "transports: '%s' is not tcp, shm, ucx or all", t);
-            return -1;
-        }
-    }
-    if (*out == 0) {
-        PyErr_SetString(PyExc_ValueError, "transports: none named");
-        return -1;
-    }
-    return 0;
-}
-
-static int kinds_of(PyObject *o, uint32_t *out)
-{
-    const char *s = kvtpy_cstr(o, "mem");
-    char buf[64], *save = NULL, *t;
-
-    if (s == NULL)
-        return -1;
-    snprintf(buf, sizeof(buf), "%s", s);
-    *out = 0;
-    for (t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-        if (!strcmp(t, "host"))
-            *out |= 1u << KVT_MEM_HOST;
-        else if (!strcmp(t, "cuda"))
-            *out |= 1u << KVT_MEM_CUDA;
-        else {
-            PyErr_Format(PyExc_ValueError, "mem: '%s' is not host or cuda", t);
-            return -1;
-        }
-    }
-    if (*out == 0) {
-        PyErr_SetString(PyExc_ValueError, "mem: no kind named");
+    if (parse(s, out) != KVT_OK) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' is not a list of %s", what, s,
+                     choices);
         return -1;
     }
     return 0;
@@ -92,7 +51,8 @@ PyObject *kvtpy_doctor_json(PyObject *mod, PyObject *args, PyObject *kw)
     if (p.local_host != NULL)
         p.field_mask |= KVT_DOCTOR_PARAM_LOCAL_HOST;
     if (transports != Py_None) {
-        if (transports_of(transports, &p.transports) < 0)
+        if (bits_of(transports, "transports", "tcp, shm, ucx, all",
+                    kvt_transport_bits, &p.transports) < 0)
             return NULL;
         p.field_mask |= KVT_DOCTOR_PARAM_TRANSPORTS;
     }
@@ -103,7 +63,8 @@ PyObject *kvtpy_doctor_json(PyObject *mod, PyObject *args, PyObject *kw)
         p.field_mask |= KVT_DOCTOR_PARAM_AUTH_TOKEN;
     }
     if (mem != Py_None) {
-        if (kinds_of(mem, &p.mem_kinds) < 0)
+        if (bits_of(mem, "mem", "host, cuda", kvt_mem_kind_bits, &p.mem_kinds) <
+            0)
             return NULL;
         p.field_mask |= KVT_DOCTOR_PARAM_MEM_KINDS;
     }

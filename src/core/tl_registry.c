@@ -94,3 +94,56 @@ kvt_status_t kvt_transports(kvt_transport_info_t *out, size_t max,
     *count_p = n;
     return KVT_OK;
 }
+
+/* The bits of a list of names: @table's names, NULL-ended, with their
+ * bits; "all" (@all != 0) for @all. */
+static kvt_status_t name_bits(const char *names, const char *const *table,
+                              const uint32_t *bits, uint32_t all,
+                              uint32_t *bits_p)
+{
+    uint32_t out = 0;
+    const char *p = names;
+
+    if (names == NULL || bits_p == NULL)
+        return KVT_ERR_INVALID_PARAM;
+    while (*p != '\0') {
+        size_t n = strcspn(p, ", ");
+        size_t k = 0;
+        if (n == 0) {
+            p++;
+            continue;
+        }
+        if (all != 0 && n == 3 && strncmp(p, "all", 3) == 0) {
+            out |= all;
+        } else {
+            for (; table[k] != NULL; k++)
+                if (strlen(table[k]) == n && strncmp(p, table[k], n) == 0)
+                    break;
+            if (table[k] == NULL)
+                return KVT_ERR_INVALID_PARAM;
+            out |= bits[k];
+        }
+        p += n;
+    }
+    if (out == 0)
+        return KVT_ERR_INVALID_PARAM;
+    *bits_p = out;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_transport_bits(const char *names, uint32_t *bits_p)
+{
+    static const char *const n[] = {"tcp", "shm", "ucx", NULL};
+    static const uint32_t b[] = {KVT_TRANSPORT_TCP, KVT_TRANSPORT_SHM,
+                                 KVT_TRANSPORT_UCX};
+
+    return name_bits(names, n, b, KVT_TRANSPORT_ALL, bits_p);
+}
+
+kvt_status_t kvt_mem_kind_bits(const char *names, uint32_t *bits_p)
+{
+    static const char *const n[] = {"host", "cuda", NULL};
+    static const uint32_t b[] = {1u << KVT_MEM_HOST, 1u << KVT_MEM_CUDA};
+
+    return name_bits(names, n, b, 0, bits_p);
+}

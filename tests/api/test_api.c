@@ -192,6 +192,23 @@ KVT_TEST(transports_and_engines)
     COVER(kvt_transports, KVT_OK, kvt_transports(t, 16, &n));
     CHECK(n >= 1);
     COVER(kvt_transports, KVT_ERR_INVALID_PARAM, kvt_transports(t, 1, NULL));
+    {
+        uint32_t bits = 0;
+        COVER(kvt_transport_bits, KVT_OK,
+              kvt_transport_bits("tcp, ucx", &bits));
+        CHECK(bits == (KVT_TRANSPORT_TCP | KVT_TRANSPORT_UCX));
+        CHECK_OK(kvt_transport_bits("all", &bits));
+        CHECK(bits == KVT_TRANSPORT_ALL);
+        COVER(kvt_transport_bits, KVT_ERR_INVALID_PARAM,
+              kvt_transport_bits("tcp,rdma", &bits));
+        CHECK_ST(kvt_transport_bits(",", &bits), KVT_ERR_INVALID_PARAM);
+        CHECK_ST(kvt_transport_bits("tc", &bits), KVT_ERR_INVALID_PARAM);
+        COVER(kvt_mem_kind_bits, KVT_OK, kvt_mem_kind_bits("host,cuda", &bits));
+        CHECK(bits == 3);
+        COVER(kvt_mem_kind_bits, KVT_ERR_INVALID_PARAM,
+              kvt_mem_kind_bits("all", &bits));
+        CHECK_ST(kvt_mem_kind_bits(NULL, &bits), KVT_ERR_INVALID_PARAM);
+    }
     COVER(kvt_transports, KVT_ERR_INVALID_PARAM, kvt_transports(NULL, 1, &n));
     {
         kvt_mem_domain_info_t d[8];
