@@ -143,6 +143,49 @@ static void check_transports(kvt__doc_t *d)
     }
 }
 
+/* Device memory registered on an engine that runs transport @tl alone. */
+static void device_per_transport(kvt__doc_t *d, const kvt__tl_t *tl)
+{
+    const kvt__tl_ops_t *ops = tl->ops;
+    kvt_mem_params_t mp = {0};
+    kvt_engine_h e = NULL;
+    void *mem = NULL;
+    char id[64];
+    kvt_status_t st;
+
+    snprintf(id, sizeof(id), "host.memory.cuda.%s", ops->name);
+    if (!(tl->local_mem & KVT__MEM_BIT(KVT_MEM_CUDA))) {
+        kvt__doc_add(d, id, KVT_DOCTOR_SKIP, KVT_OK, NULL,
+                     "%s does not move device memory here%s", ops->name,
+                     ops->id == KVT_TRANSPORT_UCX
+                         ? " (its UCX has no CUDA transport): pairs with "
+                           "device memory go another way"
+                         : "");
+        return;
+    }
+    kvt__doc_cause_reset(d);
+    st = kvt__doc_engine(d, ops->id, &e);
+    if (st == KVT_OK) {
+        mp.field_mask = KVT_MEM_PARAM_KIND;
+        mp.kind = KVT_MEM_CUDA;
+        st = kvt_mem_alloc_ex(e, 2u << 20, &mp, &mem);
+    }
+    if (st != KVT_OK)
+        kvt__doc_add(d, id, KVT_DOCTOR_FAIL, st, "see the cause (docs/cuda.md)",
+                     "device memory does not register for %s: %s", ops->name,
+                     kvt__doc_cause(d, kvt_status_str(st)));
+    else
+        kvt__doc_add(d, id, KVT_DOCTOR_OK, KVT_OK, NULL,
+                     "device memory registers for %s%s", ops->name,
+                     ops->id == KVT_TRANSPORT_TCP
+                         ? " (moved staged through pinned host memory)"
+                     : ops->id == KVT_TRANSPORT_SHM
+                         ? " (shared with same-host peers through the "
+                           "driver's IPC where it allows, else staged)"
+                         : "");
+    kvt_engine_destroy(e);
+}
+
 /* Device memory: a driver and devices, and whether a region registers. */
 static void check_device(kvt__doc_t *d)
 {
@@ -211,6 +254,9 @@ static void check_device(kvt__doc_t *d)
             kvt__doc_add(d, "host.memory.cuda", KVT_DOCTOR_OK, KVT_OK, NULL,
                          "%s; device memory registers, moved here by: %s",
                          dom[i].detail, used ? list : "no transport");
+            /* And for each transport alone: its own registration. */
+            for (unsigned k = 0; k < e->ntl; k++)
+                device_per_transport(d, e->tl[k]);
         }
         kvt_engine_destroy(e);
     }

@@ -246,6 +246,7 @@ if [ "$DOUBLE" != none ]; then
         --host 10.78.1.2 --port 17008 || failures=$((failures + 1))
     case_ "device memory with the driver (test double)" 0 \
         '^ok +host.memory.cuda +driver [0-9.]+, [0-9]+ devices; device memory registers' \
+        '^ok +host.memory.cuda.tcp +device memory registers for tcp' \
         '^ok +peer.select.cuda-host +cuda->host: tcp \(one transport for every kind of memory in use.*device memory staged through pinned host memory\)' -- \
         env KVT_CUDA_LIBRARY="$DOUBLE" "$KVT" doctor 10.78.1.2:17008 \
         --host 10.78.1.1 --mem host,cuda --probe 1M
