@@ -308,7 +308,7 @@ static void peer_main(int in_fd, int out_fd, const peer_opts_t *o)
             const kvt_served_stats_t *v = NULL;
             char name[16];
             st->version = KVT_STATS_VERSION;
-            snprintf(name, sizeof(name), "%s", line + 7);
+            snprintf(name, sizeof(name), "%.15s", line + 7);
             name[strcspn(name, "\n")] = '\0';
             if (kvt_engine_stats(e, st) == KVT_OK)
                 for (uint32_t i = 0; i < st->ntransports; i++)
