@@ -9,6 +9,8 @@
  */
 #include "kvtpy.h"
 
+#include <stdio.h>
+
 /* Notifications taken per kvt_notify_recv() call by get_notifies(). */
 #define NOTIFY_CHUNK 16
 
@@ -101,14 +103,16 @@ static PyObject *m_send_probe(PyObject *self, PyObject *const *args,
 }
 
 /*
- * get_segment_transport(segment) (kvt's own): the name of the transport
- * that carries host-memory transfers to the segment ("tcp", "shm",
- * "ucx"), opening it if need be; "" when it cannot be opened.
+ * The route of host-memory transfers to the segment named by @arg, opening
+ * it if need be: its transport's name ("tcp", "shm", "ucx"), or with
+ * @reason why it and not the others (kvt_segment_transport_reason()); ""
+ * when the segment cannot be opened (the log says why).
  */
-static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
+static PyObject *segment_route(PyObject *self, PyObject *arg, int reason)
 {
     kvtpy_engine_t *e = (kvtpy_engine_t *)self;
-    const char *name, *t = "";
+    char out[512] = "";
+    const char *name, *t = NULL;
     kvt_segment_t seg;
     kvt_status_t st;
 
@@ -119,40 +123,28 @@ static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     st = kvt_segment_open(e->engine, name, &seg);
-    if (st == KVT_OK && kvt_segment_transport(e->engine, seg, KVT_MEM_HOST,
-                                              KVT_MEM_HOST, &t) != KVT_OK)
-        t = "";
+    if (st == KVT_OK && reason)
+        st = kvt_segment_transport_reason(e->engine, seg, KVT_MEM_HOST,
+                                          KVT_MEM_HOST, out, sizeof(out));
+    else if (st == KVT_OK && kvt_segment_transport(e->engine, seg, KVT_MEM_HOST,
+                                                   KVT_MEM_HOST, &t) == KVT_OK)
+        snprintf(out, sizeof(out), "%s", t);
+    if (st != KVT_OK)
+        out[0] = '\0';
     Py_END_ALLOW_THREADS
-    return PyUnicode_FromString(t);
+    return PyUnicode_FromString(out);
 }
 
-/*
- * get_segment_transport_reason(segment) (kvt's own): why host-memory
- * transfers to the segment go where they go
- * (kvt_segment_transport_reason()), opening it if need be; "" when it
- * cannot be opened (the log says why).
- */
+/* get_segment_transport(segment) (kvt's own): segment_route(). */
+static PyObject *m_get_segment_transport(PyObject *self, PyObject *arg)
+{
+    return segment_route(self, arg, 0);
+}
+
+/* get_segment_transport_reason(segment) (kvt's own): segment_route(). */
 static PyObject *m_get_segment_transport_reason(PyObject *self, PyObject *arg)
 {
-    kvtpy_engine_t *e = (kvtpy_engine_t *)self;
-    char why[512] = "";
-    const char *name;
-    kvt_segment_t seg;
-    kvt_status_t st;
-
-    if (kvtpy_need_engine(e) < 0)
-        return NULL;
-    name = kvtpy_cstr(arg, "segment_name");
-    if (name == NULL)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvt_segment_open(e->engine, name, &seg);
-    if (st == KVT_OK &&
-        kvt_segment_transport_reason(e->engine, seg, KVT_MEM_HOST, KVT_MEM_HOST,
-                                     why, sizeof(why)) != KVT_OK)
-        why[0] = '\0';
-    Py_END_ALLOW_THREADS
-    return PyUnicode_FromString(why);
+    return segment_route(self, arg, 1);
 }
 
 /*
