@@ -195,7 +195,9 @@ class Vllm:
         if kind == "mooncake-real":
             path.insert(0, str(REAL_MOONCAKE))
         if kind == "nixl-real":
-            path.insert(0, str(REAL_NIXL))
+            # NIXL's wheel, its progress thread sleeping
+            # (nixl_ref/sitecustomize.py says why).
+            path[:0] = [str(HERE / "nixl_ref"), str(REAL_NIXL)]
         if kind.startswith("nixl"):
             # vLLM's NixlConnector handshakes over its own side channel.
             self.side_port = like.side_port if like else free_port()
