@@ -9,7 +9,8 @@ token.
   with prefill TP 2 and decode TP 1 (through the module path
   mooncake.mooncake_connector_v1) and the reverse;
 - d: vLLM's NixlConnector (decode reads prefill's blocks) with
-  nixl = kvt's drop-in, and e: the same on NIXL's own wheel (UCX);
+  nixl = kvt's drop-in, and e: the same on NIXL's own wheel (UCX; its
+  progress thread with a 1 ms delay, nixl_ref/sitecustomize.py);
 - a prefill instance killed in the middle of a batch, for a, c and d.
 
 Run by `make test-frameworks` (scripts/frameworks sets up build/fw).

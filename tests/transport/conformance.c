@@ -1469,6 +1469,68 @@ KVT_TEST(submit_wait)
     teardown(&f);
 }
 
+/* CPU seconds (user and system) that process @pid has used. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024], *p;
+    unsigned long long ut = 0, stime = 0;
+    FILE *fp;
+    size_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fp = fopen(path, "r");
+    CHECK(fp != NULL);
+    n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    /* After the command's closing parenthesis: state is field 3, utime
+     * and stime fields 14 and 15. */
+    p = strrchr(buf, ')');
+    CHECK(p != NULL);
+    CHECK(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                 &ut, &stime) == 2);
+    return (double)(ut + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/*
+ * An engine that moves nothing costs nothing: after a write and a read,
+ * with the session open, neither side polls. A progress thread that
+ * spins (as NIXL's does with its default delay of 0) takes a whole CPU
+ * on each side, starves the serving framework's own threads on a small
+ * host and is seen here as about one CPU second per second. The bound,
+ * a tenth of a CPU over a second on each side, leaves room for the
+ * periodic ticks (tcp's worker, 50 ms) and for sanitizer builds.
+ */
+KVT_TEST(idle_costs_no_cpu)
+{
+    enum { LEN = 1 << 20 };
+    fixture_t f;
+    kvt_xfer_desc_t d;
+    double self0, peer0, self1, peer1, t0, secs;
+
+    setup(&f, 2 * LEN, 0);
+    pattern_fill(f.local, LEN, 17, 0);
+    d = desc(&f, KVT_OP_WRITE, f.local, f.peer.main_addr, LEN);
+    CHECK_OK(run(f.e, &d, 1));
+    d = desc(&f, KVT_OP_READ, f.local + LEN, f.peer.main_addr, LEN);
+    CHECK_OK(run(f.e, &d, 1));
+    CHECK(pattern_check(f.local + LEN, LEN, 17, 0) == 0);
+    /* Let completions and lazy teardown of the transfers settle. */
+    usleep(200000);
+    t0 = kvt_test_now();
+    self0 = proc_cpu_s(getpid());
+    peer0 = proc_cpu_s(f.peer.pid);
+    sleep(1);
+    self1 = proc_cpu_s(getpid());
+    peer1 = proc_cpu_s(f.peer.pid);
+    secs = ms_since(t0) / 1000.0;
+    fprintf(stderr, "%s idle over %.2f s: this side %.3f CPU s, peer %.3f\n",
+            g_tl.name, secs, self1 - self0, peer1 - peer0);
+    CHECK(self1 - self0 < 0.1 * secs);
+    CHECK(peer1 - peer0 < 0.1 * secs);
+    teardown(&f);
+}
+
 static const kvt_test_case_t cases[] = {
     KVT_CASE(write_single, 30),
     KVT_CASE(read_single, 30),
@@ -1494,6 +1556,7 @@ static const kvt_test_case_t cases[] = {
     KVT_CASE(open_maps_lazily, 30),
     KVT_CASE(open_close_cycles, 120),
     KVT_CASE(many_regions, 120),
+    KVT_CASE(idle_costs_no_cpu, 30),
 };
 
 int main(int argc, char **argv)
