@@ -134,6 +134,30 @@ class Proc:
                 total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 
+    def errors(self, n=4):
+        """The first @n lines logged at ERROR by this run of the process
+        (traceback frames left out): what a failed request's caller is
+        shown."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        run = text.rsplit("\n==== ", 1)[-1]
+        out = []
+        for line in run.splitlines():
+            if " ERROR " not in line:
+                continue
+            msg = line.split("] ", 1)[-1]
+            # A traceback's frames are indented.
+            if not msg.strip() or msg[0].isspace() or msg.startswith(
+                    "Traceback"):
+                continue
+            msg = msg.strip()
+            out.append(f"{self.name}: {msg[:300]}")
+            if len(out) == n:
+                break
+        return out
+
     def tail(self, n=40):
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()

@@ -47,10 +47,17 @@ TRANSFER_TIMEOUT_S = 30
 PEER_TIMEOUT_MS = 120000
 
 
-def run_prompts(url, prompts=PROMPTS):
+def run_prompts(target, prompts=PROMPTS):
+    """Greedy outputs of @prompts, one at a time, from a URL or through a
+    Pair's proxy (a failure then names the errors its instances logged)."""
+    url = target.proxy.url if isinstance(target, Pair) else target
     out = []
     for p in prompts:
         status, toks = complete(url, p, MAX_TOKENS)
+        if status != 200 and isinstance(target, Pair):
+            logged = "\n".join(target.errors()) or "(none)"
+            raise AssertionError(f"prompt of {len(p)} tokens: {toks}; "
+                                 f"the instances logged:\n{logged}")
         assert status == 200, f"prompt of {len(p)} tokens: {toks}"
         out.append(toks)
     return out
@@ -142,6 +149,10 @@ class Pair:
                           "kvt_transfer_bytes_total", op="write")
                    for r in range(self.ptp if self.kind == "kvt" else 1))
 
+    def errors(self):
+        """What prefill and decode logged at ERROR in this run."""
+        return self.prefill.proc.errors() + self.decode.proc.errors()
+
     def stop(self):
         for p in (self.proxy, self.prefill, self.decode, self.metad):
             if p is not None:
@@ -168,7 +179,7 @@ def test_prompt_set():
 def test_a_mooncake_connector_on_kvt(reference):
     pair = Pair("a", "mooncake-kvt", "mooncake")
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "a")
+        expect_same(run_prompts(pair), reference, "a")
         moved = pair.bytes_written()
         assert moved == expected_kv_bytes(PROMPTS), moved
     finally:
@@ -185,7 +196,7 @@ def on_the_reference(way, kind, proxy_flow, reference):
     for attempt in (1, 2):
         pair = Pair(way, kind, proxy_flow)
         try:
-            expect_same(run_prompts(pair.proxy.url), reference, way)
+            expect_same(run_prompts(pair), reference, way)
             return
         except AssertionError as e:
             if attempt == 2:
@@ -203,7 +214,7 @@ def test_b_mooncake_connector_on_mooncake(reference):
 def test_d_nixl_connector_on_kvt(reference):
     pair = Pair("d", "nixl-kvt", "nixl")
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "d")
+        expect_same(run_prompts(pair), reference, "d")
         moved = pair.bytes_read()
         assert moved == expected_kv_bytes(PROMPTS), (
             f"kvt read {moved} bytes of KV, expected "
@@ -219,7 +230,7 @@ def test_e_nixl_connector_on_nixl(reference):
 def test_c_kvt_connector(reference):
     pair = Pair("c", "kvt", "kvt")
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "c")
+        expect_same(run_prompts(pair), reference, "c")
         moved = pair.bytes_written()
         assert moved == expected_kv_bytes(PROMPTS), (
             f"kvt wrote {moved} bytes of KV, expected "
@@ -237,7 +248,7 @@ def test_c_prefill_tp2_decode_tp1(reference):
     through Mooncake's module path, mooncake.mooncake_connector_v1."""
     pair = Pair("c-tp21", "kvt", "kvt", ptp=2, dtp=1, alias=True)
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "c, tp 2:1")
+        expect_same(run_prompts(pair), reference, "c, tp 2:1")
         assert pair.bytes_written() == expected_kv_bytes(PROMPTS)
     finally:
         pair.stop()
@@ -252,7 +263,7 @@ def test_c_prefill_tp1_decode_tp2(reference):
     ranks."""
     pair = Pair("c-tp12", "kvt", "kvt", ptp=1, dtp=2)
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "c, tp 1:2")
+        expect_same(run_prompts(pair), reference, "c, tp 1:2")
         assert pair.bytes_written() == expected_kv_bytes(PROMPTS)
     finally:
         pair.stop()
@@ -364,6 +375,6 @@ def test_d_prefill_tp1_decode_tp2(reference):
     prefill TP 1 (each decode rank reads its heads' part of the blocks)."""
     pair = Pair("d-tp12", "nixl-kvt", "nixl", ptp=1, dtp=2)
     try:
-        expect_same(run_prompts(pair.proxy.url), reference, "d, tp 1:2")
+        expect_same(run_prompts(pair), reference, "d, tp 1:2")
     finally:
         pair.stop()
