@@ -31,6 +31,28 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static span_t *spans;
 static size_t nspans;
 
+/* A child of fork() gets the lock free and the copy of the map as it
+ * was: a thread of the parent in the middle of a reload at the fork would
+ * otherwise leave the lock held in the child for good (kvt_doctor_run()
+ * forks while the caller's threads register memory). The copy is still
+ * right: the child has the same mappings. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void fork_after(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_handlers(void)
+{
+    pthread_atfork(fork_prepare, fork_after, fork_after);
+}
+
 /* Read the readable mappings, merging adjacent ones. -1 when the map
  * cannot be read (then nothing is refused: logged once). */
 static int reload(void)
@@ -102,6 +124,7 @@ int kvt__host_readable(const void *addr, size_t len)
     static int said;
     int ok;
 
+    pthread_once(&fork_once, fork_handlers);
     pthread_mutex_lock(&lock);
     ok = covered(lo, hi);
     if (!ok) {

@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/memreg.h"
 #include "kvt_test.h"
+#include "mem/md.h"
 #include "util/sock.h"
 
 static kvt__region_t R(uint64_t a, uint64_t len, uint32_t acc)
@@ -124,5 +129,52 @@ KVT_TEST(hostport)
         KVT_ERR_INVALID_PARAM);
 }
 
+/* ---- The host map's lock across fork() --------------------------------- */
+
+static atomic_int stop_reload;
+
+static void *reloader(void *arg)
+{
+    (void)arg;
+    /* Nothing is mapped at 4 KiB: every call reads /proc/self/maps again,
+     * holding the map's lock meanwhile. */
+    while (!atomic_load(&stop_reload))
+        (void)kvt__host_readable((void *)(uintptr_t)0x1000, 4096);
+    return NULL;
+}
+
+/* A fork() while another thread reads the map under its lock: the child's
+ * own check must not wait for a lock that no thread of it will free
+ * (kvt_doctor_run() forks while the caller's threads register memory).
+ * Without the fork handlers a child hung within the first few forks. */
+KVT_TEST(host_map_lock_at_fork)
+{
+    pthread_t th;
+    int hung = 0, i;
+
+    atomic_store(&stop_reload, 0);
+    CHECK(pthread_create(&th, NULL, reloader, NULL) == 0);
+    for (i = 0; i < 20 && !hung; i++) {
+        int status = 0;
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            alarm(5);
+            _exit(kvt__host_readable(&status, sizeof(status)) == 1 ? 0 : 1);
+        }
+        CHECK(waitpid(pid, &status, 0) == pid);
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+            hung = 1;
+        else
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    atomic_store(&stop_reload, 1);
+    CHECK(pthread_join(th, NULL) == 0);
+    if (hung)
+        fprintf(stderr, "fork %d: the child's check hung\n", i);
+    CHECK(!hung);
+}
+
 KVT_TEST_MAIN(KVT_CASE(add_lookup_remove, 10), KVT_CASE(overlaps_refused, 10),
-              KVT_CASE(many_regions, 30), KVT_CASE(hostport, 10))
+              KVT_CASE(many_regions, 30), KVT_CASE(hostport, 10),
+              KVT_CASE(host_map_lock_at_fork, 40))
