@@ -530,8 +530,37 @@ KVT_TEST(ptracer_yama)
     peer_stop(&p);
 }
 
+/* A child of fork() serves none of its parent's shm channels and has no
+ * grant of the kernel's: the first peer process it admits gets the grant.
+ * (The parent's count and pid, copied into the child, refused every peer
+ * of the child: kvt_doctor_run() forks a child whose engines serve.) */
+KVT_TEST(ptracer_after_fork)
+{
+    long holder = 0;
+    pid_t pid;
+    int status;
+
+    kvt__shm_yama_scope_set(1);
+    CHECK(kvt__shm_ptracer_admit(4242, &holder) == 1 && holder == 4242);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        long h = 0;
+        _exit(kvt__shm_ptracer_admit(4343, &h) == 1 && h == 4343 ? 0 : 1);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's grant stands: another process is still refused. */
+    CHECK(kvt__shm_ptracer_admit(4343, &holder) == -1 && holder == 4242);
+    kvt__shm_ptracer_release();
+    CHECK(kvt__shm_ptracer_admit(4343, &holder) == 1 && holder == 4343);
+    kvt__shm_ptracer_release();
+    kvt__shm_yama_scope_set(-2);
+}
+
 KVT_TEST_MAIN(KVT_CASE(right_token_tcp, 60), KVT_CASE(right_token_shm, 60),
               KVT_CASE(right_token_ucx, 60), KVT_CASE(mismatch_ucx, 120),
               KVT_CASE(mismatch_tcp, 120), KVT_CASE(mismatch_shm, 120),
               KVT_CASE(raw_peers_refused, 60), KVT_CASE(raw_shm_refused, 60),
-              KVT_CASE(ptracer_one_process, 60), KVT_CASE(ptracer_yama, 60))
+              KVT_CASE(ptracer_one_process, 60), KVT_CASE(ptracer_yama, 60),
+              KVT_CASE(ptracer_after_fork, 30))

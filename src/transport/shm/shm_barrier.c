@@ -38,6 +38,33 @@ static long ptracer_pid;  /* granted to; 0: none */
 static int ptracer_chans; /* channels admitted under the grant */
 static int scope_override = -2;
 
+/* A child of fork() serves none of its parent's channels, and the kernel
+ * does not carry the parent's grant into it: it starts with none, and the
+ * lock free (a thread of the parent may have held it at the fork). */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&ptracer_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&ptracer_lock);
+}
+
+static void fork_child(void)
+{
+    ptracer_pid = 0;
+    ptracer_chans = 0;
+    pthread_mutex_unlock(&ptracer_lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_handlers(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 int kvt__shm_yama_scope(void)
 {
     FILE *f;
@@ -68,6 +95,7 @@ int kvt__shm_ptracer_admit(pid_t pid, long *holder_p)
 
     if (kvt__shm_yama_scope() != 1)
         return 0;
+    pthread_once(&fork_once, fork_handlers);
     pthread_mutex_lock(&ptracer_lock);
     if (ptracer_chans == 0) {
         ptracer_pid = want;
