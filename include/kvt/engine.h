@@ -21,6 +21,11 @@ extern "C" {
  * Thread safety: unless a call says otherwise, every call on an engine and
  * on the objects it owns may be made from any thread concurrently. No call
  * may be made on an engine once kvt_engine_destroy() has started.
+ *
+ * fork(): an engine belongs to the process that created it. A child of
+ * fork() may create engines of its own, but must neither use nor destroy
+ * those it inherited (their threads did not follow it): it leaves them
+ * behind by exiting or by exec().
  */
 typedef struct kvt_engine *kvt_engine_h;
 

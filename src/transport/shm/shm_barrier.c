@@ -40,7 +40,9 @@ static int scope_override = -2;
 
 /* A child of fork() serves none of its parent's channels, and the kernel
  * does not carry the parent's grant into it: it starts with none, and the
- * lock free (a thread of the parent may have held it at the fork). */
+ * lock free (a thread of the parent may have held it at the fork). The
+ * engines it inherits are the parent's, not its own: like every engine
+ * copied by fork(), they are not to be used or destroyed in the child. */
 static void fork_prepare(void)
 {
     pthread_mutex_lock(&ptracer_lock);
