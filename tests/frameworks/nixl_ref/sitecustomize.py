@@ -9,22 +9,22 @@ descriptors with a timeout of 0, a whole CPU for each agent, idle or not
 the kernel). With a prefill and a decode agent that is both CPUs of a
 2-CPU machine, and vLLM's own threads starve: its NIXL handshake, a 5 s
 zmq timeout, then expired on the first request in 4 of 9 starts here.
-Without the thread (enable_prog_thread=False) an idle prefill instance stops progressing
-UCX and a decode's read of its blocks waits forever. So the agents of
-way e keep the thread with a delay of 1 ms: it still wakes at once on
-UCX's events, and otherwise every millisecond. Nothing else changes;
-kvt's nixl, in way d, runs no thread that polls.
+Without the thread (enable_prog_thread=False) an idle prefill instance
+stops progressing UCX and a decode's read of its blocks waits forever
+(seen here: 300 s, then the request's timeout). So the agents of way e
+keep the thread with a delay of 1 ms: it still wakes at once on UCX's
+events, and otherwise every millisecond. Nothing else changes; kvt's
+engines, in way d, run no thread that spins.
 
 The change is made when the module that defines nixl_agent
 (nixl_cu12._api, nixl_cu13._api) is first imported, so that NIXL itself
-is imported no earlier than vLLM imports it."""
+is imported no earlier than vLLM imports it. (Being first on the path,
+this module hides any other sitecustomize; none is installed in build/fw.)"""
 
 import importlib.abc
 import sys
 
 _MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
-
-
 PTHR_DELAY_US = 1000
 
 
@@ -62,7 +62,10 @@ class _Finder(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        run = spec.loader.exec_module
+        run = getattr(spec.loader, "exec_module", None)
+        if run is None:
+            raise RuntimeError(f"{fullname} has no loader that runs it: "
+                               f"NIXL's wheel changed; see {__file__}")
 
         def exec_module(module):
             run(module)
